@@ -1,0 +1,142 @@
+# Images of the two components.
+IMG_OPERATOR ?= ghcr.io/tsingress/operator:dev
+IMG_PROXY ?= ghcr.io/tsingress/proxy:dev
+# Kustomize overlay that deploy and build-installer render (config/default, or an overlay under config/overlays).
+OVERLAY ?= config/default
+
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X github.com/tsingress/tsingress/internal/version.Version=$(VERSION)
+
+CONTAINER_TOOL ?= docker
+KUBECTL ?= kubectl
+KIND_CLUSTER ?= tsingress-e2e
+
+SHELL = /usr/bin/env bash -o pipefail
+.SHELLFLAGS = -ec
+
+.PHONY: all
+all: build
+
+##@ General
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "\nUsage:\n  make \033[36m<target>\033[0m\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) } ' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: manifests
+manifests: controller-gen ## Generate CRDs and RBAC from kubebuilder markers.
+	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./..." output:crd:artifacts:config=config/crd/bases
+
+.PHONY: generate
+generate: controller-gen ## Generate DeepCopy methods.
+	$(CONTROLLER_GEN) object paths="./api/..."
+
+.PHONY: fmt
+fmt: ## Run go fmt.
+	go fmt ./...
+
+.PHONY: vet
+vet: ## Run go vet.
+	go vet ./...
+
+.PHONY: test
+test: manifests generate vet envtest ## Run every test: unit, envtest and integration (real apiserver, tailnet, kernel).
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test ./... -coverprofile cover.out
+
+.PHONY: verify
+verify: manifests generate ## Fail when generated files are out of date.
+	@git diff --exit-code -- api config || { echo "generated files are stale: run make manifests generate"; exit 1; }
+
+##@ Build
+
+.PHONY: build
+build: ## Build the operator and proxy binaries into bin/.
+	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o bin/operator ./cmd/operator
+	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o bin/proxy ./cmd/proxy
+
+.PHONY: run
+run: manifests generate ## Run the operator against the cluster of your kubeconfig.
+	go run ./cmd/operator --operator-namespace=tailscale
+
+.PHONY: docker-build
+docker-build: ## Build both images.
+	$(CONTAINER_TOOL) build --build-arg VERSION=$(VERSION) -f Dockerfile.operator -t $(IMG_OPERATOR) .
+	$(CONTAINER_TOOL) build --build-arg VERSION=$(VERSION) -f Dockerfile.proxy -t $(IMG_PROXY) .
+
+.PHONY: docker-push
+docker-push: ## Push both images.
+	$(CONTAINER_TOOL) push $(IMG_OPERATOR)
+	$(CONTAINER_TOOL) push $(IMG_PROXY)
+
+.PHONY: build-installer
+build-installer: manifests kustomize ## Render $(OVERLAY) with the current images into dist/install.yaml.
+	mkdir -p dist
+	$(MAKE) set-images
+	$(KUSTOMIZE) build $(OVERLAY) > dist/install.yaml
+
+##@ Deployment
+
+.PHONY: install
+install: manifests kustomize ## Install the CRDs and the IngressClass into the cluster.
+	$(KUSTOMIZE) build config/crd | $(KUBECTL) apply --server-side -f -
+
+.PHONY: uninstall
+uninstall: manifests kustomize ## Remove the CRDs from the cluster.
+	$(KUSTOMIZE) build config/crd | $(KUBECTL) delete --ignore-not-found -f -
+
+.PHONY: set-images
+set-images: kustomize
+	cd config/manager && $(KUSTOMIZE) edit set image operator=$(IMG_OPERATOR) && $(KUSTOMIZE) edit set image proxy=$(IMG_PROXY)
+
+.PHONY: deploy
+deploy: manifests kustomize ## Deploy $(OVERLAY) into the cluster.
+	$(MAKE) set-images
+	$(KUSTOMIZE) build $(OVERLAY) | $(KUBECTL) apply --server-side -f -
+
+.PHONY: undeploy
+undeploy: kustomize ## Remove $(OVERLAY) from the cluster.
+	$(KUSTOMIZE) build $(OVERLAY) | $(KUBECTL) delete --ignore-not-found -f -
+
+.PHONY: test-e2e
+test-e2e: ## Run the e2e suite against a kind cluster (needs Docker and kind).
+	KIND_CLUSTER=$(KIND_CLUSTER) IMG_OPERATOR=$(IMG_OPERATOR) IMG_PROXY=$(IMG_PROXY) go test -tags e2e ./test/e2e/ -v -ginkgo.v
+
+##@ Tools
+
+LOCALBIN ?= $(CURDIR)/bin
+$(LOCALBIN):
+	mkdir -p $(LOCALBIN)
+
+CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
+KUSTOMIZE ?= $(LOCALBIN)/kustomize-$(KUSTOMIZE_VERSION)
+ENVTEST_ASSETS ?= $(LOCALBIN)/envtest
+
+CONTROLLER_TOOLS_VERSION ?= v0.23.0
+KUSTOMIZE_VERSION ?= v5.8.3
+
+.PHONY: controller-gen
+controller-gen: $(CONTROLLER_GEN) ## Install controller-gen into bin/.
+$(CONTROLLER_GEN): | $(LOCALBIN)
+	$(call go-install-tool,$(CONTROLLER_GEN),sigs.k8s.io/controller-tools/cmd/controller-gen,$(CONTROLLER_TOOLS_VERSION))
+
+.PHONY: kustomize
+kustomize: $(KUSTOMIZE) ## Install kustomize into bin/.
+$(KUSTOMIZE): | $(LOCALBIN)
+	$(call go-install-tool,$(KUSTOMIZE),sigs.k8s.io/kustomize/kustomize/v5,$(KUSTOMIZE_VERSION))
+
+.PHONY: envtest
+envtest: ## Build kube-apiserver, kube-controller-manager and etcd from source into bin/envtest when missing.
+	hack/build-envtest.sh $(ENVTEST_ASSETS)
+
+# go-install-tool installs package $2 at version $3 as binary $1.
+define go-install-tool
+@[ -f "$(1)" ] || { \
+set -e; \
+echo "installing $(2)@$(3)"; \
+rm -f $(1) || true; \
+GOBIN=$(LOCALBIN) go install $(2)@$(3); \
+mv $(LOCALBIN)/$$(basename $(2) | sed 's/^v[0-9]*$$/kustomize/') $(1); \
+}
+endef
