@@ -1,0 +1,208 @@
+package contract
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"strings"
+)
+
+// ProxyKind says what a proxy serves.
+type ProxyKind string
+
+const (
+	// KindIngress is a standalone L7 proxy for one Ingress: Serve config inline in Serve.
+	KindIngress ProxyKind = "ingress"
+	// KindService is a standalone L3 proxy for one Service: DNAT to Forward.
+	KindService ProxyKind = "service"
+	// KindProxyGroup is a replica of an ingress ProxyGroup: its Serve config and DNAT mappings
+	// come from the group's ConfigMap (ServeConfig and DNATConfig documents).
+	KindProxyGroup ProxyKind = "proxygroup"
+)
+
+// FirewallMode selects the kernel firewall backend of an L3 proxy.
+type FirewallMode string
+
+const (
+	FirewallAuto     FirewallMode = "auto" // detect from the rules already on the node
+	FirewallNFTables FirewallMode = "nftables"
+	FirewallIPTables FirewallMode = "iptables"
+)
+
+// CertShareMode says whether a ProxyGroup replica issues certificates or reads them.
+type CertShareMode string
+
+const (
+	// CertIssuer replicas (ordinal 0) obtain and renew certificates and store them in Secrets.
+	CertIssuer CertShareMode = "issuer"
+	// CertReader replicas only load certificates that the issuer stored.
+	CertReader CertShareMode = "reader"
+)
+
+// ProxyConfig is the proxy config document, written by the operator into a proxy's config
+// Secret. It is the in-memory form of the newest schema version.
+type ProxyConfig struct {
+	// Version is the schema version of the stored document.
+	Version int `json:"version"`
+	Kind ProxyKind `json:"kind"`
+	// Hostname of the proxy's tailnet device (a DNS label).
+	Hostname string `json:"hostname"`
+	// Tags of the device, requested at login.
+	Tags []string `json:"tags,omitempty"`
+	// ControlURL of the tailnet's control server; empty means Tailscale's.
+	ControlURL string `json:"controlURL,omitempty"`
+	// AuthKey logs the device in. The operator removes it once the device has authenticated.
+	AuthKey string `json:"authKey,omitempty"`
+	// AcceptRoutes accepts subnet routes from other tailnet nodes.
+	AcceptRoutes bool `json:"acceptRoutes,omitempty"`
+	// StateSecret names the Secret (in the proxy's namespace) where the proxy keeps its tailnet
+	// state and reports its status (see the State* keys).
+	StateSecret string `json:"stateSecret"`
+
+	TLS      TLSConfig      `json:"tls,omitzero"`
+	Firewall FirewallConfig `json:"firewall,omitzero"`
+
+	// Serve is the L7 Serve config of a standalone Ingress proxy.
+	Serve *WebService `json:"serve,omitempty"`
+	// Forward is the destination of a standalone L3 Service proxy.
+	Forward *Destination `json:"forward,omitempty"`
+	// AdvertiseServices lists the Tailscale Services a ProxyGroup replica may advertise. The
+	// replica advertises each one only once it can serve it.
+	AdvertiseServices []string `json:"advertiseServices,omitempty"`
+}
+
+// TLSConfig configures certificate issuance.
+type TLSConfig struct {
+	// ACMEDirectoryURL overrides the ACME directory (for example Let's Encrypt staging).
+	ACMEDirectoryURL string `json:"acmeDirectoryURL,omitempty"`
+	// CertShareMode is set for ProxyGroup replicas.
+	CertShareMode CertShareMode `json:"certShareMode,omitempty"`
+}
+
+// FirewallConfig configures L3 DNAT.
+type FirewallConfig struct {
+	Mode FirewallMode `json:"mode,omitempty"`
+}
+
+// Destination is where an L3 proxy sends the traffic of a tailnet address: IPs (a Service's
+// ClusterIPs, IPv4 and/or IPv6) or a DNS name that the proxy resolves (ExternalName Services).
+type Destination struct {
+	IPs     []string `json:"ips,omitempty"`
+	DNSName string   `json:"dnsName,omitempty"`
+}
+
+var (
+	dnsLabel = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	dnsName  = regexp.MustCompile(`^([a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?\.)*[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?\.?$`)
+	tagRE    = regexp.MustCompile(`^tag:[a-zA-Z][a-zA-Z0-9-]*$`)
+	svcName  = regexp.MustCompile(`^svc:[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+)
+
+// ValidHostname reports whether s can be a tailnet device or service hostname.
+func ValidHostname(s string) bool { return dnsLabel.MatchString(s) }
+
+// ValidTag reports whether s is a tailnet ACL tag such as "tag:k8s".
+func ValidTag(s string) bool { return tagRE.MatchString(s) }
+
+// ValidServiceName reports whether s is a Tailscale Service name such as "svc:web".
+func ValidServiceName(s string) bool { return svcName.MatchString(s) }
+
+// Validate checks the document; every problem is reported, joined.
+func (c *ProxyConfig) Validate() error {
+	var errs []error
+	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if !ValidHostname(c.Hostname) {
+		add("hostname %q is not a valid DNS label", c.Hostname)
+	}
+	for _, t := range c.Tags {
+		if !ValidTag(t) {
+			add("tag %q must look like tag:name", t)
+		}
+	}
+	if c.StateSecret == "" {
+		add("stateSecret is required")
+	}
+	switch c.Firewall.Mode {
+	case "", FirewallAuto, FirewallNFTables, FirewallIPTables:
+	default:
+		add("firewall mode %q must be auto, nftables or iptables", c.Firewall.Mode)
+	}
+	switch c.TLS.CertShareMode {
+	case "", CertIssuer, CertReader:
+	default:
+		add("certShareMode %q must be issuer or reader", c.TLS.CertShareMode)
+	}
+	switch c.Kind {
+	case KindIngress:
+		if c.Serve == nil {
+			add("an ingress proxy needs serve")
+		} else if err := c.Serve.Validate(); err != nil {
+			add("serve: %w", err)
+		}
+	case KindService:
+		if c.Forward == nil {
+			add("a service proxy needs forward")
+		} else if err := c.Forward.Validate(); err != nil {
+			add("forward: %w", err)
+		}
+	case KindProxyGroup:
+		if c.Serve != nil || c.Forward != nil {
+			add("a proxygroup replica takes serve and forward from the group's ConfigMap, not its config")
+		}
+		for _, s := range c.AdvertiseServices {
+			if !ValidServiceName(s) {
+				add("advertised service %q must look like svc:name", s)
+			}
+		}
+	default:
+		add("kind %q must be ingress, service or proxygroup", c.Kind)
+	}
+	return errors.Join(errs...)
+}
+
+// Validate checks a destination: IPs or a DNS name, not both.
+func (d *Destination) Validate() error {
+	switch {
+	case len(d.IPs) == 0 && d.DNSName == "":
+		return errors.New("no destination IPs or DNS name")
+	case len(d.IPs) > 0 && d.DNSName != "":
+		return errors.New("destination has both IPs and a DNS name")
+	case d.DNSName != "" && !dnsName.MatchString(d.DNSName):
+		return fmt.Errorf("destination DNS name %q is not valid", d.DNSName)
+	}
+	var errs []error
+	for _, ip := range d.IPs {
+		if _, err := netip.ParseAddr(ip); err != nil {
+			errs = append(errs, fmt.Errorf("destination IP %q: %w", ip, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ProxyConfigs stores ProxyConfig documents. The operator writes every version in its encode
+// set; the proxy reads the newest version it understands.
+var ProxyConfigs = codec[ProxyConfig]{
+	name: "proxy-config",
+	encode: map[int]func(*ProxyConfig) ([]byte, error){
+		1: jsonEncoder(1, func(c *ProxyConfig, v int) { c.Version = v }),
+	},
+	decode: map[int]func([]byte) (*ProxyConfig, error){
+		1: jsonDecoder(1, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+	},
+}
+
+// Redacted returns a copy safe to log: the auth key is replaced by a marker.
+func (c ProxyConfig) Redacted() ProxyConfig {
+	if c.AuthKey != "" {
+		c.AuthKey = "REDACTED"
+	}
+	return c
+}
+
+// String never prints the auth key, so a config passed to a logger by mistake leaks nothing.
+func (c ProxyConfig) String() string {
+	r := c.Redacted()
+	return fmt.Sprintf("ProxyConfig{v%d %s %s tags=%s authKey=%s}", r.Version, r.Kind, r.Hostname,
+		strings.Join(r.Tags, ","), r.AuthKey)
+}

@@ -1,0 +1,327 @@
+package contract
+
+import (
+	"fmt"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func validIngressConfig() *ProxyConfig {
+	return &ProxyConfig{
+		Kind:        KindIngress,
+		Hostname:    "web",
+		Tags:        []string{"tag:k8s"},
+		ControlURL:  "http://127.0.0.1:1234",
+		AuthKey:     "tskey-auth-secret",
+		StateSecret: "ts-web-0",
+		TLS:         TLSConfig{ACMEDirectoryURL: "https://acme.test/dir"},
+		Serve: &WebService{HTTP: HTTPRedirect, Routes: []Route{
+			{Path: "/", PathType: PathPrefix, Backend: Backend{URL: "http://10.0.0.1:80"}},
+			{Path: "/metrics", PathType: PathExact, Backend: Backend{URL: "https://10.0.0.2:443", InsecureSkipVerify: true}},
+		}},
+	}
+}
+
+func TestProxyConfigRoundTrip(t *testing.T) {
+	cases := map[string]*ProxyConfig{
+		"ingress": validIngressConfig(),
+		"service": {Kind: KindService, Hostname: "db", StateSecret: "ts-db-0",
+			Firewall: FirewallConfig{Mode: FirewallNFTables},
+			Forward:  &Destination{IPs: []string{"10.96.0.10", "fd00::10"}}},
+		"externalname": {Kind: KindService, Hostname: "ext", StateSecret: "s", Forward: &Destination{DNSName: "db.example.com"}},
+		"proxygroup": {Kind: KindProxyGroup, Hostname: "pg-1", StateSecret: "pg-1",
+			TLS: TLSConfig{CertShareMode: CertReader}, AdvertiseServices: []string{"svc:web", "svc:db"}},
+	}
+	for name, cfg := range cases {
+		t.Run(name, func(t *testing.T) {
+			data, err := ProxyConfigs.Encode(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := data["proxy-config.v1.json"]; !ok {
+				t.Fatalf("encoded keys %v lack proxy-config.v1.json", keys(data))
+			}
+			got, v, err := ProxyConfigs.Decode(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v != 1 || got.Version != 1 {
+				t.Errorf("version = %d / %d, want 1", v, got.Version)
+			}
+			want := *cfg
+			want.Version = 1
+			if !reflect.DeepEqual(*got, want) {
+				t.Errorf("round trip changed the config:\n got %+v\nwant %+v", *got, want)
+			}
+		})
+	}
+}
+
+func TestEncodeDoesNotMutateInput(t *testing.T) {
+	cfg := validIngressConfig()
+	if _, err := ProxyConfigs.Encode(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Version != 0 {
+		t.Errorf("Encode set Version on its input to %d", cfg.Version)
+	}
+}
+
+// A newer operator writes v1 and a v2 this proxy has never heard of: the proxy reads v1.
+func TestOlderReaderTakesNewestVersionItUnderstands(t *testing.T) {
+	data, err := ProxyConfigs.Encode(validIngressConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	data["proxy-config.v2.json"] = []byte(`{"version":2,"listeners":[{"totally":"different"}]}`)
+	data["proxy-config.v10.json"] = []byte(`not even json`)
+	got, v, err := ProxyConfigs.Decode(data)
+	if err != nil {
+		t.Fatalf("older reader failed on a newer writer's output: %v", err)
+	}
+	if v != 1 || got.Hostname != "web" {
+		t.Errorf("got version %d hostname %q, want v1 web", v, got.Hostname)
+	}
+}
+
+// A v1 document from a newer writer may carry fields added later: v1 readers ignore them.
+func TestUnknownFieldsInKnownVersionAreIgnored(t *testing.T) {
+	b, _ := json.Marshal(map[string]any{
+		"version": 1, "kind": "service", "hostname": "db", "stateSecret": "s",
+		"forward":      map[string]any{"ips": []string{"10.0.0.1"}, "weights": []int{1}},
+		"futureOption": true,
+	})
+	got, _, err := ProxyConfigs.Decode(map[string][]byte{"proxy-config.v1.json": b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Forward.IPs[0] != "10.0.0.1" {
+		t.Errorf("forward = %+v", got.Forward)
+	}
+}
+
+func TestNoSupportedVersion(t *testing.T) {
+	cases := map[string]map[string][]byte{
+		"only newer":   {"proxy-config.v2.json": []byte(`{"version":2}`)},
+		"nothing":      {"unrelated": []byte("x")},
+		"wrong prefix": {"proxy-config.v1.yaml": []byte("x")},
+	}
+	for name, data := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, _, err := ProxyConfigs.Decode(data)
+			if !errors.Is(err, ErrNoSupportedVersion) {
+				t.Fatalf("err = %v, want ErrNoSupportedVersion", err)
+			}
+			if !strings.Contains(err.Error(), "this build reads v1") {
+				t.Errorf("error %q does not say which versions this build reads", err)
+			}
+		})
+	}
+}
+
+// A broken newest document is an error, not a silent fall back to an older version.
+func TestBrokenUnderstoodVersionIsAnError(t *testing.T) {
+	writer := codec[ProxyConfig]{name: "proxy-config", decode: map[int]func([]byte) (*ProxyConfig, error){
+		1: ProxyConfigs.decode[1],
+		2: jsonDecoder(2, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+	}}
+	data, _ := ProxyConfigs.Encode(validIngressConfig())
+	data["proxy-config.v2.json"] = []byte(`{"version":2,"kind":"ingress"}`)
+	_, v, err := writer.Decode(data)
+	if err == nil || v != 2 || !strings.Contains(err.Error(), "proxy-config.v2.json") {
+		t.Fatalf("Decode = v%d, %v; want an error about proxy-config.v2.json", v, err)
+	}
+}
+
+// The codec writes every version in its encode set; a reader of each version gets its own.
+func TestWriterEmitsEverySupportedVersion(t *testing.T) {
+	type doc struct {
+		Version int    `json:"version"`
+		Name    string `json:"name"`
+	}
+	setV := func(d *doc, v int) { d.Version = v }
+	getV := func(d *doc) int { return d.Version }
+	ok := func(*doc) error { return nil }
+	w := codec[doc]{name: "d",
+		encode: map[int]func(*doc) ([]byte, error){1: jsonEncoder(1, setV), 2: jsonEncoder(2, setV)},
+	}
+	data, err := w.Encode(&doc{Name: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := w.Keys(); !reflect.DeepEqual(got, []string{"d.v2.json", "d.v1.json"}) {
+		t.Errorf("Keys = %v", got)
+	}
+	for _, v := range []int{1, 2} {
+		r := codec[doc]{name: "d", decode: map[int]func([]byte) (*doc, error){v: jsonDecoder(v, getV, ok)}}
+		got, gotV, err := r.Decode(data)
+		if err != nil || gotV != v || got.Name != "x" {
+			t.Errorf("reader of v%d: %+v v%d %v", v, got, gotV, err)
+		}
+	}
+}
+
+func TestDecodeDir(t *testing.T) {
+	dir := t.TempDir()
+	data, _ := ProxyConfigs.Encode(validIngressConfig())
+	for k, v := range data {
+		if err := os.WriteFile(filepath.Join(dir, k), v, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Kubernetes volumes hold "..data" links and other keys: they are skipped.
+	os.WriteFile(filepath.Join(dir, "device_id"), []byte("n123"), 0o600)
+	got, _, err := ProxyConfigs.DecodeDir(dir)
+	if err != nil || got.Hostname != "web" {
+		t.Fatalf("DecodeDir = %+v, %v", got, err)
+	}
+	if _, _, err := ProxyConfigs.DecodeDir(filepath.Join(dir, "missing")); err == nil {
+		t.Error("DecodeDir of a missing directory succeeded")
+	}
+}
+
+func TestProxyConfigValidation(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(*ProxyConfig)
+		want   string
+	}{
+		{"bad hostname", func(c *ProxyConfig) { c.Hostname = "Not_A_Label" }, "hostname"},
+		{"bad tag", func(c *ProxyConfig) { c.Tags = []string{"k8s"} }, "tag"},
+		{"no state secret", func(c *ProxyConfig) { c.StateSecret = "" }, "stateSecret"},
+		{"firewall mode", func(c *ProxyConfig) { c.Firewall.Mode = "ebpf" }, "firewall mode"},
+		{"share mode", func(c *ProxyConfig) { c.TLS.CertShareMode = "rw" }, "certShareMode"},
+		{"kind", func(c *ProxyConfig) { c.Kind = "egress" }, "kind"},
+		{"no serve", func(c *ProxyConfig) { c.Serve = nil }, "needs serve"},
+		{"no routes", func(c *ProxyConfig) { c.Serve.Routes = nil }, "no routes"},
+		{"relative path", func(c *ProxyConfig) { c.Serve.Routes[0].Path = "api" }, "must start with /"},
+		{"path type", func(c *ProxyConfig) { c.Serve.Routes[0].PathType = "ImplementationSpecific" }, "Exact or Prefix"},
+		{"backend scheme", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.URL = "ftp://10.0.0.1" }, "backend URL"},
+		{"backend path", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.URL = "http://10.0.0.1/x" }, "backend URL"},
+		{"duplicate route", func(c *ProxyConfig) { c.Serve.Routes[1] = c.Serve.Routes[0] }, "twice"},
+		{"http mode", func(c *ProxyConfig) { c.Serve.HTTP = "always" }, "http mode"},
+		{"service without forward", func(c *ProxyConfig) { c.Kind, c.Serve = KindService, nil }, "needs forward"},
+		{"bad destination IP", func(c *ProxyConfig) { c.Kind, c.Serve, c.Forward = KindService, nil, &Destination{IPs: []string{"10.0.0.300"}} }, "destination IP"},
+		{"both destinations", func(c *ProxyConfig) {
+			c.Kind, c.Serve, c.Forward = KindService, nil, &Destination{IPs: []string{"10.0.0.1"}, DNSName: "a.b"}
+		}, "both"},
+		{"group with serve", func(c *ProxyConfig) { c.Kind = KindProxyGroup }, "ConfigMap"},
+		{"group bad service", func(c *ProxyConfig) { c.Kind, c.Serve, c.AdvertiseServices = KindProxyGroup, nil, []string{"web"} }, "svc:name"},
+	}
+	if err := validIngressConfig().Validate(); err != nil {
+		t.Fatalf("valid config rejected: %v", err)
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := validIngressConfig()
+			tc.mutate(cfg)
+			err := cfg.Validate()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate = %v, want error containing %q", err, tc.want)
+			}
+			// An invalid document is refused by the reader as well.
+			data, _ := ProxyConfigs.Encode(cfg)
+			if _, _, err := ProxyConfigs.Decode(data); err == nil {
+				t.Error("Decode accepted an invalid document")
+			}
+		})
+	}
+}
+
+func TestAuthKeyNeverPrinted(t *testing.T) {
+	cfg := validIngressConfig()
+	for _, s := range []string{cfg.String(), fmtV(cfg), fmtV(*cfg)} {
+		if strings.Contains(s, "tskey-auth-secret") {
+			t.Errorf("auth key printed: %s", s)
+		}
+	}
+	if cfg.AuthKey != "tskey-auth-secret" {
+		t.Error("Redacted changed the original")
+	}
+}
+
+func TestGroupDocumentsRoundTrip(t *testing.T) {
+	serve := &ServeConfig{Services: map[string]WebService{
+		"svc:web": {Routes: []Route{{Path: "/", PathType: PathPrefix, Backend: Backend{URL: "http://10.0.0.1:80"}}}},
+	}}
+	data, err := ServeConfigs.Encode(serve)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := ServeConfigs.Decode(data)
+	if err != nil || !reflect.DeepEqual(got.Services, serve.Services) {
+		t.Fatalf("serve round trip: %+v %v", got, err)
+	}
+
+	dnat := &DNATConfig{Services: map[string]DNATService{
+		"svc:db": {VIPs: []string{"100.100.0.1", "fd7a:115c:a1e0::1"}, Destination: Destination{IPs: []string{"10.96.0.5"}}},
+	}}
+	data, err = DNATConfigs.Encode(dnat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotD, _, err := DNATConfigs.Decode(data)
+	if err != nil || !reflect.DeepEqual(gotD.Services, dnat.Services) {
+		t.Fatalf("dnat round trip: %+v %v", gotD, err)
+	}
+
+	bad := map[string][]byte{"dnat-config.v1.json": []byte(`{"version":1,"services":{"db":{"vips":["x"]}}}`)}
+	if _, _, err := DNATConfigs.Decode(bad); err == nil || !strings.Contains(err.Error(), "svc:name") {
+		t.Errorf("invalid dnat document: %v", err)
+	}
+}
+
+func TestStateRoundTrip(t *testing.T) {
+	st := &ProxyState{
+		DeviceID: "nABC", FQDN: "web.tailnet.test.", TailnetIPs: []string{"100.64.0.1", "fd7a:115c:a1e0::1"},
+		ConfigVersion: 1, PodUID: "uid-1", HTTPSEndpoint: "web.tailnet.test", ProxyVersion: "v0.1.0",
+		Advertised: []string{"svc:web"},
+		Firewall: &FirewallStatus{Mode: FirewallNFTables, PodUID: "uid-1", Mappings: map[string]AppliedDNAT{
+			StandaloneMapping: {TailnetIPs: []string{"100.64.0.1"}, Destinations: []string{"10.96.0.1"}},
+		}},
+	}
+	data, err := st.Data()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(data[StateDeviceFQDN]) != "web.tailnet.test" {
+		t.Errorf("fqdn stored as %q, want no trailing dot", data[StateDeviceFQDN])
+	}
+	got, err := ParseState(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.FQDN = "web.tailnet.test"
+	if !reflect.DeepEqual(got, st) {
+		t.Errorf("state round trip:\n got %+v\nwant %+v", got, st)
+	}
+	if !got.CurrentFor("uid-1") || got.CurrentFor("uid-2") || (&ProxyState{}).CurrentFor("") {
+		t.Error("CurrentFor is wrong")
+	}
+
+	// A fresh Pod's state clears every key the previous Pod set.
+	fresh, _ := (&ProxyState{PodUID: "uid-2"}).Data()
+	for _, k := range []string{StateDeviceIPs, StateFirewall, StateAdvertised, StateHTTPSEndpoint, StateConfigVersion} {
+		if v, ok := fresh[k]; !ok || len(v) != 0 {
+			t.Errorf("fresh state key %s = %q, present %v; want present and empty", k, v, ok)
+		}
+	}
+
+	if _, err := ParseState(map[string][]byte{StateDeviceIPs: []byte("[1,")}); err == nil || !strings.Contains(err.Error(), StateDeviceIPs) {
+		t.Errorf("malformed state: %v", err)
+	}
+}
+
+func keys(m map[string][]byte) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	return ks
+}
+func fmtV(v any) string { return fmt.Sprintf("%v %+v %s", v, v, v) }

@@ -1,0 +1,54 @@
+package contract
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+)
+
+// DNATConfig is a ProxyGroup's L3 document in its ConfigMap: for each Tailscale Service, the
+// VIP addresses a replica DNATs, and the destination.
+type DNATConfig struct {
+	Version  int                    `json:"version"`
+	Services map[string]DNATService `json:"services"`
+}
+
+// DNATService maps a Tailscale Service's VIPs to a destination. Each VIP is DNATed to the
+// destination addresses of its own family.
+type DNATService struct {
+	VIPs        []string    `json:"vips"`
+	Destination Destination `json:"destination"`
+}
+
+// Validate checks every mapping.
+func (d *DNATConfig) Validate() error {
+	var errs []error
+	for name, svc := range d.Services {
+		if !ValidServiceName(name) {
+			errs = append(errs, fmt.Errorf("service name %q must look like svc:name", name))
+		}
+		if len(svc.VIPs) == 0 {
+			errs = append(errs, fmt.Errorf("%s: no VIPs", name))
+		}
+		for _, ip := range svc.VIPs {
+			if _, err := netip.ParseAddr(ip); err != nil {
+				errs = append(errs, fmt.Errorf("%s: VIP %q: %w", name, ip, err))
+			}
+		}
+		if err := svc.Destination.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// DNATConfigs stores DNATConfig documents.
+var DNATConfigs = codec[DNATConfig]{
+	name: "dnat-config",
+	encode: map[int]func(*DNATConfig) ([]byte, error){
+		1: jsonEncoder(1, func(c *DNATConfig, v int) { c.Version = v }),
+	},
+	decode: map[int]func([]byte) (*DNATConfig, error){
+		1: jsonDecoder(1, func(c *DNATConfig) int { return c.Version }, (*DNATConfig).Validate),
+	},
+}

@@ -1,0 +1,130 @@
+package contract
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Keys the proxy writes into its state Secret. The tailnet client's own state (machine key,
+// profiles, certificates) lives in the same Secret under keys of its own.
+const (
+	StateDeviceID      = "device_id"      // stable node ID; set once the device has authenticated
+	StateDeviceFQDN    = "device_fqdn"    // MagicDNS name, no trailing dot
+	StateDeviceIPs     = "device_ips"     // JSON array of tailnet IPs
+	StateConfigVersion = "config_version" // proxy config schema version the proxy runs
+	StatePodUID        = "pod_uid"        // UID of the Pod that wrote these keys
+	StateHTTPSEndpoint = "https_endpoint" // name served over HTTPS, once Serve config is applied
+	StateFirewall      = "firewall_status"
+	StateAdvertised    = "advertised_services" // JSON array of Tailscale Services now advertised
+	StateProxyVersion  = "proxy_version"
+)
+
+// ProxyState is what a proxy reports about itself.
+type ProxyState struct {
+	DeviceID      string
+	FQDN          string
+	TailnetIPs    []string
+	ConfigVersion int
+	PodUID        string
+	HTTPSEndpoint string
+	Firewall      *FirewallStatus
+	Advertised    []string
+	ProxyVersion  string
+}
+
+// FirewallStatus reports the DNAT rules a replica has in place, per mapping name (a Tailscale
+// Service name, or StandaloneMapping). The operator compares it with what it asked for before it
+// lets a replica advertise a service.
+type FirewallStatus struct {
+	// Mode is the backend in use: nftables or iptables.
+	Mode FirewallMode `json:"mode"`
+	// PodUID ties the status to the Pod that installed the rules.
+	PodUID   string                 `json:"podUID"`
+	Mappings map[string]AppliedDNAT `json:"mappings"`
+}
+
+// StandaloneMapping names the single mapping of a standalone L3 proxy.
+const StandaloneMapping = "standalone"
+
+// AppliedDNAT is one mapping as installed.
+type AppliedDNAT struct {
+	TailnetIPs   []string `json:"tailnetIPs"`
+	Destinations []string `json:"destinations"`
+	// Error is set when the mapping could not be installed.
+	Error string `json:"error,omitempty"`
+}
+
+// Data renders every key, empty ones included, so that writing it replaces stale values left
+// by a previous Pod.
+func (s *ProxyState) Data() (map[string][]byte, error) {
+	d := map[string][]byte{
+		StateDeviceID:      []byte(s.DeviceID),
+		StateDeviceFQDN:    []byte(strings.TrimSuffix(s.FQDN, ".")),
+		StatePodUID:        []byte(s.PodUID),
+		StateHTTPSEndpoint: []byte(s.HTTPSEndpoint),
+		StateProxyVersion:  []byte(s.ProxyVersion),
+		StateConfigVersion: nil,
+		StateDeviceIPs:     nil,
+		StateFirewall:      nil,
+		StateAdvertised:    nil,
+	}
+	if s.ConfigVersion > 0 {
+		d[StateConfigVersion] = []byte(strconv.Itoa(s.ConfigVersion))
+	}
+	for key, v := range map[string]any{StateDeviceIPs: s.TailnetIPs, StateAdvertised: s.Advertised, StateFirewall: s.Firewall} {
+		if isEmpty(v) {
+			continue
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("encoding %s: %w", key, err)
+		}
+		d[key] = b
+	}
+	return d, nil
+}
+
+func isEmpty(v any) bool {
+	switch v := v.(type) {
+	case []string:
+		return len(v) == 0
+	case *FirewallStatus:
+		return v == nil
+	}
+	return false
+}
+
+// ParseState reads a state Secret's data. Missing keys give zero values; malformed values are an
+// error naming the key.
+func ParseState(data map[string][]byte) (*ProxyState, error) {
+	s := &ProxyState{
+		DeviceID:      string(data[StateDeviceID]),
+		FQDN:          strings.TrimSuffix(string(data[StateDeviceFQDN]), "."),
+		PodUID:        string(data[StatePodUID]),
+		HTTPSEndpoint: string(data[StateHTTPSEndpoint]),
+		ProxyVersion:  string(data[StateProxyVersion]),
+	}
+	if v := data[StateConfigVersion]; len(v) > 0 {
+		n, err := strconv.Atoi(string(v))
+		if err != nil {
+			return nil, fmt.Errorf("state key %s: %w", StateConfigVersion, err)
+		}
+		s.ConfigVersion = n
+	}
+	for key, dst := range map[string]any{StateDeviceIPs: &s.TailnetIPs, StateAdvertised: &s.Advertised, StateFirewall: &s.Firewall} {
+		if v := data[key]; len(v) > 0 {
+			if err := json.Unmarshal(v, dst); err != nil {
+				return nil, fmt.Errorf("state key %s: %w", key, err)
+			}
+		}
+	}
+	return s, nil
+}
+
+// CurrentFor returns the state only if it was written by the Pod with the given UID: values a
+// previous Pod left behind do not describe the running proxy.
+func (s *ProxyState) CurrentFor(podUID string) bool {
+	return podUID != "" && s.PodUID == podUID
+}

@@ -1,0 +1,156 @@
+package contract
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// ErrNoSupportedVersion is returned when a document exists only in versions the reader does not
+// understand (or not at all).
+var ErrNoSupportedVersion = errors.New("no supported schema version")
+
+// codec stores a document of type T under one key per schema version.
+type codec[T any] struct {
+	name string // key prefix, e.g. "proxy-config"
+	// encode holds the versions this side writes; decode the versions it reads.
+	encode map[int]func(*T) ([]byte, error)
+	decode map[int]func([]byte) (*T, error)
+}
+
+// key returns the storage key of version v, e.g. "proxy-config.v1.json".
+func (c codec[T]) key(v int) string { return fmt.Sprintf("%s.v%d.json", c.name, v) }
+
+func (c codec[T]) keyPattern() *regexp.Regexp {
+	return regexp.MustCompile(`^` + regexp.QuoteMeta(c.name) + `\.v([1-9][0-9]{0,5})\.json$`)
+}
+
+// Encode renders doc in every version this side writes.
+func (c codec[T]) Encode(doc *T) (map[string][]byte, error) {
+	out := make(map[string][]byte, len(c.encode))
+	for v, enc := range c.encode {
+		b, err := enc(doc)
+		if err != nil {
+			return nil, fmt.Errorf("encoding %s: %w", c.key(v), err)
+		}
+		out[c.key(v)] = b
+	}
+	return out, nil
+}
+
+// Keys lists the keys Encode writes, newest first.
+func (c codec[T]) Keys() []string {
+	var keys []string
+	for _, v := range sortedDesc(c.encode) {
+		keys = append(keys, c.key(v))
+	}
+	return keys
+}
+
+// Versions found in data for this document, newest first.
+func (c codec[T]) found(data map[string][]byte) []int {
+	re := c.keyPattern()
+	var vs []int
+	for k := range data {
+		if m := re.FindStringSubmatch(k); m != nil {
+			v, _ := strconv.Atoi(m[1])
+			vs = append(vs, v)
+		}
+	}
+	slices.Sort(vs)
+	slices.Reverse(vs)
+	return vs
+}
+
+// Decode reads the newest version in data that this side understands and returns the document
+// and its version. An error decoding that version is returned as is: falling back to an older
+// version would hide a broken writer.
+func (c codec[T]) Decode(data map[string][]byte) (*T, int, error) {
+	found := c.found(data)
+	for _, v := range found {
+		dec, ok := c.decode[v]
+		if !ok {
+			continue
+		}
+		doc, err := dec(data[c.key(v)])
+		if err != nil {
+			return nil, v, fmt.Errorf("%s: %w", c.key(v), err)
+		}
+		return doc, v, nil
+	}
+	return nil, 0, fmt.Errorf("%w for %s: found %s, this build reads %s", ErrNoSupportedVersion,
+		c.name, versionList(found), versionList(sortedDesc(c.decode)))
+}
+
+// DecodeDir reads the document from a directory, such as a mounted Secret or ConfigMap volume.
+func (c codec[T]) DecodeDir(dir string) (*T, int, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, 0, fmt.Errorf("reading %s directory: %w", c.name, err)
+	}
+	re := c.keyPattern()
+	data := map[string][]byte{}
+	for _, e := range entries {
+		if !re.MatchString(e.Name()) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return nil, 0, err
+		}
+		data[e.Name()] = b
+	}
+	return c.Decode(data)
+}
+
+func versionList(vs []int) string {
+	if len(vs) == 0 {
+		return "none"
+	}
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = "v" + strconv.Itoa(v)
+	}
+	return strings.Join(s, ", ")
+}
+
+func sortedDesc[F any](m map[int]F) []int {
+	var vs []int
+	for v := range m {
+		vs = append(vs, v)
+	}
+	slices.Sort(vs)
+	slices.Reverse(vs)
+	return vs
+}
+
+// jsonEncoder and jsonDecoder serve versions whose wire form is the Go type itself.
+func jsonEncoder[T any](version int, setVersion func(*T, int)) func(*T) ([]byte, error) {
+	return func(doc *T) ([]byte, error) {
+		cp := *doc
+		setVersion(&cp, version)
+		return json.MarshalIndent(&cp, "", "  ")
+	}
+}
+
+func jsonDecoder[T any](version int, getVersion func(*T) int, validate func(*T) error) func([]byte) (*T, error) {
+	return func(b []byte) (*T, error) {
+		doc := new(T)
+		if err := json.Unmarshal(b, doc); err != nil {
+			return nil, fmt.Errorf("invalid JSON: %w", err)
+		}
+		if got := getVersion(doc); got != version {
+			return nil, fmt.Errorf("document says version %d, stored as version %d", got, version)
+		}
+		if err := validate(doc); err != nil {
+			return nil, err
+		}
+		return doc, nil
+	}
+}
