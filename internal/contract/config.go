@@ -44,8 +44,8 @@ const (
 // Secret. It is the in-memory form of the newest schema version.
 type ProxyConfig struct {
 	// Version is the schema version of the stored document.
-	Version int `json:"version"`
-	Kind ProxyKind `json:"kind"`
+	Version int       `json:"version"`
+	Kind    ProxyKind `json:"kind"`
 	// Hostname of the proxy's tailnet device (a DNS label).
 	Hostname string `json:"hostname"`
 	// Tags of the device, requested at login.

@@ -1,9 +1,9 @@
 package contract
 
 import (
-	"fmt"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -206,7 +206,9 @@ func TestProxyConfigValidation(t *testing.T) {
 		{"duplicate route", func(c *ProxyConfig) { c.Serve.Routes[1] = c.Serve.Routes[0] }, "twice"},
 		{"http mode", func(c *ProxyConfig) { c.Serve.HTTP = "always" }, "http mode"},
 		{"service without forward", func(c *ProxyConfig) { c.Kind, c.Serve = KindService, nil }, "needs forward"},
-		{"bad destination IP", func(c *ProxyConfig) { c.Kind, c.Serve, c.Forward = KindService, nil, &Destination{IPs: []string{"10.0.0.300"}} }, "destination IP"},
+		{"bad destination IP", func(c *ProxyConfig) {
+			c.Kind, c.Serve, c.Forward = KindService, nil, &Destination{IPs: []string{"10.0.0.300"}}
+		}, "destination IP"},
 		{"both destinations", func(c *ProxyConfig) {
 			c.Kind, c.Serve, c.Forward = KindService, nil, &Destination{IPs: []string{"10.0.0.1"}, DNSName: "a.b"}
 		}, "both"},
