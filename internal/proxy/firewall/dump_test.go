@@ -1,0 +1,94 @@
+package firewall
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/coreos/go-iptables/iptables"
+	"github.com/google/nftables"
+	"github.com/google/nftables/userdata"
+)
+
+// nftDump lists every table, chain and rule of families ip, ip6 and inet in ns, rules with
+// their handle (new on every re-creation) and comment.
+func nftDump(t *testing.T, ns netNS) []string {
+	t.Helper()
+	fd, done, err := openNetNS(ns.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	c, err := nftables.New(nftables.WithNetNSFd(fd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err := c.ListTables()
+	if err != nil {
+		t.Fatalf("list tables: %v", err)
+	}
+	chains, err := c.ListChains()
+	if err != nil {
+		t.Fatalf("list chains: %v", err)
+	}
+	fam := map[nftables.TableFamily]string{nftables.TableFamilyIPv4: "ip", nftables.TableFamilyIPv6: "ip6", nftables.TableFamilyINet: "inet"}
+	var out []string
+	for _, tb := range tables {
+		if f, ok := fam[tb.Family]; ok {
+			out = append(out, fmt.Sprintf("table %s %s", f, tb.Name))
+		}
+	}
+	for _, ch := range chains {
+		f, ok := fam[ch.Table.Family]
+		if !ok {
+			continue
+		}
+		out = append(out, fmt.Sprintf("chain %s %s %s", f, ch.Table.Name, ch.Name))
+		rules, err := c.GetRules(ch.Table, ch)
+		if err != nil {
+			t.Fatalf("list rules of %s %s: %v", ch.Table.Name, ch.Name, err)
+		}
+		for _, r := range rules {
+			tag, _ := userdata.GetString(r.UserData, userdata.TypeComment)
+			out = append(out, fmt.Sprintf("rule %s %s %s handle=%d exprs=%d comment=%q", f, ch.Table.Name, ch.Name, r.Handle, len(r.Exprs), tag))
+		}
+	}
+	return out
+}
+
+// iptDump lists the nat and mangle tables of both families in ns as iptables -S does.
+func iptDump(t *testing.T, ns netNS, legacy bool) []string {
+	t.Helper()
+	var out []string
+	err := inNetNS(ns.path, func() error {
+		for _, f := range families {
+			proto := iptables.ProtocolIPv4
+			if f == ipv6 {
+				proto = iptables.ProtocolIPv6
+			}
+			ipt, err := iptables.New(iptables.IPFamily(proto), iptables.Path(iptBinaries(legacy)[f]))
+			if err != nil {
+				return err
+			}
+			for _, table := range []string{"nat", "mangle"} {
+				chains, err := ipt.ListChains(table)
+				if err != nil {
+					return err
+				}
+				for _, ch := range chains {
+					rules, err := ipt.List(table, ch)
+					if err != nil {
+						return err
+					}
+					for _, r := range rules {
+						out = append(out, fmt.Sprintf("%s %s: %s", f, table, r))
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("iptables listing: %v", err)
+	}
+	return out
+}

@@ -1,0 +1,121 @@
+// Package firewall installs the kernel DNAT of the L3 proxy: packets addressed to a tailnet IP
+// (the proxy's own, or a Tailscale Service VIP) are rewritten to a destination IP (a Service
+// ClusterIP, or the resolved addresses of an ExternalName), all protocols and ports, and TCP
+// MSS is clamped to the path MTU on traffic forwarded in and out of the tunnel interface.
+//
+// Two backends produce the same rules: nftables (netlink, no binary needed) and iptables (the
+// iptables/ip6tables binaries, nf_tables or legacy flavour). Every rule carries a comment
+// "tsingress/<owner>/<hash>" naming the mapping it belongs to and a hash of its content, so a
+// restarted process finds its rules again and rewrites only those that changed.
+//
+// Layout. nftables: tables "ip tsingress" and "ip6 tsingress", each with a "prerouting" chain
+// (nat hook, priority dstnat) and a "forward" chain (filter hook, priority mangle). iptables:
+// chain TSINGRESS-PREROUTING in the nat table, jumped to from the top of PREROUTING, and chain
+// TSINGRESS-FORWARD in the mangle table, jumped to from the top of FORWARD. A family's tables or
+// chains exist only while some mapping uses that family.
+package firewall
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+)
+
+// Mode selects the firewall backend.
+type Mode string
+
+const (
+	ModeAuto     Mode = "auto" // see DetectMode
+	ModeNFTables Mode = "nftables"
+	ModeIPTables Mode = "iptables"
+)
+
+// ParseMode accepts "", "auto", "nftables" and "iptables"; "" means auto.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case "":
+		return ModeAuto, nil
+	case ModeAuto, ModeNFTables, ModeIPTables:
+		return m, nil
+	}
+	return "", fmt.Errorf("firewall mode %q: want auto, nftables or iptables", s)
+}
+
+// Mapping is one exposed destination. Each tailnet IP is DNATed to the destinations of its own
+// address family; a tailnet IP with no destination of its family is left alone. With several
+// destinations of a family, each new connection picks one of them.
+type Mapping struct {
+	// Name identifies the mapping in rule comments and in Status, e.g. "svc:web" or
+	// "standalone". Letters, digits and ":._-", at most 100 characters.
+	Name         string
+	TailnetIPs   []netip.Addr
+	Destinations []netip.Addr
+}
+
+// Status is what Apply left installed.
+type Status struct {
+	Mode Mode `json:"mode"`
+	// Mappings is keyed by Mapping.Name.
+	Mappings map[string]MappingStatus `json:"mappings"`
+}
+
+// MappingStatus describes one mapping. Its rules are installed exactly when Error is empty.
+type MappingStatus struct {
+	// TailnetIPs and Destinations are the addresses in use: those with a partner of their family.
+	TailnetIPs   []netip.Addr `json:"tailnetIPs"`
+	Destinations []netip.Addr `json:"destinations"`
+	Error        string       `json:"error,omitempty"`
+}
+
+// Runner owns the package's rules in one network namespace. Its methods are safe for
+// concurrent use.
+type Runner interface {
+	// Mode is the backend in use: ModeNFTables or ModeIPTables.
+	Mode() Mode
+	// Apply makes the installed rules exactly those of mappings. Rules already as wanted are not
+	// touched; a mapping whose update fails keeps its previous rules and reports the error in
+	// Status, and Apply then returns an error too.
+	Apply(ctx context.Context, mappings []Mapping) (Status, error)
+	// Cleanup removes every table, chain and rule this backend ever installed.
+	Cleanup(ctx context.Context) error
+}
+
+// Options configures New.
+type Options struct {
+	// Mode is the backend; "" means ModeAuto.
+	Mode Mode
+	// NetNS is the path of a network namespace file (e.g. /run/netns/x) to work in; "" means the
+	// caller's namespace.
+	NetNS string
+	// TunName is the tunnel interface for MSS clamping; "" means "tailscale0".
+	TunName string
+}
+
+// New returns a Runner for the backend that opts.Mode selects. In auto mode DetectMode picks
+// it; in iptables mode detection still picks the nf_tables or legacy flavour.
+func New(ctx context.Context, opts Options) (Runner, error) {
+	if _, err := ParseMode(string(opts.Mode)); err != nil {
+		return nil, err
+	}
+	if opts.TunName == "" {
+		opts.TunName = "tailscale0"
+	}
+	if opts.Mode == ModeNFTables {
+		return newNFTRunner(opts), nil
+	}
+	d, err := DetectMode(ctx, opts.NetNS)
+	if opts.Mode == ModeIPTables {
+		// Detection only picks the flavour here; when it fails, nf_tables is the usual one.
+		d = Detection{Mode: ModeIPTables, Legacy: err == nil && d.Legacy}
+	} else if err != nil {
+		return nil, err
+	}
+	if d.Mode == ModeNFTables {
+		return newNFTRunner(opts), nil
+	}
+	r, err := newIPTRunner(opts, d.Legacy)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
