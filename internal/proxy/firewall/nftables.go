@@ -244,11 +244,13 @@ func dnatExprs(t *nftables.Table, d dnat, setID uint32) ([]expr.Any, *nftables.S
 		KeyType: nftables.TypeInteger, DataType: addrType}
 	elems := make([]nftables.SetElement, len(d.to))
 	for i, a := range d.to {
-		// numgen writes a host-endian integer.
-		elems[i] = nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)), Val: a.AsSlice()}
+		elems[i] = nftables.SetElement{Key: binaryutil.BigEndian.PutUint32(uint32(i)), Val: a.AsSlice()}
 	}
 	exprs = append(exprs,
 		&expr.Numgen{Register: 1, Modulus: uint32(len(d.to)), Type: unix.NFT_NG_RANDOM},
+		// numgen yields a host-endian number; the library marks anonymous map keys big-endian,
+		// so convert, or nft would list key 1 as 16777216 on little-endian machines.
+		&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4},
 		&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetID: set.ID, SetName: set.Name},
 		nat,
 	)
