@@ -1,0 +1,199 @@
+// Package localtailnet runs a whole tailnet on one machine: a control server, a DERP relay
+// with STUN, MagicDNS, and the subset of the Tailscale API v2 that internal/tailnet uses,
+// including the OAuth client credentials grant. It is the project's default for development,
+// demos and tests; everything listens on 127.0.0.1 unless told otherwise.
+//
+// Real Tailscale clients (tailscaled, tsnet) join it with ControlURL set to [LocalTailnet.ControlURL]
+// and an auth key minted through the API, and talk to each other over DERP or directly.
+// MagicDNS names are <host>.<Domain>; the default domain is "tailnet.test" (.test is reserved,
+// so it can never clash with a real name).
+//
+// # Why not testcontrol
+//
+// tailscale.com/tstest/integration/testcontrol cannot carry what the API needs: the auth key
+// is only visible inside the Noise-encrypted register request, which testcontrol decodes
+// internally and accepts against a single RequireAuthKey (its Noise key and request-context
+// key are unexported, so no wrapper can see the key); it has no way to remove a node; and it
+// puts no Tailscale Service into netmaps. So this package implements the control protocol
+// itself with the same building blocks (controlhttpserver for the Noise handshake, tailcfg
+// messages, zstd framing), and what the API does acts on the state the nodes see:
+//   - auth keys are minted per request, carry their tags, and single-use keys are spent by the
+//     first registration;
+//   - a deleted device leaves every peer's netmap at once;
+//   - a Tailscale Service gets an IPv4 and an IPv6 address and a MagicDNS name <label>.<Domain>;
+//     a tagged node that advertises it (the c2n GET /vip-services answer) is told the addresses
+//     (the service-host node attribute) and its peers route them to it, one host per peer,
+//     spread by node ID, among hosts that are connected. Advertising is approval enough.
+//
+// # What it does not do
+//
+//   - No certificates: with Options.HTTPS the API reports HTTPS as enabled and nodes get cert
+//     domains, but nothing answers the ACME DNS-01 flow (/machine/set-dns is not served).
+//   - No ACL policy: every node may reach every other on every port; tags are labels only.
+//   - No interactive login, node key expiry or rotation, device approval, Funnel or Tailnet Lock.
+//   - Ephemeral nodes are not removed when they go offline, only when deleted or logged out.
+//   - State is in memory and ends with Close.
+package localtailnet
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tsingress/tsingress/internal/tailnet"
+	"tailscale.com/tailcfg"
+	"tailscale.com/types/key"
+	"tailscale.com/types/logger"
+)
+
+// Options configures a local tailnet. The zero value is ready to use.
+type Options struct {
+	// Addr is where the control server and the API listen, "127.0.0.1:0" by default. The DERP
+	// relay and STUN listen on the same IP, on ports of their own.
+	Addr string
+	// Domain is the MagicDNS domain and the tailnet's name; "tailnet.test" by default.
+	Domain string
+	// AllowedTags are the tags the OAuth client may mint keys for; by default
+	// tag:k8s and tag:k8s-operator.
+	AllowedTags []string
+	// HTTPS makes the tailnet claim HTTPS support (API setting and node cert domains);
+	// no certificate authority stands behind it.
+	HTTPS bool
+	// Logf receives the local tailnet's logs; nil discards them. Credentials are never logged.
+	Logf logger.Logf
+}
+
+// LocalTailnet is a running local tailnet.
+type LocalTailnet struct {
+	// ControlURL is for tsnet's ControlURL or `tailscale up --login-server`.
+	ControlURL string
+	// APIBaseURL is the Tailscale API v2 base URL (the same server as ControlURL).
+	APIBaseURL string
+	// OAuthClientID and OAuthClientSecret authenticate to the API; they are generated at Start.
+	OAuthClientID     string
+	OAuthClientSecret tailnet.Secret
+	// DERPMap lists the local DERP relay.
+	DERPMap *tailcfg.DERPMap
+	// Domain is the MagicDNS domain.
+	Domain string
+
+	srv       *server
+	http      *http.Server
+	relay     *relay
+	cancel    context.CancelFunc
+	stopOnCtx func() bool
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Start runs a local tailnet until Close is called or ctx is done.
+func Start(ctx context.Context, opts Options) (*LocalTailnet, error) {
+	logf := opts.Logf
+	if logf == nil {
+		logf = logger.Discard
+	}
+	addr := opts.Addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	relay, derpMap, err := startRelay(ln.Addr().(*net.TCPAddr).IP.String(), logf)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	srvCtx, cancel := context.WithCancel(context.Background())
+	s := &server{
+		logf:        logf,
+		domain:      cmp.Or(opts.Domain, "tailnet.test"),
+		https:       opts.HTTPS,
+		derpMap:     derpMap,
+		noiseKey:    key.NewMachine(),
+		allowedTags: slices.Clone(opts.AllowedTags),
+		oauthID:     "k" + randomText(10) + "CNTRL",
+		ctx:         srvCtx,
+		nodes:       make(map[tailcfg.NodeID]*node),
+		keys:        make(map[string]*authKey),
+		services:    make(map[tailcfg.ServiceName]*service),
+		c2n:         make(map[string]tailcfg.NodeID),
+		tokens:      make(map[string]time.Time),
+		noiseConns:  make(map[net.Conn]bool),
+	}
+	s.oauthSecret = "tskey-client-" + s.oauthID + "-" + randomText(26)
+	if len(s.allowedTags) == 0 {
+		s.allowedTags = []string{"tag:k8s", "tag:k8s-operator"}
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /key", s.serveKey)
+	mux.HandleFunc("/ts2021", s.serveNoise)
+	mux.Handle(apiPrefix, s.apiHandler())
+	hs := &http.Server{
+		Handler:           mux,
+		ErrorLog:          logger.StdLogger(logf),
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return srvCtx },
+	}
+	go hs.Serve(ln)
+
+	url := "http://" + ln.Addr().String()
+	lt := &LocalTailnet{
+		ControlURL:        url,
+		APIBaseURL:        url,
+		OAuthClientID:     s.oauthID,
+		OAuthClientSecret: tailnet.NewSecret(s.oauthSecret),
+		DERPMap:           derpMap,
+		Domain:            s.domain,
+		srv:               s,
+		http:              hs,
+		relay:             relay,
+		cancel:            cancel,
+	}
+	lt.stopOnCtx = context.AfterFunc(ctx, func() { lt.Close() })
+	logf("localtailnet: control server and API at %s, DERP at 127.0.0.1:%d, domain %s",
+		url, derpMap.Regions[1].Nodes[0].DERPPort, s.domain)
+	return lt, nil
+}
+
+// Close stops the local tailnet; nodes lose their control server and relay.
+func (lt *LocalTailnet) Close() error {
+	lt.closeOnce.Do(func() {
+		lt.stopOnCtx()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		lt.cancel() // ends map polls and refuses new Noise connections
+		lt.srv.closeNoiseConns()
+		lt.closeErr = errors.Join(lt.http.Shutdown(ctx), lt.relay.close())
+	})
+	return lt.closeErr
+}
+
+// WriteOAuthFiles writes the OAuth client ID and secret to files named client_id and
+// client_secret in dir (mode 0600), the layout the operator reads, and returns their paths.
+func (lt *LocalTailnet) WriteOAuthFiles(dir string) (idFile, secretFile string, err error) {
+	idFile, secretFile = filepath.Join(dir, "client_id"), filepath.Join(dir, "client_secret")
+	if err := os.WriteFile(idFile, []byte(lt.OAuthClientID), 0o600); err != nil {
+		return "", "", err
+	}
+	if err := os.WriteFile(secretFile, []byte(lt.OAuthClientSecret.Reveal()), 0o600); err != nil {
+		return "", "", err
+	}
+	return idFile, secretFile, nil
+}
+
+// InjectAPIFault makes the API fail the next f.Times requests with f.Status. Faults queue up.
+func (lt *LocalTailnet) InjectAPIFault(f APIFault) {
+	lt.srv.mu.Lock()
+	defer lt.srv.mu.Unlock()
+	lt.srv.faults = append(lt.srv.faults, f)
+}

@@ -1,0 +1,144 @@
+package localtailnet
+
+import (
+	"encoding/json"
+	"net/netip"
+	"slices"
+
+	"tailscale.com/tailcfg"
+	"tailscale.com/types/opt"
+)
+
+// mapResponseLocked builds the full netmap for self. prev holds the peers of the previous
+// response on the same poll: when none are left, the removals must be spelled out, since an
+// empty Peers list means "no change" on the wire.
+func (s *server) mapResponseLocked(self *node, prev map[tailcfg.NodeID]bool) (*tailcfg.MapResponse, map[tailcfg.NodeID]bool) {
+	hosts := s.serviceHostsLocked()
+	selfNode := s.tailcfgNodeLocked(self)
+	mapping := tailcfg.ServiceIPMappings{}
+	for name, hs := range hosts {
+		if slices.Contains(hs, self) {
+			mapping[name] = s.services[name].addrs
+		}
+	}
+	if len(mapping) > 0 {
+		raw, err := json.Marshal(mapping)
+		if err != nil {
+			panic(err) // names and addresses always marshal
+		}
+		selfNode.CapMap[tailcfg.NodeAttrServiceHost] = []tailcfg.RawMessage{tailcfg.RawMessage(raw)}
+	}
+
+	res := &tailcfg.MapResponse{
+		Node:            selfNode,
+		DERPMap:         s.derpMap,
+		Domain:          s.domain,
+		DNSConfig:       s.dnsConfigLocked(self),
+		PacketFilter:    tailcfg.FilterAllowAll,
+		UserProfiles:    []tailcfg.UserProfile{taggedProfile},
+		CollectServices: opt.False,
+	}
+	sent := make(map[tailcfg.NodeID]bool)
+	for _, p := range s.sortedNodesLocked() {
+		if p == self {
+			continue
+		}
+		tn := s.tailcfgNodeLocked(p)
+		for name, hs := range hosts {
+			if host := pickHost(hs, self); host == p {
+				for _, a := range s.services[name].addrs {
+					tn.AllowedIPs = append(tn.AllowedIPs, netip.PrefixFrom(a, a.BitLen()))
+				}
+			}
+		}
+		res.Peers = append(res.Peers, tn)
+		sent[p.id] = true
+	}
+	if len(res.Peers) == 0 {
+		for id := range prev {
+			res.PeersRemoved = append(res.PeersRemoved, id)
+		}
+		slices.Sort(res.PeersRemoved)
+	}
+	return res, sent
+}
+
+// serviceHostsLocked returns, per service, the connected nodes that advertise it, by node ID.
+// Advertising is approval enough here: the local tailnet has no policy file.
+func (s *server) serviceHostsLocked() map[tailcfg.ServiceName][]*node {
+	hosts := make(map[tailcfg.ServiceName][]*node)
+	for _, n := range s.sortedNodesLocked() {
+		if n.stream == nil || len(n.tags) == 0 {
+			continue
+		}
+		for _, name := range n.services {
+			if s.services[name] != nil {
+				hosts[name] = append(hosts[name], n)
+			}
+		}
+	}
+	return hosts
+}
+
+// pickHost chooses which host of a service a client sends the service's traffic to: a client
+// that hosts the service itself keeps it local; others are spread over the hosts by node ID.
+func pickHost(hosts []*node, client *node) *node {
+	if len(hosts) == 0 || slices.Contains(hosts, client) {
+		return nil
+	}
+	return hosts[int(client.id)%len(hosts)]
+}
+
+func (s *server) tailcfgNodeLocked(n *node) *tailcfg.Node {
+	online := n.stream != nil
+	tn := &tailcfg.Node{
+		ID:                n.id,
+		StableID:          n.stableID,
+		Name:              n.fqdn(s.domain) + ".",
+		User:              taggedUserID,
+		Key:               n.nodeKey,
+		Machine:           n.machine,
+		DiscoKey:          n.disco,
+		Addresses:         slices.Clone(n.addrs),
+		AllowedIPs:        slices.Clone(n.addrs),
+		Endpoints:         n.endpoints,
+		HomeDERP:          n.homeDERP,
+		Hostinfo:          n.hostinfo.View(),
+		Created:           n.created,
+		Cap:               n.capVer,
+		Tags:              n.tags,
+		MachineAuthorized: true,
+		Online:            &online,
+		CapMap:            tailcfg.NodeCapMap{},
+	}
+	if !online {
+		lastSeen := n.lastSeen
+		tn.LastSeen = &lastSeen
+	}
+	if s.https {
+		tn.CapMap[tailcfg.CapabilityHTTPS] = nil
+	}
+	return tn
+}
+
+// dnsConfigLocked turns MagicDNS on and names every Tailscale Service <label>.<domain>.
+func (s *server) dnsConfigLocked(self *node) *tailcfg.DNSConfig {
+	cfg := &tailcfg.DNSConfig{Proxied: true, Domains: []string{s.domain}}
+	if s.https {
+		cfg.CertDomains = []string{self.fqdn(s.domain)}
+	}
+	names := make([]tailcfg.ServiceName, 0, len(s.services))
+	for name := range s.services {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		for _, a := range s.services[name].addrs {
+			cfg.ExtraRecords = append(cfg.ExtraRecords, tailcfg.DNSRecord{
+				Name:  name.WithoutPrefix() + "." + s.domain + ".",
+				Value: a.String(),
+			})
+		}
+	}
+	return cfg
+}

@@ -1,0 +1,268 @@
+package localtailnet
+
+import (
+	"bytes"
+	"crypto/rand"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"tailscale.com/net/tsaddr"
+	"tailscale.com/tailcfg"
+	"tailscale.com/types/key"
+	"tailscale.com/util/dnsname"
+)
+
+// node is a device of the tailnet.
+type node struct {
+	id        tailcfg.NodeID
+	stableID  tailcfg.StableNodeID
+	machine   key.MachinePublic
+	nodeKey   key.NodePublic
+	disco     key.DiscoPublic
+	hostinfo  *tailcfg.Hostinfo // replaced, never mutated, so views of it stay valid
+	label     string            // MagicDNS label, unique in the tailnet
+	tags      []string
+	ephemeral bool
+	addrs     []netip.Prefix
+	endpoints []netip.AddrPort
+	homeDERP  int
+	capVer    tailcfg.CapabilityVersion
+	created   time.Time
+	lastSeen  time.Time
+	authKeyID string
+
+	// stream wakes the node's streaming map poll; nil while the node is not connected.
+	stream chan struct{}
+	// pings wait for the stream to carry them (c2n requests).
+	pings []*tailcfg.PingRequest
+
+	// services the node advertises, as last fetched over c2n, and the hash they had.
+	services     []tailcfg.ServiceName
+	servicesHash string
+	// servicesAsked is the hash a c2n fetch is in flight for.
+	servicesAsked string
+}
+
+// authKey is a minted auth key.
+type authKey struct {
+	id, secret    string
+	tags          []string
+	reusable      bool
+	ephemeral     bool
+	preauthorized bool
+	description   string
+	created       time.Time
+	expires       time.Time
+	used          bool
+}
+
+// service is a Tailscale Service (VIP service).
+type service struct {
+	name        tailcfg.ServiceName
+	addrs       []netip.Addr
+	ports       []string
+	tags        []string
+	comment     string
+	annotations map[string]string
+}
+
+// The single user that owns tagged devices, as on Tailscale; every device here is tagged
+// because OAuth clients can only mint tagged keys.
+const taggedUserID tailcfg.UserID = 1
+
+var (
+	taggedUser    = tailcfg.User{ID: taggedUserID, DisplayName: "tagged-devices"}
+	taggedLogin   = tailcfg.Login{ID: 1, Provider: "localtailnet", LoginName: "tagged-devices", DisplayName: "tagged-devices"}
+	taggedProfile = tailcfg.UserProfile{ID: taggedUserID, LoginName: "tagged-devices", DisplayName: "tagged-devices"}
+)
+
+// vipPrefix is where Tailscale Services get their IPv4 addresses; devices get 100.64.x.y.
+var vipPrefix = netip.MustParsePrefix("100.80.0.0/16")
+
+func (n *node) fqdn(domain string) string { return n.label + "." + domain }
+
+// randomText returns a random string of base32 characters (lowercase), n ≤ 26.
+func randomText(n int) string { return strings.ToLower(rand.Text()[:n]) }
+
+// nodeByKeyLocked finds the node that holds nodeKey.
+func (s *server) nodeByKeyLocked(k key.NodePublic) *node {
+	for _, n := range s.nodes {
+		if n.nodeKey == k {
+			return n
+		}
+	}
+	return nil
+}
+
+// nodeByIDLocked finds a node by its stable ID or by its numeric (legacy API) ID.
+func (s *server) nodeByIDLocked(id string) *node {
+	for _, n := range s.nodes {
+		if string(n.stableID) == id || fmt.Sprint(n.id) == id {
+			return n
+		}
+	}
+	return nil
+}
+
+func (s *server) sortedNodesLocked() []*node {
+	out := make([]*node, 0, len(s.nodes))
+	for _, n := range s.nodes {
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
+	return out
+}
+
+// addNodeLocked creates the node that registered with k.
+func (s *server) addNodeLocked(mkey key.MachinePublic, req *tailcfg.RegisterRequest, k *authKey) *node {
+	s.lastNodeID++
+	id := s.lastNodeID
+	v4 := netip.AddrFrom4([4]byte{100, 64, byte(id >> 8), byte(id)})
+	hi := req.Hostinfo
+	if hi == nil {
+		hi = new(tailcfg.Hostinfo)
+	}
+	now := time.Now()
+	n := &node{
+		id:        id,
+		stableID:  tailcfg.StableNodeID("n" + randomText(10) + "CNTRL"),
+		machine:   mkey,
+		nodeKey:   req.NodeKey,
+		hostinfo:  hi,
+		label:     s.uniqueLabelLocked(hi.Hostname),
+		tags:      slices.Clone(k.tags),
+		ephemeral: k.ephemeral || req.Ephemeral,
+		addrs:     []netip.Prefix{netip.PrefixFrom(v4, 32), netip.PrefixFrom(tsaddr.Tailscale4To6(v4), 128)},
+		created:   now,
+		lastSeen:  now,
+		authKeyID: k.id,
+	}
+	s.nodes[id] = n
+	s.changedLocked()
+	return n
+}
+
+// uniqueLabelLocked turns a hostname into a MagicDNS label no other node uses, adding -1, -2, …
+// on collisions as Tailscale does; the operator relies on that to spot stale devices.
+func (s *server) uniqueLabelLocked(hostname string) string {
+	base := dnsname.SanitizeHostname(hostname)
+	if base == "" {
+		base = "node"
+	}
+	taken := func(l string) bool {
+		for _, n := range s.nodes {
+			if n.label == l {
+				return true
+			}
+		}
+		return false
+	}
+	label := base
+	for i := 1; taken(label); i++ {
+		label = fmt.Sprintf("%s-%d", base, i)
+	}
+	return label
+}
+
+func (s *server) deleteNodeLocked(n *node, why string) {
+	delete(s.nodes, n.id)
+	wake(n.stream) // its poll notices it is gone and ends
+	s.logf("localtailnet: node %d (%s, %s) removed: %s", n.id, n.stableID, n.label, why)
+	s.changedLocked()
+}
+
+// changedLocked wakes every streaming map poll to send a fresh netmap.
+func (s *server) changedLocked() {
+	for _, n := range s.nodes {
+		wake(n.stream)
+	}
+}
+
+func wake(ch chan struct{}) {
+	if ch == nil {
+		return
+	}
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// applyUpdateLocked records what a node reports about itself in a non-streaming map request.
+func (s *server) applyUpdateLocked(n *node, req *tailcfg.MapRequest) {
+	n.endpoints = req.Endpoints
+	n.disco = req.DiscoKey
+	n.capVer = req.Version
+	if req.Hostinfo != nil {
+		n.hostinfo = req.Hostinfo
+		if ni := req.Hostinfo.NetInfo; ni != nil && ni.PreferredDERP != 0 {
+			n.homeDERP = ni.PreferredDERP
+		}
+		s.syncServicesLocked(n)
+	}
+	s.changedLocked()
+}
+
+// syncServicesLocked asks the node, over c2n, which services it advertises when its
+// Hostinfo.ServicesHash says the list changed: the hash is all Hostinfo carries.
+func (s *server) syncServicesLocked(n *node) {
+	hash := n.hostinfo.ServicesHash
+	if hash == n.servicesHash || hash == n.servicesAsked {
+		return
+	}
+	if hash == "" {
+		n.services, n.servicesHash = nil, ""
+		return
+	}
+	req, err := http.NewRequest(http.MethodGet, "/vip-services", nil)
+	if err != nil {
+		panic(err) // constant request
+	}
+	var payload bytes.Buffer
+	if err := req.Write(&payload); err != nil {
+		panic(err) // writes to memory
+	}
+	token := randomText(20)
+	s.c2n[token] = n.id
+	n.servicesAsked = hash
+	n.pings = append(n.pings, &tailcfg.PingRequest{
+		URL:     "https://unused/c2n/" + token, // answered over the Noise channel; the host is not used
+		Types:   "c2n",
+		Payload: payload.Bytes(),
+	})
+	wake(n.stream)
+}
+
+// setServicesLocked records the services a node reported over c2n.
+func (s *server) setServicesLocked(n *node, res *tailcfg.C2NVIPServicesResponse) {
+	n.services = nil
+	for _, v := range res.VIPServices {
+		if v.Active {
+			n.services = append(n.services, v.Name)
+		}
+	}
+	n.servicesHash, n.servicesAsked = res.ServicesHash, ""
+	s.syncServicesLocked(n) // in case the node changed its mind meanwhile
+	s.changedLocked()
+}
+
+// allocVIPLocked returns the next free service address pair.
+func (s *server) allocVIPLocked() ([]netip.Addr, error) {
+	used := make(map[netip.Addr]bool)
+	for _, svc := range s.services {
+		for _, a := range svc.addrs {
+			used[a] = true
+		}
+	}
+	for a := vipPrefix.Addr().Next(); vipPrefix.Contains(a); a = a.Next() {
+		if !used[a] {
+			return []netip.Addr{a, tsaddr.Tailscale4To6(a)}, nil
+		}
+	}
+	return nil, fmt.Errorf("no free address in %v", vipPrefix)
+}
