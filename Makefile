@@ -27,7 +27,7 @@ help: ## Show this help.
 
 .PHONY: manifests
 manifests: controller-gen ## Generate CRDs and RBAC from kubebuilder markers.
-	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./..." output:crd:artifacts:config=config/crd/bases
+	$(CONTROLLER_GEN) rbac:roleName=tsingress-manager crd paths="./..." output:crd:artifacts:config=config/crd/bases
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods.
@@ -88,7 +88,7 @@ uninstall: manifests kustomize ## Remove the CRDs from the cluster.
 
 .PHONY: set-images
 set-images: kustomize
-	cd config/manager && $(KUSTOMIZE) edit set image operator=$(IMG_OPERATOR) && $(KUSTOMIZE) edit set image proxy=$(IMG_PROXY)
+	cd config/manager && $(KUSTOMIZE) edit set image operator=$(IMG_OPERATOR) && $(KUSTOMIZE) edit set configmap operator-settings --from-literal=PROXY_IMAGE=$(IMG_PROXY)
 
 .PHONY: deploy
 deploy: manifests kustomize ## Deploy $(OVERLAY) into the cluster.
@@ -114,7 +114,7 @@ KUSTOMIZE ?= $(LOCALBIN)/kustomize-$(KUSTOMIZE_VERSION)
 ENVTEST_ASSETS ?= $(LOCALBIN)/envtest
 
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
-KUSTOMIZE_VERSION ?= v5.8.3
+KUSTOMIZE_VERSION ?= v5.8.2
 
 .PHONY: controller-gen
 controller-gen: $(CONTROLLER_GEN) ## Install controller-gen into bin/.

@@ -1,0 +1,153 @@
+// Command operator runs the controllers that expose Ingresses and Services to a tailnet.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	_ "k8s.io/client-go/plugin/pkg/client/auth"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/version"
+)
+
+// options are the command line; each setting also reads the environment variable the original
+// operator used, so existing deployments' env keeps working.
+type options struct {
+	metricsAddr, probeAddr string
+	leaderElect            bool
+	settings               controller.Settings
+	tags, firewallMode     string
+	controlPlane           controlPlaneFlags
+	showVersion            bool
+}
+
+type controlPlaneFlags struct {
+	apiBaseURL, tailnet            string
+	clientIDFile, clientSecretFile string
+}
+
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+func envBool(name string, def bool) bool {
+	if b, err := strconv.ParseBool(os.Getenv(name)); err == nil {
+		return b
+	}
+	return def
+}
+
+func parseFlags(fs *flag.FlagSet, args []string) (*options, error) {
+	o := &options{}
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "Address of the metrics endpoint; 0 disables it.")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints.")
+	fs.BoolVar(&o.leaderElect, "leader-elect", envBool("OPERATOR_LEADER_ELECT", false), "Elect a leader, so that only one replica reconciles at a time.")
+	fs.StringVar(&o.settings.Namespace, "operator-namespace", envOr("OPERATOR_NAMESPACE", serviceAccountNamespace()), "Namespace of the operator and of every proxy's objects.")
+	fs.StringVar(&o.settings.IngressClassName, "ingress-class-name", envOr("OPERATOR_INGRESS_CLASS_NAME", "tailscale"), "IngressClass this operator serves.")
+	fs.StringVar(&o.settings.DefaultProxyClass, "default-proxy-class", envOr("PROXY_DEFAULT_CLASS", ""), "ProxyClass for objects that name none.")
+	fs.StringVar(&o.tags, "proxy-tags", envOr("PROXY_TAGS", "tag:k8s"), "Comma-separated tailnet tags for proxies that ask for none.")
+	fs.StringVar(&o.settings.ProxyImage, "proxy-image", envOr("PROXY_IMAGE", "ghcr.io/tsingress/proxy:"+version.Version), "Image of the proxies.")
+	fs.StringVar(&o.firewallMode, "proxy-firewall-mode", envOr("PROXY_FIREWALL_MODE", "auto"), "Firewall backend of L3 proxies: auto, nftables or iptables.")
+	fs.BoolVar(&o.settings.DefaultLoadBalancer, "default-load-balancer", envBool("OPERATOR_DEFAULT_LOAD_BALANCER", false), "Also serve LoadBalancer Services without a loadBalancerClass.")
+	fs.StringVar(&o.settings.ControlURL, "control-url", envOr("OPERATOR_LOGIN_SERVER", ""), "Control server the proxies log in to; empty means Tailscale's.")
+	fs.StringVar(&o.controlPlane.apiBaseURL, "api-base-url", envOr("TS_API_BASE_URL", ""), "Tailscale API base URL; empty means the control URL when set, else Tailscale's API.")
+	fs.StringVar(&o.controlPlane.tailnet, "tailnet", envOr("TS_TAILNET", "-"), "Tailnet name for API calls; - is the OAuth client's own.")
+	fs.StringVar(&o.controlPlane.clientIDFile, "client-id-file", envOr("CLIENT_ID_FILE", "/oauth/client_id"), "File holding the OAuth client ID.")
+	fs.StringVar(&o.controlPlane.clientSecretFile, "client-secret-file", envOr("CLIENT_SECRET_FILE", "/oauth/client_secret"), "File holding the OAuth client secret.")
+	fs.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	for _, t := range strings.Split(o.tags, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			o.settings.DefaultTags = append(o.settings.DefaultTags, t)
+		}
+	}
+	o.settings.FirewallMode = contract.FirewallMode(o.firewallMode)
+	if o.showVersion {
+		return o, nil
+	}
+	return o, o.settings.Validate()
+}
+
+// serviceAccountNamespace is the namespace the operator's Pod runs in, when it runs in one.
+func serviceAccountNamespace() string {
+	b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func main() {
+	zapOpts := zap.Options{}
+	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+	zapOpts.BindFlags(fs)
+	o, err := parseFlags(fs, os.Args[1:])
+	if o != nil && o.showVersion {
+		fmt.Println(version.Version)
+		return
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "invalid settings: %v\n", err)
+		os.Exit(2)
+	}
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	if err := run(o); err != nil {
+		ctrl.Log.Error(err, "operator stopped")
+		os.Exit(1)
+	}
+}
+
+func run(o *options) error {
+	log := ctrl.Log.WithName("setup")
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(tsv1alpha1.AddToScheme(scheme))
+
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+		Scheme: scheme,
+		Metrics: metricsserver.Options{
+			BindAddress:    o.metricsAddr,
+			SecureServing:  true,
+			FilterProvider: filters.WithAuthenticationAndAuthorization,
+		},
+		HealthProbeBindAddress:  o.probeAddr,
+		LeaderElection:          o.leaderElect,
+		LeaderElectionID:        "tsingress-operator.tailscale.com",
+		LeaderElectionNamespace: o.settings.Namespace,
+		Cache:                   controller.CacheOptions(o.settings),
+	})
+	if err != nil {
+		return fmt.Errorf("creating manager: %w", err)
+	}
+	if err := controller.Setup(mgr, o.settings); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return err
+	}
+	log.Info("starting operator", "version", version.Version, "namespace", o.settings.Namespace,
+		"ingressClass", o.settings.IngressClassName)
+	return mgr.Start(ctrl.SetupSignalHandler())
+}

@@ -1,0 +1,56 @@
+package controller
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+// Settings are the operator-wide options every reconciler reads.
+type Settings struct {
+	// Namespace holds every proxy's child objects (Secrets, StatefulSets, RBAC).
+	Namespace string
+	// IngressClassName is the IngressClass this operator serves.
+	IngressClassName string
+	// DefaultProxyClass applies to objects that name no ProxyClass.
+	DefaultProxyClass string
+	// DefaultTags are given to proxies that ask for none.
+	DefaultTags []string
+	// ProxyImage runs the proxies.
+	ProxyImage string
+	// FirewallMode is passed to L3 proxies: auto, nftables or iptables.
+	FirewallMode contract.FirewallMode
+	// DefaultLoadBalancer also serves LoadBalancer Services that have no loadBalancerClass.
+	DefaultLoadBalancer bool
+	// ControlURL is the tailnet's control server for the proxies; empty means Tailscale's.
+	ControlURL string
+}
+
+// Validate checks the settings at start-up, so a misconfigured operator fails at once.
+func (s *Settings) Validate() error {
+	var errs []error
+	if s.Namespace == "" {
+		errs = append(errs, errors.New("operator namespace is required"))
+	}
+	if s.IngressClassName == "" {
+		errs = append(errs, errors.New("ingress class name is required"))
+	}
+	if s.ProxyImage == "" {
+		errs = append(errs, errors.New("proxy image is required"))
+	}
+	if len(s.DefaultTags) == 0 {
+		errs = append(errs, errors.New("at least one default proxy tag is required"))
+	}
+	for _, t := range s.DefaultTags {
+		if !contract.ValidTag(t) {
+			errs = append(errs, fmt.Errorf("default proxy tag %q must look like tag:name", t))
+		}
+	}
+	switch s.FirewallMode {
+	case contract.FirewallAuto, contract.FirewallNFTables, contract.FirewallIPTables:
+	default:
+		errs = append(errs, fmt.Errorf("firewall mode %q must be auto, nftables or iptables", s.FirewallMode))
+	}
+	return errors.Join(errs...)
+}

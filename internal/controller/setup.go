@@ -1,0 +1,39 @@
+// Package controller holds the operator's reconcilers.
+package controller
+
+import (
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// recorderName is the reporting controller of every Event the operator emits.
+const recorderName = "tsingress-operator"
+
+// CacheOptions keeps the operator's own children (Secrets, Pods, StatefulSets, RBAC) cached for
+// its namespace only: caching every Secret of a large cluster would waste memory and need wider
+// RBAC. Ingresses, Services and the CRDs are watched cluster-wide.
+func CacheOptions(s Settings) cache.Options {
+	own := cache.ByObject{Namespaces: map[string]cache.Config{s.Namespace: {}}}
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&corev1.Secret{}:         own,
+		&corev1.ConfigMap{}:      own,
+		&corev1.Pod{}:            own,
+		&corev1.ServiceAccount{}: own,
+		&appsv1.StatefulSet{}:    own,
+		&rbacv1.Role{}:           own,
+		&rbacv1.RoleBinding{}:    own,
+	}}
+}
+
+// Setup registers every reconciler with the manager.
+func Setup(mgr ctrl.Manager, s Settings) error {
+	return (&ProxyClassReconciler{
+		Client:   mgr.GetClient(),
+		Recorder: mgr.GetEventRecorder(recorderName),
+		Mapper:   mgr.GetRESTMapper(),
+	}).SetupWithManager(mgr)
+}
