@@ -23,6 +23,13 @@ type Detection struct {
 	Legacy bool
 	// Reason says which rule decided.
 	Reason string
+
+	ours ours
+}
+
+// ours says where rules of this package were found.
+type ours struct {
+	nft, xtNFT, xtLegacy bool
 }
 
 // xtablesTables are the tables iptables-nft creates, in families ip and ip6.
@@ -38,6 +45,8 @@ type census struct {
 	kubeNFT      bool // kube-proxy's nftables table
 	kubeXTNFT    bool // kube-proxy's KUBE-SERVICES chain, iptables-nft
 	kubeXTLegacy bool // kube-proxy's KUBE-SERVICES chain, iptables-legacy
+
+	ours ours
 }
 
 // DetectMode picks the backend whose rules already govern the network namespace at netns (""
@@ -68,9 +77,10 @@ func DetectMode(ctx context.Context, netns string) (Detection, error) {
 	d := c.decide()
 	if d.Mode == ModeIPTables {
 		if _, err := exec.LookPath(iptBinaries(d.Legacy)[ipv4]); err != nil {
-			return Detection{Mode: ModeNFTables, Reason: d.Reason + ", but there is no iptables binary"}, nil
+			d = Detection{Mode: ModeNFTables, Reason: d.Reason + ", but there is no iptables binary"}
 		}
 	}
+	d.ours = c.ours
 	return d, nil
 }
 
@@ -105,8 +115,13 @@ func (c *census) countNFT(netns string) error {
 			continue
 		}
 		xt := fam != nftables.TableFamilyINet && xtablesTables[table]
-		if (table == nftTable && fam != nftables.TableFamilyINet) || (xt && strings.HasPrefix(ch.Name, iptPrefix)) {
-			continue // ours
+		if table == nftTable && fam != nftables.TableFamilyINet {
+			c.ours.nft = true
+			continue
+		}
+		if xt && strings.HasPrefix(ch.Name, iptPrefix) {
+			c.ours.xtNFT = true
+			continue
 		}
 		rules, err := conn.GetRules(ch.Table, ch)
 		if err != nil {
@@ -171,6 +186,7 @@ func (c *census) countLegacy() error {
 			for _, ch := range chains {
 				c.kubeXTLegacy = c.kubeXTLegacy || ch == "KUBE-SERVICES"
 				if strings.HasPrefix(ch, iptPrefix) {
+					c.ours.xtLegacy = true
 					continue
 				}
 				rules, err := ipt.List(table, ch)

@@ -36,6 +36,7 @@ func TestCensusDecide(t *testing.T) {
 }
 
 func TestDetectMode(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	nftFile := func(t *testing.T, ns netNS, ruleset string) {
 		t.Helper()
@@ -128,6 +129,7 @@ func TestDetectMode(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			ns := newNetNS(t, "detect")
 			needTool(t, tc.tools...)
 			if tc.prepare != nil {

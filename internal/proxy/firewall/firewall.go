@@ -17,8 +17,12 @@ package firewall
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Mode selects the firewall backend.
@@ -92,23 +96,34 @@ type Options struct {
 }
 
 // New returns a Runner for the backend that opts.Mode selects. In auto mode DetectMode picks
-// it; in iptables mode detection still picks the nf_tables or legacy flavour.
+// it; in iptables mode detection still picks the nf_tables or legacy flavour. New also removes
+// what a runner of another backend or flavour left in the namespace (after a change of mode),
+// so that two sets of DNAT rules never compete.
 func New(ctx context.Context, opts Options) (Runner, error) {
-	if _, err := ParseMode(string(opts.Mode)); err != nil {
+	mode, err := ParseMode(string(opts.Mode))
+	if err != nil {
 		return nil, err
 	}
+	opts.Mode = mode
 	if opts.TunName == "" {
 		opts.TunName = "tailscale0"
 	}
-	if opts.Mode == ModeNFTables {
-		return newNFTRunner(opts), nil
+	if len(opts.TunName) >= unix.IFNAMSIZ || strings.ContainsAny(opts.TunName, "/ \t\n") {
+		return nil, fmt.Errorf("tunnel interface name %q is not a valid interface name", opts.TunName)
 	}
 	d, err := DetectMode(ctx, opts.NetNS)
-	if opts.Mode == ModeIPTables {
-		// Detection only picks the flavour here; when it fails, nf_tables is the usual one.
-		d = Detection{Mode: ModeIPTables, Legacy: err == nil && d.Legacy}
-	} else if err != nil {
+	switch {
+	case err == nil && opts.Mode != ModeAuto:
+		d.Mode = opts.Mode
+	case err != nil && opts.Mode == ModeAuto:
 		return nil, err
+	case err != nil:
+		// A forced mode works without detection, which only adds the iptables flavour (nf_tables
+		// is the usual one) and the leftovers to remove.
+		d = Detection{Mode: opts.Mode}
+	}
+	if err := removeLeftovers(ctx, opts, d); err != nil {
+		return nil, fmt.Errorf("remove rules of another firewall mode: %w", err)
 	}
 	if d.Mode == ModeNFTables {
 		return newNFTRunner(opts), nil
@@ -118,4 +133,27 @@ func New(ctx context.Context, opts Options) (Runner, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// removeLeftovers deletes our rules from the backends that d did not choose.
+func removeLeftovers(ctx context.Context, opts Options, d Detection) error {
+	var errs []error
+	if d.Mode != ModeNFTables && d.ours.nft {
+		errs = append(errs, newNFTRunner(opts).Cleanup(ctx))
+	}
+	for _, legacy := range []bool{false, true} {
+		ours := d.ours.xtNFT
+		if legacy {
+			ours = d.ours.xtLegacy
+		}
+		if !ours || (d.Mode == ModeIPTables && d.Legacy == legacy) {
+			continue
+		}
+		r, err := newIPTRunner(opts, legacy)
+		if err == nil {
+			err = r.Cleanup(ctx)
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }

@@ -87,8 +87,10 @@ func iptHandle(t *testing.T, f family) *iptables.IPTables {
 }
 
 func TestIdempotentApply(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []Mode{ModeNFTables, ModeIPTables} {
 		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
 			ns := newNetNS(t, "idem")
 			if mode == ModeIPTables {
 				needTool(t, "iptables", "ip6tables")
@@ -195,6 +197,63 @@ func TestIdempotentApply(t *testing.T) {
 			}
 			if left := leftovers(t, ns, mode, false); len(left) > 0 {
 				t.Errorf("after Cleanup, still installed:\n%s", strings.Join(left, "\n"))
+			}
+		})
+	}
+}
+
+// After a change of mode, New removes what the previous backend or flavour installed.
+func TestNewRemovesOtherModesRules(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		from, to   Mode
+		fromLegacy bool
+	}{
+		{"nftables to iptables", ModeNFTables, ModeIPTables, false},
+		{"iptables to nftables", ModeIPTables, ModeNFTables, false},
+		{"iptables-legacy to iptables-nft", ModeIPTables, ModeIPTables, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ns := newNetNS(t, "switch")
+			needTool(t, "iptables", "ip6tables")
+			legacyRule := []string{"INPUT", "-p", "tcp", "--dport", "9", "-j", "ACCEPT"}
+			if tc.fromLegacy {
+				needTool(t, "iptables-legacy", "ip6tables-legacy")
+				ns.run(t, append([]string{"iptables-legacy", "-A"}, legacyRule...)...)
+			}
+			ctx := context.Background()
+			m := []Mapping{{Name: "standalone", TailnetIPs: addrs("100.64.0.1", "fd7a:115c:a1e0::1"), Destinations: addrs("10.96.0.10", "fd00:96::10")}}
+			r, err := New(ctx, Options{Mode: tc.from, NetNS: ns.path})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := r.Apply(ctx, m); err != nil {
+				t.Fatal(err)
+			}
+			checkBackendUsed(t, ns, tc.from, tc.fromLegacy)
+			if tc.fromLegacy {
+				// Without other legacy rules, detection now picks the nf_tables flavour.
+				ns.run(t, append([]string{"iptables-legacy", "-D"}, legacyRule...)...)
+			}
+
+			if r, err = New(ctx, Options{Mode: tc.to, NetNS: ns.path}); err != nil {
+				t.Fatal(err)
+			}
+			left := leftovers(t, ns, ModeIPTables, false)
+			if tc.fromLegacy {
+				left = append(left, leftovers(t, ns, ModeIPTables, true)...)
+			}
+			if len(left) > 0 {
+				t.Fatalf("after New in %s mode, rules of the previous mode remain:\n%s", tc.to, strings.Join(left, "\n"))
+			}
+			if _, err := r.Apply(ctx, m); err != nil {
+				t.Fatal(err)
+			}
+			checkBackendUsed(t, ns, tc.to, false)
+			if err := r.Cleanup(ctx); err != nil {
+				t.Fatal(err)
 			}
 		})
 	}

@@ -248,6 +248,7 @@ func (top *topology) expectNoBackend(t *testing.T, dst netip.Addr) {
 }
 
 func TestTraffic(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		mode Mode
@@ -259,6 +260,7 @@ func TestTraffic(t *testing.T) {
 		{name: "iptables-legacy", mode: ModeIPTables, legacy: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			top := newTopology(t)
 			if tc.mode == ModeIPTables {
 				needTool(t, "iptables", "ip6tables")
