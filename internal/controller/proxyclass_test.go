@@ -36,8 +36,9 @@ var _ = Describe("ProxyClass reconciler", func() {
 			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", ReasonProxyClassValid)))
 
 		// An edit that breaks it is seen at the new generation.
+		before := pc.DeepCopy()
 		pc.Spec.StatefulSet.Labels = map[string]string{"bad key!": "x"}
-		Expect(k8s.Update(ctx, pc)).To(Succeed())
+		Expect(k8s.Patch(ctx, pc, client.MergeFrom(before))).To(Succeed())
 		Eventually(readyCondition("pc-valid")).Should(And(
 			HaveField("Status", metav1.ConditionFalse),
 			HaveField("Reason", ReasonProxyClassInvalid),
