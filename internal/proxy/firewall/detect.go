@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"strings"
 
-	"github.com/coreos/go-iptables/iptables"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 )
@@ -155,9 +154,9 @@ func jumpsToOurs(exprs []expr.Any) bool {
 // the kernel says exist there: listing others would make the kernel create them.
 func (c *census) countLegacy() error {
 	for _, f := range families {
-		names, bin, proto := "ip_tables_names", "iptables-legacy", iptables.ProtocolIPv4
+		names, bin := "ip_tables_names", "iptables-legacy"
 		if f == ipv6 {
-			names, bin, proto = "ip6_tables_names", "ip6tables-legacy", iptables.ProtocolIPv6
+			names, bin = "ip6_tables_names", "ip6tables-legacy"
 		}
 		// thread-self, not self: this thread may be in another namespace than the process.
 		b, err := os.ReadFile("/proc/thread-self/net/" + names)
@@ -174,7 +173,7 @@ func (c *census) countLegacy() error {
 		if _, err := exec.LookPath(bin); err != nil {
 			continue // nothing here could drive those rules, nor need to
 		}
-		ipt, err := iptables.New(iptables.IPFamily(proto), iptables.Path(bin), iptables.Timeout(10))
+		ipt, err := newIPT(f, bin)
 		if err != nil {
 			return err
 		}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/coreos/go-iptables/iptables"
 	"github.com/google/nftables"
 	"github.com/google/nftables/userdata"
 )
@@ -61,11 +60,7 @@ func iptDump(t *testing.T, ns netNS, legacy bool) []string {
 	var out []string
 	err := inNetNS(ns.path, func() error {
 		for _, f := range families {
-			proto := iptables.ProtocolIPv4
-			if f == ipv6 {
-				proto = iptables.ProtocolIPv6
-			}
-			ipt, err := iptables.New(iptables.IPFamily(proto), iptables.Path(iptBinaries(legacy)[f]))
+			ipt, err := newIPT(f, iptBinaries(legacy)[f])
 			if err != nil {
 				return err
 			}

@@ -89,7 +89,8 @@ type Options struct {
 	// Mode is the backend; "" means ModeAuto.
 	Mode Mode
 	// NetNS is the path of a network namespace file (e.g. /run/netns/x) to work in; "" means the
-	// caller's namespace.
+	// caller's namespace. nftables talks to it over netlink sockets opened inside it; iptables
+	// binaries are started from an OS thread that has joined it.
 	NetNS string
 	// TunName is the tunnel interface for MSS clamping; "" means "tailscale0".
 	TunName string

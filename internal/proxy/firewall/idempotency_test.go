@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/coreos/go-iptables/iptables"
 	"github.com/google/nftables"
 )
 
@@ -36,7 +35,10 @@ func ourRules(t *testing.T, ns netNS, mode Mode) []string {
 	var out []string
 	err = inNetNS(ns.path, func() error {
 		for _, f := range families {
-			ipt := iptHandle(t, f)
+			ipt, err := newIPT(f, iptBinaries(false)[f])
+			if err != nil {
+				return err
+			}
 			for _, c := range iptChains {
 				for _, chain := range []string{c[1], c[2]} {
 					if ok, err := ipt.ChainExists(c[0], chain); err != nil || !ok {
@@ -71,19 +73,6 @@ func ourRules(t *testing.T, ns netNS, mode Mode) []string {
 		t.Fatalf("listing iptables rules: %v", err)
 	}
 	return out
-}
-
-func iptHandle(t *testing.T, f family) *iptables.IPTables {
-	t.Helper()
-	proto := iptables.ProtocolIPv4
-	if f == ipv6 {
-		proto = iptables.ProtocolIPv6
-	}
-	ipt, err := iptables.New(iptables.IPFamily(proto), iptables.Path(iptBinaries(false)[f]))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ipt
 }
 
 func TestIdempotentApply(t *testing.T) {

@@ -58,17 +58,22 @@ func newIPTRunner(opts Options, legacy bool) (*iptRunner, error) {
 	r := &iptRunner{opts: opts}
 	bins := iptBinaries(legacy)
 	for _, f := range families {
-		proto := iptables.ProtocolIPv4
-		if f == ipv6 {
-			proto = iptables.ProtocolIPv6
-		}
-		// --wait bounds how long we queue behind other users of the xtables lock.
-		r.ipt[f], r.newErr[f] = iptables.New(iptables.IPFamily(proto), iptables.Path(bins[f]), iptables.Timeout(10))
+		r.ipt[f], r.newErr[f] = newIPT(f, bins[f])
 	}
 	if r.ipt[ipv4] == nil {
 		return nil, fmt.Errorf("iptables: %w", r.newErr[ipv4])
 	}
 	return r, nil
+}
+
+// newIPT returns a handle on binary bin for family f.
+func newIPT(f family, bin string) (*iptables.IPTables, error) {
+	proto := iptables.ProtocolIPv4
+	if f == ipv6 {
+		proto = iptables.ProtocolIPv6
+	}
+	// --wait bounds how long we queue behind other users of the xtables lock.
+	return iptables.New(iptables.IPFamily(proto), iptables.Path(bin), iptables.Timeout(10))
 }
 
 func (r *iptRunner) Mode() Mode { return ModeIPTables }
@@ -133,12 +138,8 @@ func (r *iptRunner) applyFamily(f family, p *plan) {
 			return
 		}
 	}
-	clampWants := make([]want, len(fp.clamp))
-	for i, cr := range fp.clamp {
-		clampWants[i] = want{owner: cr.owner, tag: cr.tag, n: 1}
-	}
 	var clampErr error
-	err = reconcileIPT(ipt, "mangle", iptFwdChain, clampWants, func(i int) [][]string {
+	err = reconcileIPT(ipt, "mangle", iptFwdChain, fp.clampWants(), func(i int) [][]string {
 		return [][]string{clampSpec(fp.clamp[i])}
 	}, func(_ int, err error) { clampErr = errors.Join(clampErr, err) })
 	if err = errors.Join(clampErr, err); err != nil {

@@ -109,12 +109,8 @@ func applyNFTFamily(conn func() *nftables.Conn, f family, p *plan) {
 		return
 	}
 	// The clamp serves every mapping of the family, so its failure fails them all.
-	clampWants := make([]want, len(fp.clamp))
-	for i, cr := range fp.clamp {
-		clampWants[i] = want{owner: cr.owner, tag: cr.tag, n: 1}
-	}
 	var clampErr error
-	err = reconcileNFT(conn, fwd, clampWants, func(c *nftables.Conn, i int) error {
+	err = reconcileNFT(conn, fwd, fp.clampWants(), func(c *nftables.Conn, i int) error {
 		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: clampExprs(fp.clamp[i]), UserData: comment(fp.clamp[i].tag)})
 		return nil
 	}, func(_ int, err error) { clampErr = errors.Join(clampErr, err) })

@@ -34,7 +34,7 @@ func familyOf(a netip.Addr) family {
 	return ipv6
 }
 
-// dnat sends connections to from on to one of to.
+// dnat rewrites destination address from to one of to.
 type dnat struct {
 	from netip.Addr
 	to   []netip.Addr
@@ -61,6 +61,15 @@ type familyPlan struct {
 }
 
 func (p familyPlan) empty() bool { return len(p.dnat) == 0 }
+
+// clampWants is what the clamp rules need in the forward chain: one kernel rule each.
+func (p familyPlan) clampWants() []want {
+	w := make([]want, len(p.clamp))
+	for i, cr := range p.clamp {
+		w[i] = want{owner: cr.owner, tag: cr.tag, n: 1}
+	}
+	return w
+}
 
 // plan is the desired rule set, computed from mappings alone; the backends record in it what
 // failed to install.
