@@ -61,7 +61,8 @@ type census struct {
 //  4. iptables without an iptables binary: nftables.
 //
 // In iptables mode, Legacy is set when legacy x_tables holds more rules (or the only
-// KUBE-SERVICES chain) than nf_tables does. Our own tables, chains and jumps are not counted.
+// KUBE-SERVICES chain) than nf_tables does. Our own tables, chains and jumps are not counted;
+// where they are is noted for New, which removes those of the mode not chosen.
 func DetectMode(ctx context.Context, netns string) (Detection, error) {
 	var c census
 	if err := c.countNFT(netns); err != nil {

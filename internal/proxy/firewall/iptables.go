@@ -205,16 +205,17 @@ func removeChains(ipt *iptables.IPTables) error {
 var commentRE = regexp.MustCompile(`--comment "?([^"\s]*)`)
 
 // reconcileIPT makes chain hold exactly wants. An owner's new rules are appended before its old
-// ones are deleted, so traffic never finds neither; when an append fails the new rules added so
-// far are removed instead, the old ones stay and onErr hears of it. Rule numbers found by
-// listing stay valid while appending, and deleting from the highest down keeps them valid.
+// ones are deleted, so traffic always finds one or the other; when an append fails the new rules
+// added so far are removed instead, the old ones stay and onErr hears of it, as it does of a
+// failure to list the chain. The error returned is that of removing rules. Rule numbers found
+// by listing stay valid while appending, and deleting from the highest down keeps them valid.
 func reconcileIPT(ipt *iptables.IPTables, table, chain string, wants []want, specs func(i int) [][]string, onErr func(i int, err error)) error {
 	lines, err := ipt.List(table, chain)
 	if err != nil {
 		for i := range wants {
-			onErr(i, err)
+			onErr(i, fmt.Errorf("list %s %s: %w", table, chain, err))
 		}
-		return fmt.Errorf("list %s %s: %w", table, chain, err)
+		return nil
 	}
 	var rules []found
 	for _, l := range lines {

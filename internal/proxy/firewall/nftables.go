@@ -171,15 +171,15 @@ func ensureChains(c *nftables.Conn, t *nftables.Table, exists bool) (nat, fwd *n
 
 // reconcileNFT makes chain ch hold exactly wants. Each owner to (re)install gets one batch that
 // deletes its old rules and adds the new ones (queued by add), so the swap is atomic and a
-// failure leaves the old rules in place; onErr hears of it. The error returned is that of
-// listing the chain or of removing stale rules.
+// failure leaves the old rules in place; onErr hears of it, as it does of a failure to list the
+// chain. The error returned is that of removing stale rules.
 func reconcileNFT(conn func() *nftables.Conn, ch *nftables.Chain, wants []want, add func(c *nftables.Conn, i int) error, onErr func(i int, err error)) error {
 	rules, err := conn().GetRules(ch.Table, ch)
 	if err != nil {
 		for i := range wants {
-			onErr(i, err)
+			onErr(i, fmt.Errorf("list chain %s: %w", ch.Name, err))
 		}
-		return fmt.Errorf("list chain %s: %w", ch.Name, err)
+		return nil
 	}
 	found := make([]found, len(rules))
 	for i, rule := range rules {
