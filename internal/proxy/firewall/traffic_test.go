@@ -252,7 +252,7 @@ func TestTraffic(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		mode Mode
-		// legacyRule, when set, is put in legacy x_tables first, so detection picks iptables-legacy.
+		// legacy puts an unrelated rule in legacy x_tables first, so detection picks iptables-legacy.
 		legacy bool
 	}{
 		{name: "nftables", mode: ModeNFTables},
