@@ -1,0 +1,61 @@
+// Package kubetest starts a real kube-apiserver and etcd (envtest) for the proxy's tests.
+package kubetest
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// Env is a running apiserver with a client for it.
+type Env struct {
+	Config *rest.Config
+	Client kubernetes.Interface
+}
+
+// Start runs an apiserver for the test. It fails the test, rather than skipping it, when
+// KUBEBUILDER_ASSETS is unset: CI always sets it, so a skip would hide a broken setup.
+func Start(t testing.TB) *Env {
+	t.Helper()
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Fatal("KUBEBUILDER_ASSETS must point at kube-apiserver and etcd: run the tests with `make test`")
+	}
+	te := &envtest.Environment{}
+	cfg, err := te.Start()
+	if err != nil {
+		t.Fatalf("starting envtest: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := te.Stop(); err != nil {
+			t.Errorf("stopping envtest: %v", err)
+		}
+	})
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Env{Config: cfg, Client: cs}
+}
+
+// Secret creates a Secret with data in namespace, creating the namespace if needed.
+func (e *Env) Secret(t testing.TB, namespace, name string, data map[string][]byte) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := e.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	_, err = e.Client.CoreV1().Secrets(namespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Data: data,
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

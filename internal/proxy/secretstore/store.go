@@ -1,0 +1,140 @@
+// Package secretstore keeps a proxy's tailnet identity and its reported state in one Kubernetes
+// Secret, through the API (client-go), so it works in a Pod and from a kubeconfig alike.
+//
+// The tailnet client's keys are stored under a "ts." prefix: contract keys (State*, the config
+// keys) never start with it, so the two can never collide, and an operator can tell them
+// apart. Every write is a JSON merge patch of the keys it changes, never a whole-object update,
+// so the operator's keys and the proxy's never overwrite each other.
+package secretstore
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"tailscale.com/ipn"
+)
+
+// writeTimeout bounds a write that tailscale makes without a context.
+const writeTimeout = 10 * time.Second
+
+// Store is an ipn.StateStore over a Secret, plus Report for the proxy's own state keys.
+// The Secret must exist: the operator creates it.
+type Store struct {
+	secrets corev1client.SecretInterface
+	name    string
+
+	mu    sync.Mutex
+	cache map[string][]byte // the tailnet client's keys as stored (prefixed); this Store is their only writer
+}
+
+var _ ipn.StateStore = (*Store)(nil)
+
+// New reads the Secret once; tailscale's reads are then served from memory.
+func New(ctx context.Context, secrets corev1client.SecretInterface, name string) (*Store, error) {
+	sec, err := secrets.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("state Secret %s does not exist (the operator creates it)", name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading state Secret %s: %w", name, err)
+	}
+	s := &Store{secrets: secrets, name: name, cache: map[string][]byte{}}
+	for k, v := range sec.Data {
+		if isTailscaleKey(k) {
+			s.cache[k] = v
+		}
+	}
+	return s, nil
+}
+
+// ReadState implements ipn.StateStore.
+func (s *Store) ReadState(id ipn.StateKey) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.cache[SecretKey(id)]
+	if !ok {
+		return nil, ipn.ErrStateNotExist
+	}
+	return v, nil
+}
+
+// WriteState implements ipn.StateStore; nil deletes the key.
+func (s *Store) WriteState(id ipn.StateKey, bs []byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	key := SecretKey(id)
+	s.mu.Lock()
+	defer s.mu.Unlock() // held across the patch so that writes of one key land in order
+	if err := s.patch(ctx, map[string][]byte{key: bs}); err != nil {
+		return err
+	}
+	if bs == nil {
+		delete(s.cache, key)
+	} else {
+		s.cache[key] = bs
+	}
+	return nil
+}
+
+// Report sets the given keys (the contract's State* keys); a nil or empty value removes its key.
+func (s *Store) Report(ctx context.Context, data map[string][]byte) error {
+	for k := range data {
+		if isTailscaleKey(k) {
+			return fmt.Errorf("key %q is reserved for the tailnet client", k)
+		}
+	}
+	return s.patch(ctx, data)
+}
+
+func (s *Store) patch(ctx context.Context, data map[string][]byte) error {
+	set := make(map[string]any, len(data))
+	for k, v := range data {
+		if len(v) == 0 {
+			set[k] = nil // merge patch: remove
+		} else {
+			set[k] = v // encoded as base64, as Secret data is
+		}
+	}
+	body, err := json.Marshal(map[string]any{"data": set})
+	if err != nil {
+		return err
+	}
+	_, err = s.secrets.Patch(ctx, s.name, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "tsingress-proxy"})
+	if err != nil {
+		return fmt.Errorf("updating state Secret %s: %w", s.name, err)
+	}
+	return nil
+}
+
+const (
+	prefix    = "ts."     // a tailscale key that is a valid Secret key
+	hexPrefix = "ts-hex." // any other tailscale key, hex-encoded
+)
+
+var validKey = regexp.MustCompile(`^[-._a-zA-Z0-9]+$`)
+
+// maxKeyLen is the longest Secret data key the API accepts.
+const maxKeyLen = 253
+
+// SecretKey is the Secret data key a tailscale state key is stored under. Distinct state keys
+// get distinct Secret keys.
+func SecretKey(id ipn.StateKey) string {
+	if k := prefix + string(id); validKey.MatchString(string(id)) && len(k) <= maxKeyLen {
+		return k
+	}
+	return hexPrefix + hex.EncodeToString([]byte(id))
+}
+
+func isTailscaleKey(k string) bool {
+	return strings.HasPrefix(k, prefix) || strings.HasPrefix(k, hexPrefix)
+}

@@ -1,0 +1,217 @@
+package secretstore_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"tailscale.com/ipn"
+	"tailscale.com/net/netns"
+	"tailscale.com/tsnet"
+
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/proxy/internal/kubetest"
+	"github.com/tsingress/tsingress/internal/proxy/secretstore"
+	"github.com/tsingress/tsingress/internal/tailnet"
+)
+
+func TestMain(m *testing.M) {
+	// In-process tailnet nodes run without privileges (no SO_MARK), as in tsnet's own tests.
+	netns.SetEnabled(false)
+	os.Exit(m.Run())
+}
+
+const ns = "tailscale"
+
+func TestStore(t *testing.T) {
+	env := kubetest.Start(t)
+	secrets := env.Client.CoreV1().Secrets(ns)
+	env.Secret(t, ns, "web-0", map[string][]byte{
+		"proxy-config.v1.json": []byte(`{"version":1}`),
+		"operator-note":        []byte("keep"),
+	})
+	get := func() map[string][]byte {
+		t.Helper()
+		s, err := secrets.Get(t.Context(), "web-0", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Data
+	}
+
+	t.Run("tailscale keys", func(t *testing.T) {
+		st, err := secretstore.New(t.Context(), secrets, "web-0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		writes := map[ipn.StateKey]string{
+			"_machinekey":          "mkey",
+			"profile-1a2b":         "profile",
+			"web.tailnet.test.crt": "cert",
+			"a/b:c":                "odd",
+			"a_2fb_3ac":            "not the same as a/b:c",
+			contract.StateDeviceID: "tailscale's own device_id key",
+		}
+		for k, v := range writes {
+			if err := st.WriteState(k, []byte(v)); err != nil {
+				t.Fatalf("WriteState(%s): %v", k, err)
+			}
+		}
+		if err := st.WriteState("gone", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.WriteState("gone", nil); err != nil {
+			t.Fatal(err)
+		}
+
+		data := get()
+		if string(data["ts._machinekey"]) != "mkey" || string(data["ts.web.tailnet.test.crt"]) != "cert" {
+			t.Errorf("tailscale keys not stored under ts.: %v", keys(data))
+		}
+		if _, ok := data[contract.StateDeviceID]; ok {
+			t.Errorf("tailscale's %q key landed on the contract key", contract.StateDeviceID)
+		}
+		if _, ok := data[secretstore.SecretKey("gone")]; ok {
+			t.Error("a nil write did not delete the key")
+		}
+		if string(data["proxy-config.v1.json"]) != `{"version":1}` || string(data["operator-note"]) != "keep" {
+			t.Errorf("the operator's keys changed: %v", keys(data))
+		}
+
+		// A new store (a restarted proxy) reads what the first one wrote.
+		again, err := secretstore.New(t.Context(), secrets, "web-0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range writes {
+			got, err := again.ReadState(k)
+			if err != nil || string(got) != v {
+				t.Errorf("ReadState(%s) = %q, %v; want %q", k, got, err, v)
+			}
+		}
+		if _, err := again.ReadState("gone"); !errors.Is(err, ipn.ErrStateNotExist) {
+			t.Errorf("deleted key: err = %v, want ErrStateNotExist", err)
+		}
+		if _, err := again.ReadState("operator-note"); !errors.Is(err, ipn.ErrStateNotExist) {
+			t.Errorf("the operator's keys are visible to tailscale: err = %v", err)
+		}
+	})
+
+	t.Run("report", func(t *testing.T) {
+		st, err := secretstore.New(t.Context(), secrets, "web-0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		state := contract.ProxyState{PodUID: "uid-1", DeviceID: "nABC", TailnetIPs: []string{"100.64.0.1"}, ConfigVersion: 1}
+		d, err := state.Data()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Report(t.Context(), d); err != nil {
+			t.Fatal(err)
+		}
+		got, err := contract.ParseState(get())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.PodUID != "uid-1" || got.DeviceID != "nABC" || len(got.TailnetIPs) != 1 || got.ConfigVersion != 1 {
+			t.Errorf("state read back = %+v", got)
+		}
+
+		// Empty values remove stale keys; the rest of the Secret stays.
+		state = contract.ProxyState{PodUID: "uid-2"}
+		d, _ = state.Data()
+		if err := st.Report(t.Context(), d); err != nil {
+			t.Fatal(err)
+		}
+		data := get()
+		if _, ok := data[contract.StateDeviceID]; ok || string(data[contract.StatePodUID]) != "uid-2" {
+			t.Errorf("after a reset: %v", keys(data))
+		}
+		if string(data["ts._machinekey"]) != "mkey" || string(data["operator-note"]) != "keep" {
+			t.Errorf("reporting touched other keys: %v", keys(data))
+		}
+
+		if err := st.Report(t.Context(), map[string][]byte{"ts._machinekey": nil}); err == nil {
+			t.Error("Report may change the tailnet client's keys")
+		}
+	})
+
+	t.Run("missing secret", func(t *testing.T) {
+		_, err := secretstore.New(t.Context(), secrets, "nope")
+		if err == nil || !strings.Contains(err.Error(), "state Secret nope does not exist") {
+			t.Errorf("err = %v", err)
+		}
+	})
+
+	t.Run("restart keeps the device", func(t *testing.T) {
+		testRestartKeepsDevice(t, env)
+	})
+}
+
+// A node that restarts on the same Secret is the same device and needs no auth key: the
+// single-use key it joined with could not be used twice anyway.
+func testRestartKeepsDevice(t *testing.T, env *kubetest.Env) {
+	lt, err := localtailnet.Start(t.Context(), localtailnet.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lt.Close() })
+	idFile, secretFile, err := lt.WriteOAuthFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	api, err := tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: lt.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := api.CreateAuthKey(t.Context(), tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}, Expiry: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Secret(t, ns, "node-0", nil)
+	secrets := env.Client.CoreV1().Secrets(ns)
+
+	up := func(authKey string) string {
+		t.Helper()
+		st, err := secretstore.New(t.Context(), secrets, "node-0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &tsnet.Server{Dir: t.TempDir(), Store: st, Hostname: "node", ControlURL: lt.ControlURL,
+			AuthKey: authKey, UserLogf: t.Logf}
+		defer s.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		status, err := s.Up(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(status.Self.ID)
+	}
+	first := up(key.Secret.Reveal())
+	second := up("")
+	if first == "" || first != second {
+		t.Errorf("device after restart = %q, want %q", second, first)
+	}
+	devices, err := api.Devices(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devices) != 1 {
+		t.Errorf("the tailnet has %d devices, want 1", len(devices))
+	}
+}
+
+func keys(m map[string][]byte) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	return ks
+}
