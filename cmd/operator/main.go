@@ -21,6 +21,7 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/version"
 )
 
@@ -138,7 +139,20 @@ func run(o *options) error {
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}
-	if err := controller.Setup(mgr, o.settings); err != nil {
+	baseURL := o.controlPlane.apiBaseURL
+	if baseURL == "" {
+		baseURL = o.settings.ControlURL
+	}
+	tc, err := tailnet.NewAPIClient(tailnet.APIConfig{
+		BaseURL:          baseURL,
+		Tailnet:          o.controlPlane.tailnet,
+		ClientIDFile:     o.controlPlane.clientIDFile,
+		ClientSecretFile: o.controlPlane.clientSecretFile,
+	})
+	if err != nil {
+		return fmt.Errorf("control-plane client: %w", err)
+	}
+	if err := controller.Setup(mgr, o.settings, tc); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {

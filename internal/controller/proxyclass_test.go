@@ -78,15 +78,31 @@ var _ = Describe("ProxyClass reconciler", func() {
 	})
 })
 
-// eventReasons lists the reasons of events.k8s.io Events about an object.
-func eventReasons(g Gomega, kind, name string) []string {
+// events lists the events.k8s.io Events about an object.
+func events(g Gomega, kind, name string) []eventsv1.Event {
 	list := &eventsv1.EventList{}
 	g.Expect(k8s.List(ctx, list)).To(Succeed())
-	var reasons []string
+	var out []eventsv1.Event
 	for _, e := range list.Items {
 		if e.Regarding.Kind == kind && e.Regarding.Name == name {
-			reasons = append(reasons, e.Reason)
+			out = append(out, e)
 		}
 	}
+	return out
+}
+
+func eventReasons(g Gomega, kind, name string) []string {
+	var reasons []string
+	for _, e := range events(g, kind, name) {
+		reasons = append(reasons, e.Reason)
+	}
 	return reasons
+}
+
+func eventMessages(g Gomega, kind, name string) []string {
+	var msgs []string
+	for _, e := range events(g, kind, name) {
+		msgs = append(msgs, e.Reason+": "+e.Note)
+	}
+	return msgs
 }

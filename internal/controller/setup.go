@@ -8,6 +8,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
 // recorderName is the reporting controller of every Event the operator emits.
@@ -29,11 +31,12 @@ func CacheOptions(s Settings) cache.Options {
 	}}
 }
 
-// Setup registers every reconciler with the manager.
-func Setup(mgr ctrl.Manager, s Settings) error {
-	return (&ProxyClassReconciler{
-		Client:   mgr.GetClient(),
-		Recorder: mgr.GetEventRecorder(recorderName),
-		Mapper:   mgr.GetRESTMapper(),
-	}).SetupWithManager(mgr)
+// Setup registers every reconciler with the manager. tc is the tailnet's control plane.
+func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
+	rec := mgr.GetEventRecorder(recorderName)
+	if err := (&ProxyClassReconciler{Client: mgr.GetClient(), Recorder: rec, Mapper: mgr.GetRESTMapper()}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	p := &proxies{Client: mgr.GetClient(), settings: s, tailnet: tc}
+	return (&IngressReconciler{Client: mgr.GetClient(), Recorder: rec, Settings: s}).SetupWithManager(mgr, p)
 }

@@ -2,24 +2,27 @@ package controller
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testenv"
 )
 
 // The suite runs the reconcilers against a real kube-apiserver and etcd (built from source by
@@ -27,7 +30,9 @@ import (
 var (
 	cfg       *rest.Config
 	k8s       client.Client
-	testEnv   *envtest.Environment
+	cp        *testenv.ControlPlane
+	tsnet     *localtailnet.LocalTailnet
+	tsClient  *tailnet.APIClient
 	ctx       context.Context
 	cancel    context.CancelFunc
 	scheme    = runtime.NewScheme()
@@ -51,16 +56,20 @@ var _ = BeforeSuite(func() {
 	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
 	Expect(tsv1alpha1.AddToScheme(scheme)).To(Succeed())
 
-	Expect(os.Getenv("KUBEBUILDER_ASSETS")).NotTo(BeEmpty(),
-		"KUBEBUILDER_ASSETS must point at kube-apiserver and etcd: run the tests with `make test`")
-	testEnv = &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "config", "crd", "bases")},
-		ErrorIfCRDPathMissing: true,
-	}
 	var err error
-	cfg, err = testEnv.Start()
+	cp, err = testenv.Start(filepath.Join("..", "..", "config", "crd", "bases"))
 	Expect(err).NotTo(HaveOccurred())
+	cfg = cp.Config
 	k8s, err = client.New(cfg, client.Options{Scheme: scheme})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testSetup.Namespace}})).To(Succeed())
+
+	// A real control plane for the tailnet: keys the operator mints are real keys.
+	tsnet, err = localtailnet.Start(ctx, localtailnet.Options{HTTPS: true})
+	Expect(err).NotTo(HaveOccurred())
+	idFile, secretFile, err := tsnet.WriteOAuthFiles(GinkgoT().TempDir())
+	Expect(err).NotTo(HaveOccurred())
+	tsClient, err = tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: tsnet.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile})
 	Expect(err).NotTo(HaveOccurred())
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
@@ -69,7 +78,7 @@ var _ = BeforeSuite(func() {
 		Cache:   CacheOptions(testSetup),
 	})
 	Expect(err).NotTo(HaveOccurred())
-	Expect(Setup(mgr, testSetup)).To(Succeed())
+	Expect(Setup(mgr, testSetup, tsClient)).To(Succeed())
 	go func() {
 		defer GinkgoRecover()
 		Expect(mgr.Start(ctx)).To(Succeed())
@@ -78,7 +87,8 @@ var _ = BeforeSuite(func() {
 
 var _ = AfterSuite(func() {
 	cancel()
-	Expect(testEnv.Stop()).To(Succeed())
+	Expect(tsnet.Close()).To(Succeed())
+	Expect(cp.Stop()).To(Succeed())
 })
 
 func init() {

@@ -1,0 +1,285 @@
+package controller
+
+import (
+	"context"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/tailnet"
+)
+
+// More Ingress Event reasons.
+const (
+	ReasonHTTPSNotEnabled  = "HTTPSNotEnabled"
+	ReasonInvalidHostname  = "InvalidHostname"
+	ReasonProxyCreated     = "ProxyCreated"
+	ReasonCleanupFailed    = "CleanupFailed"
+	ReasonTailnetAPIFailed = "TailnetAPIFailed"
+)
+
+// tailnetRetry is the least time before retrying after a control-plane error: such errors
+// (bad credentials, tags not permitted) rarely fix themselves in seconds.
+const tailnetRetry = time.Minute
+
+// cleanupPoll re-checks a cleanup waiting for a StatefulSet, in case a watch event is missed.
+const cleanupPoll = 5 * time.Second
+
+const indexIngressBackends = "tsingress.ingress.backends"
+
+// IngressReconciler serves Ingresses of the tailscale class (without the proxy-group
+// annotation) through a standalone proxy each.
+type IngressReconciler struct {
+	client.Client
+	Recorder recorder.EventRecorder
+	Settings Settings
+	proxies  *proxies
+}
+
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=ingresses,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=ingresses/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=ingressclasses,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",namespace=system,resources=secrets;serviceaccounts,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",namespace=system,resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apps,namespace=system,resources=statefulsets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,namespace=system,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch;delete;bind;escalate
+
+// serves reports whether this reconciler is responsible for ing.
+func (r *IngressReconciler) serves(ing *networkingv1.Ingress) bool {
+	return ing.DeletionTimestamp == nil &&
+		ing.Spec.IngressClassName != nil && *ing.Spec.IngressClassName == r.Settings.IngressClassName &&
+		ing.Annotations[AnnotationProxyGroup] == ""
+}
+
+func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	ing := &networkingv1.Ingress{}
+	if err := r.Get(ctx, req.NamespacedName, ing); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !r.serves(ing) {
+		return r.unserve(ctx, ing)
+	}
+	if !controllerutil.ContainsFinalizer(ing, FinalizerName) {
+		patch := client.MergeFrom(ing.DeepCopy())
+		controllerutil.AddFinalizer(ing, FinalizerName)
+		if err := r.Patch(ctx, ing, patch); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+
+	class, notReady, err := readyProxyClass(ctx, r.Client, proxyClassName(ing, r.Settings.DefaultProxyClass))
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if notReady != "" {
+		// The ProxyClass watch brings the Ingress back once the class is ready.
+		r.event(ing, corev1.EventTypeWarning, ReasonProxyClassNotReady, "%s; waiting for it", notReady)
+		return ctrl.Result{}, nil
+	}
+
+	p, ok, err := r.desiredProxy(ctx, ing, class)
+	if err != nil || !ok {
+		return ctrl.Result{}, err
+	}
+	if !r.proxies.certsAvailable(ctx) {
+		r.event(ing, corev1.EventTypeWarning, ReasonHTTPSNotEnabled,
+			"HTTPS is not enabled on the tailnet (or MagicDNS is off): the proxy cannot get a certificate until it is")
+	}
+	if err := r.proxies.ensure(ctx, p); err != nil {
+		return r.tailnetOrError(ing, err)
+	}
+	return ctrl.Result{}, r.updateStatus(ctx, ing, p)
+}
+
+// desiredProxy builds the proxy an Ingress asks for. ok is false when the Ingress cannot be
+// served as it stands; the reasons are reported as Events, and an existing proxy is left
+// untouched rather than torn down over a typo.
+func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.Ingress, class *tsv1alpha1.ProxyClass) (*standaloneProxy, bool, error) {
+	services := map[string]*corev1.Service{}
+	for _, name := range backendServiceNames(ing) {
+		svc := &corev1.Service{}
+		switch err := r.Get(ctx, client.ObjectKey{Namespace: ing.Namespace, Name: name}, svc); {
+		case err == nil:
+			services[name] = svc
+		case !apierrors.IsNotFound(err):
+			return nil, false, err
+		}
+	}
+	ws, findings := buildWebService(ing, services)
+	tags, f := parseTags(ing, r.Settings.DefaultTags)
+	if f != nil {
+		findings = append(findings, *f)
+	}
+	hostname := ingressHostname(ing)
+	hostOK := contract.ValidHostname(hostname)
+	if !hostOK {
+		findings = append(findings, warnf(ReasonInvalidHostname, "tailnet hostname %q (from the first TLS host) is not a valid DNS label", hostname))
+	}
+	for _, f := range findings {
+		typ := corev1.EventTypeNormal
+		if f.warning {
+			typ = corev1.EventTypeWarning
+		}
+		r.event(ing, typ, f.reason, "%s", f.message)
+	}
+	if len(ws.Routes) == 0 {
+		r.event(ing, corev1.EventTypeWarning, ReasonNoValidBackends, "no path of this Ingress can be served; nothing changed")
+		return nil, false, nil
+	}
+	if tags == nil || !hostOK {
+		return nil, false, nil
+	}
+	return &standaloneProxy{
+		parent: parentOf(parentTypeIngress, ing),
+		class:  class,
+		config: contract.ProxyConfig{
+			Kind:       contract.KindIngress,
+			Hostname:   hostname,
+			Tags:       tags,
+			ControlURL: r.Settings.ControlURL,
+			Serve:      &ws,
+		},
+	}, true, nil
+}
+
+// tailnetOrError turns a control-plane failure into a Warning Event with the API's stable
+// reason and a bounded retry; other errors go back to the controller's backoff.
+func (r *IngressReconciler) tailnetOrError(obj client.Object, err error) (ctrl.Result, error) {
+	reason := tailnet.ReasonOf(err)
+	if reason == "" {
+		return ctrl.Result{}, err
+	}
+	r.event(obj, corev1.EventTypeWarning, ReasonTailnetAPIFailed, "control plane: %s: %v", reason, err)
+	retry := tailnetRetry
+	if d, ok := tailnet.RetryAfter(err); ok && d > retry {
+		retry = d
+	}
+	return ctrl.Result{RequeueAfter: retry}, nil
+}
+
+func (r *IngressReconciler) updateStatus(ctx context.Context, ing *networkingv1.Ingress, p *standaloneProxy) error {
+	st, err := r.proxies.state(ctx, p.parent)
+	if err != nil {
+		return err
+	}
+	var want []networkingv1.IngressLoadBalancerIngress
+	if st != nil && st.HTTPSEndpoint != "" {
+		ports := []networkingv1.IngressPortStatus{{Port: 443, Protocol: corev1.ProtocolTCP}}
+		if p.config.Serve.HTTP != contract.HTTPOff {
+			ports = append(ports, networkingv1.IngressPortStatus{Port: 80, Protocol: corev1.ProtocolTCP})
+		}
+		want = []networkingv1.IngressLoadBalancerIngress{{Hostname: st.HTTPSEndpoint, Ports: ports}}
+	}
+	return r.setLoadBalancer(ctx, ing, want)
+}
+
+func (r *IngressReconciler) setLoadBalancer(ctx context.Context, ing *networkingv1.Ingress, want []networkingv1.IngressLoadBalancerIngress) error {
+	if equality.Semantic.DeepEqual(ing.Status.LoadBalancer.Ingress, want) {
+		return nil
+	}
+	before := ing.DeepCopy()
+	ing.Status.LoadBalancer.Ingress = want
+	return r.Status().Patch(ctx, ing, client.MergeFrom(before))
+}
+
+// unserve removes the proxy of an Ingress that is deleted or no longer ours.
+func (r *IngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingress) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(ing, FinalizerName) {
+		return ctrl.Result{}, nil
+	}
+	done, err := r.proxies.cleanup(ctx, parentOf(parentTypeIngress, ing))
+	if err != nil {
+		if tailnet.ReasonOf(err) != "" {
+			r.event(ing, corev1.EventTypeWarning, ReasonCleanupFailed, "removing the proxy: %v", err)
+			return ctrl.Result{RequeueAfter: tailnetRetry}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	if !done {
+		return ctrl.Result{RequeueAfter: cleanupPoll}, nil
+	}
+	if ing.DeletionTimestamp == nil {
+		if err := r.setLoadBalancer(ctx, ing, nil); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	patch := client.MergeFrom(ing.DeepCopy())
+	controllerutil.RemoveFinalizer(ing, FinalizerName)
+	return ctrl.Result{}, client.IgnoreNotFound(r.Patch(ctx, ing, patch))
+}
+
+func (r *IngressReconciler) event(obj client.Object, typ, reason, format string, a ...any) {
+	r.Recorder.Eventf(obj, nil, typ, reason, "Reconcile", format, a...)
+}
+
+// SetupWithManager watches Ingresses, their proxies' children, backend Services and
+// ProxyClasses.
+func (r *IngressReconciler) SetupWithManager(mgr ctrl.Manager, p *proxies) error {
+	r.proxies = p
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &networkingv1.Ingress{}, indexIngressBackends,
+		func(o client.Object) []string { return backendServiceNames(o.(*networkingv1.Ingress)) }); err != nil {
+		return err
+	}
+	children := handler.EnqueueRequestsFromMapFunc(parentRequests(parentTypeIngress))
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&networkingv1.Ingress{}).
+		Named("ingress").
+		Watches(&appsv1.StatefulSet{}, children).
+		Watches(&corev1.Secret{}, children).
+		Watches(&corev1.Pod{}, children).
+		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.ingressesForService)).
+		Watches(&tsv1alpha1.ProxyClass{}, handler.EnqueueRequestsFromMapFunc(r.ingressesForProxyClass)).
+		Complete(r)
+}
+
+// parentRequests maps a child object to its parent through the parent labels.
+func parentRequests(typ string) handler.MapFunc {
+	return func(_ context.Context, o client.Object) []reconcile.Request {
+		l := o.GetLabels()
+		if l[LabelManaged] != "true" || l[LabelParentType] != typ {
+			return nil
+		}
+		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: l[LabelParentNS], Name: l[LabelParentName]}}}
+	}
+}
+
+func (r *IngressReconciler) ingressesForService(ctx context.Context, o client.Object) []reconcile.Request {
+	list := &networkingv1.IngressList{}
+	if err := r.List(ctx, list, client.InNamespace(o.GetNamespace()), client.MatchingFields{indexIngressBackends: o.GetName()}); err != nil {
+		return nil
+	}
+	return ingressRequests(list.Items, func(*networkingv1.Ingress) bool { return true })
+}
+
+func (r *IngressReconciler) ingressesForProxyClass(ctx context.Context, o client.Object) []reconcile.Request {
+	list := &networkingv1.IngressList{}
+	if err := r.List(ctx, list); err != nil {
+		return nil
+	}
+	return ingressRequests(list.Items, func(ing *networkingv1.Ingress) bool {
+		return r.serves(ing) && proxyClassName(ing, r.Settings.DefaultProxyClass) == o.GetName()
+	})
+}
+
+func ingressRequests(items []networkingv1.Ingress, keep func(*networkingv1.Ingress) bool) []reconcile.Request {
+	var reqs []reconcile.Request
+	for i := range items {
+		if keep(&items[i]) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&items[i])})
+		}
+	}
+	return reqs
+}

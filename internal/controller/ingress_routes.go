@@ -1,0 +1,204 @@
+package controller
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+// Event reasons about Ingresses. networking.k8s.io/v1 Ingresses have no conditions, so these
+// Events (with stable reasons) and status.loadBalancer are what users see.
+const (
+	ReasonInvalidIngressBackend = "InvalidIngressBackend"
+	ReasonUnsupportedHost       = "UnsupportedIngressHost"
+	ReasonUnsupportedPath       = "UnsupportedIngressPath"
+	ReasonDuplicatePath         = "DuplicateIngressPath"
+	ReasonPathUndefined         = "PathUndefined"
+	ReasonNoValidBackends       = "NoValidBackends"
+	ReasonInvalidAnnotation     = "InvalidAnnotation"
+)
+
+// finding is a problem (or notice) met while building a proxy's config, reported as an Event.
+type finding struct {
+	warning bool
+	reason  string
+	message string
+}
+
+func warnf(reason, format string, a ...any) finding {
+	return finding{warning: true, reason: reason, message: fmt.Sprintf(format, a...)}
+}
+
+// ingressHostname is the tailnet hostname of an Ingress: the first label of its first TLS host,
+// else <namespace>-<name>-ingress.
+func ingressHostname(ing *networkingv1.Ingress) string {
+	if h := tlsHost(ing); h != "" {
+		return strings.ToLower(strings.SplitN(h, ".", 2)[0])
+	}
+	return truncateLabel(dnsLabelish(ing.Namespace + "-" + ing.Name + "-ingress"))
+}
+
+func tlsHost(ing *networkingv1.Ingress) string {
+	if len(ing.Spec.TLS) > 0 && len(ing.Spec.TLS[0].Hosts) > 0 {
+		return ing.Spec.TLS[0].Hosts[0]
+	}
+	return ""
+}
+
+func truncateLabel(s string) string {
+	if len(s) > 63 {
+		s = s[:63]
+	}
+	return strings.Trim(s, "-")
+}
+
+// buildWebService turns an Ingress into routes. services holds the Ingress namespace's Services
+// that its backends name (a name missing from it does not exist). Every backend that cannot be
+// served is left out with a finding; the rest still work.
+func buildWebService(ing *networkingv1.Ingress, services map[string]*corev1.Service) (contract.WebService, []finding) {
+	var ws contract.WebService
+	var findings []finding
+	protocol := ing.Annotations[AnnotationBackendProtocol]
+	switch protocol {
+	case "", "http", "https", "https-insecure":
+	default:
+		findings = append(findings, warnf(ReasonInvalidAnnotation,
+			"annotation %s=%q must be http, https or https-insecure; detecting the protocol from the port instead", AnnotationBackendProtocol, protocol))
+		protocol = ""
+	}
+	if v, ok := ing.Annotations[AnnotationHTTPRedirect]; ok {
+		if on, err := strconv.ParseBool(v); err != nil {
+			findings = append(findings, warnf(ReasonInvalidAnnotation, "annotation %s=%q is not a boolean; no redirect", AnnotationHTTPRedirect, v))
+		} else if on {
+			ws.HTTP = contract.HTTPRedirect
+		}
+	}
+
+	seen := map[string]bool{}
+	add := func(path string, pathType contract.PathType, b networkingv1.IngressBackend, where string) {
+		key := string(pathType) + " " + path
+		if seen[key] {
+			findings = append(findings, warnf(ReasonDuplicatePath, "%s: path %s (%s) is already routed; the first one wins", where, path, pathType))
+			return
+		}
+		backend, f := resolveBackend(ing.Namespace, b, services, protocol)
+		if f != nil {
+			f.message = where + ": " + f.message
+			findings = append(findings, *f)
+			return
+		}
+		seen[key] = true
+		ws.Routes = append(ws.Routes, contract.Route{Path: path, PathType: pathType, Backend: backend})
+	}
+
+	host := tlsHost(ing)
+	for i, rule := range ing.Spec.Rules {
+		where := fmt.Sprintf("rule %d", i)
+		if rule.Host != "" && !strings.EqualFold(rule.Host, host) {
+			findings = append(findings, warnf(ReasonUnsupportedHost,
+				"%s: host %q is not served: a tailscale Ingress serves one name, its first TLS host (%q); use one Ingress per host", where, rule.Host, host))
+			continue
+		}
+		if rule.HTTP == nil {
+			continue
+		}
+		for j, p := range rule.HTTP.Paths {
+			where := fmt.Sprintf("%s path %d", where, j)
+			path := p.Path
+			if path == "" {
+				path = "/"
+				findings = append(findings, finding{reason: ReasonPathUndefined, message: where + ": no path given; serving it at /"})
+			}
+			pathType := contract.PathPrefix
+			if p.PathType != nil && *p.PathType == networkingv1.PathTypeExact {
+				pathType = contract.PathExact
+			}
+			if !strings.HasPrefix(path, "/") {
+				findings = append(findings, warnf(ReasonUnsupportedPath, "%s: path %q must start with /", where, path))
+				continue
+			}
+			add(path, pathType, p.Backend, where)
+		}
+	}
+	// The default backend takes what no rule matches, which is a prefix route at / unless a
+	// rule already claimed /.
+	if b := ing.Spec.DefaultBackend; b != nil && !seen[string(contract.PathPrefix)+" /"] {
+		add("/", contract.PathPrefix, *b, "default backend")
+	}
+	return ws, findings
+}
+
+// resolveBackend finds the address of an Ingress backend: the Service's ClusterIP (or, for
+// an ExternalName Service, its DNS name) and the Service port.
+func resolveBackend(namespace string, b networkingv1.IngressBackend, services map[string]*corev1.Service, protocol string) (contract.Backend, *finding) {
+	fail := func(format string, a ...any) (contract.Backend, *finding) {
+		f := warnf(ReasonInvalidIngressBackend, format, a...)
+		return contract.Backend{}, &f
+	}
+	if b.Service == nil {
+		return fail("only Service backends are supported")
+	}
+	svc := services[b.Service.Name]
+	if svc == nil {
+		return fail("backend Service %s/%s does not exist", namespace, b.Service.Name)
+	}
+	var host string
+	switch {
+	case svc.Spec.Type == corev1.ServiceTypeExternalName:
+		host = svc.Spec.ExternalName
+	case svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone:
+		return fail("backend Service %s/%s has no ClusterIP (headless Services are not supported)", namespace, svc.Name)
+	default:
+		host = svc.Spec.ClusterIP
+	}
+	port, portName, ok := servicePort(svc, b.Service.Port)
+	if !ok {
+		want := b.Service.Port.Name
+		if want == "" {
+			want = strconv.Itoa(int(b.Service.Port.Number))
+		}
+		return fail("backend Service %s/%s has no port %s", namespace, svc.Name, want)
+	}
+	scheme, insecure := "http", false
+	switch {
+	case protocol == "https":
+		scheme = "https"
+	case protocol == "https-insecure", protocol == "" && (port == 443 || portName == "https"):
+		scheme, insecure = "https", true
+	}
+	return contract.Backend{URL: scheme + "://" + net.JoinHostPort(host, strconv.Itoa(int(port))), InsecureSkipVerify: insecure}, nil
+}
+
+func servicePort(svc *corev1.Service, want networkingv1.ServiceBackendPort) (int32, string, bool) {
+	for _, p := range svc.Spec.Ports {
+		if (want.Name != "" && p.Name == want.Name) || (want.Name == "" && p.Port == want.Number) {
+			return p.Port, p.Name, true
+		}
+	}
+	return 0, "", false
+}
+
+// backendServiceNames lists the Services an Ingress routes to, for lookups and watches.
+func backendServiceNames(ing *networkingv1.Ingress) []string {
+	var names []string
+	addB := func(b *networkingv1.IngressBackend) {
+		if b != nil && b.Service != nil {
+			names = append(names, b.Service.Name)
+		}
+	}
+	addB(ing.Spec.DefaultBackend)
+	for _, r := range ing.Spec.Rules {
+		if r.HTTP != nil {
+			for i := range r.HTTP.Paths {
+				addB(&r.HTTP.Paths[i].Backend)
+			}
+		}
+	}
+	return names
+}

@@ -1,0 +1,224 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/tailnet"
+)
+
+// authKeyExpiry bounds how long a minted key that was never used stays valid.
+const authKeyExpiry = 24 * time.Hour
+
+// proxies runs the standalone proxy machinery shared by the Ingress and Service reconcilers:
+// it applies a proxy's children, reads back its state and tears it down.
+type proxies struct {
+	client.Client
+	settings Settings
+	tailnet  tailnet.Client
+
+	// infoMu guards the cached tailnet settings, which change rarely and would otherwise cost
+	// an API call per reconcile.
+	infoMu     sync.Mutex
+	info       tailnet.TailnetInfo
+	infoExpiry time.Time
+}
+
+const tailnetInfoTTL = 5 * time.Minute
+
+// certsAvailable reports whether the tailnet can issue HTTPS certificates. When the API cannot
+// tell, it assumes it can, so a flaky API raises no false alarm.
+func (m *proxies) certsAvailable(ctx context.Context) bool {
+	m.infoMu.Lock()
+	defer m.infoMu.Unlock()
+	if time.Now().After(m.infoExpiry) {
+		info, err := m.tailnet.TailnetInfo(ctx)
+		if err != nil {
+			return true
+		}
+		m.info, m.infoExpiry = info, time.Now().Add(tailnetInfoTTL)
+	}
+	return m.info.CertsAvailable()
+}
+
+// ensure applies every child of p. It mints an auth key only while the proxy has no device
+// yet and holds no unused key.
+func (m *proxies) ensure(ctx context.Context, p *standaloneProxy) error {
+	ns := m.settings.Namespace
+	authKey, err := m.authKeyFor(ctx, p)
+	if err != nil {
+		return err
+	}
+	secret, err := p.buildSecret(ns, authKey)
+	if err != nil {
+		return err
+	}
+	for _, obj := range []client.Object{
+		p.buildServiceAccount(ns), p.buildRole(ns), p.buildRoleBinding(ns), secret, p.buildStatefulSet(m.settings),
+	} {
+		if err := apply(ctx, m.Client, obj); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *proxies) authKeyFor(ctx context.Context, p *standaloneProxy) (string, error) {
+	existing := &corev1.Secret{}
+	err := m.Get(ctx, client.ObjectKey{Namespace: m.settings.Namespace, Name: p.secretName()}, existing)
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return "", err
+	default:
+		if len(existing.Data[contract.StateDeviceID]) > 0 {
+			return "", nil // logged in: the key is spent and leaves the config
+		}
+		if cfg, _, err := contract.ProxyConfigs.Decode(existing.Data); err == nil && cfg.AuthKey != "" {
+			return cfg.AuthKey, nil
+		}
+	}
+	key, err := m.tailnet.CreateAuthKey(ctx, tailnet.AuthKeyRequest{
+		Tags:        p.config.Tags,
+		Description: fmt.Sprintf("tsingress %s %s/%s", p.parent.typ, p.parent.namespace, p.parent.name),
+		Expiry:      authKeyExpiry,
+	})
+	if err != nil {
+		return "", err
+	}
+	return key.Secret.Reveal(), nil
+}
+
+// state returns what the proxy of par reports, or nil while no running Pod has reported:
+// state left by an earlier Pod does not describe the running proxy.
+func (m *proxies) state(ctx context.Context, par parent) (*contract.ProxyState, error) {
+	name := par.proxyName() + "-0"
+	key := client.ObjectKey{Namespace: m.settings.Namespace, Name: name}
+	pod := &corev1.Pod{}
+	if err := m.Get(ctx, key, pod); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	secret := &corev1.Secret{}
+	if err := m.Get(ctx, key, secret); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	st, err := contract.ParseState(secret.Data)
+	if err != nil || !st.CurrentFor(string(pod.UID)) {
+		return nil, err
+	}
+	return st, nil
+}
+
+// cleanup tears a proxy down: the StatefulSet first (so the proxy cannot log in again), then
+// its tailnet device, then the remaining children. It reports done=false while the
+// StatefulSet is still going away; the StatefulSet watch calls again.
+func (m *proxies) cleanup(ctx context.Context, par parent) (done bool, err error) {
+	ns, name := m.settings.Namespace, par.proxyName()
+	sts := &appsv1.StatefulSet{}
+	switch err := m.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, sts); {
+	case err == nil:
+		if sts.DeletionTimestamp == nil {
+			if err := m.Delete(ctx, sts, client.PropagationPolicy(metav1.DeletePropagationForeground)); client.IgnoreNotFound(err) != nil {
+				return false, err
+			}
+		}
+		return false, nil
+	case !apierrors.IsNotFound(err):
+		return false, err
+	}
+
+	secret := &corev1.Secret{}
+	switch err := m.Get(ctx, client.ObjectKey{Namespace: ns, Name: name + "-0"}, secret); {
+	case err == nil:
+		if id := string(secret.Data[contract.StateDeviceID]); id != "" {
+			if err := m.tailnet.DeleteDevice(ctx, id); err != nil {
+				return false, fmt.Errorf("deleting tailnet device %s: %w", id, err)
+			}
+		}
+	case !apierrors.IsNotFound(err):
+		return false, err
+	}
+	for _, obj := range []client.Object{
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-0"}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
+	} {
+		if err := m.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// Reasons for a ProxyClass that cannot be used yet.
+const ReasonProxyClassNotReady = "ProxyClassNotReady"
+
+// proxyClassName is the ProxyClass an object asks for: its label, else its annotation, else
+// the operator's default.
+func proxyClassName(obj client.Object, def string) string {
+	if v := obj.GetLabels()[LabelProxyClass]; v != "" {
+		return v
+	}
+	if v := obj.GetAnnotations()[LabelProxyClass]; v != "" {
+		return v
+	}
+	return def
+}
+
+// readyProxyClass returns the named ProxyClass when it is ready for use, or a message saying why
+// not. An empty name means no class.
+func readyProxyClass(ctx context.Context, c client.Client, name string) (*tsv1alpha1.ProxyClass, string, error) {
+	if name == "" {
+		return nil, "", nil
+	}
+	pc := &tsv1alpha1.ProxyClass{}
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, pc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Sprintf("ProxyClass %q does not exist", name), nil
+		}
+		return nil, "", err
+	}
+	cond := meta.FindStatusCondition(pc.Status.Conditions, tsv1alpha1.ProxyClassReady)
+	if cond == nil || cond.Status != metav1.ConditionTrue || cond.ObservedGeneration != pc.Generation {
+		return nil, fmt.Sprintf("ProxyClass %q is not ready", name), nil
+	}
+	return pc, "", nil
+}
+
+// parseTags reads the tailscale.com/tags annotation: comma-separated tags replacing the
+// operator's defaults.
+func parseTags(obj client.Object, defaults []string) ([]string, *finding) {
+	v, ok := obj.GetAnnotations()[AnnotationTags]
+	if !ok {
+		return defaults, nil
+	}
+	var tags, bad []string
+	for _, t := range strings.Split(v, ",") {
+		if t = strings.TrimSpace(t); t == "" {
+			continue
+		}
+		if !contract.ValidTag(t) {
+			bad = append(bad, t)
+		}
+		tags = append(tags, t)
+	}
+	if len(bad) > 0 || len(tags) == 0 {
+		f := warnf(ReasonInvalidAnnotation, "annotation %s=%q: every tag must look like tag:name (bad: %s)", AnnotationTags, v, strings.Join(bad, ", "))
+		return nil, &f
+	}
+	return tags, nil
+}

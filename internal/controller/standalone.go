@@ -1,0 +1,266 @@
+package controller
+
+import (
+	"fmt"
+	"maps"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+// LetsEncryptStaging is the ACME directory a ProxyClass's useLetsEncryptStagingEnvironment picks.
+const LetsEncryptStaging = "https://acme-staging-v02.api.letsencrypt.org/directory"
+
+// Ports of the proxy container.
+const (
+	healthPort = 9002 // /healthz, /readyz and /metrics
+	debugPort  = 9001
+)
+
+// standaloneProxy is everything that decides a standalone proxy's child objects: one Pod
+// (a single-replica StatefulSet) with a combined config and state Secret, and RBAC that lets it
+// touch only that Secret.
+type standaloneProxy struct {
+	parent parent
+	// config is the proxy config without auth key and state Secret, which the builders add.
+	config contract.ProxyConfig
+	class  *tsv1alpha1.ProxyClass // nil: no ProxyClass
+	// kernel proxies (L3) need NET_ADMIN and a TUN device; L7 proxies run unprivileged.
+	kernel bool
+}
+
+func (p *standaloneProxy) name() string { return p.parent.proxyName() }
+
+// secretName is the combined config and state Secret: named after the Pod, as the proxy
+// stores its state under its own Pod's name.
+func (p *standaloneProxy) secretName() string { return p.name() + "-0" }
+
+func (p *standaloneProxy) meta(name string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Name: name, Labels: p.parent.labels()}
+}
+
+// proxyConfig is the full config, with the given auth key ("" once the device is logged in).
+func (p *standaloneProxy) proxyConfig(authKey string) *contract.ProxyConfig {
+	cfg := p.config
+	cfg.AuthKey = authKey
+	cfg.StateSecret = p.secretName()
+	if pc := p.class; pc != nil {
+		if pc.Spec.UseLetsEncryptStagingEnvironment {
+			cfg.TLS.ACMEDirectoryURL = LetsEncryptStaging
+		}
+		if pc.Spec.Tailscale != nil {
+			cfg.AcceptRoutes = pc.Spec.Tailscale.AcceptRoutes
+		}
+	}
+	return &cfg
+}
+
+func (p *standaloneProxy) buildSecret(namespace, authKey string) (*corev1.Secret, error) {
+	data, err := contract.ProxyConfigs.Encode(p.proxyConfig(authKey))
+	if err != nil {
+		return nil, err
+	}
+	s := &corev1.Secret{ObjectMeta: p.meta(p.secretName()), Data: data}
+	s.Namespace = namespace
+	s.Labels[LabelSecretType] = secretTypeConfState
+	return s, nil
+}
+
+func (p *standaloneProxy) buildServiceAccount(namespace string) *corev1.ServiceAccount {
+	sa := &corev1.ServiceAccount{ObjectMeta: p.meta(p.name())}
+	sa.Namespace = namespace
+	sa.AutomountServiceAccountToken = ptr.To(true)
+	return sa
+}
+
+// buildRole lets the proxy read and write its own Secret and nothing else. Watching one
+// object by name needs list and watch with a resourceNames rule (field selector metadata.name).
+func (p *standaloneProxy) buildRole(namespace string) *rbacv1.Role {
+	r := &rbacv1.Role{ObjectMeta: p.meta(p.name()), Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{p.secretName()},
+			Verbs: []string{"get", "list", "watch", "patch", "update"}},
+		{APIGroups: []string{"", "events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+	}}
+	r.Namespace = namespace
+	return r
+}
+
+func (p *standaloneProxy) buildRoleBinding(namespace string) *rbacv1.RoleBinding {
+	rb := &rbacv1.RoleBinding{
+		ObjectMeta: p.meta(p.name()),
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: p.name()},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: p.name(), Namespace: namespace}},
+	}
+	rb.Namespace = namespace
+	return rb
+}
+
+func (p *standaloneProxy) buildStatefulSet(s Settings) *appsv1.StatefulSet {
+	podLabels := p.parent.labels()
+	podLabels["app.kubernetes.io/name"] = "tsingress-proxy"
+	selector := map[string]string{LabelParentType: p.parent.typ, LabelParentNS: p.parent.namespace, LabelParentName: p.parent.name}
+
+	container := corev1.Container{
+		Name:            "proxy",
+		Image:           s.ProxyImage,
+		ImagePullPolicy: corev1.PullIfNotPresent,
+		Args:            []string{"--config-secret=" + p.secretName(), fmt.Sprintf("--health-addr=:%d", healthPort)},
+		Env: []corev1.EnvVar{
+			fieldEnv("POD_NAME", "metadata.name"),
+			fieldEnv("POD_NAMESPACE", "metadata.namespace"),
+			fieldEnv("POD_UID", "metadata.uid"),
+			fieldEnv("POD_IP", "status.podIP"),
+		},
+		Ports: []corev1.ContainerPort{{Name: "health", ContainerPort: healthPort, Protocol: corev1.ProtocolTCP}},
+		LivenessProbe: &corev1.Probe{
+			ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstrName("health")}},
+			PeriodSeconds:    10,
+			FailureThreshold: 6,
+		},
+		ReadinessProbe: &corev1.Probe{
+			ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstrName("health")}},
+			PeriodSeconds: 5,
+		},
+		Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+			corev1.ResourceCPU: mustQuantity("5m"), corev1.ResourceMemory: mustQuantity("32Mi"),
+		}},
+		VolumeMounts: []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}},
+	}
+	podSecurity := &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
+	if p.kernel {
+		// Kernel DNAT and the TUN device need root with NET_ADMIN (and NET_RAW for the
+		// iptables tools); nothing more.
+		container.SecurityContext = &corev1.SecurityContext{
+			RunAsUser:    ptr.To[int64](0),
+			RunAsNonRoot: ptr.To(false),
+			Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN", "NET_RAW"}, Drop: []corev1.Capability{"ALL"}},
+		}
+		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: "dev-net-tun", MountPath: "/dev/net/tun"})
+	} else {
+		podSecurity.RunAsNonRoot = ptr.To(true)
+		podSecurity.RunAsUser = ptr.To[int64](65532)
+		container.SecurityContext = &corev1.SecurityContext{
+			AllowPrivilegeEscalation: ptr.To(false),
+			ReadOnlyRootFilesystem:   ptr.To(true),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		}
+	}
+	volumes := []corev1.Volume{{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	if p.kernel {
+		volumes = append(volumes, corev1.Volume{Name: "dev-net-tun", VolumeSource: corev1.VolumeSource{
+			HostPath: &corev1.HostPathVolumeSource{Path: "/dev/net/tun", Type: ptr.To(corev1.HostPathCharDev)}}})
+	}
+
+	sts := &appsv1.StatefulSet{
+		ObjectMeta: p.meta(p.name()),
+		Spec: appsv1.StatefulSetSpec{
+			Replicas:    ptr.To[int32](1),
+			ServiceName: p.name(),
+			Selector:    &metav1.LabelSelector{MatchLabels: selector},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: podLabels},
+				Spec: corev1.PodSpec{
+					ServiceAccountName:            p.name(),
+					TerminationGracePeriodSeconds: ptr.To[int64](30),
+					SecurityContext:               podSecurity,
+					Containers:                    []corev1.Container{container},
+					Volumes:                       volumes,
+				},
+			},
+		},
+	}
+	sts.Namespace = s.Namespace
+	if p.class != nil {
+		applyProxyClass(sts, p.class)
+	}
+	return sts
+}
+
+// applyProxyClass overlays a ProxyClass on a proxy StatefulSet. The operator's own labels and
+// selector always win, so a class cannot detach the StatefulSet from its parent.
+func applyProxyClass(sts *appsv1.StatefulSet, pc *tsv1alpha1.ProxyClass) {
+	spec := pc.Spec
+	if spec.StatefulSet == nil {
+		return
+	}
+	ss := spec.StatefulSet
+	sts.Labels = mergeKeep(sts.Labels, ss.Labels)
+	sts.Annotations = mergeKeep(sts.Annotations, ss.Annotations)
+	p := ss.Pod
+	if p == nil {
+		return
+	}
+	tpl := &sts.Spec.Template
+	tpl.Labels = mergeKeep(tpl.Labels, p.Labels)
+	tpl.Annotations = mergeKeep(tpl.Annotations, p.Annotations)
+	ps := &tpl.Spec
+	ps.Affinity = p.Affinity
+	ps.Tolerations = p.Tolerations
+	ps.NodeSelector = p.NodeSelector
+	ps.NodeName = p.NodeName
+	ps.TopologySpreadConstraints = p.TopologySpreadConstraints
+	ps.PriorityClassName = p.PriorityClassName
+	ps.ImagePullSecrets = p.ImagePullSecrets
+	if p.SecurityContext != nil {
+		ps.SecurityContext = p.SecurityContext
+	}
+	if p.DNSPolicy != nil {
+		ps.DNSPolicy = *p.DNSPolicy
+	}
+	ps.DNSConfig = p.DNSConfig
+	if c := p.TailscaleContainer; c != nil {
+		applyContainer(&ps.Containers[0], c)
+	}
+}
+
+func applyContainer(dst *corev1.Container, c *tsv1alpha1.Container) {
+	if c.Image != "" {
+		dst.Image = c.Image
+	}
+	if c.ImagePullPolicy != "" {
+		dst.ImagePullPolicy = c.ImagePullPolicy
+	}
+	if len(c.Resources.Requests) > 0 || len(c.Resources.Limits) > 0 || len(c.Resources.Claims) > 0 {
+		dst.Resources = c.Resources
+	}
+	if c.SecurityContext != nil {
+		dst.SecurityContext = c.SecurityContext
+	}
+	// Later entries override earlier ones of the same name in a container's env.
+	for _, e := range c.Env {
+		dst.Env = append(dst.Env, corev1.EnvVar{Name: e.Name, Value: e.Value})
+	}
+	if c.Debug != nil && c.Debug.Enable {
+		dst.Args = append(dst.Args, fmt.Sprintf("--debug-addr=:%d", debugPort))
+		dst.Ports = append(dst.Ports, corev1.ContainerPort{Name: "debug", ContainerPort: debugPort, Protocol: corev1.ProtocolTCP})
+	}
+}
+
+// mergeKeep adds extra's entries to base without overriding base's.
+func mergeKeep(base, extra map[string]string) map[string]string {
+	if len(extra) == 0 {
+		return base
+	}
+	out := maps.Clone(extra)
+	if out == nil {
+		out = map[string]string{}
+	}
+	maps.Copy(out, base)
+	return out
+}
+
+func fieldEnv(name, path string) corev1.EnvVar {
+	return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}}
+}
+
+func intstrName(name string) intstr.IntOrString { return intstr.FromString(name) }
+
+func mustQuantity(s string) resource.Quantity { return resource.MustParse(s) }
