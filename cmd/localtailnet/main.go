@@ -1,7 +1,7 @@
 // Command localtailnet runs a tailnet on this machine (control server, DERP relay, STUN,
 // MagicDNS and the Tailscale API subset the operator uses) until interrupted.
 //
-//	localtailnet [-addr 127.0.0.1:0] [-domain tailnet.test] [-dir DIR] [-tags tag:k8s,tag:k8s-operator]
+//	localtailnet [-addr 127.0.0.1:0] [-domain tailnet.test] [-dir DIR] [-tags tag:k8s,tag:k8s-operator] [-v]
 //
 // It prints the control URL (for `tailscale up --login-server` or tsnet's ControlURL), the API
 // base URL and the paths of the files holding the OAuth client ID and secret, the layout the
@@ -10,8 +10,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"os"
 	"os/signal"
@@ -22,51 +24,54 @@ import (
 )
 
 func main() {
-	addr := flag.String("addr", "127.0.0.1:0", "Address of the control server and API.")
-	domain := flag.String("domain", "tailnet.test", "MagicDNS domain of the tailnet.")
-	dir := flag.String("dir", "", "Directory for the OAuth client files; a new temporary one by default.")
-	tags := flag.String("tags", "tag:k8s,tag:k8s-operator", "Comma-separated tags the OAuth client may mint keys for.")
-	verbose := flag.Bool("v", false, "Log control server and API activity.")
-	flag.Parse()
-	if err := run(*addr, *domain, *dir, *tags, *verbose); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil && !errors.Is(err, flag.ErrHelp) {
 		log.Fatal(err)
 	}
 }
 
-func run(addr, domain, dir, tags string, verbose bool) error {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+func run(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("localtailnet", flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:0", "Address of the control server and API.")
+	domain := fs.String("domain", "tailnet.test", "MagicDNS domain of the tailnet.")
+	dir := fs.String("dir", "", "Directory for the OAuth client files; a temporary one, removed on exit, by default.")
+	tags := fs.String("tags", "tag:k8s,tag:k8s-operator", "Comma-separated tags the OAuth client may mint keys for.")
+	verbose := fs.Bool("v", false, "Log control server and API activity to stderr.")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 
-	opts := localtailnet.Options{Addr: addr, Domain: domain}
-	for _, t := range strings.Split(tags, ",") {
+	opts := localtailnet.Options{Addr: *addr, Domain: *domain}
+	for _, t := range strings.Split(*tags, ",") {
 		if t = strings.TrimSpace(t); t != "" {
 			opts.AllowedTags = append(opts.AllowedTags, t)
 		}
 	}
 	if len(opts.AllowedTags) == 0 {
-		return fmt.Errorf("-tags must name at least one tag")
+		return errors.New("-tags must name at least one tag")
 	}
-	if verbose {
+	if *verbose {
 		opts.Logf = log.Printf
 	}
-	if dir == "" {
+	if *dir == "" {
 		d, err := os.MkdirTemp("", "localtailnet-")
 		if err != nil {
 			return err
 		}
 		defer os.RemoveAll(d)
-		dir = d
+		*dir = d
 	}
 	lt, err := localtailnet.Start(ctx, opts)
 	if err != nil {
 		return err
 	}
 	defer lt.Close()
-	idFile, secretFile, err := lt.WriteOAuthFiles(dir)
+	idFile, secretFile, err := lt.WriteOAuthFiles(*dir)
 	if err != nil {
 		return err
 	}
-	fmt.Printf(`local tailnet %s is up
+	fmt.Fprintf(stdout, `local tailnet %s is up
   control URL:        %s
   API base URL:       %s
   OAuth client ID:    %s
@@ -76,12 +81,12 @@ func run(addr, domain, dir, tags string, verbose bool) error {
 
 Mint an auth key and join:
   TOKEN=$(curl -s -d grant_type=client_credentials --data-urlencode client_id@%[5]s --data-urlencode client_secret@%[6]s %[3]s/api/v2/oauth/token | jq -r .access_token)
-  curl -s -H "Authorization: Bearer $TOKEN" -d '{"capabilities":{"devices":{"create":{"preauthorized":true,"tags":["%[8]s"]}}}}' %[3]s/api/v2/tailnet/-/keys | jq -r .key
-  tailscale up --login-server %[2]s --auth-key <key>
+  KEY=$(curl -s -H "Authorization: Bearer $TOKEN" -d '{"capabilities":{"devices":{"create":{"preauthorized":true,"tags":["%[8]s"]}}}}' %[3]s/api/v2/tailnet/-/keys | jq -r .key)
+  tailscale up --login-server %[2]s --auth-key "$KEY"
 
 Ctrl-C stops it.
 `, lt.Domain, lt.ControlURL, lt.APIBaseURL, lt.OAuthClientID, idFile, secretFile, strings.Join(opts.AllowedTags, ","), opts.AllowedTags[0])
 	<-ctx.Done()
-	fmt.Println("shutting down")
+	fmt.Fprintln(stdout, "shutting down")
 	return lt.Close()
 }

@@ -56,7 +56,8 @@ func startTailnet(t *testing.T, opts localtailnet.Options) *localtailnet.LocalTa
 	if opts.Logf == nil {
 		opts.Logf = t.Logf
 	}
-	lt, err := localtailnet.Start(t.Context(), opts)
+	// Not t.Context(): that ends before cleanups run, and nodes must leave before control does.
+	lt, err := localtailnet.Start(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
