@@ -1,0 +1,112 @@
+// Package testca is a certificate authority generated in a test: a web.CertSource that issues
+// certificates for any name, and the pool a client needs to trust them.
+package testca
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
+	"sync"
+	"testing"
+	"time"
+)
+
+// CA issues leaf certificates signed by its own root.
+type CA struct {
+	root    *x509.Certificate
+	rootKey *ecdsa.PrivateKey
+
+	mu     sync.Mutex
+	issued map[string]int // how many certificates each name got
+	age    time.Duration
+}
+
+// Backdate makes the next certificates this old already (of their one hour): past two thirds
+// of it, a server should renew them.
+func (ca *CA) Backdate(age time.Duration) {
+	ca.mu.Lock()
+	defer ca.mu.Unlock()
+	ca.age = age
+}
+
+// New generates a root valid for an hour.
+func New(t testing.TB) *CA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "tsingress test CA"},
+		NotBefore:             time.Now().Add(-2 * time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &CA{root: root, rootKey: key, issued: map[string]int{}}
+}
+
+// Pool holds the root, for clients.
+func (ca *CA) Pool() *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(ca.root)
+	return p
+}
+
+// Issued reports how many certificates were issued for name.
+func (ca *CA) Issued(name string) int {
+	ca.mu.Lock()
+	defer ca.mu.Unlock()
+	return ca.issued[name]
+}
+
+// Certificate issues a fresh certificate for name; it is a web.CertSource.
+func (ca *CA) Certificate(_ context.Context, name string) (*tls.Certificate, error) {
+	ca.mu.Lock()
+	age := ca.age
+	ca.mu.Unlock()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: name},
+		DNSNames:     []string{name},
+		NotBefore:    time.Now().Add(-age),
+		NotAfter:     time.Now().Add(time.Hour - age),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.root, &key.PublicKey, ca.rootKey)
+	if err != nil {
+		return nil, err
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	ca.mu.Lock()
+	ca.issued[name]++
+	ca.mu.Unlock()
+	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
+}

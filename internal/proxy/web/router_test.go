@@ -1,0 +1,96 @@
+package web
+
+import (
+	"testing"
+
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+func TestRouter(t *testing.T) {
+	route := func(typ contract.PathType, p, backend string) contract.Route {
+		return contract.Route{Path: p, PathType: typ, Backend: contract.Backend{URL: "http://" + backend}}
+	}
+	exact := func(p, b string) contract.Route { return route(contract.PathExact, p, b) }
+	prefix := func(p, b string) contract.Route { return route(contract.PathPrefix, p, b) }
+
+	cases := []struct {
+		name   string
+		routes []contract.Route
+		want   map[string]string // request path → backend host; "" means 404
+	}{
+		{
+			name:   "prefix matches whole elements",
+			routes: []contract.Route{prefix("/foo", "foo")},
+			want:   map[string]string{"/foo": "foo", "/foo/": "foo", "/foo/bar": "foo", "/foobar": "", "/": "", "/fo": ""},
+		},
+		{
+			name:   "trailing slash on a prefix is ignored",
+			routes: []contract.Route{prefix("/foo/", "foo")},
+			want:   map[string]string{"/foo": "foo", "/foo/": "foo", "/foo/bar": "foo", "/foobar": ""},
+		},
+		{
+			name:   "root prefix matches everything",
+			routes: []contract.Route{prefix("/", "root")},
+			want:   map[string]string{"/": "root", "/anything/at/all": "root", "": "root"},
+		},
+		{
+			name:   "exact matches only the path",
+			routes: []contract.Route{exact("/metrics", "m")},
+			want:   map[string]string{"/metrics": "m", "/metrics/": "", "/metrics/x": "", "/metricsx": "", "/": ""},
+		},
+		{
+			name:   "exact with a trailing slash",
+			routes: []contract.Route{exact("/foo/", "f")},
+			want:   map[string]string{"/foo/": "f", "/foo": ""},
+		},
+		{
+			name:   "longest prefix wins, whatever the order",
+			routes: []contract.Route{prefix("/", "root"), prefix("/a/b", "ab"), prefix("/a", "a")},
+			want:   map[string]string{"/a/b/c": "ab", "/a/b": "ab", "/a/bc": "a", "/a": "a", "/ab": "root", "/": "root"},
+		},
+		{
+			name:   "exact beats prefix of the same length",
+			routes: []contract.Route{prefix("/api", "prefix"), exact("/api", "exact")},
+			want:   map[string]string{"/api": "exact", "/api/": "prefix", "/api/v1": "prefix"},
+		},
+		{
+			name:   "exact beats a prefix written with a trailing slash",
+			routes: []contract.Route{prefix("/api/", "prefix"), exact("/api", "exact")},
+			want:   map[string]string{"/api": "exact", "/api/x": "prefix"},
+		},
+		{
+			name:   "a longer prefix beats a shorter exact",
+			routes: []contract.Route{exact("/a", "exact"), prefix("/a/b", "prefix")},
+			want:   map[string]string{"/a": "exact", "/a/b": "prefix", "/a/c": ""},
+		},
+		{
+			name:   "paths are case-sensitive",
+			routes: []contract.Route{prefix("/Foo", "foo")},
+			want:   map[string]string{"/Foo/x": "foo", "/foo/x": ""},
+		},
+		{
+			name:   "matching uses the path the backend will resolve",
+			routes: []contract.Route{prefix("/public", "public"), exact("/admin", "admin")},
+			want:   map[string]string{"/public/../admin": "admin", "//public//x": "public", "/public/./x": "public", "/x/../public": "public"},
+		},
+		{
+			name:   "no routes",
+			routes: nil,
+			want:   map[string]string{"/": ""},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := NewRouter(tc.routes)
+			for p, want := range tc.want {
+				got := ""
+				if rt, ok := r.Match(p); ok {
+					got = rt.Backend.URL[len("http://"):]
+				}
+				if got != want {
+					t.Errorf("Match(%q) = %q, want %q", p, got, want)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,154 @@
+package web
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+// Config configures a Server.
+type Config struct {
+	// Listen opens a TCP listener on the tailnet, as tsnet.Server.Listen does.
+	Listen func(network, addr string) (net.Listener, error)
+	Certs  CertSource
+	WhoIs  WhoIsFunc
+	Logger *slog.Logger
+}
+
+// Server serves a WebService on the proxy's tailnet name: HTTPS on port 443, and port 80 as the
+// service's HTTP mode says. Its methods are called from one goroutine; requests are served
+// concurrently, each with the config that was current when it arrived.
+type Server struct {
+	cfg        Config
+	transports *transports
+	certs      *certCache
+	cur        atomic.Pointer[snapshot]
+
+	https *http.Server
+	plain *http.Server // port 80; nil while the HTTP mode is off
+	plnLn net.Listener
+	errs  chan error
+}
+
+type snapshot struct {
+	routes *handler
+	mode   contract.HTTPMode
+}
+
+// NewServer returns a server that listens once Apply is first called.
+func NewServer(cfg Config) *Server {
+	return &Server{
+		cfg:        cfg,
+		transports: newTransports(),
+		certs:      &certCache{src: cfg.Certs, log: cfg.Logger},
+		errs:       make(chan error, 2),
+	}
+}
+
+// Errors receives an error when a listener stops serving on its own.
+func (s *Server) Errors() <-chan error { return s.errs }
+
+// SetName sets the MagicDNS name served: the certificate's name and the redirect target.
+func (s *Server) SetName(name string) { s.certs.setName(name) }
+
+// ObtainCertificate gets the certificate for the name from the CertSource. HTTPS handshakes
+// fail until it has succeeded once.
+func (s *Server) ObtainCertificate(ctx context.Context) error { return s.certs.obtain(ctx) }
+
+// Apply serves ws from now on: new requests take its routes, and port 80 follows its HTTP mode.
+// The first call opens the HTTPS listener.
+func (s *Server) Apply(ws contract.WebService) error {
+	h, err := newHandler(ws, s.transports, s.cfg.WhoIs, s.cfg.Logger)
+	if err != nil {
+		return err
+	}
+	s.cur.Store(&snapshot{routes: h, mode: ws.HTTP})
+	if s.https == nil {
+		ln, err := s.cfg.Listen("tcp", ":443")
+		if err != nil {
+			return fmt.Errorf("listening on port 443: %w", err)
+		}
+		s.https = s.newHTTPServer(http.HandlerFunc(s.serveRoutes))
+		s.https.TLSConfig = &tls.Config{GetCertificate: s.certs.getCertificate}
+		go s.serve("HTTPS", func() error { return s.https.ServeTLS(ln, "", "") })
+	}
+	switch {
+	case ws.HTTP != contract.HTTPOff && s.plain == nil:
+		ln, err := s.cfg.Listen("tcp", ":80")
+		if err != nil {
+			return fmt.Errorf("listening on port 80: %w", err)
+		}
+		srv := s.newHTTPServer(http.HandlerFunc(s.servePlain))
+		s.plain, s.plnLn = srv, ln
+		go s.serve("HTTP", func() error { return srv.Serve(ln) })
+	case ws.HTTP == contract.HTTPOff && s.plain != nil:
+		s.plnLn.Close() // now, so that a later Apply can listen again at once
+		go s.drain(s.plain)
+		s.plain, s.plnLn = nil, nil
+	}
+	return nil
+}
+
+// serveRoutes serves a request with the routes current when it arrived.
+func (s *Server) serveRoutes(w http.ResponseWriter, r *http.Request) {
+	s.cur.Load().routes.ServeHTTP(w, r)
+}
+
+func (s *Server) servePlain(w http.ResponseWriter, r *http.Request) {
+	cur := s.cur.Load()
+	switch cur.mode {
+	case contract.HTTPRedirect:
+		// To the name the certificate is for, whatever name or IP the request came by.
+		http.Redirect(w, r, "https://"+s.certs.currentName()+r.URL.RequestURI(), http.StatusMovedPermanently)
+	case contract.HTTPServe:
+		cur.routes.ServeHTTP(w, r)
+	default: // port 80 is closing
+		http.NotFound(w, r)
+	}
+}
+
+func (s *Server) newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler: h,
+		// No read or write timeout: responses may stream and uploads may be long.
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		// Failed handshakes (say, a client that does not trust the CA) are the client's business.
+		ErrorLog: slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelDebug),
+	}
+}
+
+func (s *Server) serve(what string, serve func() error) {
+	if err := serve(); !errors.Is(err, http.ErrServerClosed) {
+		s.errs <- fmt.Errorf("%s listener: %w", what, err)
+	}
+}
+
+// drainTimeout bounds how long a closed port 80 waits for its requests.
+const drainTimeout = 30 * time.Second
+
+func (s *Server) drain(srv *http.Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	srv.Shutdown(ctx)
+}
+
+// Shutdown stops accepting connections and waits, until ctx ends, for requests in flight.
+func (s *Server) Shutdown(ctx context.Context) error {
+	var errs []error
+	for _, srv := range []*http.Server{s.https, s.plain} {
+		if srv != nil {
+			errs = append(errs, srv.Shutdown(ctx))
+		}
+	}
+	s.transports.CloseIdleConnections()
+	return errors.Join(errs...)
+}
