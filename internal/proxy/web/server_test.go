@@ -20,8 +20,8 @@ import (
 	"tailscale.com/ipn/store/mem"
 	"tailscale.com/net/netns"
 	"tailscale.com/tailcfg"
-	"tailscale.com/tstest/integration/testcontrol"
 	"tailscale.com/tsnet"
+	"tailscale.com/tstest/integration/testcontrol"
 	"tailscale.com/types/logger"
 
 	"github.com/tsingress/tsingress/internal/contract"
