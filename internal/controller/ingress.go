@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
@@ -43,7 +42,7 @@ const indexIngressBackends = "tsingress.ingress.backends"
 // annotation) through a standalone proxy each.
 type IngressReconciler struct {
 	client.Client
-	Recorder recorder.EventRecorder
+	reporter
 	Settings Settings
 	proxies  *proxies
 }
@@ -86,7 +85,7 @@ func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	if notReady != "" {
 		// The ProxyClass watch brings the Ingress back once the class is ready.
-		r.event(ing, corev1.EventTypeWarning, ReasonProxyClassNotReady, "%s; waiting for it", notReady)
+		r.eventf(ing, corev1.EventTypeWarning, ReasonProxyClassNotReady, "%s; waiting for it", notReady)
 		return ctrl.Result{}, nil
 	}
 
@@ -95,11 +94,11 @@ func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, err
 	}
 	if !r.proxies.certsAvailable(ctx) {
-		r.event(ing, corev1.EventTypeWarning, ReasonHTTPSNotEnabled,
+		r.eventf(ing, corev1.EventTypeWarning, ReasonHTTPSNotEnabled,
 			"HTTPS is not enabled on the tailnet (or MagicDNS is off): the proxy cannot get a certificate until it is")
 	}
 	if err := r.proxies.ensure(ctx, p); err != nil {
-		return r.tailnetOrError(ing, err)
+		return r.tailnetFailure(ing, err)
 	}
 	return ctrl.Result{}, r.updateStatus(ctx, ing, p)
 }
@@ -128,15 +127,9 @@ func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.
 	if !hostOK {
 		findings = append(findings, warnf(ReasonInvalidHostname, "tailnet hostname %q (from the first TLS host) is not a valid DNS label", hostname))
 	}
-	for _, f := range findings {
-		typ := corev1.EventTypeNormal
-		if f.warning {
-			typ = corev1.EventTypeWarning
-		}
-		r.event(ing, typ, f.reason, "%s", f.message)
-	}
+	r.findings(ing, findings)
 	if len(ws.Routes) == 0 {
-		r.event(ing, corev1.EventTypeWarning, ReasonNoValidBackends, "no path of this Ingress can be served; nothing changed")
+		r.eventf(ing, corev1.EventTypeWarning, ReasonNoValidBackends, "no path of this Ingress can be served; nothing changed")
 		return nil, false, nil
 	}
 	if tags == nil || !hostOK {
@@ -153,21 +146,6 @@ func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.
 			Serve:      &ws,
 		},
 	}, true, nil
-}
-
-// tailnetOrError turns a control-plane failure into a Warning Event with the API's stable
-// reason and a bounded retry; other errors go back to the controller's backoff.
-func (r *IngressReconciler) tailnetOrError(obj client.Object, err error) (ctrl.Result, error) {
-	reason := tailnet.ReasonOf(err)
-	if reason == "" {
-		return ctrl.Result{}, err
-	}
-	r.event(obj, corev1.EventTypeWarning, ReasonTailnetAPIFailed, "control plane: %s: %v", reason, err)
-	retry := tailnetRetry
-	if d, ok := tailnet.RetryAfter(err); ok && d > retry {
-		retry = d
-	}
-	return ctrl.Result{RequeueAfter: retry}, nil
 }
 
 func (r *IngressReconciler) updateStatus(ctx context.Context, ing *networkingv1.Ingress, p *standaloneProxy) error {
@@ -203,7 +181,7 @@ func (r *IngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingre
 	done, err := r.proxies.cleanup(ctx, parentOf(parentTypeIngress, ing))
 	if err != nil {
 		if tailnet.ReasonOf(err) != "" {
-			r.event(ing, corev1.EventTypeWarning, ReasonCleanupFailed, "removing the proxy: %v", err)
+			r.eventf(ing, corev1.EventTypeWarning, ReasonCleanupFailed, "removing the proxy: %v", err)
 			return ctrl.Result{RequeueAfter: tailnetRetry}, nil
 		}
 		return ctrl.Result{}, err
@@ -219,10 +197,6 @@ func (r *IngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingre
 	patch := client.MergeFrom(ing.DeepCopy())
 	controllerutil.RemoveFinalizer(ing, FinalizerName)
 	return ctrl.Result{}, client.IgnoreNotFound(r.Patch(ctx, ing, patch))
-}
-
-func (r *IngressReconciler) event(obj client.Object, typ, reason, format string, a ...any) {
-	r.Recorder.Eventf(obj, nil, typ, reason, "Reconcile", format, a...)
 }
 
 // SetupWithManager watches Ingresses, their proxies' children, backend Services and

@@ -38,5 +38,8 @@ func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
 		return err
 	}
 	p := &proxies{Client: mgr.GetClient(), settings: s, tailnet: tc}
-	return (&IngressReconciler{Client: mgr.GetClient(), Recorder: rec, Settings: s}).SetupWithManager(mgr, p)
+	if err := (&IngressReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s}).SetupWithManager(mgr, p); err != nil {
+		return err
+	}
+	return (&ServiceReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s}).SetupWithManager(mgr, p)
 }

@@ -1,0 +1,284 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+// LoadBalancerClass selects the operator for a LoadBalancer Service.
+const LoadBalancerClass = "tailscale"
+
+// ConditionProxyReady is the condition a standalone L3 proxy reports on its Service.
+const ConditionProxyReady = "TailscaleProxyReady"
+
+// Reasons of ConditionProxyReady (the original operator's names) and Service Events.
+const (
+	ReasonProxyPending = "ProxyPending" // waiting: for the ProxyClass, the Pod, the tailnet login or the DNAT rules
+	ReasonProxyInvalid = "ProxyInvalid" // the Service or its annotations cannot be served as they are
+	ReasonProxyFailed  = "ProxyFailed"  // the control plane or the proxy reported an error
+	ReasonProxyReady   = "ProxyCreated" // traffic to the tailnet address reaches the Service
+
+	ReasonInvalidService = "InvalidService"
+)
+
+// ServiceReconciler exposes Services on the tailnet at L3 through a standalone proxy each.
+type ServiceReconciler struct {
+	client.Client
+	reporter
+	Settings Settings
+	proxies  *proxies
+}
+
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups="",resources=services/status,verbs=get;update;patch
+
+// serves reports whether s is to be exposed by a standalone proxy.
+func (r *ServiceReconciler) serves(s *corev1.Service) bool {
+	if s.DeletionTimestamp != nil || s.Annotations[AnnotationProxyGroup] != "" {
+		return false
+	}
+	if s.Annotations[AnnotationExpose] == "true" {
+		return true
+	}
+	if s.Spec.Type != corev1.ServiceTypeLoadBalancer {
+		return false
+	}
+	if s.Spec.LoadBalancerClass == nil {
+		return r.Settings.DefaultLoadBalancer
+	}
+	return *s.Spec.LoadBalancerClass == LoadBalancerClass
+}
+
+func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	svc := &corev1.Service{}
+	if err := r.Get(ctx, req.NamespacedName, svc); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !r.serves(svc) {
+		return r.unserve(ctx, svc)
+	}
+	if !controllerutil.ContainsFinalizer(svc, FinalizerName) {
+		patch := client.MergeFrom(svc.DeepCopy())
+		controllerutil.AddFinalizer(svc, FinalizerName)
+		if err := r.Patch(ctx, svc, patch); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	// Status is computed from what this pass observed and written once, at the end.
+	st := serviceStatus{svc: svc}
+	defer func() { st.write(ctx, r) }()
+
+	cfg, findings := serviceProxyConfig(svc, r.Settings)
+	r.findings(svc, findings)
+	if cfg == nil {
+		st.set(false, ReasonProxyInvalid, findingMessages(findings))
+		return ctrl.Result{}, nil
+	}
+	class, notReady, err := readyProxyClass(ctx, r.Client, proxyClassName(svc, r.Settings.DefaultProxyClass))
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if notReady != "" {
+		r.eventf(svc, corev1.EventTypeWarning, ReasonProxyClassNotReady, "%s; waiting for it", notReady)
+		st.set(false, ReasonProxyPending, notReady)
+		return ctrl.Result{}, nil
+	}
+	p := &standaloneProxy{parent: parentOf(parentTypeService, svc), class: class, config: *cfg, kernel: true}
+	if err := r.proxies.ensure(ctx, p); err != nil {
+		st.set(false, ReasonProxyFailed, err.Error())
+		return r.tailnetFailure(svc, err)
+	}
+	state, err := r.proxies.state(ctx, p.parent)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	st.fromProxy(state)
+	return ctrl.Result{}, nil
+}
+
+// serviceProxyConfig is the proxy config a Service asks for, or nil with the reasons it cannot
+// be served.
+func serviceProxyConfig(svc *corev1.Service, s Settings) (*contract.ProxyConfig, []finding) {
+	var findings []finding
+	hostname := svc.Annotations[AnnotationHostname]
+	if hostname == "" {
+		hostname = truncateLabel(dnsLabelish(svc.Namespace + "-" + svc.Name))
+	} else if !contract.ValidHostname(hostname) {
+		findings = append(findings, warnf(ReasonInvalidAnnotation,
+			"annotation %s=%q must be a DNS label: lower-case letters, digits and dashes, at most 63", AnnotationHostname, hostname))
+	}
+	if v, ok := svc.Annotations[AnnotationExpose]; ok && v != "true" {
+		if b, err := strconv.ParseBool(v); err != nil || b {
+			findings = append(findings, warnf(ReasonInvalidAnnotation, "annotation %s=%q: only \"true\" exposes a Service", AnnotationExpose, v))
+		}
+	}
+	tags, f := parseTags(svc, s.DefaultTags)
+	if f != nil {
+		findings = append(findings, *f)
+	}
+	var dest contract.Destination
+	switch {
+	case svc.Spec.Type == corev1.ServiceTypeExternalName:
+		dest.DNSName = svc.Spec.ExternalName
+	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
+		findings = append(findings, warnf(ReasonInvalidService, "headless Services (clusterIP: None) have no address to forward to; expose a ClusterIP Service"))
+	case svc.Spec.ClusterIP == "":
+		findings = append(findings, warnf(ReasonInvalidService, "the Service has no ClusterIP yet"))
+	default:
+		dest.IPs = svc.Spec.ClusterIPs
+		if len(dest.IPs) == 0 {
+			dest.IPs = []string{svc.Spec.ClusterIP}
+		}
+	}
+	if len(findings) > 0 {
+		return nil, findings
+	}
+	return &contract.ProxyConfig{
+		Kind:       contract.KindService,
+		Hostname:   hostname,
+		Tags:       tags,
+		ControlURL: s.ControlURL,
+		Firewall:   contract.FirewallConfig{Mode: s.FirewallMode},
+		Forward:    &dest,
+	}, findings
+}
+
+func findingMessages(fs []finding) string {
+	var msgs []string
+	for _, f := range fs {
+		msgs = append(msgs, f.message)
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// serviceStatus collects a Service's condition and load-balancer status during a pass.
+type serviceStatus struct {
+	svc     *corev1.Service
+	ready   bool
+	reason  string
+	message string
+	lb      []corev1.LoadBalancerIngress
+}
+
+func (s *serviceStatus) set(ready bool, reason, msg string) {
+	s.ready, s.reason, s.message = ready, reason, msg
+}
+
+func (s *serviceStatus) fromProxy(st *contract.ProxyState) {
+	switch {
+	case st == nil || st.FQDN == "":
+		s.set(false, ReasonProxyPending, "waiting for the proxy Pod to join the tailnet")
+		return
+	case st.Firewall == nil:
+		s.set(false, ReasonProxyPending, "waiting for the proxy to install its DNAT rules")
+		return
+	}
+	m, ok := st.Firewall.Mappings[contract.StandaloneMapping]
+	switch {
+	case !ok:
+		s.set(false, ReasonProxyPending, "waiting for the proxy to install its DNAT rules")
+		return
+	case m.Error != "":
+		s.set(false, ReasonProxyFailed, "the proxy could not install its DNAT rules: "+m.Error)
+		return
+	}
+	s.set(true, ReasonProxyReady, fmt.Sprintf("reachable on the tailnet at %s (%s)", st.FQDN, strings.Join(st.TailnetIPs, ", ")))
+	if s.svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		s.lb = []corev1.LoadBalancerIngress{{Hostname: st.FQDN}}
+		for _, ip := range st.TailnetIPs {
+			// VIP is what the API server defaults to; set it so the comparison is stable.
+			s.lb = append(s.lb, corev1.LoadBalancerIngress{IP: ip, IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)})
+		}
+	}
+}
+
+func (s *serviceStatus) write(ctx context.Context, r *ServiceReconciler) {
+	if s.reason == "" {
+		return
+	}
+	before := s.svc.DeepCopy()
+	changed := setCondition(&s.svc.Status.Conditions, ConditionProxyReady, s.ready, s.reason, s.message, s.svc.Generation)
+	if s.svc.Spec.Type == corev1.ServiceTypeLoadBalancer && !equality.Semantic.DeepEqual(s.svc.Status.LoadBalancer.Ingress, s.lb) {
+		s.svc.Status.LoadBalancer.Ingress = s.lb
+		changed = true
+	}
+	if changed {
+		if err := r.Status().Patch(ctx, s.svc, client.MergeFrom(before)); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "writing Service status")
+		}
+	}
+}
+
+// unserve removes the proxy of a Service that is deleted or no longer exposed.
+func (r *ServiceReconciler) unserve(ctx context.Context, svc *corev1.Service) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(svc, FinalizerName) {
+		return ctrl.Result{}, nil
+	}
+	done, err := r.proxies.cleanup(ctx, parentOf(parentTypeService, svc))
+	if err != nil {
+		return r.tailnetFailure(svc, err)
+	}
+	if !done {
+		return ctrl.Result{RequeueAfter: cleanupPoll}, nil
+	}
+	if svc.DeletionTimestamp == nil {
+		before := svc.DeepCopy()
+		meta.RemoveStatusCondition(&svc.Status.Conditions, ConditionProxyReady)
+		if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+			svc.Status.LoadBalancer.Ingress = nil
+		}
+		if !equality.Semantic.DeepEqual(before.Status, svc.Status) {
+			if err := r.Status().Patch(ctx, svc, client.MergeFrom(before)); err != nil {
+				return ctrl.Result{}, err
+			}
+		}
+	}
+	patch := client.MergeFrom(svc.DeepCopy())
+	controllerutil.RemoveFinalizer(svc, FinalizerName)
+	return ctrl.Result{}, client.IgnoreNotFound(r.Patch(ctx, svc, patch))
+}
+
+// SetupWithManager watches Services, their proxies' children and ProxyClasses.
+func (r *ServiceReconciler) SetupWithManager(mgr ctrl.Manager, p *proxies) error {
+	r.proxies = p
+	children := handler.EnqueueRequestsFromMapFunc(parentRequests(parentTypeService))
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&corev1.Service{}).
+		Named("service").
+		Watches(&appsv1.StatefulSet{}, children).
+		Watches(&corev1.Secret{}, children).
+		Watches(&corev1.Pod{}, children).
+		Watches(&tsv1alpha1.ProxyClass{}, handler.EnqueueRequestsFromMapFunc(r.servicesForProxyClass)).
+		Complete(r)
+}
+
+func (r *ServiceReconciler) servicesForProxyClass(ctx context.Context, o client.Object) []reconcile.Request {
+	list := &corev1.ServiceList{}
+	if err := r.List(ctx, list); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		s := &list.Items[i]
+		if r.serves(s) && proxyClassName(s, r.Settings.DefaultProxyClass) == o.GetName() {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(s)})
+		}
+	}
+	return reqs
+}

@@ -1,0 +1,178 @@
+package controller
+
+import (
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+func newService(ns, name string, mutate func(*corev1.Service)) *corev1.Service {
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.ServiceSpec{
+			Type:              corev1.ServiceTypeLoadBalancer,
+			LoadBalancerClass: ptr.To(LoadBalancerClass),
+			Selector:          map[string]string{"app": name},
+			Ports: []corev1.ServicePort{
+				{Name: "pg", Port: 5432, Protocol: corev1.ProtocolTCP},
+				{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
+			},
+		},
+	}
+	if mutate != nil {
+		mutate(s)
+	}
+	Expect(k8s.Create(ctx, s)).To(Succeed())
+	return s
+}
+
+func proxyReady(svc *corev1.Service) func(g Gomega) *metav1.Condition {
+	return func(g Gomega) *metav1.Condition {
+		g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(svc), svc)).To(Succeed())
+		c := meta.FindStatusCondition(svc.Status.Conditions, ConditionProxyReady)
+		g.Expect(c).NotTo(BeNil())
+		return c
+	}
+}
+
+func appliedState(fqdn string, ips []string, mappingErr string) contract.ProxyState {
+	return contract.ProxyState{
+		DeviceID: "nNotARealDevice", FQDN: fqdn, TailnetIPs: ips,
+		Firewall: &contract.FirewallStatus{Mode: contract.FirewallNFTables, Mappings: map[string]contract.AppliedDNAT{
+			contract.StandaloneMapping: {TailnetIPs: ips, Error: mappingErr},
+		}},
+	}
+}
+
+var _ = Describe("Service reconciler (standalone L3)", func() {
+	It("runs a kernel proxy for a tailscale LoadBalancer, reports readiness and addresses, and cleans up", func() {
+		ns := newNamespace()
+		svc := newService(ns, "db", func(s *corev1.Service) {
+			s.Annotations = map[string]string{AnnotationHostname: "orders-db", AnnotationTags: "tag:k8s,tag:k8s-operator"}
+		})
+
+		var cfg *contract.ProxyConfig
+		Eventually(func(g Gomega) { cfg = proxyConfigOf(g, parentTypeService, svc) }).Should(Succeed())
+		Expect(cfg.Kind).To(Equal(contract.KindService))
+		Expect(cfg.Hostname).To(Equal("orders-db"))
+		Expect(cfg.Tags).To(Equal([]string{"tag:k8s", "tag:k8s-operator"}))
+		Expect(cfg.Forward.IPs).To(Equal(svc.Spec.ClusterIPs))
+		Expect(cfg.Firewall.Mode).To(Equal(contract.FirewallAuto))
+		Expect(cfg.AuthKey).NotTo(BeEmpty())
+
+		sts := &appsv1.StatefulSet{}
+		Eventually(func() error { return k8s.Get(ctx, proxyKey(parentTypeService, svc), sts) }).Should(Succeed())
+		sc := sts.Spec.Template.Spec.Containers[0].SecurityContext
+		Expect(sc.Capabilities.Add).To(ContainElement(corev1.Capability("NET_ADMIN")))
+		Expect(*sc.RunAsUser).To(BeZero())
+
+		Eventually(proxyReady(svc)).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonProxyPending)))
+
+		By("reporting ready with the MagicDNS name and tailnet IPs once the rules are in place")
+		ips := []string{"100.64.0.7", "fd7a:115c:a1e0::7"}
+		reportState(parentTypeService, svc, appliedState("orders-db.tailnet.test", ips, ""))
+		Eventually(proxyReady(svc)).Should(And(HaveField("Status", metav1.ConditionTrue), HaveField("Reason", ReasonProxyReady)))
+		Expect(svc.Status.LoadBalancer.Ingress).To(Equal([]corev1.LoadBalancerIngress{
+			{Hostname: "orders-db.tailnet.test"},
+			{IP: ips[0], IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)},
+			{IP: ips[1], IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)}}))
+
+		By("reporting a DNAT failure")
+		reportState(parentTypeService, svc, appliedState("orders-db.tailnet.test", ips, "nftables: operation not permitted"))
+		Eventually(proxyReady(svc)).Should(And(HaveField("Reason", ReasonProxyFailed), HaveField("Message", ContainSubstring("operation not permitted"))))
+
+		By("cleaning up when the Service leaves the class")
+		patch := client.MergeFrom(svc.DeepCopy())
+		svc.Spec.LoadBalancerClass = nil
+		svc.Spec.Type = corev1.ServiceTypeClusterIP
+		Expect(k8s.Patch(ctx, svc, patch)).To(Succeed())
+		expectGone(sts)
+		Eventually(func(g Gomega) {
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(svc), svc)).To(Succeed())
+			g.Expect(svc.Finalizers).To(BeEmpty())
+			g.Expect(meta.FindStatusCondition(svc.Status.Conditions, ConditionProxyReady)).To(BeNil())
+		}).Should(Succeed())
+		Expect(apierrors.IsNotFound(k8s.Get(ctx, secretKey(parentTypeService, svc), &corev1.Secret{}))).To(BeTrue())
+	})
+
+	It("exposes an annotated ClusterIP Service without touching its load-balancer status", func() {
+		ns := newNamespace()
+		svc := newService(ns, "cache", func(s *corev1.Service) {
+			s.Spec.Type, s.Spec.LoadBalancerClass = corev1.ServiceTypeClusterIP, nil
+			s.Annotations = map[string]string{AnnotationExpose: "true"}
+		})
+		Eventually(func(g Gomega) { proxyConfigOf(g, parentTypeService, svc) }).Should(Succeed())
+		Expect(proxyConfigOf(Default, parentTypeService, svc).Hostname).To(Equal(ns + "-cache"))
+		reportState(parentTypeService, svc, appliedState(ns+"-cache.tailnet.test", []string{"100.64.0.8"}, ""))
+		Eventually(proxyReady(svc)).Should(HaveField("Status", metav1.ConditionTrue))
+		Expect(svc.Status.LoadBalancer.Ingress).To(BeEmpty())
+
+		By("removing the proxy when the annotation goes")
+		patch := client.MergeFrom(svc.DeepCopy())
+		delete(svc.Annotations, AnnotationExpose)
+		Expect(k8s.Patch(ctx, svc, patch)).To(Succeed())
+		expectGone(&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: testSetup.Namespace, Name: proxyKey(parentTypeService, svc).Name}})
+	})
+
+	It("forwards an ExternalName Service by DNS name and follows a change of name", func() {
+		ns := newNamespace()
+		svc := newService(ns, "ext", func(s *corev1.Service) {
+			s.Spec = corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "db.example.com"}
+			s.Annotations = map[string]string{AnnotationExpose: "true"}
+		})
+		Eventually(func(g Gomega) *contract.Destination { return proxyConfigOf(g, parentTypeService, svc).Forward }).
+			Should(Equal(&contract.Destination{DNSName: "db.example.com"}))
+		patch := client.MergeFrom(svc.DeepCopy())
+		svc.Spec.ExternalName = "db2.example.com"
+		Expect(k8s.Patch(ctx, svc, patch)).To(Succeed())
+		Eventually(func(g Gomega) string { return proxyConfigOf(g, parentTypeService, svc).Forward.DNSName }).Should(Equal("db2.example.com"))
+	})
+
+	It("leaves other load balancers alone", func() {
+		ns := newNamespace()
+		other := newService(ns, "metallb", func(s *corev1.Service) { s.Spec.LoadBalancerClass = ptr.To("metallb") })
+		classless := newService(ns, "classless", func(s *corev1.Service) { s.Spec.LoadBalancerClass = nil })
+		grouped := newService(ns, "grouped", func(s *corev1.Service) { s.Annotations = map[string]string{AnnotationProxyGroup: "pg"} })
+		for _, s := range []*corev1.Service{other, classless, grouped} {
+			Consistently(func() bool {
+				return apierrors.IsNotFound(k8s.Get(ctx, proxyKey(parentTypeService, s), &appsv1.StatefulSet{}))
+			}, "1s").Should(BeTrue())
+			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(s), s)).To(Succeed())
+			Expect(s.Finalizers).To(BeEmpty())
+		}
+	})
+
+	DescribeTable("rejects bad input with ProxyInvalid and an Event",
+		func(mutate func(*corev1.Service), event, message string) {
+			ns := newNamespace()
+			svc := newService(ns, "bad", mutate)
+			Eventually(proxyReady(svc)).Should(And(
+				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonProxyInvalid), HaveField("Message", ContainSubstring(message))))
+			Eventually(func(g Gomega) []string { return eventReasons(g, "Service", "bad") }).Should(ContainElement(event))
+			Consistently(func() bool {
+				return apierrors.IsNotFound(k8s.Get(ctx, proxyKey(parentTypeService, svc), &appsv1.StatefulSet{}))
+			}, "1s").Should(BeTrue())
+		},
+		Entry("an invalid hostname", func(s *corev1.Service) {
+			s.Annotations = map[string]string{AnnotationHostname: "Orders_DB"}
+		}, ReasonInvalidAnnotation, "must be a DNS label"),
+		Entry("bad tags", func(s *corev1.Service) {
+			s.Annotations = map[string]string{AnnotationTags: "k8s"}
+		}, ReasonInvalidAnnotation, "tag:name"),
+		Entry("a headless Service", func(s *corev1.Service) {
+			s.Spec.Type, s.Spec.LoadBalancerClass, s.Spec.ClusterIP = corev1.ServiceTypeClusterIP, nil, corev1.ClusterIPNone
+			s.Annotations = map[string]string{AnnotationExpose: "true"}
+		}, ReasonInvalidService, "headless"),
+		Entry("an expose value that is not true", func(s *corev1.Service) {
+			s.Annotations = map[string]string{AnnotationExpose: "yes"}
+		}, ReasonInvalidAnnotation, "only \"true\""),
+	)
+})
