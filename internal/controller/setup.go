@@ -41,5 +41,8 @@ func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
 	if err := (&IngressReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s}).SetupWithManager(mgr, p); err != nil {
 		return err
 	}
-	return (&ServiceReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s}).SetupWithManager(mgr, p)
+	if err := (&ServiceReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s}).SetupWithManager(mgr, p); err != nil {
+		return err
+	}
+	return (&ProxyGroupReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s, Tailnet: tc}).SetupWithManager(mgr)
 }

@@ -3,6 +3,7 @@ package controller
 import (
 	"fmt"
 	"maps"
+	"slices"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -104,15 +105,39 @@ func (p *standaloneProxy) buildRoleBinding(namespace string) *rbacv1.RoleBinding
 }
 
 func (p *standaloneProxy) buildStatefulSet(s Settings) *appsv1.StatefulSet {
-	podLabels := p.parent.labels()
+	return proxyPods{
+		name:      p.name(),
+		namespace: s.Namespace,
+		labels:    p.parent.labels(),
+		selector:  map[string]string{LabelParentType: p.parent.typ, LabelParentNS: p.parent.namespace, LabelParentName: p.parent.name},
+		replicas:  1,
+		args:      []string{"--config-secret=" + p.secretName()},
+		kernel:    p.kernel,
+		image:     s.ProxyImage,
+		class:     p.class,
+	}.build()
+}
+
+// proxyPods describes a StatefulSet of proxies, standalone or a ProxyGroup's.
+type proxyPods struct {
+	name, namespace  string
+	labels, selector map[string]string
+	replicas         int32
+	args             []string // besides the health address
+	kernel           bool     // L3: root with NET_ADMIN and /dev/net/tun
+	image            string
+	class            *tsv1alpha1.ProxyClass
+}
+
+func (pp proxyPods) build() *appsv1.StatefulSet {
+	podLabels := maps.Clone(pp.labels)
 	podLabels["app.kubernetes.io/name"] = "tsingress-proxy"
-	selector := map[string]string{LabelParentType: p.parent.typ, LabelParentNS: p.parent.namespace, LabelParentName: p.parent.name}
 
 	container := corev1.Container{
 		Name:            "proxy",
-		Image:           s.ProxyImage,
+		Image:           pp.image,
 		ImagePullPolicy: corev1.PullIfNotPresent,
-		Args:            []string{"--config-secret=" + p.secretName(), fmt.Sprintf("--health-addr=:%d", healthPort)},
+		Args:            append(slices.Clone(pp.args), fmt.Sprintf("--health-addr=:%d", healthPort)),
 		Env: []corev1.EnvVar{
 			fieldEnv("POD_NAME", "metadata.name"),
 			fieldEnv("POD_NAMESPACE", "metadata.namespace"),
@@ -135,7 +160,7 @@ func (p *standaloneProxy) buildStatefulSet(s Settings) *appsv1.StatefulSet {
 		VolumeMounts: []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}},
 	}
 	podSecurity := &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
-	if p.kernel {
+	if pp.kernel {
 		// Kernel DNAT and the TUN device need root with NET_ADMIN (and NET_RAW for the
 		// iptables tools); nothing more.
 		container.SecurityContext = &corev1.SecurityContext{
@@ -154,21 +179,23 @@ func (p *standaloneProxy) buildStatefulSet(s Settings) *appsv1.StatefulSet {
 		}
 	}
 	volumes := []corev1.Volume{{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
-	if p.kernel {
+	if pp.kernel {
 		volumes = append(volumes, corev1.Volume{Name: "dev-net-tun", VolumeSource: corev1.VolumeSource{
 			HostPath: &corev1.HostPathVolumeSource{Path: "/dev/net/tun", Type: ptr.To(corev1.HostPathCharDev)}}})
 	}
 
 	sts := &appsv1.StatefulSet{
-		ObjectMeta: p.meta(p.name()),
+		ObjectMeta: metav1.ObjectMeta{Name: pp.name, Namespace: pp.namespace, Labels: maps.Clone(pp.labels)},
 		Spec: appsv1.StatefulSetSpec{
-			Replicas:    ptr.To[int32](1),
-			ServiceName: p.name(),
-			Selector:    &metav1.LabelSelector{MatchLabels: selector},
+			Replicas:    ptr.To(pp.replicas),
+			ServiceName: pp.name,
+			Selector:    &metav1.LabelSelector{MatchLabels: pp.selector},
+			// Replicas of a group start and stop independently; ordered roll-outs would only slow them.
+			PodManagementPolicy: appsv1.ParallelPodManagement,
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: podLabels},
 				Spec: corev1.PodSpec{
-					ServiceAccountName:            p.name(),
+					ServiceAccountName:            pp.name,
 					TerminationGracePeriodSeconds: ptr.To[int64](30),
 					SecurityContext:               podSecurity,
 					Containers:                    []corev1.Container{container},
@@ -177,9 +204,8 @@ func (p *standaloneProxy) buildStatefulSet(s Settings) *appsv1.StatefulSet {
 			},
 		},
 	}
-	sts.Namespace = s.Namespace
-	if p.class != nil {
-		applyProxyClass(sts, p.class)
+	if pp.class != nil {
+		applyProxyClass(sts, pp.class)
 	}
 	return sts
 }

@@ -1,0 +1,504 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/tailnet"
+)
+
+// Reasons of the ProxyGroup conditions.
+const (
+	ReasonProxyGroupReady      = "ProxyGroupReady"
+	ReasonProxyGroupAvailable  = "ProxyGroupAvailable"
+	ReasonProxyGroupCreating   = "ProxyGroupCreating"
+	ReasonProxyGroupInvalid    = "ProxyGroupInvalid"
+	ReasonProxyGroupPending    = "ProxyGroupPending"
+	ReasonProxyGroupFailed     = "ProxyGroupCreationFailed"
+	ReasonProxyGroupNoReplicas = "NoReplicasUp"
+	parentTypeProxyGroup       = "proxygroup"
+	secretTypeConfig           = "config"
+	secretTypeState            = "state"
+	labelReplica               = "tailscale.com/replica"
+	groupConfigMapSuffix       = "-ingress-config"
+)
+
+// ProxyGroupReconciler runs the replicas of ingress ProxyGroups.
+type ProxyGroupReconciler struct {
+	client.Client
+	reporter
+	Settings Settings
+	Tailnet  tailnet.Client
+}
+
+// +kubebuilder:rbac:groups=tailscale.com,resources=proxygroups,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=tailscale.com,resources=proxygroups/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups="",namespace=system,resources=configmaps,verbs=get;list;watch;create;update;patch;delete
+
+// group names a ProxyGroup's children.
+type group struct{ name string }
+
+func (g group) configMap() string         { return g.name + groupConfigMapSuffix }
+func (g group) stateSecret(i int) string  { return fmt.Sprintf("%s-%d", g.name, i) }
+func (g group) configSecret(i int) string { return g.stateSecret(i) + "-config" }
+func (g group) labels() map[string]string {
+	return map[string]string{LabelManaged: "true", LabelParentName: g.name, LabelParentType: parentTypeProxyGroup}
+}
+
+func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	pg := &tsv1alpha1.ProxyGroup{}
+	if err := r.Get(ctx, req.NamespacedName, pg); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	g := group{pg.Name}
+	if pg.DeletionTimestamp != nil {
+		return r.delete(ctx, pg, g)
+	}
+	if !controllerutil.ContainsFinalizer(pg, FinalizerName) {
+		patch := client.MergeFrom(pg.DeepCopy())
+		controllerutil.AddFinalizer(pg, FinalizerName)
+		if err := r.Patch(ctx, pg, patch); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	st := groupStatus{pg: pg}
+	defer func() { st.write(ctx, r) }()
+
+	if pg.Spec.Type != tsv1alpha1.ProxyGroupTypeIngress {
+		msg := fmt.Sprintf("type %q is not served by this operator; only ingress ProxyGroups are", pg.Spec.Type)
+		r.eventf(pg, corev1.EventTypeWarning, ReasonProxyGroupInvalid, "%s", msg)
+		st.fail(ReasonProxyGroupInvalid, msg)
+		return ctrl.Result{}, nil
+	}
+	className := pg.Spec.ProxyClass
+	if className == "" {
+		className = r.Settings.DefaultProxyClass
+	}
+	class, notReady, err := readyProxyClass(ctx, r.Client, className)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if notReady != "" {
+		st.fail(ReasonProxyGroupPending, notReady+"; waiting for it")
+		return ctrl.Result{}, nil
+	}
+	if err := r.ensure(ctx, pg, g, class); err != nil {
+		st.fail(ReasonProxyGroupFailed, err.Error())
+		if tailnet.ReasonOf(err) != "" {
+			return r.tailnetFailure(pg, err)
+		}
+		return ctrl.Result{}, err
+	}
+	if err := r.scaleDown(ctx, g, replicas(pg)); err != nil {
+		return r.tailnetFailure(pg, err)
+	}
+	devices, err := r.devices(ctx, g, replicas(pg))
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	st.observe(devices)
+	return ctrl.Result{}, nil
+}
+
+func replicas(pg *tsv1alpha1.ProxyGroup) int {
+	if pg.Spec.Replicas == nil {
+		return 2
+	}
+	return int(*pg.Spec.Replicas)
+}
+
+// ensure applies the group's children: RBAC, the ConfigMap, per-replica Secrets and the
+// StatefulSet.
+func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g group, class *tsv1alpha1.ProxyClass) error {
+	ns := r.Settings.Namespace
+	n := replicas(pg)
+	cm, services, err := r.groupConfigMap(ctx, g)
+	if err != nil {
+		return err
+	}
+	objs := []client.Object{r.buildServiceAccount(g), r.buildRole(g, n), r.buildRoleBinding(g), cm}
+	for i := range n {
+		cfg, err := r.replicaConfig(ctx, pg, g, class, i, services)
+		if err != nil {
+			return err
+		}
+		data, err := contract.ProxyConfigs.Encode(cfg)
+		if err != nil {
+			return err
+		}
+		objs = append(objs,
+			r.secret(g, g.configSecret(i), secretTypeConfig, i, data),
+			r.secret(g, g.stateSecret(i), secretTypeState, i, nil))
+	}
+	objs = append(objs, proxyPods{
+		name:      g.name,
+		namespace: ns,
+		labels:    g.labels(),
+		selector:  g.labels(),
+		replicas:  int32(n),
+		args:      []string{"--config-secret=$(POD_NAME)-config", "--group-configmap=" + g.configMap()},
+		kernel:    true,
+		image:     r.Settings.ProxyImage,
+		class:     class,
+	}.build())
+	for _, obj := range objs {
+		if err := controllerutil.SetControllerReference(pg, obj, r.Scheme()); err != nil {
+			return err
+		}
+		if err := apply(ctx, r.Client, obj); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// groupConfigMap returns the group's ConfigMap as the reconciler owns it (metadata only: the
+// HA Ingress and Service reconcilers own its documents) and the Tailscale Services its
+// documents name, which every replica may advertise.
+func (r *ProxyGroupReconciler) groupConfigMap(ctx context.Context, g group) (*corev1.ConfigMap, []string, error) {
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: g.configMap(), Namespace: r.Settings.Namespace, Labels: g.labels()}}
+	existing := &corev1.ConfigMap{}
+	err := r.Get(ctx, client.ObjectKeyFromObject(cm), existing)
+	if apierrors.IsNotFound(err) {
+		return cm, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return cm, groupServices(existing), nil
+}
+
+// groupServices lists the Tailscale Services in a group ConfigMap's documents. A document this
+// build cannot read contributes none.
+func groupServices(cm *corev1.ConfigMap) []string {
+	data := map[string][]byte{}
+	for k, v := range cm.Data {
+		data[k] = []byte(v)
+	}
+	var names []string
+	if serve, _, err := contract.ServeConfigs.Decode(data); err == nil {
+		for n := range serve.Services {
+			names = append(names, n)
+		}
+	}
+	if dnat, _, err := contract.DNATConfigs.Decode(data); err == nil {
+		for n := range dnat.Services {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}
+
+func (r *ProxyGroupReconciler) replicaConfig(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g group, class *tsv1alpha1.ProxyClass, i int, services []string) (*contract.ProxyConfig, error) {
+	tags := make([]string, 0, len(pg.Spec.Tags))
+	for _, t := range pg.Spec.Tags {
+		tags = append(tags, string(t))
+	}
+	if len(tags) == 0 {
+		tags = r.Settings.DefaultTags
+	}
+	prefix := pg.Spec.HostnamePrefix
+	if prefix == "" {
+		prefix = pg.Name
+	}
+	cfg := &contract.ProxyConfig{
+		Kind:              contract.KindProxyGroup,
+		Hostname:          fmt.Sprintf("%s-%d", prefix, i),
+		Tags:              tags,
+		ControlURL:        r.Settings.ControlURL,
+		StateSecret:       g.stateSecret(i),
+		Firewall:          contract.FirewallConfig{Mode: r.Settings.FirewallMode},
+		TLS:               contract.TLSConfig{CertShareMode: contract.CertReader},
+		AdvertiseServices: services,
+	}
+	// Only the first replica talks to the CA, so a group costs one certificate per name.
+	if i == 0 {
+		cfg.TLS.CertShareMode = contract.CertIssuer
+	}
+	if class != nil {
+		if class.Spec.UseLetsEncryptStagingEnvironment {
+			cfg.TLS.ACMEDirectoryURL = LetsEncryptStaging
+		}
+		if class.Spec.Tailscale != nil {
+			cfg.AcceptRoutes = class.Spec.Tailscale.AcceptRoutes
+		}
+	}
+	key, err := r.replicaAuthKey(ctx, pg, g, i, tags)
+	if err != nil {
+		return nil, err
+	}
+	cfg.AuthKey = key
+	return cfg, nil
+}
+
+// replicaAuthKey mints one single-use key per replica, only while the replica has no device
+// and holds no unused key.
+func (r *ProxyGroupReconciler) replicaAuthKey(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g group, i int, tags []string) (string, error) {
+	ns := r.Settings.Namespace
+	state := &corev1.Secret{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: ns, Name: g.stateSecret(i)}, state); client.IgnoreNotFound(err) != nil {
+		return "", err
+	}
+	if len(state.Data[contract.StateDeviceID]) > 0 {
+		return "", nil
+	}
+	cfgSecret := &corev1.Secret{}
+	switch err := r.Get(ctx, client.ObjectKey{Namespace: ns, Name: g.configSecret(i)}, cfgSecret); {
+	case err == nil:
+		if cfg, _, err := contract.ProxyConfigs.Decode(cfgSecret.Data); err == nil && cfg.AuthKey != "" {
+			return cfg.AuthKey, nil
+		}
+	case !apierrors.IsNotFound(err):
+		return "", err
+	}
+	key, err := r.Tailnet.CreateAuthKey(ctx, tailnet.AuthKeyRequest{
+		Tags: tags, Description: fmt.Sprintf("tsingress proxygroup %s replica %d", pg.Name, i), Expiry: authKeyExpiry,
+	})
+	if err != nil {
+		return "", err
+	}
+	return key.Secret.Reveal(), nil
+}
+
+func (r *ProxyGroupReconciler) secret(g group, name, typ string, i int, data map[string][]byte) *corev1.Secret {
+	labels := g.labels()
+	labels[LabelSecretType] = typ
+	labels[labelReplica] = strconv.Itoa(i)
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: r.Settings.Namespace, Labels: labels}, Data: data}
+}
+
+func (r *ProxyGroupReconciler) buildServiceAccount(g group) *corev1.ServiceAccount {
+	return &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: g.name, Namespace: r.Settings.Namespace, Labels: g.labels()}}
+}
+
+// buildRole lets the replicas read their configs and the group ConfigMap, and write their
+// state Secrets; nothing else.
+func (r *ProxyGroupReconciler) buildRole(g group, n int) *rbacv1.Role {
+	var secrets []string
+	for i := range n {
+		secrets = append(secrets, g.configSecret(i), g.stateSecret(i))
+	}
+	rules := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{g.configMap()}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"", "events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+	}
+	if len(secrets) > 0 {
+		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: secrets,
+			Verbs: []string{"get", "list", "watch", "patch", "update"}})
+	}
+	return &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: g.name, Namespace: r.Settings.Namespace, Labels: g.labels()}, Rules: rules}
+}
+
+func (r *ProxyGroupReconciler) buildRoleBinding(g group) *rbacv1.RoleBinding {
+	return &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: g.name, Namespace: r.Settings.Namespace, Labels: g.labels()},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: g.name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: g.name, Namespace: r.Settings.Namespace}},
+	}
+}
+
+// replicaSecrets lists a group's per-replica Secrets by ordinal.
+func (r *ProxyGroupReconciler) replicaSecrets(ctx context.Context, g group, typ string) (map[int]*corev1.Secret, error) {
+	list := &corev1.SecretList{}
+	labels := g.labels()
+	labels[LabelSecretType] = typ
+	if err := r.List(ctx, list, client.InNamespace(r.Settings.Namespace), client.MatchingLabels(labels)); err != nil {
+		return nil, err
+	}
+	out := map[int]*corev1.Secret{}
+	for i := range list.Items {
+		if n, err := strconv.Atoi(list.Items[i].Labels[labelReplica]); err == nil {
+			out[n] = &list.Items[i]
+		}
+	}
+	return out, nil
+}
+
+// scaleDown removes the devices and Secrets of replicas at or above n.
+func (r *ProxyGroupReconciler) scaleDown(ctx context.Context, g group, n int) error {
+	states, err := r.replicaSecrets(ctx, g, secretTypeState)
+	if err != nil {
+		return err
+	}
+	configs, err := r.replicaSecrets(ctx, g, secretTypeConfig)
+	if err != nil {
+		return err
+	}
+	for i, s := range states {
+		if i < n {
+			continue
+		}
+		if err := r.deleteDevice(ctx, s); err != nil {
+			return err
+		}
+		if err := r.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+	}
+	for i, s := range configs {
+		if i >= n {
+			if err := r.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (r *ProxyGroupReconciler) deleteDevice(ctx context.Context, state *corev1.Secret) error {
+	id := string(state.Data[contract.StateDeviceID])
+	if id == "" {
+		return nil
+	}
+	if err := r.Tailnet.DeleteDevice(ctx, id); err != nil {
+		return fmt.Errorf("deleting tailnet device %s of %s: %w", id, state.Name, err)
+	}
+	return nil
+}
+
+// delete removes every replica's device; the children go with the ProxyGroup through their
+// owner references.
+func (r *ProxyGroupReconciler) delete(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g group) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(pg, FinalizerName) {
+		return ctrl.Result{}, nil
+	}
+	if err := r.scaleDown(ctx, g, 0); err != nil {
+		return r.tailnetFailure(pg, err)
+	}
+	patch := client.MergeFrom(pg.DeepCopy())
+	controllerutil.RemoveFinalizer(pg, FinalizerName)
+	return ctrl.Result{}, client.IgnoreNotFound(r.Patch(ctx, pg, patch))
+}
+
+// devices lists the replicas whose running Pod has reported a tailnet device.
+func (r *ProxyGroupReconciler) devices(ctx context.Context, g group, n int) ([]tsv1alpha1.TailnetDevice, error) {
+	states, err := r.replicaSecrets(ctx, g, secretTypeState)
+	if err != nil {
+		return nil, err
+	}
+	var devices []tsv1alpha1.TailnetDevice
+	for i := range n {
+		s := states[i]
+		if s == nil {
+			continue
+		}
+		pod := &corev1.Pod{}
+		if err := r.Get(ctx, client.ObjectKey{Namespace: r.Settings.Namespace, Name: g.stateSecret(i)}, pod); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return nil, err
+		}
+		st, err := contract.ParseState(s.Data)
+		if err != nil || !st.CurrentFor(string(pod.UID)) || st.FQDN == "" {
+			continue
+		}
+		devices = append(devices, tsv1alpha1.TailnetDevice{Hostname: st.FQDN, TailnetIPs: st.TailnetIPs})
+	}
+	return devices, nil
+}
+
+// groupStatus collects a ProxyGroup's status during a pass.
+type groupStatus struct {
+	pg              *tsv1alpha1.ProxyGroup
+	failed          bool
+	reason, message string
+	devices         []tsv1alpha1.TailnetDevice
+	observed        bool
+}
+
+func (s *groupStatus) fail(reason, msg string) {
+	s.failed, s.reason, s.message = true, reason, msg
+}
+
+func (s *groupStatus) observe(devices []tsv1alpha1.TailnetDevice) {
+	s.devices, s.observed = devices, true
+}
+
+func (s *groupStatus) write(ctx context.Context, r *ProxyGroupReconciler) {
+	if !s.failed && !s.observed {
+		return
+	}
+	pg, gen := s.pg, s.pg.Generation
+	before := pg.DeepCopy()
+	want := replicas(pg)
+	up := len(s.devices)
+	counts := fmt.Sprintf("%d/%d replicas up on the tailnet", up, want)
+	if s.failed {
+		setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupReady, false, s.reason, s.message, gen)
+	} else if up == want {
+		setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupReady, true, ReasonProxyGroupReady, counts, gen)
+	} else {
+		setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupReady, false, ReasonProxyGroupCreating, counts, gen)
+	}
+	if s.observed {
+		pg.Status.Devices = s.devices
+		if up > 0 {
+			setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupAvailable, true, ReasonProxyGroupAvailable, counts, gen)
+		} else {
+			setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupAvailable, false, ReasonProxyGroupNoReplicas, counts, gen)
+		}
+	} else {
+		setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupAvailable, false, s.reason, s.message, gen)
+	}
+	if !equality.Semantic.DeepEqual(before.Status, pg.Status) {
+		if err := r.Status().Patch(ctx, pg, client.MergeFrom(before)); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "writing ProxyGroup status")
+		}
+	}
+}
+
+// SetupWithManager watches ProxyGroups, their children and ProxyClasses.
+func (r *ProxyGroupReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	toGroup := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		l := o.GetLabels()
+		if l[LabelManaged] != "true" || l[LabelParentType] != parentTypeProxyGroup {
+			return nil
+		}
+		return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: l[LabelParentName]}}}
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&tsv1alpha1.ProxyGroup{}).
+		Named("proxygroup").
+		Owns(&appsv1.StatefulSet{}).
+		Owns(&corev1.Secret{}).
+		Owns(&corev1.ConfigMap{}).
+		Watches(&corev1.Pod{}, toGroup).
+		Watches(&tsv1alpha1.ProxyClass{}, handler.EnqueueRequestsFromMapFunc(r.groupsForProxyClass)).
+		Complete(r)
+}
+
+func (r *ProxyGroupReconciler) groupsForProxyClass(ctx context.Context, o client.Object) []reconcile.Request {
+	list := &tsv1alpha1.ProxyGroupList{}
+	if err := r.List(ctx, list); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, pg := range list.Items {
+		name := pg.Spec.ProxyClass
+		if name == "" {
+			name = r.Settings.DefaultProxyClass
+		}
+		if name == o.GetName() {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKey{Name: pg.Name}})
+		}
+	}
+	return reqs
+}

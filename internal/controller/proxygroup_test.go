@@ -1,0 +1,155 @@
+package controller
+
+import (
+	"fmt"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+func newProxyGroup(name string, mutate func(*tsv1alpha1.ProxyGroup)) *tsv1alpha1.ProxyGroup {
+	pg := &tsv1alpha1.ProxyGroup{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: tsv1alpha1.ProxyGroupSpec{Type: tsv1alpha1.ProxyGroupTypeIngress}}
+	if mutate != nil {
+		mutate(pg)
+	}
+	Expect(k8s.Create(ctx, pg)).To(Succeed())
+	return pg
+}
+
+func nsKey(name string) client.ObjectKey {
+	return client.ObjectKey{Namespace: testSetup.Namespace, Name: name}
+}
+
+func replicaConfig(g Gomega, pg string, i int) *contract.ProxyConfig {
+	s := &corev1.Secret{}
+	g.Expect(k8s.Get(ctx, nsKey(fmt.Sprintf("%s-%d-config", pg, i)), s)).To(Succeed())
+	cfg, _, err := contract.ProxyConfigs.Decode(s.Data)
+	g.Expect(err).NotTo(HaveOccurred())
+	return cfg
+}
+
+// reportReplica plays replica i: it writes state for its live Pod.
+func reportReplica(pg string, i int, st contract.ProxyState) {
+	name := fmt.Sprintf("%s-%d", pg, i)
+	pod := &corev1.Pod{}
+	Eventually(func() error { return k8s.Get(ctx, nsKey(name), pod) }).Should(Succeed(), "replica Pod %s", name)
+	st.PodUID = string(pod.UID)
+	data, err := st.Data()
+	Expect(err).NotTo(HaveOccurred())
+	s := &corev1.Secret{}
+	Expect(k8s.Get(ctx, nsKey(name), s)).To(Succeed())
+	patch := client.MergeFrom(s.DeepCopy())
+	if s.Data == nil {
+		s.Data = map[string][]byte{}
+	}
+	for k, v := range data {
+		s.Data[k] = v
+	}
+	Expect(k8s.Patch(ctx, s, patch, client.FieldOwner("proxy"))).To(Succeed())
+}
+
+func groupCondition(name, typ string) func(g Gomega) *metav1.Condition {
+	return func(g Gomega) *metav1.Condition {
+		pg := &tsv1alpha1.ProxyGroup{}
+		g.Expect(k8s.Get(ctx, client.ObjectKey{Name: name}, pg)).To(Succeed())
+		c := meta.FindStatusCondition(pg.Status.Conditions, typ)
+		g.Expect(c).NotTo(BeNil())
+		return c
+	}
+}
+
+var _ = Describe("ProxyGroup reconciler", func() {
+	It("runs the replicas, reports readiness per replica, scales down cleanly and deletes", func() {
+		pg := newProxyGroup("edge", func(p *tsv1alpha1.ProxyGroup) {
+			p.Spec.HostnamePrefix = "edge-proxy"
+			p.Spec.Tags = []tsv1alpha1.Tag{"tag:k8s"}
+		})
+
+		By("creating one config and one state Secret per replica, the -0 replica issuing certificates")
+		var cfg0, cfg1 *contract.ProxyConfig
+		Eventually(func(g Gomega) {
+			cfg0, cfg1 = replicaConfig(g, "edge", 0), replicaConfig(g, "edge", 1)
+		}).Should(Succeed())
+		Expect(cfg0.Hostname).To(Equal("edge-proxy-0"))
+		Expect(cfg1.Hostname).To(Equal("edge-proxy-1"))
+		Expect(cfg0.TLS.CertShareMode).To(Equal(contract.CertIssuer))
+		Expect(cfg1.TLS.CertShareMode).To(Equal(contract.CertReader))
+		Expect(cfg0.AuthKey).NotTo(BeEmpty())
+		Expect(cfg0.AuthKey).NotTo(Equal(cfg1.AuthKey), "one single-use key per replica")
+		Expect(cfg0.StateSecret).To(Equal("edge-0"))
+		Expect(k8s.Get(ctx, nsKey("edge-0"), &corev1.Secret{})).To(Succeed())
+		Expect(k8s.Get(ctx, nsKey("edge"+groupConfigMapSuffix), &corev1.ConfigMap{})).To(Succeed())
+
+		sts := &appsv1.StatefulSet{}
+		Expect(k8s.Get(ctx, nsKey("edge"), sts)).To(Succeed())
+		Expect(*sts.Spec.Replicas).To(BeEquivalentTo(2))
+		Expect(sts.Spec.Template.Spec.Containers[0].Args).To(ContainElements(
+			"--config-secret=$(POD_NAME)-config", "--group-configmap=edge"+groupConfigMapSuffix))
+		Expect(metav1.IsControlledBy(sts, pg)).To(BeTrue())
+		role := &rbacv1.Role{}
+		Expect(k8s.Get(ctx, nsKey("edge"), role)).To(Succeed())
+		Expect(role.Rules).To(ContainElement(HaveField("ResourceNames", ConsistOf("edge-0-config", "edge-0", "edge-1-config", "edge-1"))))
+
+		Eventually(groupCondition("edge", tsv1alpha1.ProxyGroupReady)).Should(And(
+			HaveField("Status", metav1.ConditionFalse), HaveField("Message", ContainSubstring("0/2"))))
+
+		By("becoming available with one replica up and ready with both")
+		reportReplica("edge", 0, contract.ProxyState{DeviceID: "nEdge0", FQDN: "edge-proxy-0.tailnet.test", TailnetIPs: []string{"100.64.0.20"}})
+		Eventually(groupCondition("edge", tsv1alpha1.ProxyGroupAvailable)).Should(HaveField("Status", metav1.ConditionTrue))
+		Expect(groupCondition("edge", tsv1alpha1.ProxyGroupReady)(Default)).To(HaveField("Status", metav1.ConditionFalse))
+		reportReplica("edge", 1, contract.ProxyState{DeviceID: "nEdge1", FQDN: "edge-proxy-1.tailnet.test", TailnetIPs: []string{"100.64.0.21"}})
+		Eventually(groupCondition("edge", tsv1alpha1.ProxyGroupReady)).Should(And(
+			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", ReasonProxyGroupReady)))
+		Expect(k8s.Get(ctx, client.ObjectKey{Name: "edge"}, pg)).To(Succeed())
+		Expect(pg.Status.Devices).To(ConsistOf(
+			tsv1alpha1.TailnetDevice{Hostname: "edge-proxy-0.tailnet.test", TailnetIPs: []string{"100.64.0.20"}},
+			tsv1alpha1.TailnetDevice{Hostname: "edge-proxy-1.tailnet.test", TailnetIPs: []string{"100.64.0.21"}}))
+		Eventually(func(g Gomega) string { return replicaConfig(g, "edge", 0).AuthKey }).Should(BeEmpty(), "a logged-in replica loses its key")
+
+		By("scaling down: the surplus replica's Secrets go")
+		patch := client.MergeFrom(pg.DeepCopy())
+		pg.Spec.Replicas = ptr.To[int32](1)
+		Expect(k8s.Patch(ctx, pg, patch)).To(Succeed())
+		expectGone(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: testSetup.Namespace, Name: "edge-1"}})
+		expectGone(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: testSetup.Namespace, Name: "edge-1-config"}})
+		Eventually(func(g Gomega) int32 {
+			g.Expect(k8s.Get(ctx, nsKey("edge"), sts)).To(Succeed())
+			return *sts.Spec.Replicas
+		}).Should(BeEquivalentTo(1))
+		Eventually(groupCondition("edge", tsv1alpha1.ProxyGroupReady)).Should(And(
+			HaveField("Status", metav1.ConditionTrue), HaveField("Message", ContainSubstring("1/1"))))
+
+		By("deleting: the finalizer goes once the devices are removed, the children with their owner")
+		Expect(k8s.Delete(ctx, pg)).To(Succeed())
+		expectGone(pg)
+		expectGone(sts)
+	})
+
+	It("refuses a type it does not serve", func() {
+		pg := newProxyGroup("egress-group", func(p *tsv1alpha1.ProxyGroup) { p.Spec.Type = tsv1alpha1.ProxyGroupTypeEgress })
+		DeferCleanup(k8s.Delete, ctx, pg)
+		Eventually(groupCondition("egress-group", tsv1alpha1.ProxyGroupReady)).Should(And(
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonProxyGroupInvalid)))
+		Eventually(func(g Gomega) []string { return eventReasons(g, "ProxyGroup", "egress-group") }).Should(ContainElement(ReasonProxyGroupInvalid))
+		Expect(apierrors.IsNotFound(k8s.Get(ctx, nsKey("egress-group"), &appsv1.StatefulSet{}))).To(BeTrue())
+	})
+
+	It("waits for its ProxyClass", func() {
+		pg := newProxyGroup("classy-group", func(p *tsv1alpha1.ProxyGroup) { p.Spec.ProxyClass = "missing-class" })
+		DeferCleanup(k8s.Delete, ctx, pg)
+		Eventually(groupCondition("classy-group", tsv1alpha1.ProxyGroupReady)).Should(And(
+			HaveField("Reason", ReasonProxyGroupPending), HaveField("Message", ContainSubstring("missing-class"))))
+	})
+})
