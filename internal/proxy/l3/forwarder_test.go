@@ -1,0 +1,299 @@
+package l3
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coreos/go-iptables/iptables"
+	"github.com/google/nftables"
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	"tailscale.com/tsnet"
+)
+
+const dbName = "db.example.test."
+
+// A client node reaches, over the tailnet, the proxy node's tailnet IPs; the proxy's kernel
+// TUN hands the packets to its namespace, whose DNAT sends them to a backend namespace: TCP
+// and UDP, IPv4 and IPv6, first to fixed IPs, then to a changed one, then to the answers of a
+// DNS name as they change. Close leaves nothing behind.
+func TestForwarder(t *testing.T) {
+	needRoot(t)
+	t.Parallel()
+	env := startTailnet(t)
+	for _, mode := range []contract.FirewallMode{contract.FirewallNFTables, contract.FirewallIPTables} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			if mode == contract.FirewallIPTables {
+				if _, err := exec.LookPath("iptables"); err != nil {
+					t.Skip("kernel test: needs iptables (apt-get install iptables)")
+				}
+			}
+			testForwarder(t, env, mode)
+		})
+	}
+}
+
+func testForwarder(t *testing.T, env *tailnetEnv, mode contract.FirewallMode) {
+	ctx := t.Context()
+	top := newTopology(t)
+	dns := startDNS(t)
+	dns.set(dbName, backendC4, backendC6)
+	fwd, err := New(ctx, Options{NetNS: top.proxy.path, FirewallMode: mode, Logf: t.Logf,
+		Resolver: dns.resolver(), ResolveInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { fwd.Close(context.Background()) })
+	if got := fwd.Status().Mode; got != mode {
+		t.Fatalf("status mode %q, want %q", got, mode)
+	}
+	// Asked from a thread outside the TUN's namespace, as wireguard-go does.
+	if mtu, err := fwd.TUN().MTU(); err != nil || mtu != 1280 {
+		t.Errorf("TUN MTU = %d, %v; want 1280", mtu, err)
+	}
+	proxy := env.join(t, "proxy-"+string(mode), fwd.TUN())
+	client := env.join(t, "client-"+string(mode), nil)
+
+	ip4, ip6 := proxy.TailscaleIPs()
+	tailnetIPs := []netip.Addr{ip4, ip6}
+	if err := fwd.SetTailnetIPs(tailnetIPs); err != nil {
+		t.Fatalf("SetTailnetIPs: %v", err)
+	}
+	checkLink(t, top.proxy, tailnetIPs)
+
+	apply := func(dst contract.Destination, wantDst ...netip.Addr) {
+		t.Helper()
+		drain(fwd.Changed())
+		if err := fwd.SetMappings(ctx, []Mapping{{Name: contract.StandaloneMapping, TailnetIPs: tailnetIPs, Destination: dst}}); err != nil {
+			t.Fatalf("SetMappings(%+v): %v", dst, err)
+		}
+		waitStatus(t, fwd, tailnetIPs, wantDst)
+	}
+	expect := func(want4, want6 netip.Addr) {
+		t.Helper()
+		for _, c := range []struct {
+			dst, want netip.Addr
+		}{{ip4, want4}, {ip6, want6}} {
+			eventually(t, fmt.Sprintf("TCP to %s", c.dst), 10*time.Second, c.want.String(), func(ctx context.Context) (string, error) {
+				return tcpEcho(ctx, client, c.dst, "hello over tcp to "+c.dst.String())
+			})
+			eventually(t, fmt.Sprintf("UDP to %s", c.dst), 10*time.Second, c.want.String(), func(ctx context.Context) (string, error) {
+				return udpEcho(ctx, client, c.dst, "hello over udp to "+c.dst.String())
+			})
+		}
+	}
+
+	apply(contract.Destination{IPs: []string{backendA4.String(), backendA6.String()}}, backendA4, backendA6)
+	expect(backendA4, backendA6)
+
+	apply(contract.Destination{IPs: []string{backendB4.String(), backendB6.String()}}, backendB4, backendB6)
+	expect(backendB4, backendB6)
+
+	apply(contract.Destination{DNSName: dbName}, backendC4, backendC6)
+	expect(backendC4, backendC6)
+
+	// A changed answer moves the rules at the next lookup; the same answer in another order
+	// leaves them alone.
+	drain(fwd.Changed())
+	dns.set(dbName, backendD4, backendD6)
+	select {
+	case <-fwd.Changed():
+	case <-time.After(5 * time.Second):
+		t.Fatal("no status change after the DNS answer changed")
+	}
+	waitStatus(t, fwd, tailnetIPs, []netip.Addr{backendD4, backendD6})
+	expect(backendD4, backendD6)
+	dns.set(dbName, backendD6, backendD4)
+	for seen, deadline := dns.queries.Load(), time.Now().Add(5*time.Second); dns.queries.Load() < seen+4; { // two lookups, A and AAAA
+		if time.Now().After(deadline) {
+			t.Fatal("the forwarder stopped resolving")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case <-fwd.Changed():
+		t.Errorf("status changed after the same DNS answer in another order: %+v", fwd.Status())
+	default:
+	}
+
+	if err := fwd.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if st := fwd.Status(); len(st.Mappings) != 0 {
+		t.Errorf("status after Close: %+v, want no mappings", st)
+	}
+	if left := leftovers(t, top.proxy, mode); len(left) > 0 {
+		t.Errorf("after Close, still there:\n%s", strings.Join(left, "\n"))
+	}
+	expectUnreachable(t, top, client, ip4, ip6)
+}
+
+func drain(c <-chan struct{}) {
+	select {
+	case <-c:
+	default:
+	}
+}
+
+// waitStatus waits until the standalone mapping reports tailnetIPs forwarded to dst.
+func waitStatus(t *testing.T, fwd *Forwarder, tailnetIPs, dst []netip.Addr) {
+	t.Helper()
+	want := contract.AppliedDNAT{TailnetIPs: addrStrings(tailnetIPs), Destinations: addrStrings(dst)}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := fwd.Status().Mappings[contract.StandaloneMapping]
+		if slices.Equal(got.TailnetIPs, want.TailnetIPs) && slices.Equal(got.Destinations, want.Destinations) && got.Error == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status %+v, want %+v", got, want)
+		}
+		select {
+		case <-fwd.Changed():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// checkLink checks that the TUN holds the tailnet IPs and that the tailnet ranges route to it.
+func checkLink(t *testing.T, ns netNS, ips []netip.Addr) {
+	t.Helper()
+	h, err := netlinkHandle(ns.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	link, err := h.LinkByName("tailscale0")
+	if err != nil {
+		t.Fatalf("TUN in the proxy namespace: %v", err)
+	}
+	if link.Type() != "tuntap" || link.Attrs().Flags&unix.IFF_UP == 0 {
+		t.Errorf("TUN is %s with flags %v, want an up tuntap", link.Type(), link.Attrs().Flags)
+	}
+	addrs, err := h.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, a := range addrs {
+		if !a.IP.IsLinkLocalUnicast() {
+			got = append(got, a.IPNet.String())
+		}
+	}
+	want := []string{ips[0].String() + "/32", ips[1].String() + "/128"}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("TUN addresses %v, want %v", got, want)
+	}
+	// Other nodes' addresses, at the far ends of the ranges.
+	for _, peer := range []string{"100.127.255.254", "fd7a:115c:a1e0:ffff::1"} {
+		routes, err := h.RouteGet(netip.MustParseAddr(peer).AsSlice())
+		if err != nil || len(routes) == 0 || routes[0].LinkIndex != link.Attrs().Index {
+			t.Errorf("route to %s: %+v, %v; want through the TUN", peer, routes, err)
+		}
+	}
+}
+
+// leftovers lists what of ours is still in the namespace: the TUN, nftables tables or chains
+// (iptables-nft keeps its chains there too), iptables chains.
+func leftovers(t *testing.T, ns netNS, mode contract.FirewallMode) []string {
+	t.Helper()
+	var left []string
+	h, err := netlinkHandle(ns.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if l, err := h.LinkByName("tailscale0"); err == nil {
+		left = append(left, "link "+l.Attrs().Name)
+	}
+	f, err := os.Open(ns.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chains, err := c.ListChains()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range chains {
+		if strings.Contains(strings.ToLower(ch.Table.Name+" "+ch.Name), "tsingress") {
+			left = append(left, fmt.Sprintf("nftables chain %s %s", ch.Table.Name, ch.Name))
+		}
+	}
+	tables, err := c.ListTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range tables {
+		if strings.Contains(tb.Name, "tsingress") {
+			left = append(left, "nftables table "+tb.Name)
+		}
+	}
+	if mode != contract.FirewallIPTables {
+		return left
+	}
+	err = inNetNS(ns.path, func() error {
+		for _, proto := range []iptables.Protocol{iptables.ProtocolIPv4, iptables.ProtocolIPv6} {
+			ipt, err := iptables.New(iptables.IPFamily(proto))
+			if err != nil {
+				return err
+			}
+			for _, table := range []string{"nat", "mangle"} {
+				chains, err := ipt.ListChains(table)
+				if err != nil {
+					return err
+				}
+				for _, ch := range chains {
+					rules, err := ipt.List(table, ch)
+					if err != nil {
+						return err
+					}
+					for _, r := range rules {
+						if strings.Contains(strings.ToLower(r), "tsingress") {
+							left = append(left, fmt.Sprintf("iptables %v %s: %s", proto, table, r))
+						}
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("iptables listing: %v", err)
+	}
+	return left
+}
+
+// expectUnreachable checks that neither TCP nor UDP to the proxy's tailnet IPs reaches a
+// backend any more.
+func expectUnreachable(t *testing.T, top *topology, client *tsnet.Server, ips ...netip.Addr) {
+	t.Helper()
+	before := top.hits.Load()
+	for _, ip := range ips {
+		for proto, probe := range map[string]func(context.Context, *tsnet.Server, netip.Addr, string) (string, error){"TCP": tcpEcho, "UDP": udpEcho} {
+			ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+			if got, err := probe(ctx, client, ip, "anyone?"); err == nil {
+				t.Errorf("%s to %s still reached %s", proto, ip, got)
+			}
+			cancel()
+		}
+	}
+	if after := top.hits.Load(); after != before {
+		t.Errorf("backends saw %d connections or datagrams after Close, want none", after-before)
+	}
+}

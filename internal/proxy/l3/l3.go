@@ -1,0 +1,331 @@
+// Package l3 is the data path of the L3 proxy: tailnet packets reach a kernel TUN interface,
+// and the kernel DNATs them (package firewall) to a Kubernetes Service's ClusterIP or to the
+// resolved addresses of an ExternalName, all ports, TCP and UDP, and routes the replies back
+// into the TUN.
+//
+// A Forwarder owns the TUN device, its addresses and routes, IP forwarding and the firewall
+// rules of one network namespace. The caller hands TUN to tsnet.Server.Tun: with a TUN of its
+// own, tsnet gives packets for the node's addresses that no tsnet listener or dial of its own
+// claims to the TUN instead of its userspace stack, and sends what the kernel routes into the
+// TUN over WireGuard. Once the node is up, SetTailnetIPs and SetMappings say what to forward.
+//
+// tsnet's userspace stack still answers the ports it uses itself on the node's addresses: the
+// peer API (one TCP port) and any tsnet listener the caller opens.
+package l3
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"maps"
+	"net"
+	"net/netip"
+	"os"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tailscale/wireguard-go/tun"
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/proxy/firewall"
+	"github.com/vishvananda/netlink"
+	"tailscale.com/net/tstun"
+	"tailscale.com/types/logger"
+)
+
+// Resolver looks up DNS names; *net.Resolver is one.
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// Options configures New.
+type Options struct {
+	// NetNS is the path of the network namespace file (e.g. /run/netns/x) to create the TUN
+	// and install rules in; "" means the caller's namespace.
+	NetNS string
+	// TunName is the TUN interface's name; "" means "tailscale0".
+	TunName string
+	// MTU of the TUN; 0 means tailscale's default (1280, or TS_DEBUG_MTU).
+	MTU int
+	// FirewallMode is the DNAT backend; "" means auto (firewall.DetectMode).
+	FirewallMode contract.FirewallMode
+	// Logf receives what the forwarder does; nil means log.Printf.
+	Logf logger.Logf
+	// Resolver resolves DNS-name destinations; nil means net.DefaultResolver.
+	Resolver Resolver
+	// ResolveInterval is how often DNS-name destinations are resolved again; 0 means a minute.
+	ResolveInterval time.Duration
+}
+
+const (
+	defaultResolveInterval = time.Minute
+	lookupTimeout          = 10 * time.Second
+)
+
+// Forwarder forwards the traffic of tailnet addresses to destinations through the kernel. Its
+// methods are safe for concurrent use.
+type Forwarder struct {
+	opts Options
+	logf logger.Logf
+	nl   *netlink.Handle
+	dev  *device
+	fw   firewall.Runner
+
+	changed    chan struct{}
+	stopLookup context.CancelFunc
+	lookupDone chan struct{}
+
+	// applyMu serialises everything that changes kernel state.
+	applyMu  sync.Mutex
+	closed   bool
+	mappings []Mapping
+	resolved map[string]resolution // by nameKey
+
+	mu     sync.Mutex
+	status contract.FirewallStatus
+}
+
+// New creates the TUN device in opts.NetNS, enables IP forwarding there and prepares the
+// firewall backend. Until SetMappings, nothing is forwarded.
+func New(ctx context.Context, opts Options) (_ *Forwarder, err error) {
+	if opts.TunName == "" {
+		opts.TunName = "tailscale0"
+	}
+	if opts.MTU == 0 {
+		opts.MTU = int(tstun.DefaultTUNMTU())
+	}
+	if opts.Resolver == nil {
+		opts.Resolver = net.DefaultResolver
+	}
+	if opts.ResolveInterval <= 0 {
+		opts.ResolveInterval = defaultResolveInterval
+	}
+	f := &Forwarder{
+		opts:       opts,
+		logf:       opts.Logf,
+		changed:    make(chan struct{}, 1),
+		lookupDone: make(chan struct{}),
+		resolved:   map[string]resolution{},
+	}
+	if f.logf == nil {
+		f.logf = log.Printf
+	}
+	if f.nl, err = netlinkHandle(opts.NetNS); err != nil {
+		return nil, fmt.Errorf("netlink: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			f.nl.Close()
+		}
+	}()
+	// The firewall checks the interface name before anything is created.
+	if f.fw, err = firewall.New(ctx, firewall.Options{Mode: firewall.Mode(opts.FirewallMode), NetNS: opts.NetNS, TunName: opts.TunName}); err != nil {
+		return nil, err
+	}
+	if f.dev, err = createTUN(opts.NetNS, opts.TunName, opts.MTU, f.nl); err != nil {
+		return nil, err
+	}
+	if err = f.enableForwarding(); err != nil {
+		return nil, errors.Join(err, f.dev.remove())
+	}
+	f.status = contract.FirewallStatus{Mode: contract.FirewallMode(f.fw.Mode()), Mappings: map[string]contract.AppliedDNAT{}}
+	lookupCtx, cancel := context.WithCancel(context.Background())
+	f.stopLookup = cancel
+	go f.lookupLoop(lookupCtx)
+	f.logf("l3: TUN %s up (MTU %d), firewall mode %s", opts.TunName, opts.MTU, f.fw.Mode())
+	return f, nil
+}
+
+// enableForwarding turns IP forwarding on. A read-only /proc/sys (a container whose sysctls an
+// init container set) is fine when forwarding is on already. Without IPv6 forwarding only IPv6
+// traffic is lost, so that is logged, not fatal.
+func (f *Forwarder) enableForwarding() error {
+	if err := firewall.EnableForwarding(f.opts.NetNS, true, false); err != nil && !f.sysctlOn("/proc/sys/net/ipv4/ip_forward") {
+		return fmt.Errorf("enable IPv4 forwarding: %w", err)
+	}
+	if err := firewall.EnableForwarding(f.opts.NetNS, false, true); err != nil && !f.sysctlOn("/proc/sys/net/ipv6/conf/all/forwarding") {
+		f.logf("l3: IPv6 forwarding is off and cannot be turned on, IPv6 traffic will not be forwarded: %v", err)
+	}
+	return nil
+}
+
+func (f *Forwarder) sysctlOn(path string) bool {
+	var b []byte
+	err := inNetNS(f.opts.NetNS, func() (err error) {
+		b, err = os.ReadFile(path)
+		return err
+	})
+	return err == nil && strings.TrimSpace(string(b)) == "1"
+}
+
+// TUN is the device to set as tsnet.Server.Tun. tsnet closes it when it shuts down, and the
+// kernel then deletes the interface with its addresses and routes.
+func (f *Forwarder) TUN() tun.Device { return f.dev }
+
+// SetTailnetIPs gives the TUN interface the node's tailnet addresses, and routes the tailnet
+// ranges (100.64.0.0/10, fd7a:115c:a1e0::/48) of their families to it, so that replies to
+// tailnet clients go back into the tunnel. Call it whenever the node's addresses change.
+func (f *Forwarder) SetTailnetIPs(ips []netip.Addr) error {
+	f.applyMu.Lock()
+	defer f.applyMu.Unlock()
+	if f.closed {
+		return errors.New("l3: forwarder is closed")
+	}
+	if err := f.dev.syncLink(ips); err != nil {
+		return fmt.Errorf("l3: configure %s: %w", f.opts.TunName, err)
+	}
+	return nil
+}
+
+// SetMappings makes the installed DNAT exactly that of mappings. DNS names not resolved yet are
+// resolved first; from then on every ResolveInterval, and rules change only when an answer
+// does. A mapping that fails keeps no rules (or, when only its update failed, its previous
+// ones) and carries the error in Status; the errors are returned too.
+func (f *Forwarder) SetMappings(ctx context.Context, mappings []Mapping) error {
+	seen := map[string]bool{}
+	for _, m := range mappings {
+		if seen[m.Name] {
+			return fmt.Errorf("l3: duplicate mapping name %q", m.Name)
+		}
+		seen[m.Name] = true
+	}
+	f.applyMu.Lock()
+	defer f.applyMu.Unlock()
+	if f.closed {
+		return errors.New("l3: forwarder is closed")
+	}
+	f.mappings = mappings
+	names := dnsNames(mappings)
+	resolved := map[string]resolution{}
+	for _, name := range names {
+		r := f.resolved[name]
+		if len(r.addrs) == 0 {
+			r, _ = f.lookup(ctx, name, r)
+		}
+		resolved[name] = r
+	}
+	f.resolved = resolved
+	return f.apply(ctx)
+}
+
+// lookup resolves name and returns what to use next, and whether that changes the rules.
+func (f *Forwarder) lookup(ctx context.Context, name string, prev resolution) (resolution, bool) {
+	ctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	defer cancel()
+	// Absolute, as the CNAME that an ExternalName Service stands for: no search domains.
+	answer, err := f.opts.Resolver.LookupNetIP(ctx, "ip", name+".")
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return prev, false // closing
+	}
+	next, changed := prev.next(answer, err)
+	switch {
+	case err != nil && len(prev.addrs) > 0:
+		f.logf("l3: resolve %s: %v; keeping %v", name, err, prev.addrs)
+	case err != nil:
+		f.logf("l3: resolve %s: %v", name, err)
+	case changed:
+		f.logf("l3: %s resolves to %v", name, next.addrs)
+	}
+	return next, changed
+}
+
+// lookupLoop resolves the DNS names in use every ResolveInterval and reapplies the rules when
+// an answer changed.
+func (f *Forwarder) lookupLoop(ctx context.Context) {
+	defer close(f.lookupDone)
+	t := time.NewTicker(f.opts.ResolveInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		f.applyMu.Lock()
+		prev := maps.Clone(f.resolved)
+		f.applyMu.Unlock()
+		// Look up without the lock, so that a slow DNS server does not hold up SetMappings.
+		next := map[string]resolution{}
+		changed := false
+		for name, p := range prev {
+			r, c := f.lookup(ctx, name, p)
+			next[name], changed = r, changed || c
+		}
+		if !changed || ctx.Err() != nil {
+			continue
+		}
+		f.applyMu.Lock()
+		for name, r := range next {
+			// Names that SetMappings dropped meanwhile stay dropped.
+			if _, ok := f.resolved[name]; ok {
+				f.resolved[name] = r
+			}
+		}
+		if err := f.apply(ctx); err != nil {
+			f.logf("l3: %v", err)
+		}
+		f.applyMu.Unlock()
+	}
+}
+
+// apply installs the rules of f.mappings and publishes the status. applyMu is held.
+func (f *Forwarder) apply(ctx context.Context) error {
+	fms, errs := firewallMappings(f.mappings, f.resolved)
+	st, err := f.fw.Apply(ctx, fms)
+	f.setStatus(contractStatus(f.fw.Mode(), f.mappings, errs, st))
+	all := []error{err}
+	for name, e := range errs {
+		all = append(all, fmt.Errorf("mapping %s: %w", name, e))
+	}
+	if err := errors.Join(all...); err != nil {
+		return fmt.Errorf("l3: %w", err)
+	}
+	return nil
+}
+
+func (f *Forwarder) setStatus(st contract.FirewallStatus) {
+	f.mu.Lock()
+	same := reflect.DeepEqual(f.status, st)
+	f.status = st
+	f.mu.Unlock()
+	if !same {
+		select {
+		case f.changed <- struct{}{}:
+		default: // a notification is pending already
+		}
+	}
+}
+
+// Status reports the firewall mode and, per mapping name, the tailnet IPs and destinations
+// installed or the error that kept them out. PodUID is left for the caller to fill in.
+func (f *Forwarder) Status() contract.FirewallStatus {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return contract.FirewallStatus{Mode: f.status.Mode, Mappings: maps.Clone(f.status.Mappings)}
+}
+
+// Changed receives a value after Status changes; changes that come before the value is taken
+// are folded into one.
+func (f *Forwarder) Changed() <-chan struct{} { return f.changed }
+
+// Close removes every rule of the firewall backend and the TUN interface. A tsnet node still
+// running on the TUN loses it, so shut the node down first.
+func (f *Forwarder) Close(ctx context.Context) error {
+	f.stopLookup()
+	<-f.lookupDone
+	f.applyMu.Lock()
+	defer f.applyMu.Unlock()
+	if f.closed {
+		return nil
+	}
+	f.closed = true
+	err := errors.Join(f.fw.Cleanup(ctx), f.dev.remove())
+	f.nl.Close()
+	f.setStatus(contract.FirewallStatus{Mode: contract.FirewallMode(f.fw.Mode()), Mappings: map[string]contract.AppliedDNAT{}})
+	if err != nil {
+		return fmt.Errorf("l3: close: %w", err)
+	}
+	return nil
+}

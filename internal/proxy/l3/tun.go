@@ -1,0 +1,145 @@
+package l3
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/tailscale/wireguard-go/tun"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	"tailscale.com/net/tsaddr"
+)
+
+// device is the kernel TUN as tsnet sees it. wireguard-go asks a TUN for its MTU through a
+// socket opened on the calling thread, which names the wrong namespace when the TUN lives in
+// another one; MTU asks the TUN's own namespace over netlink instead. Everything else is the
+// native device, whose file descriptor works from any thread.
+type device struct {
+	*tun.NativeTun
+	nl    *netlink.Handle
+	index int
+}
+
+func (d *device) MTU() (int, error) {
+	l, err := d.nl.LinkByIndex(d.index)
+	if err != nil {
+		return 0, err
+	}
+	return l.Attrs().MTU, nil
+}
+
+// createTUN creates the TUN interface name in the namespace at path and brings it up.
+func createTUN(path, name string, mtu int, nl *netlink.Handle) (*device, error) {
+	var dev tun.Device
+	err := inNetNS(path, func() (err error) {
+		dev, err = tun.CreateTUN(name, mtu)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create TUN device %s: %w", name, err)
+	}
+	d := &device{NativeTun: dev.(*tun.NativeTun), nl: nl}
+	link, err := nl.LinkByName(name)
+	if err == nil {
+		d.index = link.Attrs().Index
+		err = nl.LinkSetUp(link)
+	}
+	if err != nil {
+		dev.Close()
+		return nil, fmt.Errorf("bring up TUN device %s: %w", name, err)
+	}
+	return d, nil
+}
+
+// tailnetRanges are routed into the TUN, per family, so that replies to tailnet clients go
+// back through the tunnel.
+var tailnetRanges = [2]netip.Prefix{tsaddr.CGNATRange(), tsaddr.TailscaleULARange()}
+
+func familyIndex(a netip.Addr) int {
+	if a.Is4() {
+		return 0
+	}
+	return 1
+}
+
+// syncLink gives the TUN exactly the host addresses ips (link-local ones the kernel made
+// aside) and routes the tailnet range of each family present to it.
+func (d *device) syncLink(ips []netip.Addr) error {
+	link, err := d.nl.LinkByIndex(d.index)
+	if err != nil {
+		return err
+	}
+	have, err := d.nl.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("list addresses: %w", err)
+	}
+	want := map[netip.Prefix]bool{}
+	var fams [2]bool
+	for _, ip := range ips {
+		ip = ip.Unmap()
+		want[netip.PrefixFrom(ip, ip.BitLen())] = true
+		fams[familyIndex(ip)] = true
+	}
+	var errs []error
+	for _, a := range have {
+		ip, _ := netip.AddrFromSlice(a.IP)
+		ones, _ := a.Mask.Size()
+		p := netip.PrefixFrom(ip.Unmap(), ones)
+		switch {
+		case ip.IsLinkLocalUnicast():
+		case want[p]:
+			delete(want, p)
+		default:
+			if err := d.nl.AddrDel(link, &a); err != nil {
+				errs = append(errs, fmt.Errorf("remove address %s: %w", p, err))
+			}
+		}
+	}
+	for p := range want {
+		a := &netlink.Addr{IPNet: prefixNet(p)}
+		if p.Addr().Is6() {
+			// A tunnel has no neighbours to detect duplicates with; DAD would only delay use.
+			a.Flags = unix.IFA_F_NODAD
+		}
+		if err := d.nl.AddrAdd(link, a); err != nil {
+			errs = append(errs, fmt.Errorf("add address %s: %w", p, err))
+		}
+	}
+	for i, r := range tailnetRanges {
+		route := &netlink.Route{LinkIndex: d.index, Dst: prefixNet(r)}
+		if r.Addr().Is4() {
+			route.Scope = netlink.SCOPE_LINK // as ip route picks for a route without gateway
+		}
+		if fams[i] {
+			err = d.nl.RouteReplace(route)
+		} else if err = d.nl.RouteDel(route); errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENOENT) {
+			err = nil
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("route %s: %w", r, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// remove closes the TUN, which makes the kernel delete the interface once the last reference
+// to the file goes (a pending read holds one briefly), and waits for that.
+func (d *device) remove() error {
+	err := d.NativeTun.Close()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		_, lerr := d.nl.LinkByIndex(d.index)
+		if errors.As(lerr, new(netlink.LinkNotFoundError)) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return errors.Join(err, fmt.Errorf("TUN interface %d still exists", d.index))
+		}
+	}
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
