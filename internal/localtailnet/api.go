@@ -200,15 +200,14 @@ func (s *server) apiCreateKey(w http.ResponseWriter, r *http.Request) {
 	id := "k" + randomText(10) + "CNTRL"
 	now := time.Now()
 	k := &authKey{
-		id:            id,
-		secret:        "tskey-auth-" + id + "-" + randomText(26),
-		tags:          slices.Clone(create.Tags),
-		reusable:      create.Reusable,
-		ephemeral:     create.Ephemeral,
-		preauthorized: create.Preauthorized,
-		description:   req.Description,
-		created:       now,
-		expires:       now.Add(expiry),
+		id:          id,
+		secret:      "tskey-auth-" + id + "-" + randomText(26),
+		tags:        slices.Clone(create.Tags),
+		reusable:    create.Reusable,
+		ephemeral:   create.Ephemeral,
+		description: req.Description,
+		created:     now,
+		expires:     now.Add(expiry),
 	}
 	s.mu.Lock()
 	s.keys[k.secret] = k

@@ -113,9 +113,6 @@ func (s *server) serveMachine(w http.ResponseWriter, r *http.Request, mkey key.M
 		s.serveMap(w, r, mkey)
 	case strings.HasPrefix(path, "/c2n/"):
 		s.serveC2NResult(w, r, mkey, strings.TrimPrefix(path, "/c2n/"))
-	case path == "/machine/update-health":
-		io.Copy(io.Discard, io.LimitReader(r.Body, maxBody))
-		w.WriteHeader(http.StatusNoContent)
 	default:
 		http.NotFound(w, r)
 	}

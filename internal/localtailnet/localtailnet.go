@@ -31,6 +31,8 @@
 //     domains, but nothing answers the ACME DNS-01 flow (/machine/set-dns is not served).
 //   - No ACL policy: every node may reach every other on every port; tags are labels only.
 //   - No interactive login, node key expiry or rotation, device approval, Funnel or Tailnet Lock.
+//   - Clients must be of capability version 68 or later (Tailscale 1.46+), which report
+//     endpoints and Hostinfo in non-streaming map requests only.
 //   - Ephemeral nodes are not removed when they go offline, only when deleted or logged out.
 //   - State is in memory and ends with Close.
 package localtailnet
@@ -39,6 +41,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -56,7 +59,8 @@ import (
 // Options configures a local tailnet. The zero value is ready to use.
 type Options struct {
 	// Addr is where the control server and the API listen, "127.0.0.1:0" by default. The DERP
-	// relay and STUN listen on the same IP, on ports of their own.
+	// relay and STUN listen on the same IP, on ports of their own; the DERP map and URLs name
+	// that IP, so it cannot be a wildcard.
 	Addr string
 	// Domain is the MagicDNS domain and the tailnet's name; "tailnet.test" by default.
 	Domain string
@@ -103,11 +107,15 @@ func Start(ctx context.Context, opts Options) (*LocalTailnet, error) {
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
+	if host, _, err := net.SplitHostPort(addr); err != nil || host == "" || net.ParseIP(host).IsUnspecified() {
+		return nil, fmt.Errorf("localtailnet: Addr %q must name an IP the nodes can reach, not a wildcard", addr)
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	relay, derpMap, err := startRelay(ln.Addr().(*net.TCPAddr).IP.String(), logf)
+	ip := ln.Addr().(*net.TCPAddr).IP
+	relay, derpMap, err := startRelay(ip.String(), logf)
 	if err != nil {
 		ln.Close()
 		return nil, err
@@ -160,8 +168,8 @@ func Start(ctx context.Context, opts Options) (*LocalTailnet, error) {
 		cancel:            cancel,
 	}
 	lt.stopOnCtx = context.AfterFunc(ctx, func() { lt.Close() })
-	logf("localtailnet: control server and API at %s, DERP at 127.0.0.1:%d, domain %s",
-		url, derpMap.Regions[1].Nodes[0].DERPPort, s.domain)
+	logf("localtailnet: control server and API at %s, DERP at %s:%d, domain %s",
+		url, ip, derpMap.Regions[1].Nodes[0].DERPPort, s.domain)
 	return lt, nil
 }
 

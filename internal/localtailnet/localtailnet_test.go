@@ -14,6 +14,7 @@ import (
 
 	"github.com/tsingress/tsingress/internal/localtailnet"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"tailscale.com/tailcfg"
 	"tailscale.com/tsnet"
 	"tailscale.com/types/logger"
 )
@@ -244,6 +245,21 @@ func TestServiceFailsOver(t *testing.T) {
 		}
 		echoServer(t, ln, name)
 	}
+	// Both must be hosts before the client's route is settled.
+	for name, h := range hosts {
+		lc, err := h.LocalClient()
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, name+" to be told it hosts the service", func() bool {
+			st, err := lc.StatusWithoutPeers(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, ok := st.Self.CapMap[tailcfg.NodeAttrServiceHost]
+			return ok
+		})
+	}
 	client := joinNode(t, lt, "client", mintKey(t, c, "client"))
 
 	addr := netip.AddrPortFrom(svc.Addrs[0], 80).String()
@@ -377,5 +393,13 @@ func TestStopsWithContext(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("stopping took %v", d)
+	}
+}
+
+func TestStartRejectsWildcardAddr(t *testing.T) {
+	t.Parallel()
+	if lt, err := localtailnet.Start(t.Context(), localtailnet.Options{Addr: "0.0.0.0:0"}); err == nil {
+		lt.Close()
+		t.Fatal("started on a wildcard address, which nodes cannot be told to reach")
 	}
 }

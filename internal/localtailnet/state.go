@@ -34,7 +34,6 @@ type node struct {
 	capVer    tailcfg.CapabilityVersion
 	created   time.Time
 	lastSeen  time.Time
-	authKeyID string
 
 	// stream wakes the node's streaming map poll; nil while the node is not connected.
 	stream chan struct{}
@@ -48,17 +47,17 @@ type node struct {
 	servicesAsked string
 }
 
-// authKey is a minted auth key.
+// authKey is a minted auth key. Whether it is pre-authorized does not matter: the local
+// tailnet has no device approval.
 type authKey struct {
-	id, secret    string
-	tags          []string
-	reusable      bool
-	ephemeral     bool
-	preauthorized bool
-	description   string
-	created       time.Time
-	expires       time.Time
-	used          bool
+	id, secret  string
+	tags        []string
+	reusable    bool
+	ephemeral   bool
+	description string
+	created     time.Time
+	expires     time.Time
+	used        bool
 }
 
 // service is a Tailscale Service (VIP service).
@@ -140,7 +139,6 @@ func (s *server) addNodeLocked(mkey key.MachinePublic, req *tailcfg.RegisterRequ
 		addrs:     []netip.Prefix{netip.PrefixFrom(v4, 32), netip.PrefixFrom(tsaddr.Tailscale4To6(v4), 128)},
 		created:   now,
 		lastSeen:  now,
-		authKeyID: k.id,
 	}
 	s.nodes[id] = n
 	s.changedLocked()
