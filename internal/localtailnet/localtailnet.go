@@ -3,8 +3,9 @@
 // including the OAuth client credentials grant. It is the project's default for development,
 // demos and tests; everything listens on 127.0.0.1 unless told otherwise.
 //
-// Real Tailscale clients (tailscaled, tsnet) join it with ControlURL set to [LocalTailnet.ControlURL]
-// and an auth key minted through the API, and talk to each other over DERP or directly.
+// Tailscale clients join it with their control URL set to [LocalTailnet.ControlURL] and an auth
+// key minted through the API, and talk to each other over DERP or directly. The tests use tsnet;
+// tailscaled speaks the same protocol but is not exercised here.
 // MagicDNS names are <host>.<Domain>; the default domain is "tailnet.test" (.test is reserved,
 // so it can never clash with a real name).
 //
@@ -31,8 +32,8 @@
 //     domains, but nothing answers the ACME DNS-01 flow (/machine/set-dns is not served).
 //   - No ACL policy: every node may reach every other on every port; tags are labels only.
 //   - No interactive login, node key expiry or rotation, device approval, Funnel or Tailnet Lock.
-//   - Clients must be of capability version 68 or later (Tailscale 1.46+), which report
-//     endpoints and Hostinfo in non-streaming map requests only.
+//   - Clients must be of capability version 68 or later (August 2023), which report endpoints
+//     and Hostinfo in non-streaming map requests only.
 //   - Ephemeral nodes are not removed when they go offline, only when deleted or logged out.
 //   - State is in memory and ends with Close.
 package localtailnet
