@@ -3,6 +3,7 @@ package l3
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -101,8 +102,8 @@ func testForwarder(t *testing.T, env *tailnetEnv, mode contract.FirewallMode) {
 	apply(contract.Destination{DNSName: dbName}, backendC4, backendC6)
 	expect(backendC4, backendC6)
 
-	// A changed answer moves the rules at the next lookup; the same answer in another order
-	// leaves them alone.
+	// A changed answer moves the rules at the next lookup; the same answer again changes
+	// nothing.
 	drain(fwd.Changed())
 	dns.set(dbName, backendD4, backendD6)
 	select {
@@ -112,7 +113,7 @@ func testForwarder(t *testing.T, env *tailnetEnv, mode contract.FirewallMode) {
 	}
 	waitStatus(t, fwd, tailnetIPs, []netip.Addr{backendD4, backendD6})
 	expect(backendD4, backendD6)
-	dns.set(dbName, backendD6, backendD4)
+	drain(fwd.Changed())
 	for seen, deadline := dns.queries.Load(), time.Now().Add(5*time.Second); dns.queries.Load() < seen+4; { // two lookups, A and AAAA
 		if time.Now().After(deadline) {
 			t.Fatal("the forwarder stopped resolving")
@@ -121,7 +122,7 @@ func testForwarder(t *testing.T, env *tailnetEnv, mode contract.FirewallMode) {
 	}
 	select {
 	case <-fwd.Changed():
-		t.Errorf("status changed after the same DNS answer in another order: %+v", fwd.Status())
+		t.Errorf("status changed after the same DNS answer: %+v", fwd.Status())
 	default:
 	}
 
@@ -131,7 +132,7 @@ func testForwarder(t *testing.T, env *tailnetEnv, mode contract.FirewallMode) {
 	if st := fwd.Status(); len(st.Mappings) != 0 {
 		t.Errorf("status after Close: %+v, want no mappings", st)
 	}
-	if left := leftovers(t, top.proxy, mode); len(left) > 0 {
+	if left := leftovers(t, top.proxy, mode, "tailscale0"); len(left) > 0 {
 		t.Errorf("after Close, still there:\n%s", strings.Join(left, "\n"))
 	}
 	expectUnreachable(t, top, client, ip4, ip6)
@@ -206,7 +207,7 @@ func checkLink(t *testing.T, ns netNS, ips []netip.Addr) {
 
 // leftovers lists what of ours is still in the namespace: the TUN, nftables tables or chains
 // (iptables-nft keeps its chains there too), iptables chains.
-func leftovers(t *testing.T, ns netNS, mode contract.FirewallMode) []string {
+func leftovers(t *testing.T, ns netNS, mode contract.FirewallMode, tunName string) []string {
 	t.Helper()
 	var left []string
 	h, err := netlinkHandle(ns.path)
@@ -214,7 +215,7 @@ func leftovers(t *testing.T, ns netNS, mode contract.FirewallMode) []string {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	if l, err := h.LinkByName("tailscale0"); err == nil {
+	if l, err := h.LinkByName(tunName); err == nil {
 		left = append(left, "link "+l.Attrs().Name)
 	}
 	f, err := os.Open(ns.path)
@@ -295,5 +296,114 @@ func expectUnreachable(t *testing.T, top *topology, client *tsnet.Server, ips ..
 	}
 	if after := top.hits.Load(); after != before {
 		t.Errorf("backends saw %d connections or datagrams after Close, want none", after-before)
+	}
+}
+
+// Without a tailnet: what each mapping reports, per family and on failure, and the TUN's
+// addresses following SetTailnetIPs.
+func TestForwarderStatus(t *testing.T) {
+	needRoot(t)
+	t.Parallel()
+	ns := newNetNS(t, "s")
+	dns := startDNS(t)
+	dns.set(dbName, backendC4)
+	ctx := t.Context()
+	fwd, err := New(ctx, Options{NetNS: ns.path, TunName: "ts-test0", Logf: t.Logf, Resolver: dns.resolver()})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { fwd.Close(context.Background()) })
+
+	self := addrs("100.64.0.1", "fd7a:115c:a1e0::1")
+	vip := addrs("100.100.0.1", "fd7a:115c:a1e0:ab12::1")
+	err = fwd.SetMappings(ctx, []Mapping{
+		{Name: contract.StandaloneMapping, TailnetIPs: self, Destination: contract.Destination{IPs: []string{"10.96.0.10"}}},
+		{Name: "svc:v6only", TailnetIPs: vip[:1], Destination: contract.Destination{IPs: []string{"fd00:96::10"}}},
+		{Name: "svc:dns", TailnetIPs: vip[1:], Destination: contract.Destination{DNSName: dbName}},
+		{Name: "svc:nxdomain", TailnetIPs: addrs("100.100.0.2"), Destination: contract.Destination{DNSName: "nowhere.example.test"}},
+	})
+	if err == nil || !strings.Contains(err.Error(), "svc:v6only") || !strings.Contains(err.Error(), "svc:nxdomain") {
+		t.Errorf("SetMappings error %v, want one naming svc:v6only and svc:nxdomain", err)
+	}
+	st := fwd.Status()
+	if st.Mode != contract.FirewallNFTables {
+		t.Errorf("mode %q in an empty namespace, want nftables", st.Mode)
+	}
+	for name, want := range map[string]contract.AppliedDNAT{
+		// Only the family the destination has is forwarded.
+		contract.StandaloneMapping: {TailnetIPs: []string{"100.64.0.1"}, Destinations: []string{"10.96.0.10"}},
+		"svc:v6only":               {Error: "no tailnet IP has a destination of its address family"},
+		// An IPv6 VIP with only an IPv4 answer: nothing to forward either.
+		"svc:dns":      {Error: "no tailnet IP has a destination of its address family"},
+		"svc:nxdomain": {Error: "resolve nowhere.example.test: "},
+	} {
+		got := st.Mappings[name]
+		if !slices.Equal(got.TailnetIPs, want.TailnetIPs) || !slices.Equal(got.Destinations, want.Destinations) ||
+			!strings.Contains(got.Error, want.Error) || (got.Error == "") != (want.Error == "") {
+			t.Errorf("status of %s = %+v, want %+v", name, got, want)
+		}
+	}
+	if err := fwd.SetMappings(ctx, []Mapping{{Name: "a"}, {Name: "a"}}); err == nil {
+		t.Error("SetMappings took two mappings of the same name")
+	}
+
+	h, err := netlinkHandle(ns.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	tunAddrs := func() []string {
+		l, err := h.LinkByName("ts-test0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		as, err := h.AddrList(l, netlink.FAMILY_ALL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, a := range as {
+			if !a.IP.IsLinkLocalUnicast() {
+				out = append(out, a.IPNet.String())
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	if err := fwd.SetTailnetIPs(self); err != nil {
+		t.Fatalf("SetTailnetIPs: %v", err)
+	}
+	if got, want := tunAddrs(), []string{"100.64.0.1/32", "fd7a:115c:a1e0::1/128"}; !slices.Equal(got, want) {
+		t.Errorf("TUN addresses %v, want %v", got, want)
+	}
+	// A new IPv4 address replaces the old one; without an IPv6 address the IPv6 route goes.
+	if err := fwd.SetTailnetIPs(addrs("100.64.0.9")); err != nil {
+		t.Fatalf("SetTailnetIPs: %v", err)
+	}
+	if got, want := tunAddrs(), []string{"100.64.0.9/32"}; !slices.Equal(got, want) {
+		t.Errorf("TUN addresses %v, want %v", got, want)
+	}
+	if routes, err := h.RouteGet(net.ParseIP("fd7a:115c:a1e0::2")); err == nil {
+		t.Errorf("IPv6 tailnet range still routed: %+v", routes)
+	}
+
+	// As tsnet does when it shuts down first.
+	if err := fwd.TUN().Close(); err != nil {
+		t.Fatalf("closing the TUN device: %v", err)
+	}
+	if err := fwd.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := fwd.Close(ctx); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if err := fwd.SetTailnetIPs(self); err == nil {
+		t.Error("SetTailnetIPs after Close succeeded")
+	}
+	if err := fwd.SetMappings(ctx, nil); err == nil {
+		t.Error("SetMappings after Close succeeded")
+	}
+	if left := leftovers(t, ns, contract.FirewallNFTables, "ts-test0"); len(left) > 0 {
+		t.Errorf("after Close, still there:\n%s", strings.Join(left, "\n"))
 	}
 }

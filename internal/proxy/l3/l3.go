@@ -23,6 +23,7 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -181,8 +182,9 @@ func (f *Forwarder) SetTailnetIPs(ips []netip.Addr) error {
 
 // SetMappings makes the installed DNAT exactly that of mappings. DNS names not resolved yet are
 // resolved first; from then on every ResolveInterval, and rules change only when an answer
-// does. A mapping that fails keeps no rules (or, when only its update failed, its previous
-// ones) and carries the error in Status; the errors are returned too.
+// does (a failed lookup keeps the last answer). A mapping that cannot be installed carries the
+// error in Status, and the errors are returned too; a failed kernel update keeps the mapping's
+// previous rules.
 func (f *Forwarder) SetMappings(ctx context.Context, mappings []Mapping) error {
 	seen := map[string]bool{}
 	for _, m := range mappings {
@@ -196,7 +198,7 @@ func (f *Forwarder) SetMappings(ctx context.Context, mappings []Mapping) error {
 	if f.closed {
 		return errors.New("l3: forwarder is closed")
 	}
-	f.mappings = mappings
+	f.mappings = slices.Clone(mappings)
 	names := dnsNames(mappings)
 	resolved := map[string]resolution{}
 	for _, name := range names {

@@ -137,7 +137,11 @@ func contractStatus(mode firewall.Mode, mappings []Mapping, errs map[string]erro
 	return out
 }
 
+// addrStrings renders addrs; none is nil, so that every mapping without addresses reads alike.
 func addrStrings(addrs []netip.Addr) []string {
+	if len(addrs) == 0 {
+		return nil
+	}
 	out := make([]string, len(addrs))
 	for i, a := range addrs {
 		out[i] = a.String()
