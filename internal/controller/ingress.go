@@ -2,13 +2,11 @@ package controller
 
 import (
 	"context"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -107,15 +105,9 @@ func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 // served as it stands; the reasons are reported as Events, and an existing proxy is left
 // untouched rather than torn down over a typo.
 func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.Ingress, class *tsv1alpha1.ProxyClass) (*standaloneProxy, bool, error) {
-	services := map[string]*corev1.Service{}
-	for _, name := range backendServiceNames(ing) {
-		svc := &corev1.Service{}
-		switch err := r.Get(ctx, client.ObjectKey{Namespace: ing.Namespace, Name: name}, svc); {
-		case err == nil:
-			services[name] = svc
-		case !apierrors.IsNotFound(err):
-			return nil, false, err
-		}
+	services, err := backendServices(ctx, r.Client, ing)
+	if err != nil {
+		return nil, false, err
 	}
 	ws, findings := buildWebService(ing, services)
 	tags, f := parseTags(ing, r.Settings.DefaultTags)
@@ -161,16 +153,7 @@ func (r *IngressReconciler) updateStatus(ctx context.Context, ing *networkingv1.
 		}
 		want = []networkingv1.IngressLoadBalancerIngress{{Hostname: st.HTTPSEndpoint, Ports: ports}}
 	}
-	return r.setLoadBalancer(ctx, ing, want)
-}
-
-func (r *IngressReconciler) setLoadBalancer(ctx context.Context, ing *networkingv1.Ingress, want []networkingv1.IngressLoadBalancerIngress) error {
-	if equality.Semantic.DeepEqual(ing.Status.LoadBalancer.Ingress, want) {
-		return nil
-	}
-	before := ing.DeepCopy()
-	ing.Status.LoadBalancer.Ingress = want
-	return r.Status().Patch(ctx, ing, client.MergeFrom(before))
+	return setIngressLoadBalancer(ctx, r.Client, ing, want)
 }
 
 // unserve removes the proxy of an Ingress that is deleted or no longer ours.
@@ -190,7 +173,7 @@ func (r *IngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingre
 		return ctrl.Result{RequeueAfter: cleanupPoll}, nil
 	}
 	if ing.DeletionTimestamp == nil {
-		if err := r.setLoadBalancer(ctx, ing, nil); err != nil {
+		if err := setIngressLoadBalancer(ctx, r.Client, ing, nil); err != nil {
 			return ctrl.Result{}, err
 		}
 	}

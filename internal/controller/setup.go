@@ -44,5 +44,13 @@ func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
 	if err := (&ServiceReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s}).SetupWithManager(mgr, p); err != nil {
 		return err
 	}
-	return (&ProxyGroupReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s, Tailnet: tc}).SetupWithManager(mgr)
+	if err := (&ProxyGroupReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s, Tailnet: tc}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	docs := groupDocs{Client: mgr.GetClient(), namespace: s.Namespace}
+	services := &tailscaleServices{Client: mgr.GetClient(), tailnet: tc, settings: s}
+	if err := (&HAIngressReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s}).SetupWithManager(mgr, docs, services); err != nil {
+		return err
+	}
+	return (&HAServiceReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s}).SetupWithManager(mgr, docs, services)
 }

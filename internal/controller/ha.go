@@ -1,0 +1,351 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/tailnet"
+)
+
+// Finalizers of objects served by a ProxyGroup (the original operator's names).
+const (
+	FinalizerIngressPG = "tailscale.com/ingress-pg-finalizer"
+	FinalizerServicePG = "tailscale.com/service-pg-finalizer"
+)
+
+// Reasons about objects served by a ProxyGroup.
+const (
+	ReasonProxyGroupNotFound  = "ProxyGroupNotFound"
+	ReasonProxyGroupWrongType = "ProxyGroupWrongType"
+	ReasonDuplicateHostname   = "DuplicateHostname"
+	ReasonInvalidTailscaleSvc = "InvalidTailscaleService"
+	ReasonUnsupportedIPFamily = "UnsupportedIPFamily"
+	ReasonConfigMapFull       = "ProxyGroupConfigFull"
+	annotationOwnerRefs       = "tailscale.com/owner-references"
+	serviceComment            = "managed by the tsingress operator; do not modify"
+	maxGroupDocumentBytes     = 900 << 10 // leaves room in the ConfigMap's 1 MiB for metadata
+)
+
+// groupDocs reads and writes one kind of document in ProxyGroup ConfigMaps. Each object's
+// entry is changed by read-modify-write under the ConfigMap's resourceVersion, so concurrent
+// writers never lose each other's entries; a conflict is retried by the controller.
+type groupDocs struct {
+	client.Client
+	namespace string
+}
+
+func (d groupDocs) configMap(ctx context.Context, pg string) (*corev1.ConfigMap, error) {
+	cm := &corev1.ConfigMap{}
+	err := d.Get(ctx, client.ObjectKey{Namespace: d.namespace, Name: group{pg}.configMap()}, cm)
+	return cm, err
+}
+
+func cmData(cm *corev1.ConfigMap) map[string][]byte {
+	data := map[string][]byte{}
+	for k, v := range cm.Data {
+		data[k] = []byte(v)
+	}
+	return data
+}
+
+// setServe sets (or, with ws nil, removes) one service's entry in a group's Serve config.
+func (d groupDocs) setServe(ctx context.Context, pg, svcName string, ws *contract.WebService) error {
+	cm, err := d.configMap(ctx, pg)
+	if err != nil {
+		return err
+	}
+	doc, _, err := contract.ServeConfigs.Decode(cmData(cm))
+	if err != nil {
+		doc = &contract.ServeConfig{}
+	}
+	if doc.Services == nil {
+		doc.Services = map[string]contract.WebService{}
+	}
+	if ws == nil {
+		delete(doc.Services, svcName)
+	} else {
+		doc.Services[svcName] = *ws
+	}
+	data, err := contract.ServeConfigs.Encode(doc)
+	if err != nil {
+		return err
+	}
+	return d.write(ctx, cm, data)
+}
+
+// setDNAT sets (or, with m nil, removes) one service's entry in a group's DNAT mappings.
+func (d groupDocs) setDNAT(ctx context.Context, pg, svcName string, m *contract.DNATService) error {
+	cm, err := d.configMap(ctx, pg)
+	if err != nil {
+		return err
+	}
+	doc, _, err := contract.DNATConfigs.Decode(cmData(cm))
+	if err != nil {
+		doc = &contract.DNATConfig{}
+	}
+	if doc.Services == nil {
+		doc.Services = map[string]contract.DNATService{}
+	}
+	if m == nil {
+		delete(doc.Services, svcName)
+	} else {
+		doc.Services[svcName] = *m
+	}
+	data, err := contract.DNATConfigs.Encode(doc)
+	if err != nil {
+		return err
+	}
+	return d.write(ctx, cm, data)
+}
+
+// errConfigFull says a group's documents would outgrow the ConfigMap.
+var errConfigFull = fmt.Errorf("the ProxyGroup's configuration would exceed %d KiB; spread objects over more ProxyGroups", maxGroupDocumentBytes>>10)
+
+func (d groupDocs) write(ctx context.Context, cm *corev1.ConfigMap, data map[string][]byte) error {
+	before := cm.DeepCopy()
+	if cm.Data == nil {
+		cm.Data = map[string]string{}
+	}
+	changed := false
+	for k, v := range data {
+		if cm.Data[k] != string(v) {
+			cm.Data[k], changed = string(v), true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	size := 0
+	for _, v := range cm.Data {
+		size += len(v)
+	}
+	if size > maxGroupDocumentBytes {
+		return errConfigFull
+	}
+	return d.Patch(ctx, cm, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+}
+
+// removeElsewhere removes svcName from the documents of every group but keep, so an object
+// that moved to another group, or left groups, is served only where it is now.
+func (d groupDocs) removeElsewhere(ctx context.Context, svcName, keep string) error {
+	list := &corev1.ConfigMapList{}
+	if err := d.List(ctx, list, client.InNamespace(d.namespace), client.MatchingLabels{LabelManaged: "true", LabelParentType: parentTypeProxyGroup}); err != nil {
+		return err
+	}
+	for _, cm := range list.Items {
+		pg := cm.Labels[LabelParentName]
+		if pg == keep {
+			continue
+		}
+		names := groupServices(&cm)
+		if !slices.Contains(names, svcName) {
+			continue
+		}
+		if err := d.setServe(ctx, pg, svcName, nil); err != nil {
+			return err
+		}
+		if err := d.setDNAT(ctx, pg, svcName, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// resolveGroup finds the ProxyGroup an object names, or a finding saying why it cannot serve.
+func resolveGroup(ctx context.Context, c client.Client, name string) (*tsv1alpha1.ProxyGroup, *finding, error) {
+	pg := &tsv1alpha1.ProxyGroup{}
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, pg); err != nil {
+		if apierrors.IsNotFound(err) {
+			f := warnf(ReasonProxyGroupNotFound, "ProxyGroup %q does not exist", name)
+			return nil, &f, nil
+		}
+		return nil, nil, err
+	}
+	if pg.Spec.Type != tsv1alpha1.ProxyGroupTypeIngress {
+		f := warnf(ReasonProxyGroupWrongType, "ProxyGroup %q is of type %s; only ingress ProxyGroups serve Ingresses and Services", name, pg.Spec.Type)
+		return nil, &f, nil
+	}
+	return pg, nil, nil
+}
+
+// ownerRefs is the ownership annotation of a Tailscale Service: the operators (clusters) that
+// use it. Several may share one service for multi-cluster HA; it is deleted with its last owner.
+type ownerRefs struct {
+	OwnerRefs []ownerRef `json:"ownerRefs"`
+}
+
+type ownerRef struct {
+	OperatorID string `json:"operatorID"`
+}
+
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+
+// tailscaleServices creates, shares and releases Tailscale Services on behalf of one operator.
+type tailscaleServices struct {
+	client.Client
+	tailnet  tailnet.Client
+	settings Settings
+
+	idOnce sync.Once
+	id     string
+	idErr  error
+}
+
+// operatorID identifies this operator installation among the owners of a Tailscale Service:
+// the UID of its namespace, stable for the life of the installation.
+func (t *tailscaleServices) operatorID(ctx context.Context) (string, error) {
+	t.idOnce.Do(func() {
+		ns := &corev1.Namespace{}
+		if t.idErr = t.Get(ctx, client.ObjectKey{Name: t.settings.Namespace}, ns); t.idErr == nil {
+			t.id = string(ns.UID)
+		}
+	})
+	return t.id, t.idErr
+}
+
+// errNotOurs says a Tailscale Service of that name exists and belongs to someone else.
+type errNotOurs struct{ name string }
+
+func (e errNotOurs) Error() string {
+	return fmt.Sprintf("Tailscale Service %s already exists and is not managed by this operator; delete it or choose another hostname", e.name)
+}
+
+// ensure creates or updates the Tailscale Service and returns it with its addresses.
+func (t *tailscaleServices) ensure(ctx context.Context, name string, ports, tags []string) (tailnet.Service, error) {
+	id, err := t.operatorID(ctx)
+	if err != nil {
+		return tailnet.Service{}, err
+	}
+	refs := ownerRefs{}
+	existing, err := t.tailnet.Service(ctx, name)
+	switch {
+	case err == nil:
+		raw, ok := existing.Annotations[annotationOwnerRefs]
+		if !ok || json.Unmarshal([]byte(raw), &refs) != nil {
+			return tailnet.Service{}, errNotOurs{name}
+		}
+	case !tailnet.IsNotFound(err):
+		return tailnet.Service{}, err
+	}
+	if !slices.ContainsFunc(refs.OwnerRefs, func(r ownerRef) bool { return r.OperatorID == id }) {
+		refs.OwnerRefs = append(refs.OwnerRefs, ownerRef{OperatorID: id})
+	}
+	raw, _ := json.Marshal(refs)
+	want := tailnet.Service{
+		Name: name, Ports: ports, Tags: tags, Comment: serviceComment, Addrs: existing.Addrs,
+		Annotations: map[string]string{annotationOwnerRefs: string(raw)},
+	}
+	if err == nil && slices.Equal(existing.Ports, ports) && slices.Equal(existing.Tags, tags) &&
+		existing.Annotations[annotationOwnerRefs] == string(raw) && len(existing.Addrs) > 0 {
+		return existing, nil
+	}
+	return t.tailnet.PutService(ctx, want)
+}
+
+// release drops this operator's ownership, deleting the service when no owner is left.
+func (t *tailscaleServices) release(ctx context.Context, name string) error {
+	id, err := t.operatorID(ctx)
+	if err != nil {
+		return err
+	}
+	existing, err := t.tailnet.Service(ctx, name)
+	if tailnet.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var refs ownerRefs
+	if json.Unmarshal([]byte(existing.Annotations[annotationOwnerRefs]), &refs) != nil {
+		return nil // not ours: leave it alone
+	}
+	rest := slices.DeleteFunc(refs.OwnerRefs, func(r ownerRef) bool { return r.OperatorID == id })
+	if len(rest) == 0 {
+		return t.tailnet.DeleteService(ctx, name)
+	}
+	refs.OwnerRefs = rest
+	raw, _ := json.Marshal(refs)
+	existing.Annotations[annotationOwnerRefs] = string(raw)
+	_, err = t.tailnet.PutService(ctx, existing)
+	return err
+}
+
+// advertisers counts the group's replicas whose running Pod advertises svcName, and returns
+// the tailnet domain read off their names.
+func advertisers(ctx context.Context, c client.Client, namespace string, pg *tsv1alpha1.ProxyGroup, svcName string) (n, total int, domain string, err error) {
+	g := group{pg.Name}
+	total = replicas(pg)
+	for i := range total {
+		s, pod := &corev1.Secret{}, &corev1.Pod{}
+		key := client.ObjectKey{Namespace: namespace, Name: g.stateSecret(i)}
+		if err := c.Get(ctx, key, s); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return 0, 0, "", err
+		}
+		if err := c.Get(ctx, key, pod); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return 0, 0, "", err
+		}
+		st, err := contract.ParseState(s.Data)
+		if err != nil || !st.CurrentFor(string(pod.UID)) {
+			continue
+		}
+		if _, d, ok := strings.Cut(st.FQDN, "."); ok {
+			domain = d
+		}
+		if slices.Contains(st.Advertised, svcName) {
+			n++
+		}
+	}
+	return n, total, domain, nil
+}
+
+// vipsFor picks, per family, the VIPs a Service's destination can be reached from.
+func vipsFor(addrs []netip.Addr, dest contract.Destination) []string {
+	var has4, has6 bool
+	for _, ip := range dest.IPs {
+		a, err := netip.ParseAddr(ip)
+		if err != nil {
+			continue
+		}
+		has4, has6 = has4 || a.Is4(), has6 || a.Is6()
+	}
+	var out []string
+	for _, a := range addrs {
+		// A DNS destination may resolve to either family.
+		if dest.DNSName != "" || (a.Is4() && has4) || (a.Is6() && has6) {
+			out = append(out, a.String())
+		}
+	}
+	return out
+}
+
+// firstServed reports whether a, rather than b, keeps a hostname both ask for: the one already
+// served (holding the finalizer), else the older, so the winner does not flip between passes.
+func firstServed(a, b client.Object, finalizer string) bool {
+	aServed, bServed := controllerutil.ContainsFinalizer(a, finalizer), controllerutil.ContainsFinalizer(b, finalizer)
+	if aServed != bServed {
+		return aServed
+	}
+	at, bt := a.GetCreationTimestamp(), b.GetCreationTimestamp()
+	if !at.Equal(&bt) {
+		return at.Before(&bt)
+	}
+	return a.GetUID() < b.GetUID()
+}
