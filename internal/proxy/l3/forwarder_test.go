@@ -370,6 +370,9 @@ func TestForwarderStatus(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
+	if err := fwd.SetTailnetIPs([]netip.Addr{{}}); err == nil {
+		t.Error("SetTailnetIPs took the zero address")
+	}
 	if err := fwd.SetTailnetIPs(self); err != nil {
 		t.Fatalf("SetTailnetIPs: %v", err)
 	}

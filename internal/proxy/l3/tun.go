@@ -80,6 +80,9 @@ func (d *device) syncLink(ips []netip.Addr) error {
 	var fams [2]bool
 	for _, ip := range ips {
 		ip = ip.Unmap()
+		if !ip.IsValid() || ip.IsUnspecified() || ip.IsMulticast() {
+			return fmt.Errorf("%v is not a usable tailnet address", ip)
+		}
 		want[netip.PrefixFrom(ip, ip.BitLen())] = true
 		fams[familyIndex(ip)] = true
 	}
