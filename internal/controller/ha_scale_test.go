@@ -1,0 +1,65 @@
+package controller
+
+import (
+	"fmt"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+)
+
+// 200 objects on a 2-replica group: every one gets its entry and Tailscale Service, the group's
+// Pods are never replaced, and the documents stay far below the ConfigMap limit.
+var _ = Describe("A ProxyGroup with many objects", func() {
+	It("configures 100 Ingresses and 100 Services without restarting replicas", func() {
+		pg := newProxyGroup("many", func(p *tsv1alpha1.ProxyGroup) {})
+		DeferCleanup(k8s.Delete, ctx, pg)
+		pods := map[string]string{}
+		Eventually(func(g Gomega) {
+			for i := range 2 {
+				pod := &corev1.Pod{}
+				g.Expect(k8s.Get(ctx, nsKey(fmt.Sprintf("many-%d", i)), pod)).To(Succeed())
+				pods[pod.Name] = string(pod.UID)
+			}
+		}).Should(Succeed())
+
+		ns := newNamespace()
+		newBackendService(ns, "web")
+		start := time.Now()
+		for i := range 100 {
+			newIngress(ns, fmt.Sprintf("site-%03d", i), func(ing *networkingv1.Ingress) {
+				ing.Annotations = map[string]string{AnnotationProxyGroup: "many"}
+			})
+			newService(ns, fmt.Sprintf("db-%03d", i), func(s *corev1.Service) {
+				s.Annotations = map[string]string{AnnotationProxyGroup: "many"}
+			})
+		}
+		Eventually(func(g Gomega) {
+			serve, dnat := groupDocuments(g, "many")
+			g.Expect(serve.Services).To(HaveLen(100))
+			g.Expect(dnat.Services).To(HaveLen(100))
+		}, "3m", "500ms").Should(Succeed())
+		Eventually(func(g Gomega) []string { return replicaConfig(g, "many", 1).AdvertiseServices }, "1m").Should(HaveLen(200))
+		GinkgoWriter.Printf("200 objects configured in %s\n", time.Since(start))
+
+		cm := &corev1.ConfigMap{}
+		Expect(k8s.Get(ctx, nsKey("many"+groupConfigMapSuffix), cm)).To(Succeed())
+		size := 0
+		for _, v := range cm.Data {
+			size += len(v)
+		}
+		AddReportEntry("group documents for 200 objects (bytes)", size)
+		Expect(size).To(BeNumerically("<", maxGroupDocumentBytes/10))
+		for name, uid := range pods {
+			pod := &corev1.Pod{}
+			Expect(k8s.Get(ctx, nsKey(name), pod)).To(Succeed())
+			Expect(string(pod.UID)).To(Equal(uid), "replica %s was replaced", name)
+		}
+		Expect(k8s.DeleteAllOf(ctx, &networkingv1.Ingress{}, client.InNamespace(ns))).To(Succeed())
+	})
+})
