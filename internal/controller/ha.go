@@ -349,3 +349,13 @@ func firstServed(a, b client.Object, finalizer string) bool {
 	}
 	return a.GetUID() < b.GetUID()
 }
+
+// takenBy returns the first of others, besides self, that claims the same name and keeps it.
+func takenBy[T client.Object](self T, others []T, sameName func(T) bool, finalizer string) string {
+	for _, o := range others {
+		if o.GetUID() != self.GetUID() && sameName(o) && firstServed(o, self, finalizer) {
+			return o.GetNamespace() + "/" + o.GetName()
+		}
+	}
+	return ""
+}

@@ -77,12 +77,8 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, nil
 	}
 
-	if !controllerutil.ContainsFinalizer(ing, FinalizerIngressPG) {
-		patch := client.MergeFrom(ing.DeepCopy())
-		controllerutil.AddFinalizer(ing, FinalizerIngressPG)
-		if err := r.Patch(ctx, ing, patch); err != nil {
-			return ctrl.Result{}, err
-		}
+	if err := addFinalizer(ctx, r.Client, ing, FinalizerIngressPG); err != nil {
+		return ctrl.Result{}, err
 	}
 	ports := []string{"tcp:443"}
 	if ws.HTTP != contract.HTTPOff {
@@ -136,16 +132,11 @@ func (r *HAIngressReconciler) hostnameTakenBy(ctx context.Context, ing *networki
 	if err := r.List(ctx, list); err != nil {
 		return "", err
 	}
+	others := make([]*networkingv1.Ingress, len(list.Items))
 	for i := range list.Items {
-		o := &list.Items[i]
-		if o.UID == ing.UID || !r.serves(o) || ingressHostname(o) != hostname {
-			continue
-		}
-		if firstServed(o, ing, FinalizerIngressPG) {
-			return o.Namespace + "/" + o.Name, nil
-		}
+		others[i] = &list.Items[i]
 	}
-	return "", nil
+	return takenBy(ing, others, func(o *networkingv1.Ingress) bool { return r.serves(o) && ingressHostname(o) == hostname }, FinalizerIngressPG), nil
 }
 
 func (r *HAIngressReconciler) updateStatus(ctx context.Context, ing *networkingv1.Ingress, pg *tsv1alpha1.ProxyGroup, hostname, svcName string, http bool) error {
@@ -180,9 +171,7 @@ func (r *HAIngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ing
 			return ctrl.Result{}, err
 		}
 	}
-	patch := client.MergeFrom(ing.DeepCopy())
-	controllerutil.RemoveFinalizer(ing, FinalizerIngressPG)
-	return ctrl.Result{}, client.IgnoreNotFound(r.Patch(ctx, ing, patch))
+	return ctrl.Result{}, removeFinalizer(ctx, r.Client, ing, FinalizerIngressPG)
 }
 
 // SetupWithManager watches Ingresses, backend Services, ProxyGroups and their state Secrets.

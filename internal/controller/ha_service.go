@@ -7,7 +7,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -90,12 +89,8 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		st.invalid(findings[0].reason, findingMessages(findings))
 		return ctrl.Result{}, nil
 	}
-	if !controllerutil.ContainsFinalizer(svc, FinalizerServicePG) {
-		patch := client.MergeFrom(svc.DeepCopy())
-		controllerutil.AddFinalizer(svc, FinalizerServicePG)
-		if err := r.Patch(ctx, svc, patch); err != nil {
-			return ctrl.Result{}, err
-		}
+	if err := addFinalizer(ctx, r.Client, svc, FinalizerServicePG); err != nil {
+		return ctrl.Result{}, err
 	}
 	ts, err := r.services.ensure(ctx, svcName, []string{"do-not-validate"}, cfg.Tags)
 	if err != nil {
@@ -137,16 +132,11 @@ func (r *HAServiceReconciler) hostnameTakenBy(ctx context.Context, svc *corev1.S
 	if err := r.List(ctx, list); err != nil {
 		return "", err
 	}
+	others := make([]*corev1.Service, len(list.Items))
 	for i := range list.Items {
-		o := &list.Items[i]
-		if o.UID == svc.UID || !r.serves(o) || haServiceHostname(o) != hostname {
-			continue
-		}
-		if firstServed(o, svc, FinalizerServicePG) {
-			return o.Namespace + "/" + o.Name, nil
-		}
+		others[i] = &list.Items[i]
 	}
-	return "", nil
+	return takenBy(svc, others, func(o *corev1.Service) bool { return r.serves(o) && haServiceHostname(o) == hostname }, FinalizerServicePG), nil
 }
 
 // haServiceStatus collects a Service's conditions and load-balancer status during a pass.
@@ -217,21 +207,11 @@ func (r *HAServiceReconciler) unserve(ctx context.Context, svc *corev1.Service, 
 		return r.tailnetFailure(svc, err)
 	}
 	if svc.DeletionTimestamp == nil {
-		before := svc.DeepCopy()
-		meta.RemoveStatusCondition(&svc.Status.Conditions, ConditionIngressSvcValid)
-		meta.RemoveStatusCondition(&svc.Status.Conditions, ConditionIngressSvcConfigured)
-		if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
-			svc.Status.LoadBalancer.Ingress = nil
-		}
-		if !equality.Semantic.DeepEqual(before.Status, svc.Status) {
-			if err := r.Status().Patch(ctx, svc, client.MergeFrom(before)); err != nil {
-				return ctrl.Result{}, err
-			}
+		if err := clearServiceStatus(ctx, r.Client, svc, ConditionIngressSvcValid, ConditionIngressSvcConfigured); err != nil {
+			return ctrl.Result{}, err
 		}
 	}
-	patch := client.MergeFrom(svc.DeepCopy())
-	controllerutil.RemoveFinalizer(svc, FinalizerServicePG)
-	return ctrl.Result{}, client.IgnoreNotFound(r.Patch(ctx, svc, patch))
+	return ctrl.Result{}, removeFinalizer(ctx, r.Client, svc, FinalizerServicePG)
 }
 
 // SetupWithManager watches Services, ProxyGroups and their children.

@@ -69,12 +69,8 @@ func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if !r.serves(ing) {
 		return r.unserve(ctx, ing)
 	}
-	if !controllerutil.ContainsFinalizer(ing, FinalizerName) {
-		patch := client.MergeFrom(ing.DeepCopy())
-		controllerutil.AddFinalizer(ing, FinalizerName)
-		if err := r.Patch(ctx, ing, patch); err != nil {
-			return ctrl.Result{}, err
-		}
+	if err := addFinalizer(ctx, r.Client, ing, FinalizerName); err != nil {
+		return ctrl.Result{}, err
 	}
 
 	class, notReady, err := readyProxyClass(ctx, r.Client, proxyClassName(ing, r.Settings.DefaultProxyClass))
@@ -177,9 +173,7 @@ func (r *IngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingre
 			return ctrl.Result{}, err
 		}
 	}
-	patch := client.MergeFrom(ing.DeepCopy())
-	controllerutil.RemoveFinalizer(ing, FinalizerName)
-	return ctrl.Result{}, client.IgnoreNotFound(r.Patch(ctx, ing, patch))
+	return ctrl.Result{}, removeFinalizer(ctx, r.Client, ing, FinalizerName)
 }
 
 // SetupWithManager watches Ingresses, their proxies' children, backend Services and

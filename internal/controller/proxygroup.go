@@ -70,12 +70,8 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if pg.DeletionTimestamp != nil {
 		return r.delete(ctx, pg, g)
 	}
-	if !controllerutil.ContainsFinalizer(pg, FinalizerName) {
-		patch := client.MergeFrom(pg.DeepCopy())
-		controllerutil.AddFinalizer(pg, FinalizerName)
-		if err := r.Patch(ctx, pg, patch); err != nil {
-			return ctrl.Result{}, err
-		}
+	if err := addFinalizer(ctx, r.Client, pg, FinalizerName); err != nil {
+		return ctrl.Result{}, err
 	}
 	st := groupStatus{pg: pg}
 	defer func() { st.write(ctx, r) }()
@@ -382,9 +378,7 @@ func (r *ProxyGroupReconciler) delete(ctx context.Context, pg *tsv1alpha1.ProxyG
 	if err := r.scaleDown(ctx, g, 0); err != nil {
 		return r.tailnetFailure(pg, err)
 	}
-	patch := client.MergeFrom(pg.DeepCopy())
-	controllerutil.RemoveFinalizer(pg, FinalizerName)
-	return ctrl.Result{}, client.IgnoreNotFound(r.Patch(ctx, pg, patch))
+	return ctrl.Result{}, removeFinalizer(ctx, r.Client, pg, FinalizerName)
 }
 
 // devices lists the replicas whose running Pod has reported a tailnet device.

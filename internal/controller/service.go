@@ -73,12 +73,8 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if !r.serves(svc) {
 		return r.unserve(ctx, svc)
 	}
-	if !controllerutil.ContainsFinalizer(svc, FinalizerName) {
-		patch := client.MergeFrom(svc.DeepCopy())
-		controllerutil.AddFinalizer(svc, FinalizerName)
-		if err := r.Patch(ctx, svc, patch); err != nil {
-			return ctrl.Result{}, err
-		}
+	if err := addFinalizer(ctx, r.Client, svc, FinalizerName); err != nil {
+		return ctrl.Result{}, err
 	}
 	// Status is computed from what this pass observed and written once, at the end.
 	st := serviceStatus{svc: svc}
@@ -238,20 +234,11 @@ func (r *ServiceReconciler) unserve(ctx context.Context, svc *corev1.Service) (c
 		return ctrl.Result{RequeueAfter: cleanupPoll}, nil
 	}
 	if svc.DeletionTimestamp == nil {
-		before := svc.DeepCopy()
-		meta.RemoveStatusCondition(&svc.Status.Conditions, ConditionProxyReady)
-		if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
-			svc.Status.LoadBalancer.Ingress = nil
-		}
-		if !equality.Semantic.DeepEqual(before.Status, svc.Status) {
-			if err := r.Status().Patch(ctx, svc, client.MergeFrom(before)); err != nil {
-				return ctrl.Result{}, err
-			}
+		if err := clearServiceStatus(ctx, r.Client, svc, ConditionProxyReady); err != nil {
+			return ctrl.Result{}, err
 		}
 	}
-	patch := client.MergeFrom(svc.DeepCopy())
-	controllerutil.RemoveFinalizer(svc, FinalizerName)
-	return ctrl.Result{}, client.IgnoreNotFound(r.Patch(ctx, svc, patch))
+	return ctrl.Result{}, removeFinalizer(ctx, r.Client, svc, FinalizerName)
 }
 
 // SetupWithManager watches Services, their proxies' children and ProxyClasses.
@@ -281,4 +268,19 @@ func (r *ServiceReconciler) servicesForProxyClass(ctx context.Context, o client.
 		}
 	}
 	return reqs
+}
+
+// clearServiceStatus removes what the operator reported on a Service it no longer serves.
+func clearServiceStatus(ctx context.Context, c client.Client, svc *corev1.Service, conditions ...string) error {
+	before := svc.DeepCopy()
+	for _, t := range conditions {
+		meta.RemoveStatusCondition(&svc.Status.Conditions, t)
+	}
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		svc.Status.LoadBalancer.Ingress = nil
+	}
+	if equality.Semantic.DeepEqual(before.Status, svc.Status) {
+		return nil
+	}
+	return c.Status().Patch(ctx, svc, client.MergeFrom(before))
 }
