@@ -20,6 +20,7 @@ import (
 type device struct {
 	*tun.NativeTun
 	nl    *netlink.Handle
+	name  string
 	index int
 }
 
@@ -41,7 +42,7 @@ func createTUN(path, name string, mtu int, nl *netlink.Handle) (*device, error) 
 	if err != nil {
 		return nil, fmt.Errorf("create TUN device %s: %w", name, err)
 	}
-	d := &device{NativeTun: dev.(*tun.NativeTun), nl: nl}
+	d := &device{NativeTun: dev.(*tun.NativeTun), nl: nl, name: name}
 	link, err := nl.LinkByName(name)
 	if err == nil {
 		d.index = link.Attrs().Index
@@ -129,16 +130,18 @@ func (d *device) syncLink(ips []netip.Addr) error {
 }
 
 // remove closes the TUN, which makes the kernel delete the interface once the last reference
-// to the file goes (a pending read holds one briefly), and waits for that.
+// to the file goes (a pending read holds one briefly), and waits for that. Close's own error is
+// not the measure: wireguard-go's Close races with its link listener over a wake-up pipe and
+// may report EPIPE while closing the device all the same.
 func (d *device) remove() error {
-	err := d.NativeTun.Close()
+	closeErr := d.NativeTun.Close()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		_, lerr := d.nl.LinkByIndex(d.index)
-		if errors.As(lerr, new(netlink.LinkNotFoundError)) {
-			return err
+		_, err := d.nl.LinkByIndex(d.index)
+		if errors.As(err, new(netlink.LinkNotFoundError)) {
+			return nil
 		}
 		if time.Now().After(deadline) {
-			return errors.Join(err, fmt.Errorf("TUN interface %d still exists", d.index))
+			return fmt.Errorf("TUN interface %s still exists after closing it (%v)", d.name, closeErr)
 		}
 	}
 }
