@@ -1,0 +1,387 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"tailscale.com/client/local"
+	"tailscale.com/ipn"
+	"tailscale.com/ipn/ipnstate"
+	"tailscale.com/tsnet"
+	"tailscale.com/types/logger"
+
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/proxy/secretstore"
+	"github.com/tsingress/tsingress/internal/proxy/web"
+	"github.com/tsingress/tsingress/internal/version"
+)
+
+// ingress is a standalone L7 proxy. Its fields belong to the goroutine of runIngress's loop;
+// other goroutines report to it over channels.
+type ingress struct {
+	opts   Options
+	log    *slog.Logger
+	health *health
+	rep    reporter
+	web    *web.Server
+
+	cfg     configUpdate // the config being served
+	status  nodeStatus   // the tailnet node as last seen
+	applied bool         // the web service is listening
+
+	certName   string // the name a certificate is wanted for
+	certOK     string // the name a certificate was obtained for
+	certCancel context.CancelFunc
+	certs      chan string // names a certificate was obtained for
+
+	reported map[string][]byte // the state last written; nil after a failed write
+}
+
+func runIngress(ctx context.Context, opts Options, kube kubernetes.Interface, src configSource, hl *health, first configUpdate) error {
+	cfg := first.cfg
+	dir := filepath.Join(opts.StateDir, cfg.StateSecret)
+	if opts.Namespace != "" {
+		dir = filepath.Join(opts.StateDir, opts.Namespace+"."+cfg.StateSecret)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	p := &ingress{opts: opts, log: opts.Logger, health: hl, cfg: first, certs: make(chan string)}
+	// The tailnet identity goes where the state keys go: the state Secret, or (without
+	// Kubernetes) tsnet's own file in dir.
+	var store ipn.StateStore
+	if kube != nil {
+		st, err := secretstore.New(ctx, kube.CoreV1().Secrets(opts.Namespace), cfg.StateSecret)
+		if err != nil {
+			return err
+		}
+		store, p.rep = st, st
+	} else {
+		p.rep = fileReporter{path: filepath.Join(dir, "proxy-state.json")}
+	}
+	// The first write replaces whatever a previous Pod left; failing it means the proxy cannot
+	// report at all (RBAC, say), which is worth stopping for.
+	if err := p.sync(ctx); err != nil {
+		return err
+	}
+
+	tailnetLogf := opts.TailnetLogf
+	if tailnetLogf == nil {
+		tailnetLogf = logger.Discard
+	}
+	node := &tsnet.Server{
+		Dir:           dir,
+		Store:         store,
+		Hostname:      cfg.Hostname,
+		AuthKey:       cfg.AuthKey, // used only while the state holds no login
+		ControlURL:    cfg.ControlURL,
+		AdvertiseTags: cfg.Tags,
+		Logf:          tailnetLogf,
+		UserLogf: func(format string, args ...any) {
+			p.log.Info(fmt.Sprintf(format, args...), "component", "tailnet")
+		},
+	}
+	if err := node.Start(); err != nil {
+		return err
+	}
+	defer node.Close()
+	lc, err := node.LocalClient()
+	if err != nil {
+		return err
+	}
+	certs := opts.CertSource
+	if certs == nil {
+		certs = web.TailnetCerts{Client: lc}
+	}
+	p.web = web.NewServer(web.Config{Listen: node.Listen, Certs: certs, WhoIs: lc.WhoIs, Logger: p.log})
+
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	updates := make(chan configUpdate)
+	statuses := make(chan nodeStatus)
+	go src.watch(wctx, first, updates)
+	go watchNode(wctx, lc, p.log, statuses)
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			p.shutdown()
+			return nil
+		case u := <-updates:
+			err = p.onConfig(u)
+		case st := <-statuses:
+			err = p.onStatus(wctx, st)
+		case name := <-p.certs:
+			if name == p.certName {
+				p.certOK = name
+				p.log.Info("serving HTTPS", "name", name)
+			}
+		case err = <-p.web.Errors():
+		case <-retry:
+		}
+		if err != nil {
+			p.shutdown()
+			return err
+		}
+		retry = nil
+		if p.sync(ctx) != nil {
+			retry = time.After(5 * time.Second)
+		}
+	}
+}
+
+// restartReason says why moving from old to cfg needs a new login, or "" if it does not.
+func restartReason(old, cfg *contract.ProxyConfig, loggedIn bool) string {
+	switch {
+	case old.Kind != cfg.Kind:
+		return fmt.Sprintf("kind changed from %s to %s", old.Kind, cfg.Kind)
+	case old.Hostname != cfg.Hostname:
+		return fmt.Sprintf("hostname changed from %q to %q", old.Hostname, cfg.Hostname)
+	case old.ControlURL != cfg.ControlURL:
+		return fmt.Sprintf("control URL changed from %q to %q", old.ControlURL, cfg.ControlURL)
+	case !slices.Equal(sorted(old.Tags), sorted(cfg.Tags)):
+		return fmt.Sprintf("tags changed from %v to %v", old.Tags, cfg.Tags)
+	case old.StateSecret != cfg.StateSecret:
+		return fmt.Sprintf("state Secret changed from %q to %q", old.StateSecret, cfg.StateSecret)
+	case !loggedIn && cfg.AuthKey != "" && cfg.AuthKey != old.AuthKey:
+		return "a new auth key arrived while the device is not logged in"
+	}
+	return ""
+}
+
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
+}
+
+func (p *ingress) onConfig(u configUpdate) error {
+	if u.err != nil {
+		p.log.Error("the changed config is not applied; serving the previous one", "err", u.err)
+		return nil
+	}
+	if reason := restartReason(p.cfg.cfg, u.cfg, p.status.running); reason != "" {
+		p.log.Info("restarting for a new login", "reason", reason)
+		return fmt.Errorf("%w: %s", ErrRestartRequired, reason)
+	}
+	if p.applied {
+		if err := p.web.Apply(*u.cfg.Serve); err != nil {
+			return fmt.Errorf("serving the changed config: %w", err)
+		}
+	}
+	p.cfg = u
+	p.log.Info("config applied", "config", u.cfg.String(), "version", u.version)
+	return nil
+}
+
+func (p *ingress) onStatus(ctx context.Context, st nodeStatus) error {
+	if p.status.running && !st.running {
+		p.log.Warn("the device is no longer logged in to the tailnet (logged out or deleted)")
+	}
+	p.status = st
+	if !st.running {
+		return nil
+	}
+	if !p.applied {
+		if err := p.web.Apply(*p.cfg.cfg.Serve); err != nil {
+			return err
+		}
+		p.applied = true
+		p.log.Info("logged in to the tailnet", "device", st.deviceID, "name", st.fqdn, "ips", st.ips)
+	}
+	if st.certDomain != p.certName {
+		p.obtainCertificate(ctx, st.certDomain)
+	}
+	return nil
+}
+
+// obtainCertificate gets the certificate for name in the background, retrying with backoff:
+// issuing one takes a while, and may fail until HTTPS is enabled on the tailnet.
+func (p *ingress) obtainCertificate(ctx context.Context, name string) {
+	if p.certCancel != nil {
+		p.certCancel()
+	}
+	p.certName, p.certOK = name, ""
+	p.web.SetName(name)
+	if name == "" {
+		p.log.Warn("the tailnet offers no certificate name: enable HTTPS (and MagicDNS) for the tailnet")
+		return
+	}
+	ctx, p.certCancel = context.WithCancel(ctx)
+	go func() {
+		for backoff := time.Second; ; backoff = min(2*backoff, time.Minute) {
+			err := p.web.ObtainCertificate(ctx)
+			if err == nil {
+				select {
+				case p.certs <- name:
+				case <-ctx.Done():
+				}
+				return
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			p.log.Warn("getting the certificate failed; retrying", "name", name, "in", backoff, "err", err)
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+}
+
+// sync derives the state keys and readiness from what the loop knows, and writes the keys if
+// they changed.
+func (p *ingress) sync(ctx context.Context) error {
+	st := p.status
+	state := contract.ProxyState{
+		PodUID:        p.opts.PodUID,
+		ConfigVersion: p.cfg.version,
+		ProxyVersion:  version.Version,
+	}
+	if st.running {
+		state.DeviceID, state.FQDN, state.TailnetIPs = st.deviceID, st.fqdn, st.ips
+		if p.certOK != "" && p.certOK == st.certDomain {
+			state.HTTPSEndpoint = p.certOK
+		}
+	}
+	switch {
+	case !st.running:
+		p.health.set("waiting for the tailnet login")
+	case st.certDomain == "":
+		p.health.set("no certificate name: HTTPS is not enabled for the tailnet")
+	case state.HTTPSEndpoint == "":
+		p.health.set("waiting for the certificate for " + st.certDomain)
+	default:
+		p.health.set("")
+	}
+	data, err := state.Data()
+	if err != nil {
+		return err
+	}
+	if p.reported != nil && maps.EqualFunc(data, p.reported, bytes.Equal) {
+		return nil
+	}
+	if err := p.rep.Report(ctx, data); err != nil {
+		p.reported = nil
+		p.log.Error("writing the state keys failed", "err", err)
+		return err
+	}
+	p.reported = data
+	return nil
+}
+
+func (p *ingress) shutdown() {
+	p.health.set("shutting down")
+	if p.certCancel != nil {
+		p.certCancel()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), p.opts.DrainTimeout)
+	defer cancel()
+	if err := p.web.Shutdown(ctx); err != nil {
+		p.log.Warn("requests still in flight were cut off", "err", err)
+	}
+}
+
+// nodeStatus is what the proxy reports about its tailnet node.
+type nodeStatus struct {
+	running    bool
+	deviceID   string
+	fqdn       string
+	ips        []string
+	certDomain string
+}
+
+func (a nodeStatus) equal(b nodeStatus) bool {
+	return a.running == b.running && a.deviceID == b.deviceID && a.fqdn == b.fqdn &&
+		a.certDomain == b.certDomain && slices.Equal(a.ips, b.ips)
+}
+
+func statusOf(st *ipnstate.Status) nodeStatus {
+	ns := nodeStatus{running: st.BackendState == ipn.Running.String()}
+	if !ns.running || st.Self == nil {
+		return nodeStatus{}
+	}
+	ns.deviceID = string(st.Self.ID)
+	ns.fqdn = strings.TrimSuffix(st.Self.DNSName, ".")
+	for _, ip := range st.TailscaleIPs {
+		ns.ips = append(ns.ips, ip.String())
+	}
+	if len(st.CertDomains) > 0 {
+		ns.certDomain = st.CertDomains[0]
+	}
+	return ns
+}
+
+// statusPoll catches changes that raise no event of their own, such as HTTPS being enabled for
+// the tailnet (a new certificate domain).
+const statusPoll = 15 * time.Second
+
+// watchNode sends the node's status whenever it changes.
+func watchNode(ctx context.Context, lc *local.Client, log *slog.Logger, out chan<- nodeStatus) {
+	kick := make(chan struct{}, 1)
+	go func() {
+		for ctx.Err() == nil {
+			w, err := lc.WatchIPNBus(ctx, ipn.NotifyInitialState)
+			if err != nil {
+				sleep(ctx, time.Second)
+				continue
+			}
+			for {
+				n, err := w.Next()
+				if err != nil {
+					break
+				}
+				if n.ErrMessage != nil {
+					log.Error("tailnet client error", "msg", *n.ErrMessage)
+				}
+				select {
+				case kick <- struct{}{}:
+				default:
+				}
+			}
+			w.Close()
+		}
+	}()
+	tick := time.NewTicker(statusPoll)
+	defer tick.Stop()
+	var last nodeStatus
+	first := true
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-kick:
+		case <-tick.C:
+		}
+		st, err := lc.StatusWithoutPeers(ctx)
+		if err != nil {
+			continue
+		}
+		if ns := statusOf(st); first || !ns.equal(last) {
+			select {
+			case out <- ns:
+			case <-ctx.Done():
+				return
+			}
+			last, first = ns, false
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+}

@@ -1,0 +1,150 @@
+// Package proxy runs a tsingress proxy: it reads its config (contract.ProxyConfig) from a
+// Kubernetes Secret or a directory, joins the tailnet, serves what the config says, and reports
+// its state back (contract.ProxyState).
+//
+// Only kind "ingress" (standalone L7) is implemented; Run dispatches on the kind, so that the
+// other kinds can be added beside it.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"tailscale.com/types/logger"
+
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/proxy/web"
+)
+
+// ErrRestartRequired is returned by Run when the config changed in a way that needs a new
+// tailnet login (hostname, tags, control URL, state Secret, kind, or an auth key while not yet
+// logged in). The caller exits so that the kubelet (or whatever supervises the process) starts
+// the proxy again, which then logs in with the new settings: the device stays the same, since
+// its identity is in the state Secret.
+var ErrRestartRequired = errors.New("the config changed in a way that needs a restart")
+
+// Options configures Run.
+type Options struct {
+	// ConfigSecret names the Secret holding the proxy config, read and watched through the API
+	// (Kubernetes mode). Otherwise ConfigDir is a directory holding it, polled for changes.
+	ConfigSecret string
+	ConfigDir    string
+	// ConfigPollInterval is how often ConfigDir is read; one second by default.
+	ConfigPollInterval time.Duration
+
+	// Kube reaches the API server. It is required with ConfigSecret; with ConfigDir it is
+	// optional and, when set, the state goes to the config's state Secret as in Kubernetes mode.
+	// Without it the tailnet state is a file in StateDir and the state keys go to
+	// StateDir/<stateSecret>/proxy-state.json.
+	Kube *rest.Config
+	// Namespace of the config and state Secrets.
+	Namespace string
+	// PodUID is reported as pod_uid, so the operator can tell current state from stale.
+	PodUID string
+
+	// StateDir holds the tailnet client's working files (and, without Kube, its state), in a
+	// subdirectory per proxy.
+	StateDir string
+
+	// HealthAddr is where /healthz and /readyz are served; empty serves nothing.
+	// HealthListener, if set, is used instead.
+	HealthAddr     string
+	HealthListener net.Listener
+
+	// CertSource supplies the HTTPS certificate; nil uses the tailnet's certificate flow.
+	CertSource web.CertSource
+
+	// DrainTimeout bounds how long shutdown waits for requests in flight; 10s by default.
+	DrainTimeout time.Duration
+
+	// Logger receives the proxy's logs; nil uses slog.Default().
+	Logger *slog.Logger
+	// TailnetLogf receives the tailnet client's verbose logs; nil discards them.
+	TailnetLogf logger.Logf
+}
+
+// Run runs the proxy until ctx ends (then it shuts down gracefully and returns nil), the config
+// needs a restart (ErrRestartRequired), or it fails.
+func Run(ctx context.Context, opts Options) error {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.ConfigPollInterval <= 0 {
+		opts.ConfigPollInterval = time.Second
+	}
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = 10 * time.Second
+	}
+	if opts.StateDir == "" {
+		opts.StateDir = filepath.Join(os.TempDir(), "tsingress-proxy")
+	}
+	kube, src, err := source(opts)
+	if err != nil {
+		return err
+	}
+	cfg, version, err := src.load(ctx)
+	if err != nil {
+		return err
+	}
+	opts.Logger.Info("config loaded", "config", cfg.String(), "version", version)
+	var run runner
+	switch cfg.Kind {
+	case contract.KindIngress:
+		run = runIngress
+	default:
+		return fmt.Errorf("proxy kind %q is not supported by this proxy build yet", cfg.Kind)
+	}
+
+	hl := newHealth()
+	stopHealth, err := hl.serve(opts)
+	if err != nil {
+		return err
+	}
+	defer stopHealth()
+	return run(ctx, opts, kube, src, hl, newUpdate(cfg, version, nil))
+}
+
+// runner runs one kind of proxy from its first config until ctx ends.
+type runner func(ctx context.Context, opts Options, kube kubernetes.Interface, src configSource, hl *health, first configUpdate) error
+
+// LoadConfig reads the proxy config once, from where opts say, as Run does first.
+func LoadConfig(ctx context.Context, opts Options) (*contract.ProxyConfig, int, error) {
+	_, src, err := source(opts)
+	if err != nil {
+		return nil, 0, err
+	}
+	return src.load(ctx)
+}
+
+func source(opts Options) (kubernetes.Interface, configSource, error) {
+	var kube kubernetes.Interface
+	if opts.Kube != nil {
+		if opts.Namespace == "" {
+			return nil, nil, errors.New("a namespace is required to use the Kubernetes API")
+		}
+		var err error
+		if kube, err = kubernetes.NewForConfig(opts.Kube); err != nil {
+			return nil, nil, err
+		}
+	}
+	switch {
+	case opts.ConfigSecret != "" && opts.ConfigDir != "":
+		return nil, nil, errors.New("set either a config Secret or a config directory, not both")
+	case opts.ConfigSecret != "":
+		if kube == nil {
+			return nil, nil, errors.New("a config Secret needs access to the Kubernetes API")
+		}
+		return kube, &secretSource{client: kube, namespace: opts.Namespace, name: opts.ConfigSecret, log: opts.Logger}, nil
+	case opts.ConfigDir != "":
+		return kube, &dirSource{dir: opts.ConfigDir, interval: opts.ConfigPollInterval}, nil
+	}
+	return nil, nil, errors.New("no config Secret or config directory")
+}
