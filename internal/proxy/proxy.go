@@ -31,6 +31,12 @@ import (
 // its identity is in the state Secret.
 var ErrRestartRequired = errors.New("the config changed in a way that needs a restart")
 
+// ConfigError reports that the proxy config could not be read or is invalid.
+type ConfigError struct{ Err error }
+
+func (e *ConfigError) Error() string { return e.Err.Error() }
+func (e *ConfigError) Unwrap() error { return e.Err }
+
 // Options configures Run.
 type Options struct {
 	// ConfigSecret names the Secret holding the proxy config, read and watched through the API
@@ -92,7 +98,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	cfg, version, err := src.load(ctx)
 	if err != nil {
-		return err
+		return &ConfigError{err}
 	}
 	opts.Logger.Info("config loaded", "config", cfg.String(), "version", version)
 	var run runner
@@ -121,7 +127,11 @@ func LoadConfig(ctx context.Context, opts Options) (*contract.ProxyConfig, int, 
 	if err != nil {
 		return nil, 0, err
 	}
-	return src.load(ctx)
+	cfg, v, err := src.load(ctx)
+	if err != nil {
+		return nil, 0, &ConfigError{err}
+	}
+	return cfg, v, nil
 }
 
 func source(opts Options) (kubernetes.Interface, configSource, error) {

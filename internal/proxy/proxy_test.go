@@ -28,8 +28,7 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/localtailnet"
 	"github.com/tsingress/tsingress/internal/proxy"
-	"github.com/tsingress/tsingress/internal/proxy/internal/kubetest"
-	"github.com/tsingress/tsingress/internal/proxy/internal/testca"
+	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
@@ -46,7 +45,7 @@ const ns = "tailscale"
 type world struct {
 	lt     *localtailnet.LocalTailnet
 	api    *tailnet.APIClient
-	ca     *testca.CA
+	ca     *proxytest.CA
 	a, b   *backend
 	client *tsnet.Server
 	logs   *logBuffer
@@ -67,7 +66,7 @@ func newWorld(t *testing.T) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &world{lt: lt, api: api, ca: testca.New(t), a: newBackend(t, "a"), b: newBackend(t, "b"), logs: &logBuffer{}}
+	w := &world{lt: lt, api: api, ca: proxytest.NewCA(t), a: newBackend(t, "a"), b: newBackend(t, "b"), logs: &logBuffer{}}
 	w.client = &tsnet.Server{
 		Dir: t.TempDir(), ControlURL: lt.ControlURL, Hostname: "client", Store: new(mem.Store), Ephemeral: true,
 		AuthKey: w.mintKey(t).Secret.Reveal(), Logf: logger.Discard, UserLogf: logger.Discard,
@@ -258,7 +257,7 @@ func waitDone(t *testing.T, done <-chan error) error {
 // The proxy in Kubernetes mode: config from a Secret in a real apiserver, identity and state in
 // the same Secret, served over a real local tailnet to another device.
 func TestRunFromSecret(t *testing.T) {
-	env := kubetest.Start(t)
+	env := proxytest.StartKube(t)
 	w := newWorld(t)
 	secrets := env.Client.CoreV1().Secrets(ns)
 	key := w.mintKey(t)

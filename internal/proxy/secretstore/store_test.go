@@ -15,7 +15,7 @@ import (
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/localtailnet"
-	"github.com/tsingress/tsingress/internal/proxy/internal/kubetest"
+	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/proxy/secretstore"
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 const ns = "tailscale"
 
 func TestStore(t *testing.T) {
-	env := kubetest.Start(t)
+	env := proxytest.StartKube(t)
 	secrets := env.Client.CoreV1().Secrets(ns)
 	env.Secret(t, ns, "web-0", map[string][]byte{
 		"proxy-config.v1.json": []byte(`{"version":1}`),
@@ -156,7 +156,7 @@ func TestStore(t *testing.T) {
 
 // A node that restarts on the same Secret is the same device and needs no auth key: the
 // single-use key it joined with could not be used twice anyway.
-func testRestartKeepsDevice(t *testing.T, env *kubetest.Env) {
+func testRestartKeepsDevice(t *testing.T, env *proxytest.Kube) {
 	lt, err := localtailnet.Start(t.Context(), localtailnet.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -26,7 +26,7 @@ import (
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/localtailnet"
-	"github.com/tsingress/tsingress/internal/proxy/internal/testca"
+	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/proxy/web"
 )
 
@@ -113,7 +113,7 @@ func (b *backend) seen() seen {
 }
 
 // client sends requests from a tailnet node to the proxy node's address, trusting the test CA.
-func client(node *tsnet.Server, proxyIP netip.Addr, ca *testca.CA) *http.Client {
+func client(node *tsnet.Server, proxyIP netip.Addr, ca *proxytest.CA) *http.Client {
 	return &http.Client{
 		Transport: &http.Transport{
 			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -181,7 +181,7 @@ func TestServer(t *testing.T) {
 
 	a, b := newBackend(t, "a", false), newBackend(t, "b", false)
 	secure := newBackend(t, "secure", true)
-	ca := testca.New(t)
+	ca := proxytest.NewCA(t)
 	var logs logBuffer
 	srv := web.NewServer(web.Config{
 		Listen: proxyNode.Listen, Certs: ca, WhoIs: lc.WhoIs,

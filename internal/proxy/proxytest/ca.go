@@ -1,6 +1,4 @@
-// Package testca is a certificate authority generated in a test: a web.CertSource that issues
-// certificates for any name, and the pool a client needs to trust them.
-package testca
+package proxytest
 
 import (
 	"context"
@@ -16,7 +14,8 @@ import (
 	"time"
 )
 
-// CA issues leaf certificates signed by its own root.
+// CA is a certificate authority generated in a test: a web.CertSource that issues
+// certificates for any name, and the pool a client needs to trust them.
 type CA struct {
 	root    *x509.Certificate
 	rootKey *ecdsa.PrivateKey
@@ -34,8 +33,8 @@ func (ca *CA) Backdate(age time.Duration) {
 	ca.age = age
 }
 
-// New generates a root valid for an hour.
-func New(t testing.TB) *CA {
+// NewCA generates a root.
+func NewCA(t testing.TB) *CA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

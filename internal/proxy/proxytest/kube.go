@@ -1,5 +1,6 @@
-// Package kubetest starts a real kube-apiserver and etcd (envtest) for the proxy's tests.
-package kubetest
+// Package proxytest holds what the proxy's tests share: a real kube-apiserver and etcd
+// (envtest), and a certificate authority standing in for the ACME flow.
+package proxytest
 
 import (
 	"context"
@@ -14,15 +15,17 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
-// Env is a running apiserver with a client for it.
-type Env struct {
+// Kube is a running apiserver with a client for it.
+type Kube struct {
 	Config *rest.Config
 	Client kubernetes.Interface
+	// KubeConfig is a kubeconfig file's content for the apiserver.
+	KubeConfig []byte
 }
 
-// Start runs an apiserver for the test. It fails the test, rather than skipping it, when
+// StartKube runs an apiserver for the test. It fails the test, rather than skipping it, when
 // KUBEBUILDER_ASSETS is unset: CI always sets it, so a skip would hide a broken setup.
-func Start(t testing.TB) *Env {
+func StartKube(t testing.TB) *Kube {
 	t.Helper()
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		t.Fatal("KUBEBUILDER_ASSETS must point at kube-apiserver and etcd: run the tests with `make test`")
@@ -41,11 +44,11 @@ func Start(t testing.TB) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Env{Config: cfg, Client: cs}
+	return &Kube{Config: cfg, Client: cs, KubeConfig: te.KubeConfig}
 }
 
 // Secret creates a Secret with data in namespace, creating the namespace if needed.
-func (e *Env) Secret(t testing.TB, namespace, name string, data map[string][]byte) {
+func (e *Kube) Secret(t testing.TB, namespace, name string, data map[string][]byte) {
 	t.Helper()
 	ctx := context.Background()
 	_, err := e.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{})
