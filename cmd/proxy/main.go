@@ -1,5 +1,10 @@
 // Command proxy joins the tailnet and serves what its config says: HTTPS reverse proxying for
 // an Ingress, kernel DNAT for a Service, or both for a ProxyGroup replica.
+//
+// In a Pod it runs with --config-secret=<Secret> and the env POD_NAMESPACE and POD_UID (from
+// the downward API); its service account needs get, list, watch and patch on its config and
+// state Secrets. SIGTERM drains requests in flight; a config change that needs a new login
+// (hostname, tags, control URL) makes it exit with status 0 for the kubelet to restart it.
 package main
 
 import (

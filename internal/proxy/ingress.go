@@ -255,15 +255,16 @@ func (p *ingress) sync(ctx context.Context) error {
 			state.HTTPSEndpoint = p.certOK
 		}
 	}
+	// Readiness changes after the state is written, so that a ready proxy has reported it.
 	switch {
 	case !st.running:
-		p.health.set("waiting for the tailnet login")
+		defer p.health.set("waiting for the tailnet login")
 	case st.certDomain == "":
-		p.health.set("no certificate name: HTTPS is not enabled for the tailnet")
+		defer p.health.set("no certificate name: HTTPS is not enabled for the tailnet")
 	case state.HTTPSEndpoint == "":
-		p.health.set("waiting for the certificate for " + st.certDomain)
+		defer p.health.set("waiting for the certificate for " + st.certDomain)
 	default:
-		p.health.set("")
+		defer p.health.set("")
 	}
 	data, err := state.Data()
 	if err != nil {
@@ -351,6 +352,7 @@ func watchNode(ctx context.Context, lc *local.Client, log *slog.Logger, out chan
 				}
 			}
 			w.Close()
+			sleep(ctx, time.Second)
 		}
 	}()
 	tick := time.NewTicker(statusPoll)

@@ -33,6 +33,8 @@ type Store struct {
 	secrets corev1client.SecretInterface
 	name    string
 
+	writeMu sync.Mutex // keeps writes in order, without holding up reads
+
 	mu    sync.Mutex
 	cache map[string][]byte // the tailnet client's keys as stored (prefixed); this Store is their only writer
 }
@@ -73,11 +75,13 @@ func (s *Store) WriteState(id ipn.StateKey, bs []byte) error {
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 	defer cancel()
 	key := SecretKey(id)
-	s.mu.Lock()
-	defer s.mu.Unlock() // held across the patch so that writes of one key land in order
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
 	if err := s.patch(ctx, map[string][]byte{key: bs}); err != nil {
 		return err
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if bs == nil {
 		delete(s.cache, key)
 	} else {
@@ -88,18 +92,24 @@ func (s *Store) WriteState(id ipn.StateKey, bs []byte) error {
 
 // Report sets the given keys (the contract's State* keys); a nil or empty value removes its key.
 func (s *Store) Report(ctx context.Context, data map[string][]byte) error {
-	for k := range data {
+	set := make(map[string][]byte, len(data))
+	for k, v := range data {
 		if isTailscaleKey(k) {
 			return fmt.Errorf("key %q is reserved for the tailnet client", k)
 		}
+		if len(v) > 0 {
+			set[k] = v
+		} else {
+			set[k] = nil
+		}
 	}
-	return s.patch(ctx, data)
+	return s.patch(ctx, set)
 }
 
 func (s *Store) patch(ctx context.Context, data map[string][]byte) error {
 	set := make(map[string]any, len(data))
 	for k, v := range data {
-		if len(v) == 0 {
+		if v == nil {
 			set[k] = nil // merge patch: remove
 		} else {
 			set[k] = v // encoded as base64, as Secret data is

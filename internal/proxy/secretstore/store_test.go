@@ -56,6 +56,7 @@ func TestStore(t *testing.T) {
 			"a/b:c":                "odd",
 			"a_2fb_3ac":            "not the same as a/b:c",
 			contract.StateDeviceID: "tailscale's own device_id key",
+			"_empty":               "",
 		}
 		for k, v := range writes {
 			if err := st.WriteState(k, []byte(v)); err != nil {
