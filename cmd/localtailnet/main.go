@@ -1,11 +1,14 @@
 // Command localtailnet runs a tailnet on this machine (control server, DERP relay, STUN,
-// MagicDNS and the Tailscale API subset the operator uses) until interrupted.
+// MagicDNS, the Tailscale API subset the operator uses and, unless -acme=false, an ACME CA
+// that issues the nodes' certificates) until interrupted.
 //
-//	localtailnet [-addr 127.0.0.1:0] [-domain tailnet.test] [-dir DIR] [-tags tag:k8s,tag:k8s-operator] [-v]
+//	localtailnet [-addr 127.0.0.1:0] [-domain tailnet.test] [-dir DIR] [-tags tag:k8s,tag:k8s-operator] [-acme] [-v]
 //
 // It prints the control URL (for `tailscale up --login-server` or tsnet's ControlURL), the API
 // base URL and the paths of the files holding the OAuth client ID and secret, the layout the
-// operator's -client-id-file and -client-secret-file expect.
+// operator's -client-id-file and -client-secret-file expect. With the CA it also prints its
+// directory URL, the file with the roots that verify the certificates it issues, and the
+// environment a tailscaled or proxy process needs to get certificates from it.
 package main
 
 import (
@@ -37,12 +40,13 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	domain := fs.String("domain", "tailnet.test", "MagicDNS domain of the tailnet.")
 	dir := fs.String("dir", "", "Directory for the OAuth client files; a temporary one, removed on exit, by default.")
 	tags := fs.String("tags", "tag:k8s,tag:k8s-operator", "Comma-separated tags the OAuth client may mint keys for.")
-	verbose := fs.Bool("v", false, "Log control server and API activity to stderr.")
+	withACME := fs.Bool("acme", true, "Run an ACME CA (Pebble) that issues the nodes' certificates through DNS-01; implies HTTPS.")
+	verbose := fs.Bool("v", false, "Log control server, API and CA activity to stderr.")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 
-	opts := localtailnet.Options{Addr: *addr, Domain: *domain}
+	opts := localtailnet.Options{Addr: *addr, Domain: *domain, ACME: *withACME}
 	for _, t := range strings.Split(*tags, ",") {
 		if t = strings.TrimSpace(t); t != "" {
 			opts.AllowedTags = append(opts.AllowedTags, t)
@@ -83,9 +87,20 @@ Mint an auth key and join:
   TOKEN=$(curl -s -d grant_type=client_credentials --data-urlencode client_id@%[5]s --data-urlencode client_secret@%[6]s %[3]s/api/v2/oauth/token | jq -r .access_token)
   KEY=$(curl -s -H "Authorization: Bearer $TOKEN" -d '{"capabilities":{"devices":{"create":{"preauthorized":true,"tags":["%[8]s"]}}}}' %[3]s/api/v2/tailnet/-/keys | jq -r .key)
   tailscale up --login-server %[2]s --auth-key "$KEY"
-
-Ctrl-C stops it.
 `, lt.Domain, lt.ControlURL, lt.APIBaseURL, lt.OAuthClientID, idFile, secretFile, strings.Join(opts.AllowedTags, ","), opts.AllowedTags[0])
+	if ca := lt.ACME; ca != nil {
+		fmt.Fprintf(stdout, `
+ACME CA for the nodes' certificates (DNS-01 through the tailnet)
+  ACME directory:     %s
+  CA roots file:      %s
+  API root file:      %s
+  challenge DNS:      %s
+
+A tailscaled or proxy process gets certificates from it when started with:
+  %s
+`, ca.DirectoryURL, ca.RootsFile, ca.APIRootFile, lt.DNSAddr, strings.Join(ca.Env(), " "))
+	}
+	fmt.Fprintln(stdout, "\nCtrl-C stops it.")
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "shutting down")
 	return lt.Close()

@@ -3,8 +3,12 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"regexp"
 	"testing"
@@ -13,7 +17,8 @@ import (
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
-// The command prints URLs and credential files that work, and shuts down cleanly when told to.
+// The command prints URLs, credential files and CA files that work, and shuts down cleanly when
+// told to.
 func TestRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -26,15 +31,15 @@ func TestRun(t *testing.T) {
 	}()
 
 	fields := map[string]string{}
-	line := regexp.MustCompile(`^\s+(API base URL|client ID file|client secret file|control URL):\s+(\S+)$`)
+	line := regexp.MustCompile(`^\s+(API base URL|client ID file|client secret file|control URL|ACME directory|CA roots file|API root file):\s+(\S+)$`)
 	sc := bufio.NewScanner(out)
-	for sc.Scan() && len(fields) < 4 {
+	for sc.Scan() && len(fields) < 7 {
 		if m := line.FindStringSubmatch(sc.Text()); m != nil {
 			fields[m[1]] = m[2]
 		}
 	}
 	go io.Copy(io.Discard, out)
-	if len(fields) < 4 {
+	if len(fields) < 7 {
 		t.Fatalf("output lacks URLs or files: %v", fields)
 	}
 	if fields["client ID file"] != filepath.Join(dir, "client_id") {
@@ -52,6 +57,31 @@ func TestRun(t *testing.T) {
 	if _, err := c.CreateAuthKey(ctx, tailnet.AuthKeyRequest{Tags: []string{"tag:web"}}); err != nil {
 		t.Fatalf("minting a key with the printed credentials: %v", err)
 	}
+
+	// The CA's directory answers over HTTPS under the printed API root, and the printed roots
+	// file holds the roots of the certificates it issues.
+	apiRoots, roots := x509.NewCertPool(), x509.NewCertPool()
+	for pool, file := range map[*x509.CertPool]string{apiRoots: fields["API root file"], roots: fields["CA roots file"]} {
+		pem, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			t.Errorf("no certificate in %s", file)
+		}
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: apiRoots}}}
+	res, err := hc.Get(fields["ACME directory"])
+	if err != nil {
+		t.Fatalf("ACME directory: %v", err)
+	}
+	var directory struct{ NewOrder string }
+	err = json.NewDecoder(res.Body).Decode(&directory)
+	res.Body.Close()
+	if err != nil || directory.NewOrder == "" {
+		t.Errorf("ACME directory: %v, newOrder %q", err, directory.NewOrder)
+	}
+	hc.CloseIdleConnections()
 
 	cancel()
 	select {

@@ -26,6 +26,7 @@ type server struct {
 	logf        logger.Logf
 	domain      string
 	https       bool
+	dns         *dnsServer // with https only
 	derpMap     *tailcfg.DERPMap
 	noiseKey    key.MachinePrivate
 	allowedTags []string
@@ -111,6 +112,8 @@ func (s *server) serveMachine(w http.ResponseWriter, r *http.Request, mkey key.M
 		s.serveRegister(w, r, mkey)
 	case path == "/machine/map":
 		s.serveMap(w, r, mkey)
+	case path == "/machine/set-dns":
+		s.serveSetDNS(w, r, mkey)
 	case strings.HasPrefix(path, "/c2n/"):
 		s.serveC2NResult(w, r, mkey, strings.TrimPrefix(path, "/c2n/"))
 	default:

@@ -26,10 +26,22 @@
 //     (the service-host node attribute) and its peers route them to it, one host per peer,
 //     spread by node ID, among hosts that are connected. Advertising is approval enough.
 //
+// # Certificates
+//
+// With Options.HTTPS a node's cert domains (netmap CertDomains) are its MagicDNS name and the
+// Tailscale Services it hosts, and /machine/set-dns publishes the TXT record
+// _acme-challenge.<cert domain> that tailscaled's ACME client asks for, into a DNS server at
+// LocalTailnet.DNSAddr; any other name is refused with 403. Options.ACME adds the CA that
+// checks those records (package localacme), so tailscaled's own certificate flow
+// (LocalClient.CertPair, GetCertificate, Serve's TLS) runs end to end once the node's process
+// has LocalTailnet.ACME.Env(). Before set-dns, tailscaled looks the record up once through the
+// system resolver (best effort, 500 ms at most, to skip set-dns if the record is already
+// public); that query is the only traffic that leaves loopback.
+//
 // # What it does not do
 //
-//   - No certificates: with Options.HTTPS the API reports HTTPS as enabled and nodes get cert
-//     domains, but nothing answers the ACME DNS-01 flow (/machine/set-dns is not served).
+//   - No wildcard certificates (the node attribute for subdomains is never granted), no
+//     TLS-ALPN-01 (it serves Funnel only), no rate limit on set-dns.
 //   - No ACL policy: every node may reach every other on every port; tags are labels only.
 //   - No interactive login, node key expiry or rotation, device approval, Funnel or Tailnet Lock.
 //   - Clients must be of capability version 68 or later (August 2023), which report endpoints
@@ -51,6 +63,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsingress/tsingress/internal/localacme"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"tailscale.com/tailcfg"
 	"tailscale.com/types/key"
@@ -68,9 +81,15 @@ type Options struct {
 	// AllowedTags are the tags the OAuth client may mint keys for; by default
 	// tag:k8s and tag:k8s-operator.
 	AllowedTags []string
-	// HTTPS makes the tailnet claim HTTPS support (API setting and node cert domains);
-	// no certificate authority stands behind it.
+	// HTTPS makes the tailnet claim HTTPS support (API setting and node cert domains) and
+	// run the DNS side of certificates: nodes publish their ACME DNS-01 records through
+	// /machine/set-dns, and a DNS server at LocalTailnet.DNSAddr answers with them. Which CA
+	// checks them is up to the nodes' ACME client; see ACME.
 	HTTPS bool
+	// ACME implies HTTPS and runs a certificate authority for the nodes: Pebble, in-process,
+	// validating DNS-01 against DNSAddr (package localacme). A node's process uses it when it
+	// runs with the environment LocalTailnet.ACME.Env().
+	ACME bool
 	// Logf receives the local tailnet's logs; nil discards them. Credentials are never logged.
 	Logf logger.Logf
 }
@@ -88,10 +107,16 @@ type LocalTailnet struct {
 	DERPMap *tailcfg.DERPMap
 	// Domain is the MagicDNS domain.
 	Domain string
+	// DNSAddr is where the DNS server with the nodes' ACME DNS-01 records answers, over UDP
+	// and TCP; empty without HTTPS.
+	DNSAddr string
+	// ACME is the certificate authority, with Options.ACME.
+	ACME *localacme.CA
 
 	srv       *server
 	http      *http.Server
 	relay     *relay
+	dns       *dnsServer
 	cancel    context.CancelFunc
 	stopOnCtx func() bool
 	closeOnce sync.Once
@@ -116,16 +141,39 @@ func Start(ctx context.Context, opts Options) (*LocalTailnet, error) {
 		return nil, err
 	}
 	ip := ln.Addr().(*net.TCPAddr).IP
+	lt := &LocalTailnet{}
+	fail := func(err error) (*LocalTailnet, error) {
+		ln.Close()
+		return nil, errors.Join(err, lt.closeParts())
+	}
 	relay, derpMap, err := startRelay(ip.String(), logf)
 	if err != nil {
-		ln.Close()
-		return nil, err
+		return fail(err)
+	}
+	lt.relay = relay
+	https := opts.HTTPS || opts.ACME
+	if https {
+		if lt.dns, err = startDNS(ip.String()); err != nil {
+			return fail(err)
+		}
+		lt.DNSAddr = lt.dns.addr()
+	}
+	if opts.ACME {
+		lt.ACME, err = localacme.Start(context.Background(), localacme.Options{
+			DNSServer: lt.DNSAddr,
+			Addr:      net.JoinHostPort(ip.String(), "0"),
+			Logf:      logf,
+		})
+		if err != nil {
+			return fail(err)
+		}
 	}
 	srvCtx, cancel := context.WithCancel(context.Background())
 	s := &server{
 		logf:        logf,
 		domain:      cmp.Or(opts.Domain, "tailnet.test"),
-		https:       opts.HTTPS,
+		https:       https,
+		dns:         lt.dns,
 		derpMap:     derpMap,
 		noiseKey:    key.NewMachine(),
 		allowedTags: slices.Clone(opts.AllowedTags),
@@ -156,18 +204,10 @@ func Start(ctx context.Context, opts Options) (*LocalTailnet, error) {
 	go hs.Serve(ln)
 
 	url := "http://" + ln.Addr().String()
-	lt := &LocalTailnet{
-		ControlURL:        url,
-		APIBaseURL:        url,
-		OAuthClientID:     s.oauthID,
-		OAuthClientSecret: tailnet.NewSecret(s.oauthSecret),
-		DERPMap:           derpMap,
-		Domain:            s.domain,
-		srv:               s,
-		http:              hs,
-		relay:             relay,
-		cancel:            cancel,
-	}
+	lt.ControlURL, lt.APIBaseURL = url, url
+	lt.OAuthClientID, lt.OAuthClientSecret = s.oauthID, tailnet.NewSecret(s.oauthSecret)
+	lt.DERPMap, lt.Domain = derpMap, s.domain
+	lt.srv, lt.http, lt.cancel = s, hs, cancel
 	lt.stopOnCtx = context.AfterFunc(ctx, func() { lt.Close() })
 	logf("localtailnet: control server and API at %s, DERP at %s:%d, domain %s",
 		url, ip, derpMap.Regions[1].Nodes[0].DERPPort, s.domain)
@@ -182,9 +222,24 @@ func (lt *LocalTailnet) Close() error {
 		defer cancel()
 		lt.cancel() // ends map polls and refuses new Noise connections
 		lt.srv.closeNoiseConns()
-		lt.closeErr = errors.Join(lt.http.Shutdown(ctx), lt.relay.close())
+		lt.closeErr = errors.Join(lt.http.Shutdown(ctx), lt.closeParts())
 	})
 	return lt.closeErr
+}
+
+// closeParts stops what runs beside the control server, as far as it was started.
+func (lt *LocalTailnet) closeParts() error {
+	var errs []error
+	if lt.ACME != nil {
+		errs = append(errs, lt.ACME.Close())
+	}
+	if lt.dns != nil {
+		errs = append(errs, lt.dns.close())
+	}
+	if lt.relay != nil {
+		errs = append(errs, lt.relay.close())
+	}
+	return errors.Join(errs...)
 }
 
 // WriteOAuthFiles writes the OAuth client ID and secret to files named client_id and

@@ -79,6 +79,9 @@ func TestJoinAndTalk(t *testing.T) {
 	if cd := a.CertDomains(); len(cd) != 0 {
 		t.Errorf("cert domains without HTTPS: %v", cd)
 	}
+	if err := lc.SetDNS(t.Context(), "_acme-challenge.alpha.tailnet.test", "value"); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Errorf("set-dns without HTTPS: err = %v, want it refused", err)
+	}
 }
 
 // A ProxyGroup gets one single-use key per replica: each replica joins with its own key, and

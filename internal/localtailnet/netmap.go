@@ -123,10 +123,7 @@ func (s *server) tailcfgNodeLocked(n *node) *tailcfg.Node {
 
 // dnsConfigLocked turns MagicDNS on and names every Tailscale Service <label>.<domain>.
 func (s *server) dnsConfigLocked(self *node) *tailcfg.DNSConfig {
-	cfg := &tailcfg.DNSConfig{Proxied: true, Domains: []string{s.domain}}
-	if s.https {
-		cfg.CertDomains = []string{self.fqdn(s.domain)}
-	}
+	cfg := &tailcfg.DNSConfig{Proxied: true, Domains: []string{s.domain}, CertDomains: s.certDomainsLocked(self)}
 	names := make([]tailcfg.ServiceName, 0, len(s.services))
 	for name := range s.services {
 		names = append(names, name)
