@@ -303,7 +303,8 @@ func TestRunFromSecret(t *testing.T) {
 	}
 
 	testCtx := t.Context() // for the second Run, which outlives the subtest starting it
-	opts := proxy.Options{ConfigSecret: "web-0", Kube: env.Config, Namespace: ns, PodUID: "pod-1", StateDir: t.TempDir()}
+	// The proxy may do only what the operator's Role for it allows.
+	opts := proxy.Options{ConfigSecret: "web-0", Kube: env.ProxyUser(t, ns, "web-0"), Namespace: ns, PodUID: "pod-1", StateDir: t.TempDir()}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	health, done := w.start(t, ctx, opts)

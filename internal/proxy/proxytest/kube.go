@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -17,6 +18,7 @@ import (
 
 // Kube is a running apiserver with a client for it.
 type Kube struct {
+	env    *envtest.Environment
 	Config *rest.Config
 	Client kubernetes.Interface
 	// KubeConfig is a kubeconfig file's content for the apiserver.
@@ -44,7 +46,7 @@ func StartKube(t testing.TB) *Kube {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Kube{Config: cfg, Client: cs, KubeConfig: te.KubeConfig}
+	return &Kube{env: te, Config: cfg, Client: cs, KubeConfig: te.KubeConfig}
 }
 
 // Secret creates a Secret with data in namespace, creating the namespace if needed.
@@ -61,4 +63,33 @@ func (e *Kube) Secret(t testing.TB, namespace, name string, data map[string][]by
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// ProxyUser returns the config of a user allowed only what the operator grants a proxy: get,
+// list, watch and patch of the one Secret.
+func (e *Kube) ProxyUser(t testing.TB, namespace, secret string) *rest.Config {
+	t.Helper()
+	ctx := context.Background()
+	name := "proxy-" + secret
+	role := &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"},
+			ResourceNames: []string{secret}, Verbs: []string{"get", "list", "watch", "patch"}}},
+	}
+	if _, err := e.Client.RbacV1().Roles(namespace).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: name}},
+	}
+	if _, err := e.Client.RbacV1().RoleBindings(namespace).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	u, err := e.env.AddUser(envtest.User{Name: name}, e.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Config()
 }
