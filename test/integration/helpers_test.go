@@ -1,0 +1,186 @@
+// Package integration tests whole flows: the operator's reconcilers on a real control plane,
+// proxies run in-process from the Secrets the operator writes, and clients on a local tailnet.
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"tailscale.com/net/netns"
+	"tailscale.com/tsnet"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testenv"
+)
+
+// world is a whole flow's environment: a real control plane (kube-apiserver, etcd,
+// kube-controller-manager) running the operator's reconcilers, and a local tailnet.
+type world struct {
+	k8s    client.Client
+	cp     *testenv.ControlPlane
+	lt     *localtailnet.LocalTailnet
+	api    *tailnet.APIClient
+	opNS   string
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func startWorld(t *testing.T) *world {
+	t.Helper()
+	netns.SetEnabled(false)
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &world{opNS: "tailscale", ctx: ctx, cancel: cancel}
+	var err error
+	if w.cp, err = testenv.Start(filepath.Join("..", "..", "config", "crd", "bases")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.cp.Stop() })
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := tsv1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if w.k8s, err = client.New(w.cp.Config, client.Options{Scheme: scheme}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.opNS}}); err != nil {
+		t.Fatal(err)
+	}
+	if w.lt, err = localtailnet.Start(context.Background(), localtailnet.Options{HTTPS: true}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.lt.Close() })
+	idFile, secretFile, err := w.lt.WriteOAuthFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.api, err = tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: w.lt.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile}); err != nil {
+		t.Fatal(err)
+	}
+	settings := controller.Settings{
+		Namespace: w.opNS, IngressClassName: "tailscale", DefaultTags: []string{"tag:k8s"},
+		ProxyImage: "unused", FirewallMode: contract.FirewallAuto, ControlURL: w.lt.ControlURL,
+	}
+	mgr, err := ctrl.NewManager(w.cp.Config, ctrl.Options{
+		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, Cache: controller.CacheOptions(settings),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := controller.Setup(mgr, settings, w.api); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := mgr.Start(ctx); err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return w
+}
+
+// eventually polls check until it succeeds or the timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// recordingBackend is an HTTP server on loopback that answers with its name and the path, and
+// keeps the headers of the last request.
+type recordingBackend struct {
+	*httptest.Server
+	mu   sync.Mutex
+	last http.Header
+}
+
+func newRecordingBackend(t *testing.T, name string) *recordingBackend {
+	b := &recordingBackend{}
+	b.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b.mu.Lock()
+		b.last = r.Header.Clone()
+		b.mu.Unlock()
+		fmt.Fprintf(w, "%s %s", name, r.URL.Path)
+	}))
+	t.Cleanup(b.Close)
+	return b
+}
+
+func (b *recordingBackend) port() int32 {
+	_, p, _ := net.SplitHostPort(b.Listener.Addr().String())
+	n, _ := strconv.Atoi(p)
+	return int32(n)
+}
+
+func (b *recordingBackend) lastHeaders() http.Header {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.last
+}
+
+// loopbackService is an ExternalName Service for a backend on this machine: the proxy reaches
+// it by name, so the test needs no ClusterIP routing.
+func loopbackService(ns, name string, port int32) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "localhost",
+			Ports: []corev1.ServicePort{{Name: "http", Port: port}}},
+	}
+}
+
+func joinClient(t *testing.T, w *world, hostname string) *tsnet.Server {
+	t.Helper()
+	key, err := w.api.CreateAuthKey(w.ctx, tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}, Description: "test client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &tsnet.Server{Dir: t.TempDir(), Hostname: hostname, ControlURL: w.lt.ControlURL, AuthKey: key.Secret.Reveal(), Ephemeral: true}
+	upCtx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
+	defer cancel()
+	if _, err := s.Up(upCtx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func mustSecret(t *testing.T, w *world, name string) *corev1.Secret {
+	t.Helper()
+	s := &corev1.Secret{}
+	if err := w.k8s.Get(w.ctx, client.ObjectKey{Namespace: w.opNS, Name: name}, s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
