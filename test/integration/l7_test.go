@@ -177,4 +177,3 @@ func TestL7IngressWholeFlow(t *testing.T) {
 	})
 	t.Logf("whole flow took %s", time.Since(start))
 }
-
