@@ -34,6 +34,10 @@ func TestRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	group, err := contract.ProxyConfigs.Encode(&contract.ProxyConfig{Kind: contract.KindProxyGroup, Hostname: "pg-0", StateSecret: "pg-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name     string
 		args     func(dir string) []string
@@ -58,8 +62,8 @@ func TestRun(t *testing.T) {
 			wantCode: 2, wantErr: "not both"},
 		{name: "config secret outside Kubernetes", args: func(string) []string { return []string{"--config-secret", "web-0"} },
 			wantCode: 1, wantErr: "--config-secret needs the Kubernetes API"},
-		{name: "unsupported kind", files: valid, args: func(d string) []string { return []string{"--config-dir", d, "--health-addr", ""} },
-			wantCode: 1, wantErr: `proxy kind "service" is not supported by this proxy build yet`},
+		{name: "unsupported kind", files: group, args: func(d string) []string { return []string{"--config-dir", d, "--health-addr", ""} },
+			wantCode: 1, wantErr: `proxy kind "proxygroup" is not supported by this proxy build yet`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

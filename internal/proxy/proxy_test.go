@@ -528,11 +528,11 @@ func TestRunFromDirectory(t *testing.T) {
 	}
 }
 
-// Kinds other than ingress fail clearly, before joining the tailnet.
+// Kinds this build does not run fail clearly, before joining the tailnet.
 func TestUnsupportedKind(t *testing.T) {
 	dir := t.TempDir()
 	data, err := contract.ProxyConfigs.Encode(&contract.ProxyConfig{
-		Kind: contract.KindService, Hostname: "db", StateSecret: "db-0", Forward: &contract.Destination{IPs: []string{"10.0.0.1"}},
+		Kind: contract.KindProxyGroup, Hostname: "pg-0", StateSecret: "pg-0",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -541,7 +541,7 @@ func TestUnsupportedKind(t *testing.T) {
 		os.WriteFile(filepath.Join(dir, k), v, 0o600)
 	}
 	err = proxy.Run(t.Context(), proxy.Options{ConfigDir: dir, StateDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
-	if err == nil || !strings.Contains(err.Error(), `proxy kind "service" is not supported by this proxy build yet`) {
+	if err == nil || !strings.Contains(err.Error(), `proxy kind "proxygroup" is not supported by this proxy build yet`) {
 		t.Errorf("Run = %v", err)
 	}
 }
