@@ -293,11 +293,10 @@ func (r *ProxyGroupReconciler) buildRole(g group, n int) *rbacv1.Role {
 	}
 	rules := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{g.configMap()}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{"", "events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 	}
 	if len(secrets) > 0 {
 		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: secrets,
-			Verbs: []string{"get", "list", "watch", "patch", "update"}})
+			Verbs: []string{"get", "list", "watch", "patch"}})
 	}
 	return &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: g.name, Namespace: r.Settings.Namespace, Labels: g.labels()}, Rules: rules}
 }

@@ -87,8 +87,7 @@ func (p *standaloneProxy) buildServiceAccount(namespace string) *corev1.ServiceA
 func (p *standaloneProxy) buildRole(namespace string) *rbacv1.Role {
 	r := &rbacv1.Role{ObjectMeta: p.meta(p.name()), Rules: []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{p.secretName()},
-			Verbs: []string{"get", "list", "watch", "patch", "update"}},
-		{APIGroups: []string{"", "events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+			Verbs: []string{"get", "list", "watch", "patch"}},
 	}}
 	r.Namespace = namespace
 	return r
