@@ -93,7 +93,7 @@ var _ = Describe("ProxyGroup reconciler", func() {
 		Expect(k8s.Get(ctx, nsKey("edge"+groupConfigMapSuffix), &corev1.ConfigMap{})).To(Succeed())
 
 		sts := &appsv1.StatefulSet{}
-		Expect(k8s.Get(ctx, nsKey("edge"), sts)).To(Succeed())
+		Eventually(func() error { return k8s.Get(ctx, nsKey("edge"), sts) }).Should(Succeed())
 		Expect(*sts.Spec.Replicas).To(BeEquivalentTo(2))
 		Expect(sts.Spec.Template.Spec.Containers[0].Args).To(ContainElements(
 			"--config-secret=$(POD_NAME)-config", "--group-configmap=edge"+groupConfigMapSuffix))
