@@ -39,7 +39,8 @@ type server struct {
 	mu         sync.Mutex
 	lastNodeID tailcfg.NodeID
 	nodes      map[tailcfg.NodeID]*node
-	keys       map[string]*authKey // by secret
+	keys       map[string]*authKey             // by secret
+	users      map[string]*tailcfg.UserProfile // people, by login name
 	services   map[tailcfg.ServiceName]*service
 	c2n        map[string]tailcfg.NodeID // in-flight c2n requests, by token
 	tokens     map[string]time.Time      // API access tokens and their expiry
@@ -152,7 +153,7 @@ func (s *server) serveRegister(w http.ResponseWriter, r *http.Request, mkey key.
 		if !req.Expiry.IsZero() && req.Expiry.Before(time.Now()) {
 			s.deleteNodeLocked(n, "logged out")
 		}
-		writeJSON(w, http.StatusOK, ok)
+		writeJSON(w, http.StatusOK, registered(n))
 		return
 	}
 	if !req.Expiry.IsZero() && req.Expiry.Before(time.Now()) {
@@ -183,7 +184,17 @@ func (s *server) serveRegister(w http.ResponseWriter, r *http.Request, mkey key.
 	n := s.addNodeLocked(mkey, &req, k)
 	s.logf("localtailnet: node %d (%s) registered as %s with auth key %s, tags %v",
 		n.id, n.stableID, n.fqdn(s.domain), k.id, n.tags)
-	writeJSON(w, http.StatusOK, ok)
+	writeJSON(w, http.StatusOK, registered(n))
+}
+
+// registered is the answer to a successful login of n, naming the user it belongs to.
+func registered(n *node) tailcfg.RegisterResponse {
+	ok := tailcfg.RegisterResponse{User: taggedUser, Login: taggedLogin, MachineAuthorized: true}
+	if o := n.owner; o != nil {
+		ok.User = tailcfg.User{ID: o.ID, DisplayName: o.DisplayName}
+		ok.Login = tailcfg.Login{ID: tailcfg.LoginID(o.ID), Provider: "localtailnet", LoginName: o.LoginName, DisplayName: o.DisplayName}
+	}
+	return ok
 }
 
 // serveMap answers map requests: non-streaming ones carry the node's endpoints and Hostinfo,

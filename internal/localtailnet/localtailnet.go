@@ -261,3 +261,26 @@ func (lt *LocalTailnet) InjectAPIFault(f APIFault) {
 	defer lt.srv.mu.Unlock()
 	lt.srv.faults = append(lt.srv.faults, f)
 }
+
+// MintUserKey mints a single-use key for a device owned by a person (login name and display
+// name), as if they had logged in interactively: such callers carry a user identity, which
+// tagged devices do not. The Tailscale API cannot mint these; tests of identity headers can.
+func (lt *LocalTailnet) MintUserKey(login, displayName string) tailnet.Secret {
+	s := lt.srv
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.users == nil {
+		s.users = map[string]*tailcfg.UserProfile{}
+	}
+	owner := s.users[login]
+	if owner == nil {
+		owner = &tailcfg.UserProfile{ID: taggedUserID + tailcfg.UserID(len(s.users)+1), LoginName: login, DisplayName: displayName}
+		s.users[login] = owner
+	}
+	id := "k" + randomText(10) + "CNTRL"
+	now := time.Now()
+	k := &authKey{id: id, secret: "tskey-auth-" + id + "-" + randomText(26), owner: owner,
+		description: "device of " + login, created: now, expires: now.Add(defaultKeyExpiry)}
+	s.keys[k.secret] = k
+	return tailnet.NewSecret(k.secret)
+}

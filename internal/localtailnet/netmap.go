@@ -35,7 +35,7 @@ func (s *server) mapResponseLocked(self *node, prev map[tailcfg.NodeID]bool) (*t
 		Domain:          s.domain,
 		DNSConfig:       s.dnsConfigLocked(self),
 		PacketFilter:    tailcfg.FilterAllowAll,
-		UserProfiles:    []tailcfg.UserProfile{taggedProfile},
+		UserProfiles:    s.userProfilesLocked(),
 		CollectServices: opt.False,
 	}
 	sent := make(map[tailcfg.NodeID]bool)
@@ -95,7 +95,7 @@ func (s *server) tailcfgNodeLocked(n *node) *tailcfg.Node {
 		ID:                n.id,
 		StableID:          n.stableID,
 		Name:              n.fqdn(s.domain) + ".",
-		User:              taggedUserID,
+		User:              n.userID(),
 		Key:               n.nodeKey,
 		Machine:           n.machine,
 		DiscoKey:          n.disco,

@@ -27,6 +27,7 @@ type node struct {
 	hostinfo  *tailcfg.Hostinfo // replaced, never mutated, so views of it stay valid
 	label     string            // MagicDNS label, unique in the tailnet
 	tags      []string
+	owner     *tailcfg.UserProfile // nil: a tagged device
 	ephemeral bool
 	addrs     []netip.Prefix
 	endpoints []netip.AddrPort
@@ -58,6 +59,8 @@ type authKey struct {
 	created     time.Time
 	expires     time.Time
 	used        bool
+	// owner is the person whose devices log in with the key; nil for tagged devices.
+	owner *tailcfg.UserProfile
 }
 
 // service is a Tailscale Service (VIP service).
@@ -135,6 +138,7 @@ func (s *server) addNodeLocked(mkey key.MachinePublic, req *tailcfg.RegisterRequ
 		hostinfo:  hi,
 		label:     s.uniqueLabelLocked(hi.Hostname),
 		tags:      slices.Clone(k.tags),
+		owner:     k.owner,
 		ephemeral: k.ephemeral || req.Ephemeral,
 		addrs:     []netip.Prefix{netip.PrefixFrom(v4, 32), netip.PrefixFrom(tsaddr.Tailscale4To6(v4), 128)},
 		created:   now,
@@ -263,4 +267,26 @@ func (s *server) allocVIPLocked() ([]netip.Addr, error) {
 		}
 	}
 	return nil, fmt.Errorf("no free address in %v", vipPrefix)
+}
+
+// userID is the user a node belongs to: its owner, or the owner of all tagged devices.
+func (n *node) userID() tailcfg.UserID {
+	if n.owner != nil {
+		return n.owner.ID
+	}
+	return taggedUserID
+}
+
+// userProfilesLocked lists the users of every node, for netmaps: peers need them to tell who
+// is calling (WhoIs).
+func (s *server) userProfilesLocked() []tailcfg.UserProfile {
+	profiles := []tailcfg.UserProfile{taggedProfile}
+	seen := map[tailcfg.UserID]bool{taggedUserID: true}
+	for _, n := range s.sortedNodesLocked() {
+		if n.owner != nil && !seen[n.owner.ID] {
+			seen[n.owner.ID] = true
+			profiles = append(profiles, *n.owner)
+		}
+	}
+	return profiles
 }

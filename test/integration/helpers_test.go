@@ -160,13 +160,11 @@ func loopbackService(ns, name string, port int32) *corev1.Service {
 	}
 }
 
+// joinClient joins a person's device (login alice@example.com) to the tailnet.
 func joinClient(t *testing.T, w *world, hostname string) *tsnet.Server {
 	t.Helper()
-	key, err := w.api.CreateAuthKey(w.ctx, tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}, Description: "test client"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &tsnet.Server{Dir: t.TempDir(), Hostname: hostname, ControlURL: w.lt.ControlURL, AuthKey: key.Secret.Reveal(), Ephemeral: true}
+	key := w.lt.MintUserKey("alice@example.com", "Alice Example")
+	s := &tsnet.Server{Dir: t.TempDir(), Hostname: hostname, ControlURL: w.lt.ControlURL, AuthKey: key.Reveal(), Ephemeral: true}
 	upCtx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
 	defer cancel()
 	if _, err := s.Up(upCtx); err != nil {

@@ -129,8 +129,8 @@ func TestL7IngressWholeFlow(t *testing.T) {
 	if h.Get("X-Forwarded-Proto") != "https" || !strings.Contains(h.Get("X-Forwarded-For"), clientIP.String()) {
 		t.Errorf("forwarding headers at the backend: %v", h)
 	}
-	if v := h.Get("Tailscale-User-Login"); v != "" {
-		t.Errorf("a tagged caller got a user login header %q", v)
+	if h.Get("Tailscale-User-Login") != "alice@example.com" || h.Get("Tailscale-User-Name") != "Alice Example" {
+		t.Errorf("identity headers at the backend: login %q name %q", h.Get("Tailscale-User-Login"), h.Get("Tailscale-User-Name"))
 	}
 	code, _, hdr := get("http://store.tailnet.test/cart?x=1")
 	if code != http.StatusMovedPermanently || hdr.Get("Location") != base+"/cart?x=1" {
