@@ -1,3 +1,6 @@
+// Tools module: builds Headscale, an independent Tailscale control server, for the tests in
+// test/headscale. Kept apart from the project's go.mod: Headscale pins its own tailscale.com
+// (v1.86), older than the project's.
 module headscale-tools
 
 go 1.26.0
