@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+
+	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 )
 
 // Detection is the outcome of DetectMode.
@@ -71,7 +73,7 @@ func DetectMode(ctx context.Context, netns string) (Detection, error) {
 	if err := ctx.Err(); err != nil {
 		return Detection{}, err
 	}
-	if err := inNetNS(netns, c.countLegacy); err != nil {
+	if err := netnamespace.Run(netns, c.countLegacy); err != nil {
 		return Detection{}, fmt.Errorf("detect firewall mode: iptables-legacy: %w", err)
 	}
 	d := c.decide()

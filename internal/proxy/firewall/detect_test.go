@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 )
 
 func TestCensusDecide(t *testing.T) {
@@ -168,7 +170,7 @@ func TestDetectModeCreatesNoLegacyTables(t *testing.T) {
 	}
 	for _, f := range []string{"ip_tables_names", "ip6_tables_names"} {
 		var b []byte
-		err := inNetNS(ns.path, func() (err error) {
+		err := netnamespace.Run(ns.path, func() (err error) {
 			b, err = os.ReadFile("/proc/thread-self/net/" + f)
 			return err
 		})

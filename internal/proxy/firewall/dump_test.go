@@ -6,6 +6,8 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/userdata"
+
+	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 )
 
 // nftDump lists every table, chain and rule of families ip, ip6 and inet in ns, rules with
@@ -58,7 +60,7 @@ func nftDump(t *testing.T, ns netNS) []string {
 func iptDump(t *testing.T, ns netNS, legacy bool) []string {
 	t.Helper()
 	var out []string
-	err := inNetNS(ns.path, func() error {
+	err := netnamespace.Run(ns.path, func() error {
 		for _, f := range families {
 			ipt, err := newIPT(f, iptBinaries(legacy)[f])
 			if err != nil {

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/google/nftables"
+
+	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 )
 
 // ourRules lists every rule of ours in ns as "<where> handle=<h> comment=<tag>". Handles are
@@ -33,7 +35,7 @@ func ourRules(t *testing.T, ns netNS, mode Mode) []string {
 	defer done()
 	conn, _ := nftables.New(nftables.WithNetNSFd(fd))
 	var out []string
-	err = inNetNS(ns.path, func() error {
+	err = netnamespace.Run(ns.path, func() error {
 		for _, f := range families {
 			ipt, err := newIPT(f, iptBinaries(false)[f])
 			if err != nil {

@@ -14,6 +14,8 @@ import (
 	"sync"
 
 	"github.com/coreos/go-iptables/iptables"
+
+	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 )
 
 const (
@@ -99,7 +101,7 @@ func (r *iptRunner) Apply(ctx context.Context, mappings []Mapping) (Status, erro
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	p := buildPlan(mappings, r.opts.TunName)
-	err := inNetNS(r.opts.NetNS, func() error {
+	err := netnamespace.Run(r.opts.NetNS, func() error {
 		for _, f := range families {
 			if err := ctx.Err(); err != nil {
 				p.failFamily(f, err)
@@ -286,7 +288,7 @@ func clampSpec(cr clampRule) []string {
 func (r *iptRunner) Cleanup(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return inNetNS(r.opts.NetNS, func() error {
+	return netnamespace.Run(r.opts.NetNS, func() error {
 		var errs []error
 		for _, f := range families {
 			if err := ctx.Err(); err != nil {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 )
 
 var nsSeq atomic.Int32
@@ -38,7 +40,7 @@ func newNetNS(t *testing.T, role string) netNS {
 	ns := netNS{name: name, path: "/run/netns/" + name}
 	// Without duplicate address detection, IPv6 link-local addresses (and so neighbour
 	// discovery) work as soon as a link is up.
-	err := inNetNS(ns.path, func() error {
+	err := netnamespace.Run(ns.path, func() error {
 		for _, f := range []string{"all", "default"} {
 			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+f+"/accept_dad", []byte("0"), 0o644); err != nil {
 				return err
@@ -75,7 +77,7 @@ func (ns netNS) ip(t *testing.T, args ...string) {
 func (ns netNS) sysctl(t *testing.T, path string) string {
 	t.Helper()
 	var b []byte
-	err := inNetNS(ns.path, func() (err error) {
+	err := netnamespace.Run(ns.path, func() (err error) {
 		b, err = os.ReadFile(path)
 		return err
 	})

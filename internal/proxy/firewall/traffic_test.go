@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 )
 
 // Addresses exist only inside the test's namespaces.
@@ -117,7 +119,7 @@ func (top *topology) serve(t *testing.T, a netip.Addr) {
 	t.Helper()
 	var ln net.Listener
 	var pc net.PacketConn
-	err := inNetNS(top.backend.path, func() error {
+	err := netnamespace.Run(top.backend.path, func() error {
 		var err error
 		if ln, err = net.Listen("tcp", netip.AddrPortFrom(a, tcpPort).String()); err != nil {
 			return err
@@ -168,7 +170,7 @@ func tcpMSS(c net.Conn) int {
 // tcpProbe connects from the client to dst and returns the backend's answer.
 func (top *topology) tcpProbe(dst netip.Addr, timeout time.Duration) (string, error) {
 	var reply []byte
-	err := inNetNS(top.client.path, func() error {
+	err := netnamespace.Run(top.client.path, func() error {
 		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(dst, tcpPort).String(), timeout)
 		if err != nil {
 			return err
@@ -184,7 +186,7 @@ func (top *topology) tcpProbe(dst netip.Addr, timeout time.Duration) (string, er
 // udpProbe sends up to tries datagrams from the client to dst and returns the first answer.
 func (top *topology) udpProbe(dst netip.Addr, tries int, timeout time.Duration) (string, error) {
 	var reply string
-	err := inNetNS(top.client.path, func() error {
+	err := netnamespace.Run(top.client.path, func() error {
 		c, err := net.Dial("udp", netip.AddrPortFrom(dst, udpPort).String())
 		if err != nil {
 			return err

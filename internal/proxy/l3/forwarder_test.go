@@ -15,6 +15,7 @@ import (
 	"github.com/coreos/go-iptables/iptables"
 	"github.com/google/nftables"
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	"tailscale.com/tsnet"
@@ -248,7 +249,7 @@ func leftovers(t *testing.T, ns netNS, mode contract.FirewallMode, tunName strin
 	if mode != contract.FirewallIPTables {
 		return left
 	}
-	err = inNetNS(ns.path, func() error {
+	err = netnamespace.Run(ns.path, func() error {
 		for _, proto := range []iptables.Protocol{iptables.ProtocolIPv4, iptables.ProtocolIPv6} {
 			ipt, err := iptables.New(iptables.IPFamily(proto))
 			if err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tailscale/wireguard-go/tun"
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"golang.org/x/net/dns/dnsmessage"
 	"tailscale.com/ipn/store/mem"
@@ -66,7 +67,7 @@ func newNetNS(tb testing.TB, role string) netNS {
 	})
 	ns := netNS{name: name, path: "/run/netns/" + name}
 	// Without duplicate address detection, IPv6 addresses work as soon as a link is up.
-	err := inNetNS(ns.path, func() error {
+	err := netnamespace.Run(ns.path, func() error {
 		for _, f := range []string{"all", "default"} {
 			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+f+"/accept_dad", []byte("0"), 0o644); err != nil {
 				return err
@@ -147,7 +148,7 @@ func (top *topology) serve(tb testing.TB, a netip.Addr) {
 	tb.Helper()
 	var echo, sink net.Listener
 	var pc net.PacketConn
-	err := inNetNS(top.backend.path, func() (err error) {
+	err := netnamespace.Run(top.backend.path, func() (err error) {
 		if echo, err = net.Listen("tcp", netip.AddrPortFrom(a, echoPort).String()); err != nil {
 			return err
 		}

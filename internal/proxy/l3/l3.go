@@ -31,6 +31,7 @@ import (
 	"github.com/tailscale/wireguard-go/tun"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy/firewall"
+	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 	"github.com/vishvananda/netlink"
 	"tailscale.com/net/tstun"
 	"tailscale.com/types/logger"
@@ -154,7 +155,7 @@ func (f *Forwarder) enableForwarding() error {
 
 func (f *Forwarder) sysctlOn(path string) bool {
 	var b []byte
-	err := inNetNS(f.opts.NetNS, func() (err error) {
+	err := netnamespace.Run(f.opts.NetNS, func() (err error) {
 		b, err = os.ReadFile(path)
 		return err
 	})

@@ -11,6 +11,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	"tailscale.com/net/tsaddr"
+
+	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 )
 
 // device is the kernel TUN as tsnet sees it. wireguard-go asks a TUN for its MTU through a
@@ -35,7 +37,7 @@ func (d *device) MTU() (int, error) {
 // createTUN creates the TUN interface name in the namespace at path and brings it up.
 func createTUN(path, name string, mtu int, nl *netlink.Handle) (*device, error) {
 	var dev tun.Device
-	err := inNetNS(path, func() (err error) {
+	err := netnamespace.Run(path, func() (err error) {
 		dev, err = tun.CreateTUN(name, mtu)
 		return err
 	})
