@@ -43,7 +43,8 @@ vet: ## Run go vet.
 
 .PHONY: test
 test: manifests generate vet envtest ## Run every test: unit, envtest and integration (real apiserver, tailnet, kernel).
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test ./... -coverprofile cover.out
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=120s \
+		go test ./... -coverprofile cover.out -timeout 20m
 
 .PHONY: verify
 verify: manifests generate ## Fail when generated files are out of date.
