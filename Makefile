@@ -141,3 +141,9 @@ GOBIN=$(LOCALBIN) go install $(2)@$(3); \
 mv $(LOCALBIN)/$$(basename $(2) | sed 's/^v[0-9]*$$/kustomize/') $(1); \
 }
 endef
+
+HEADSCALE ?= $(LOCALBIN)/headscale
+
+.PHONY: headscale
+headscale: ## Build Headscale from source into bin/ when missing (test/headscale reads it from HEADSCALE_BIN).
+	hack/build-headscale.sh $(HEADSCALE)
