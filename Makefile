@@ -42,8 +42,8 @@ vet: ## Run go vet.
 	go vet ./...
 
 .PHONY: test
-test: manifests generate vet envtest ## Run every test: unit, envtest and integration (real apiserver, tailnet, kernel).
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=120s \
+test: manifests generate vet envtest headscale ## Run every test: unit, envtest and integration (real apiserver, tailnet, Headscale, kernel).
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" HEADSCALE_BIN="$(HEADSCALE)" KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=120s \
 		go test ./... -coverprofile cover.out -timeout 20m
 
 .PHONY: verify
