@@ -57,6 +57,10 @@ build: ## Build the operator and proxy binaries into bin/.
 	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o bin/operator ./cmd/operator
 	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o bin/proxy ./cmd/proxy
 
+.PHONY: dev
+dev: manifests envtest ## Run everything locally: control plane, local tailnet with ACME CA, operator, proxies, and a demo Ingress proved over HTTPS.
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go run ./cmd/devenv $(DEV_ARGS)
+
 .PHONY: run
 run: manifests generate ## Run the operator against the cluster of your kubeconfig.
 	go run ./cmd/operator --operator-namespace=tailscale
