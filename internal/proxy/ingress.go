@@ -74,6 +74,9 @@ func runIngress(ctx context.Context, opts Options, kube kubernetes.Interface, sr
 		return err
 	}
 
+	if err := useACMEDirectory(cfg.TLS.ACMEDirectoryURL); err != nil {
+		return err
+	}
 	tailnetLogf := opts.TailnetLogf
 	if tailnetLogf == nil {
 		tailnetLogf = logger.Discard
@@ -172,6 +175,9 @@ func (p *ingress) onConfig(u configUpdate) error {
 	if reason := restartReason(p.cfg.cfg, u.cfg, p.status.running); reason != "" {
 		p.log.Info("restarting for a new login", "reason", reason)
 		return fmt.Errorf("%w: %s", ErrRestartRequired, reason)
+	}
+	if err := useACMEDirectory(u.cfg.TLS.ACMEDirectoryURL); err != nil {
+		return err
 	}
 	if p.applied {
 		if err := p.web.Apply(*u.cfg.Serve); err != nil {
