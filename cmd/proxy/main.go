@@ -47,6 +47,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	configSecret := fs.String("config-secret", os.Getenv("TS_PROXY_CONFIG_SECRET"), "Secret holding the proxy config, read and watched through the Kubernetes API (in-cluster, or KUBECONFIG).")
 	configDir := fs.String("config-dir", os.Getenv("TS_PROXY_CONFIG_DIR"), "Directory holding the proxy config, polled for changes; "+defaultConfigDir+" when no config Secret is set.")
+	groupConfigMap := fs.String("group-configmap", os.Getenv("TS_PROXY_GROUP_CONFIGMAP"), "ConfigMap with a ProxyGroup's Serve and DNAT documents, watched by a proxygroup replica through the Kubernetes API.")
 	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the config and state Secrets; by default the Pod's, or the kubeconfig context's.")
 	healthAddr := fs.String("health-addr", ":9002", "Address of /healthz and /readyz; empty for none.")
 	stateDir := fs.String("state-dir", envOr("TS_PROXY_STATE_DIR", filepath.Join(os.TempDir(), "tsingress-proxy")), "Directory for the tailnet client's files (and its state outside Kubernetes).")
@@ -75,13 +76,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	opts := proxy.Options{
-		ConfigSecret: *configSecret,
-		ConfigDir:    *configDir,
-		Namespace:    *namespace,
-		PodUID:       os.Getenv("POD_UID"),
-		StateDir:     *stateDir,
-		HealthAddr:   *healthAddr,
-		Logger:       log,
+		ConfigSecret:   *configSecret,
+		ConfigDir:      *configDir,
+		GroupConfigMap: *groupConfigMap,
+		Namespace:      *namespace,
+		PodUID:         os.Getenv("POD_UID"),
+		StateDir:       *stateDir,
+		HealthAddr:     *healthAddr,
+		Logger:         log,
 	}
 	if *verbose {
 		opts.TailnetLogf = func(format string, args ...any) {

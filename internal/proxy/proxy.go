@@ -2,8 +2,8 @@
 // Kubernetes Secret or a directory, joins the tailnet, serves what the config says, and reports
 // its state back (contract.ProxyState).
 //
-// Only kind "ingress" (standalone L7) is implemented; Run dispatches on the kind, so that the
-// other kinds can be added beside it.
+// Run dispatches on the config's kind: ingress (standalone L7), service (standalone L3, kernel
+// TUN and DNAT) or proxygroup (a ProxyGroup replica serving Tailscale Services).
 package proxy
 
 import (
@@ -75,6 +75,17 @@ type Options struct {
 	Logger *slog.Logger
 	// TailnetLogf receives the tailnet client's verbose logs; nil discards them.
 	TailnetLogf logger.Logf
+
+	// NetNS is the network namespace file (e.g. /run/netns/x) an L3 proxy puts its TUN device
+	// and DNAT rules in; "" means the proxy's own.
+	NetNS string
+
+	// GroupConfigMap names the ConfigMap with a ProxyGroup's Serve and DNAT documents, which a
+	// proxygroup replica watches through the API.
+	GroupConfigMap string
+	// GroupWithdrawWait is how long a proxygroup replica keeps serving at shutdown after it
+	// stopped advertising, so that clients move to other replicas first; 5s by default.
+	GroupWithdrawWait time.Duration
 }
 
 // Run runs the proxy until ctx ends (then it shuts down gracefully and returns nil), the config
@@ -105,6 +116,10 @@ func Run(ctx context.Context, opts Options) error {
 	switch cfg.Kind {
 	case contract.KindIngress:
 		run = runIngress
+	case contract.KindService:
+		run = runService
+	case contract.KindProxyGroup:
+		run = runGroup
 	default:
 		return fmt.Errorf("proxy kind %q is not supported by this proxy build yet", cfg.Kind)
 	}

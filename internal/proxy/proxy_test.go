@@ -528,8 +528,8 @@ func TestRunFromDirectory(t *testing.T) {
 	}
 }
 
-// Kinds this build does not run fail clearly, before joining the tailnet.
-func TestUnsupportedKind(t *testing.T) {
+// A replica config without its group's ConfigMap fails clearly, before joining the tailnet.
+func TestGroupNeedsConfigMap(t *testing.T) {
 	dir := t.TempDir()
 	data, err := contract.ProxyConfigs.Encode(&contract.ProxyConfig{
 		Kind: contract.KindProxyGroup, Hostname: "pg-0", StateSecret: "pg-0",
@@ -541,7 +541,7 @@ func TestUnsupportedKind(t *testing.T) {
 		os.WriteFile(filepath.Join(dir, k), v, 0o600)
 	}
 	err = proxy.Run(t.Context(), proxy.Options{ConfigDir: dir, StateDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
-	if err == nil || !strings.Contains(err.Error(), `proxy kind "proxygroup" is not supported by this proxy build yet`) {
+	if err == nil || !strings.Contains(err.Error(), "needs the name of its group ConfigMap") {
 		t.Errorf("Run = %v", err)
 	}
 }

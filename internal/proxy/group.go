@@ -1,0 +1,705 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pires/go-proxyproto"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"tailscale.com/client/local"
+	"tailscale.com/ipn"
+	"tailscale.com/tsnet"
+
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/proxy/l3"
+	"github.com/tsingress/tsingress/internal/proxy/web"
+	"github.com/tsingress/tsingress/internal/version"
+)
+
+const (
+	// defaultWithdrawWait is how long a replica that stopped advertising keeps serving at
+	// shutdown: long enough for the control plane to tell clients, well within a Pod's grace.
+	defaultWithdrawWait = 5 * time.Second
+	// webRetryDelay separates a failed L7 service's drain from its next attempt.
+	webRetryDelay = 5 * time.Second
+)
+
+// replica is one replica of an ingress ProxyGroup: it serves the L7 services of the group's
+// Serve config and DNATs the VIPs of its DNAT config, and advertises each Tailscale Service
+// it is allowed to once it can serve it. Its fields belong to runGroup's loop goroutine; other
+// goroutines hand it closures over events.
+type replica struct {
+	opts   Options
+	log    *slog.Logger
+	health *health
+	rep    reporter
+	node   *tsnet.Server
+	lc     *local.Client
+	certs  web.CertSource
+	fwd    *l3.Forwarder // nil without a kernel data path
+	noL3   string        // why there is none
+
+	cfg      configUpdate
+	startKey string               // the auth key the node started with
+	serve    contract.ServeConfig // the last good documents of the group ConfigMap
+	dnat     contract.DNATConfig
+	status   nodeStatus
+	up       bool     // tsnet's first Up is done: it clears advertisements, so none come before
+	tunIPs   []string // the node addresses the TUN has; nil until set
+	closing  bool
+	upAt time.Time
+
+	mappings []l3.Mapping // as last given to the forwarder
+	web      map[string]*webService
+	draining map[string]bool // L7 services whose previous server still drains
+	events   chan func()
+
+	advertised []string          // as the node's prefs say, sorted
+	reported   map[string][]byte // the state last written; nil after a failed write
+}
+
+// webService is one L7 service, from certificate to listeners on the service's name.
+type webService struct {
+	name, fqdn string
+	srv        *web.Server
+	certOK     bool
+	applied    *contract.WebService // nil until it listens
+	listeners  []*tsnet.ServiceListener
+	stop       context.CancelFunc // ends its certificate and error goroutines
+}
+
+func runGroup(ctx context.Context, opts Options, kube kubernetes.Interface, src configSource, hl *health, first configUpdate) (err error) {
+	if opts.GroupConfigMap == "" {
+		return errors.New("a proxygroup replica needs the name of its group ConfigMap (--group-configmap)")
+	}
+	if kube == nil {
+		return errors.New("a proxygroup replica reads its group ConfigMap through the Kubernetes API: run in a Pod, or set KUBECONFIG")
+	}
+	if opts.GroupWithdrawWait <= 0 {
+		opts.GroupWithdrawWait = defaultWithdrawWait
+	}
+	cfg := first.cfg
+	dir, store, rep, err := nodeStorage(ctx, opts, kube, cfg)
+	if err != nil {
+		return err
+	}
+	r := &replica{
+		opts: opts, log: opts.Logger, health: hl, rep: rep, cfg: first, startKey: cfg.AuthKey,
+		web: map[string]*webService{}, draining: map[string]bool{}, events: make(chan func()),
+	}
+	// The first write replaces whatever a previous Pod left, advertisements included.
+	if err := r.sync(ctx); err != nil {
+		return err
+	}
+	if err := useACMEDirectory(cfg.TLS.ACMEDirectoryURL); err != nil {
+		return err
+	}
+	r.startL3(ctx)
+	r.node = newNode(opts, cfg, dir, store)
+	if r.fwd != nil {
+		r.node.Tun = r.fwd.TUN()
+	}
+	defer func() {
+		r.node.Close() // first: the node uses the TUN until it stops
+		if r.fwd != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), opts.DrainTimeout)
+			defer cancel()
+			if cerr := r.fwd.Close(cctx); cerr != nil {
+				r.log.Error("removing the TUN device and DNAT rules failed", "err", cerr)
+				err = errors.Join(err, cerr)
+			}
+		}
+	}()
+	if err := r.node.Start(); err != nil {
+		return err
+	}
+	if r.lc, err = r.node.LocalClient(); err != nil {
+		return err
+	}
+	// Each replica gets its own certificates for now; sharing them through Secrets, with the
+	// issuer replica (config tls.certShareMode) the only one asking the CA, comes later.
+	r.certs = opts.CertSource
+	if r.certs == nil {
+		r.certs = web.TailnetCerts{Client: r.lc}
+	}
+
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	updates := make(chan configUpdate)
+	statuses := make(chan nodeStatus)
+	docs := make(chan map[string][]byte)
+	go src.watch(wctx, first, updates)
+	go watchNode(wctx, r.lc, r.log, statuses)
+	go watchConfigMap(wctx, kube, opts.Namespace, opts.GroupConfigMap, r.log, docs)
+	var fwdChanged <-chan struct{}
+	if r.fwd != nil {
+		fwdChanged = r.fwd.Changed()
+	}
+	var retry, loginCheck <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			r.shutdown()
+			return nil
+		case u := <-updates:
+			err = r.onConfig(u)
+		case st := <-statuses:
+			err = r.onStatus(wctx, st)
+		case data := <-docs:
+			r.onDocs(data)
+		case ev := <-r.events:
+			ev()
+		case <-fwdChanged:
+		case <-retry:
+		case <-loginCheck:
+		}
+		if err == nil && r.needsNewLogin(wctx) {
+			r.log.Info("restarting for a new login", "reason", "a new auth key arrived and the device needs a login")
+			err = fmt.Errorf("%w: a new auth key arrived and the device needs a login", ErrRestartRequired)
+		}
+		if err != nil {
+			r.shutdown()
+			return err
+		}
+		loginCheck = nil
+		if r.keyPending() {
+			loginCheck = time.After(time.Second)
+		}
+		r.reconcile(wctx)
+		retry = nil
+		if r.sync(ctx) != nil {
+			retry = time.After(5 * time.Second)
+		}
+	}
+}
+
+// startL3 sets up the kernel data path. Without one (no NET_ADMIN, say) the replica still
+// serves L7, and reports every DNAT mapping as not installed.
+func (r *replica) startL3(ctx context.Context) {
+	fwd, err := l3.New(ctx, l3.Options{
+		NetNS:        r.opts.NetNS,
+		FirewallMode: r.cfg.cfg.Firewall.Mode,
+		Logf: func(format string, args ...any) {
+			r.log.Info(fmt.Sprintf(format, args...), "component", "l3")
+		},
+	})
+	if err != nil {
+		r.noL3 = "no kernel data path: " + err.Error()
+		r.log.Error("L3 services will not be served", "err", err)
+		return
+	}
+	r.fwd = fwd
+}
+
+func (r *replica) onConfig(u configUpdate) error {
+	if u.err != nil {
+		r.log.Error("the changed config is not applied; serving the previous one", "err", u.err)
+		return nil
+	}
+	// A new auth key is judged by needsNewLogin instead.
+	if reason := restartReason(r.cfg.cfg, u.cfg, true); reason != "" {
+		r.log.Info("restarting for a new login", "reason", reason)
+		return fmt.Errorf("%w: %s", ErrRestartRequired, reason)
+	}
+	// The backend is chosen once, when the forwarder starts.
+	if old, cur := firewallMode(r.cfg.cfg), firewallMode(u.cfg); r.fwd != nil && old != cur {
+		r.log.Info("restarting for another firewall mode", "from", old, "to", cur)
+		return fmt.Errorf("%w: firewall mode changed from %s to %s", ErrRestartRequired, old, cur)
+	}
+	if err := useACMEDirectory(u.cfg.TLS.ACMEDirectoryURL); err != nil {
+		return err
+	}
+	r.cfg = u
+	r.log.Info("config applied", "config", u.cfg.String(), "version", u.version, "advertiseServices", u.cfg.AdvertiseServices)
+	return nil
+}
+
+// keyPending says whether the config holds an auth key the node did not start with, while the
+// node is not logged in.
+func (r *replica) keyPending() bool {
+	key := r.cfg.cfg.AuthKey
+	return !r.status.running && key != "" && key != r.startKey
+}
+
+// needsNewLogin says whether a pending auth key must be put to use, by a restart: only once the
+// node says it needs a login. The operator mints a key whenever a replica's state shows no
+// device, as it does while a restarted replica logs in again with the identity in its state.
+func (r *replica) needsNewLogin(ctx context.Context) bool {
+	if !r.keyPending() {
+		return false
+	}
+	st, err := r.lc.StatusWithoutPeers(ctx)
+	return err == nil && st.BackendState == ipn.NeedsLogin.String()
+}
+
+func (r *replica) onStatus(ctx context.Context, st nodeStatus) error {
+	switch {
+	case st.running && !r.status.running:
+		r.log.Info("logged in to the tailnet", "device", st.deviceID, "name", st.fqdn, "ips", st.ips)
+	case !st.running && r.status.running:
+		r.log.Warn("the device is no longer logged in to the tailnet (logged out or deleted)")
+	}
+	r.status = st
+	if !st.running {
+		return nil
+	}
+	if r.fwd != nil && !slices.Equal(st.ips, r.tunIPs) {
+		var ips []netip.Addr
+		for _, s := range st.ips {
+			if ip, err := netip.ParseAddr(s); err == nil {
+				ips = append(ips, ip)
+			}
+		}
+		r.tunIPs = nil
+		if err := r.fwd.SetTailnetIPs(ips); err != nil {
+			r.log.Error("giving the TUN device the node's addresses failed; L3 services are not served", "err", err)
+		} else {
+			r.tunIPs = st.ips
+		}
+	}
+	if !r.up {
+		// Running already, so this returns at once; ListenService would do it later and wipe
+		// the advertisements made before.
+		if _, err := r.node.Up(ctx); err != nil {
+			return err
+		}
+		r.up = true
+		r.upAt = time.Now()
+	}
+	return nil
+}
+
+// onDocs takes the documents of the group ConfigMap. A document that cannot be read is
+// reported and the last good one stays in force.
+func (r *replica) onDocs(data map[string][]byte) {
+	if doc, err := decodeDoc(contract.ServeConfigs, "serve-config", data); err != nil {
+		r.log.Error("the group's Serve config is not applied; serving the last good one", "configmap", r.opts.GroupConfigMap, "err", err)
+	} else if !reflect.DeepEqual(*doc, r.serve) {
+		r.serve = *doc
+		r.log.Info("Serve config applied", "services", slices.Sorted(maps.Keys(doc.Services)))
+	}
+	if doc, err := decodeDoc(contract.DNATConfigs, "dnat-config", data); err != nil {
+		r.log.Error("the group's DNAT config is not applied; serving the last good one", "configmap", r.opts.GroupConfigMap, "err", err)
+	} else if !reflect.DeepEqual(*doc, r.dnat) {
+		r.dnat = *doc
+		r.log.Info("DNAT config applied", "services", slices.Sorted(maps.Keys(doc.Services)))
+	}
+}
+
+// decodeDoc reads the newest understood version of a document; none stored at all is an empty
+// document, as before the operator's first object on the group.
+func decodeDoc[T any](codec interface {
+	Decode(map[string][]byte) (*T, int, error)
+}, name string, data map[string][]byte) (*T, error) {
+	for k := range data {
+		if strings.HasPrefix(k, name+".v") {
+			doc, _, err := codec.Decode(data)
+			return doc, err
+		}
+	}
+	return new(T), nil
+}
+
+// watchConfigMap sends the group ConfigMap's data whenever it changes. Like the config Secret,
+// it is watched alone, by name, which is all the replica's Role allows.
+func watchConfigMap(ctx context.Context, kube kubernetes.Interface, namespace, name string, log *slog.Logger, out chan<- map[string][]byte) {
+	send := func(obj any) {
+		cm, ok := obj.(*corev1.ConfigMap)
+		if !ok {
+			return
+		}
+		data := make(map[string][]byte, len(cm.Data))
+		for k, v := range cm.Data {
+			data[k] = []byte(v)
+		}
+		select {
+		case out <- data:
+		case <-ctx.Done():
+		}
+	}
+	lw := cache.NewFilteredListWatchFromClient(kube.CoreV1().RESTClient(), "configmaps", namespace,
+		func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		})
+	_, informer := cache.NewInformerWithOptions(cache.InformerOptions{
+		ListerWatcher: lw,
+		ObjectType:    &corev1.ConfigMap{},
+		Handler: cache.ResourceEventHandlerFuncs{
+			AddFunc:    send,
+			UpdateFunc: func(_, obj any) { send(obj) },
+			DeleteFunc: func(any) {
+				log.Warn("the group ConfigMap was deleted; serving its last documents", "configmap", name)
+			},
+		},
+	})
+	informer.RunWithContext(ctx)
+}
+
+// allowed reports whether the config lets this replica advertise a service.
+func (r *replica) allowed(name string) bool {
+	return slices.Contains(r.cfg.cfg.AdvertiseServices, name)
+}
+
+// fqdn is the MagicDNS name of a Tailscale Service: its label in the node's tailnet domain.
+func (r *replica) fqdn(name string) string {
+	_, domain, ok := strings.Cut(r.status.fqdn, ".")
+	if !ok {
+		return ""
+	}
+	return strings.TrimPrefix(name, "svc:") + "." + domain
+}
+
+// reconcile moves toward what the config and the documents ask for. Advertisements that no
+// longer hold are withdrawn before anything stops serving, and new ones are made once the
+// services can be served.
+func (r *replica) reconcile(ctx context.Context) {
+	if !r.up {
+		return
+	}
+	r.advertise(ctx)
+	r.reconcileL3(ctx)
+	r.reconcileWeb(ctx)
+	r.advertise(ctx)
+}
+
+func (r *replica) reconcileL3(ctx context.Context) {
+	var mappings []l3.Mapping
+	for _, name := range slices.Sorted(maps.Keys(r.dnat.Services)) {
+		svc := r.dnat.Services[name]
+		m := l3.Mapping{Name: name, Destination: svc.Destination}
+		for _, s := range svc.VIPs {
+			m.TailnetIPs = append(m.TailnetIPs, netip.MustParseAddr(s)) // validated by the decoder
+		}
+		mappings = append(mappings, m)
+	}
+	if r.fwd == nil || reflect.DeepEqual(mappings, r.mappings) {
+		return
+	}
+	// A mapping that cannot be installed carries its error in the status, which keeps it from
+	// being advertised.
+	if err := r.fwd.SetMappings(ctx, mappings); err != nil {
+		r.log.Error("some DNAT mappings are not installed", "err", err)
+	}
+	r.mappings = mappings
+}
+
+func (r *replica) reconcileWeb(ctx context.Context) {
+	for _, e := range r.web {
+		if _, ok := r.serve.Services[e.name]; !ok || !r.allowed(e.name) || e.fqdn != r.fqdn(e.name) {
+			r.stopWeb(ctx, e, nil)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(r.serve.Services)) {
+		ws := r.serve.Services[name]
+		if !r.allowed(name) || r.draining[name] || r.fqdn(name) == "" {
+			continue
+		}
+		e := r.web[name]
+		if e == nil {
+			e = r.startWeb(ctx, name)
+		}
+		if !e.certOK || (e.applied != nil && reflect.DeepEqual(*e.applied, ws)) {
+			continue
+		}
+		// The first Apply listens on the service's ports, which advertises it: the certificate is
+		// already there, so the first client gets a handshake.
+		if err := e.srv.Apply(ws); err != nil {
+			r.stopWeb(ctx, e, err)
+			continue
+		}
+		if e.applied == nil {
+			r.log.Info("serving", "service", name, "name", e.fqdn)
+		}
+		e.applied = &ws
+	}
+}
+
+// startWeb sets up an L7 service and starts getting its certificate.
+func (r *replica) startWeb(ctx context.Context, name string) *webService {
+	e := &webService{name: name, fqdn: r.fqdn(name)}
+	e.srv = web.NewServer(web.Config{Listen: e.listen(r.node), Certs: r.certs, WhoIs: r.lc.WhoIs, Logger: r.log.With("service", name)})
+	e.srv.SetName(e.fqdn)
+	ectx, stop := context.WithCancel(ctx)
+	e.stop = stop
+	r.web[name] = e
+	go r.obtainCertificate(ectx, e)
+	go func() {
+		for {
+			select {
+			case err := <-e.srv.Errors():
+				// A listener closed on purpose (port 80, as its HTTP mode went off) is no failure.
+				if errors.Is(err, net.ErrClosed) {
+					continue
+				}
+				r.send(ectx, func() {
+					if r.web[name] == e {
+						r.stopWeb(ctx, e, err)
+					}
+				})
+				return
+			case <-ectx.Done():
+				return
+			}
+		}
+	}()
+	return e
+}
+
+// obtainCertificate gets the service's certificate, retrying with backoff: issuing one takes a
+// while, and may fail until HTTPS is enabled on the tailnet.
+func (r *replica) obtainCertificate(ctx context.Context, e *webService) {
+	for backoff := time.Second; ; backoff = min(2*backoff, time.Minute) {
+		err := e.srv.ObtainCertificate(ctx)
+		if err == nil {
+			r.send(ctx, func() { e.certOK = true })
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		r.log.Warn("getting the certificate failed; retrying", "service", e.name, "name", e.fqdn, "in", backoff, "err", err)
+		sleep(ctx, backoff)
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// listen opens the service's port through tsnet, which advertises the service. TLS stays ours,
+// with the CertSource's certificate; the PROXY header carries the caller's tailnet address, which
+// the identity headers need. Only the tailnet client connects to the loopback listener behind
+// it; another process in the Pod could forge the header, as it could tsnet's own identity
+// headers of ServiceModeHTTP.
+func (e *webService) listen(node *tsnet.Server) func(network, addr string) (net.Listener, error) {
+	return func(_, addr string) (net.Listener, error) {
+		_, p, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		port, err := strconv.ParseUint(p, 10, 16)
+		if err != nil {
+			return nil, err
+		}
+		sl, err := node.ListenService(e.name, tsnet.ServiceModeTCP{Port: uint16(port), PROXYProtocolVersion: 2})
+		if err != nil {
+			return nil, err
+		}
+		e.listeners = append(e.listeners, sl)
+		return &proxyproto.Listener{Listener: sl, ConnPolicy: requireHeader}, nil
+	}
+}
+
+func requireHeader(proxyproto.ConnPolicyOptions) (proxyproto.Policy, error) {
+	return proxyproto.REQUIRE, nil
+}
+
+// stopWeb withdraws an L7 service, closes its listeners and drains its requests in the
+// background; after a failure (cause) the next attempt waits a while.
+func (r *replica) stopWeb(ctx context.Context, e *webService, cause error) {
+	delete(r.web, e.name)
+	r.advertise(ctx)
+	e.stop()
+	if cause != nil {
+		r.log.Error("the service failed; it is withdrawn and set up again", "service", e.name, "in", webRetryDelay, "err", cause)
+	} else if e.applied != nil {
+		r.log.Info("no longer serving", "service", e.name)
+	}
+	// Here rather than in the drain: tsnet's serve config and advertisements take one change at
+	// a time, and this goroutine makes all the others.
+	e.closeListeners(r.log)
+	r.draining[e.name] = true
+	go func() {
+		e.drain(r.opts.DrainTimeout, r.log)
+		if cause != nil {
+			sleep(ctx, webRetryDelay)
+		}
+		r.send(ctx, func() { delete(r.draining, e.name) })
+	}()
+}
+
+func (e *webService) closeListeners(log *slog.Logger) {
+	for _, sl := range e.listeners {
+		if err := sl.Close(); err != nil {
+			log.Warn("closing a service listener", "service", e.name, "err", err)
+		}
+	}
+}
+
+func (e *webService) drain(timeout time.Duration, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := e.srv.Shutdown(ctx); err != nil {
+		log.Warn("requests still in flight were cut off", "service", e.name, "err", err)
+	}
+}
+
+// send hands ev to the loop, unless ctx ends first.
+func (r *replica) send(ctx context.Context, ev func()) {
+	select {
+	case r.events <- ev:
+	case <-ctx.Done():
+	}
+}
+
+// servable lists the services this replica may advertise and can serve now: L7 ones listening
+// with their certificate, L3 ones with their rules in place, both still asked for.
+func (r *replica) servable() []string {
+	var out []string
+	if r.closing || time.Since(r.upAt) < 3*time.Second {
+		if !r.closing { go func() { time.Sleep(time.Second); r.send(context.Background(), func() {}) }() }
+		return out
+	}
+	var fs contract.FirewallStatus
+	if r.fwd != nil && r.tunIPs != nil {
+		fs = r.fwd.Status()
+	}
+	for _, name := range r.cfg.cfg.AdvertiseServices {
+		e := r.web[name]
+		_, inServe := r.serve.Services[name]
+		_, inDNAT := r.dnat.Services[name]
+		m, installed := fs.Mappings[name]
+		if (inServe && e != nil && e.applied != nil && e.fqdn == r.fqdn(name)) || (inDNAT && installed && m.Error == "") {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// advertise makes the node advertise exactly the servable services.
+func (r *replica) advertise(ctx context.Context) {
+	prefs, err := r.lc.GetPrefs(ctx)
+	if err != nil {
+		r.log.Warn("reading the advertised services failed", "err", err)
+		return
+	}
+	have := slices.Sorted(slices.Values(prefs.AdvertiseServices))
+	want := r.servable()
+	if !slices.Equal(have, want) {
+		prefs, err = r.lc.EditPrefs(ctx, &ipn.MaskedPrefs{AdvertiseServicesSet: true, Prefs: ipn.Prefs{AdvertiseServices: want}})
+		if err != nil {
+			r.log.Error("changing the advertised services failed", "err", err)
+		} else {
+			have = slices.Sorted(slices.Values(prefs.AdvertiseServices))
+		}
+	}
+	if !slices.Equal(have, r.advertised) {
+		r.log.Info("advertising", "services", have)
+	}
+	r.advertised = have
+}
+
+// sync derives the state keys and readiness from what the loop knows, and writes the keys if
+// they changed.
+func (r *replica) sync(ctx context.Context) error {
+	st := r.status
+	state := contract.ProxyState{
+		PodUID:        r.opts.PodUID,
+		ConfigVersion: r.cfg.version,
+		ProxyVersion:  version.Version,
+		Advertised:    r.advertised,
+		Firewall:      r.firewallStatus(),
+	}
+	if st.running {
+		state.DeviceID, state.FQDN, state.TailnetIPs = st.deviceID, st.fqdn, st.ips
+	}
+	data, err := state.Data()
+	if err != nil {
+		return err
+	}
+	// Readiness changes after the state is written, so that a ready replica has reported it.
+	defer r.setReadiness()
+	if r.reported != nil && maps.EqualFunc(data, r.reported, bytes.Equal) {
+		return nil
+	}
+	if err := r.rep.Report(ctx, data); err != nil {
+		r.reported = nil
+		r.log.Error("writing the state keys failed", "err", err)
+		return err
+	}
+	r.reported = data
+	return nil
+}
+
+// firewallStatus reports the DNAT mappings: as installed, or all failed without a kernel data
+// path.
+func (r *replica) firewallStatus() *contract.FirewallStatus {
+	if r.fwd != nil {
+		fs := r.fwd.Status()
+		fs.PodUID = r.opts.PodUID
+		return &fs
+	}
+	if len(r.dnat.Services) == 0 {
+		return nil
+	}
+	fs := &contract.FirewallStatus{PodUID: r.opts.PodUID, Mappings: map[string]contract.AppliedDNAT{}}
+	for name, svc := range r.dnat.Services {
+		fs.Mappings[name] = contract.AppliedDNAT{TailnetIPs: svc.VIPs, Error: r.noL3}
+	}
+	return fs
+}
+
+// setReadiness says what the replica still waits for: the login, then every service it may
+// advertise that the documents name.
+func (r *replica) setReadiness() {
+	if r.closing {
+		return
+	}
+	if !r.status.running {
+		r.health.set("waiting for the tailnet login")
+		return
+	}
+	var pending []string
+	for _, name := range r.cfg.cfg.AdvertiseServices {
+		_, inServe := r.serve.Services[name]
+		_, inDNAT := r.dnat.Services[name]
+		if (inServe || inDNAT) && !slices.Contains(r.advertised, name) {
+			pending = append(pending, name)
+		}
+	}
+	if len(pending) > 0 {
+		r.health.set("not serving yet: " + strings.Join(pending, ", "))
+		return
+	}
+	r.health.set("")
+}
+
+// shutdown withdraws every advertisement first and waits, so that clients move to other
+// replicas while this one still serves; then it drains.
+func (r *replica) shutdown() {
+	r.closing = true
+	r.health.set("shutting down")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if r.lc != nil && len(r.advertised) > 0 {
+		was := r.advertised
+		r.advertise(ctx)
+		r.sync(ctx) //nolint:errcheck // logged; the operator then sees the Pod go
+		r.log.Info("stopped advertising; serving on while clients move to other replicas", "services", was, "for", r.opts.GroupWithdrawWait)
+		time.Sleep(r.opts.GroupWithdrawWait)
+	}
+	var wg sync.WaitGroup
+	for _, e := range r.web {
+		e.stop()
+		e.closeListeners(r.log)
+		wg.Go(func() { e.drain(r.opts.DrainTimeout, r.log) })
+	}
+	wg.Wait()
+	r.log.Info("drained")
+}

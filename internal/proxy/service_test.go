@@ -1,0 +1,182 @@
+package proxy_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/proxy"
+	"github.com/tsingress/tsingress/internal/proxy/proxytest"
+)
+
+// Addresses that exist only in the test's namespaces, standing in for ClusterIPs.
+var (
+	clusterIPA = netip.MustParseAddr("10.96.0.10")
+	clusterIPB = netip.MustParseAddr("10.96.0.11")
+)
+
+// A standalone L3 proxy from its config Secret: it replaces stale state, DNATs its tailnet
+// address to the destination in its kernel namespace, follows changed destinations without a
+// restart, reports what it installed, and leaves nothing behind when it stops.
+func TestServiceProxy(t *testing.T) {
+	needRoot(t)
+	env := proxytest.StartKube(t)
+	w := newWorld(t)
+	top := newTopology(t, clusterIPA, clusterIPB)
+	secrets := env.Client.CoreV1().Secrets(ns)
+	key := w.mintKey(t)
+	cfg := &contract.ProxyConfig{
+		Kind: contract.KindService, Hostname: "db", Tags: []string{"tag:k8s"}, ControlURL: w.lt.ControlURL,
+		AuthKey: key.Secret.Reveal(), StateSecret: "db-0",
+		Firewall: contract.FirewallConfig{Mode: contract.FirewallNFTables},
+		Forward:  &contract.Destination{IPs: []string{clusterIPA.String()}},
+	}
+	data, err := contract.ProxyConfigs.Encode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// With the keys of an earlier Pod, which must not read as current.
+	stale := contract.ProxyState{PodUID: "old-pod", DeviceID: "nOLD", Firewall: &contract.FirewallStatus{
+		Mode: contract.FirewallIPTables, PodUID: "old-pod",
+		Mappings: map[string]contract.AppliedDNAT{contract.StandaloneMapping: {TailnetIPs: []string{"100.64.9.9"}, Destinations: []string{"10.9.9.9"}}},
+	}}
+	staleData, _ := stale.Data()
+	for k, v := range staleData {
+		data[k] = v
+	}
+	env.Secret(t, ns, "db-0", data)
+	writeConfig := func(t *testing.T) {
+		t.Helper()
+		data, err := contract.ProxyConfigs.Encode(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := secrets.Patch(t.Context(), "db-0", "application/merge-patch+json", mustJSON(t, map[string]any{"data": data}), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readState := func(t *testing.T) *contract.ProxyState {
+		t.Helper()
+		sec, err := secrets.Get(t.Context(), "db-0", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := contract.ParseState(sec.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	// mapping waits until the state reports a standalone mapping that satisfies ok.
+	mapping := func(t *testing.T, what string, ok func(contract.AppliedDNAT) bool) {
+		t.Helper()
+		eventually(t, what, func() bool {
+			st := readState(t)
+			return st.Firewall != nil && st.Firewall.PodUID == "pod-1" && ok(st.Firewall.Mappings[contract.StandaloneMapping])
+		})
+	}
+	to := func(dst netip.Addr) func(contract.AppliedDNAT) bool {
+		return func(m contract.AppliedDNAT) bool {
+			return m.Error == "" && slices.Equal(m.Destinations, []string{dst.String()})
+		}
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	health, done := w.start(t, ctx, proxy.Options{
+		ConfigSecret: "db-0", Kube: env.Config, Namespace: ns, PodUID: "pod-1", StateDir: t.TempDir(), NetNS: top.proxy.path,
+	})
+	if _, err := w.client.Up(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, health, done)
+
+	st := readState(t)
+	var ip4 netip.Addr
+	for _, s := range st.TailnetIPs {
+		if a, err := netip.ParseAddr(s); err == nil && a.Is4() {
+			ip4 = a
+		}
+	}
+	if st.PodUID != "pod-1" || st.DeviceID == "" || st.DeviceID == "nOLD" || st.FQDN != "db.tailnet.test" || !ip4.IsValid() ||
+		st.ConfigVersion != 1 || st.Firewall == nil || st.Firewall.Mode != contract.FirewallNFTables || st.Firewall.PodUID != "pod-1" {
+		t.Fatalf("state = %+v, firewall %+v", st, st.Firewall)
+	}
+	// The Service is IPv4 only: only the IPv4 tailnet address has a destination.
+	if m := st.Firewall.Mappings[contract.StandaloneMapping]; !slices.Equal(m.TailnetIPs, []string{ip4.String()}) ||
+		!slices.Equal(m.Destinations, []string{clusterIPA.String()}) || m.Error != "" {
+		t.Errorf("mapping = %+v", m)
+	}
+	if out := top.proxy.ip(t, "-brief", "addr", "show", "dev", "tailscale0"); !strings.Contains(out, ip4.String()+"/32") {
+		t.Errorf("the TUN lacks the tailnet address %s: %s", ip4, out)
+	}
+	expectBackend(t, w.client, ip4, clusterIPA)
+
+	t.Run("changed destination", func(t *testing.T) {
+		// As the operator writes it once the device is logged in: no auth key.
+		cfg.AuthKey = ""
+		cfg.Forward = &contract.Destination{IPs: []string{clusterIPB.String()}}
+		writeConfig(t)
+		mapping(t, "the mapping to "+clusterIPB.String(), to(clusterIPB))
+		expectBackend(t, w.client, ip4, clusterIPB)
+
+		// An ExternalName whose name never resolves (RFC 6761): the error reaches the state
+		// and readiness, and the next good destination mends both.
+		cfg.Forward = &contract.Destination{DNSName: "db.invalid"}
+		writeConfig(t)
+		mapping(t, "the mapping error", func(m contract.AppliedDNAT) bool { return strings.Contains(m.Error, "db.invalid") })
+		eventually(t, "readiness to name the failure", func() bool {
+			res, err := http.Get(health + "/readyz")
+			if err != nil {
+				return false
+			}
+			defer res.Body.Close()
+			body, _ := io.ReadAll(res.Body)
+			return res.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(body), "db.invalid")
+		})
+		cfg.Forward = &contract.Destination{IPs: []string{clusterIPA.String()}}
+		writeConfig(t)
+		mapping(t, "the mapping back to "+clusterIPA.String(), to(clusterIPA))
+		waitReady(t, health, done)
+		expectBackend(t, w.client, ip4, clusterIPA)
+
+		if got := readState(t).DeviceID; got != st.DeviceID {
+			t.Errorf("device %s after the changes, want %s: the proxy logged in again", got, st.DeviceID)
+		}
+	})
+
+	t.Run("firewall mode change restarts and cleans up", func(t *testing.T) {
+		if left := leftovers(t, top.proxy); len(left) == 0 {
+			t.Fatal("no TUN or rules found while the proxy runs: the leftover check sees nothing")
+		}
+		cfg.Firewall.Mode = contract.FirewallIPTables
+		writeConfig(t)
+		err := waitDone(t, done)
+		if !errors.Is(err, proxy.ErrRestartRequired) || !strings.Contains(err.Error(), "firewall mode") {
+			t.Fatalf("Run returned %v, want ErrRestartRequired for the firewall mode", err)
+		}
+		if left := leftovers(t, top.proxy); len(left) > 0 {
+			t.Errorf("after Run returned, still there:\n%s", strings.Join(left, "\n"))
+		}
+	})
+
+	t.Run("no auth key in the logs", func(t *testing.T) {
+		out := w.logs.String()
+		for _, evidence := range []string{"logged in to the tailnet", "forwarding", "authKey=REDACTED", "removed the TUN device"} {
+			if !strings.Contains(out, evidence) {
+				t.Errorf("the logs lack %q; is the capture working?\n%s", evidence, out)
+			}
+		}
+		if strings.Contains(out, key.Secret.Reveal()) || strings.Contains(out, "tskey-auth-") {
+			t.Error("the auth key appears in the logs")
+		}
+	})
+}

@@ -1,0 +1,132 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/proxy/proxytest"
+)
+
+// An HA Ingress on a ProxyGroup of two replicas, run in-process from the Secrets and ConfigMap
+// the operator writes: the operator reports the Ingress once replicas advertise its Tailscale
+// Service, and a client requesting it at a steady rate keeps being served while each replica in
+// turn stops gracefully and starts again.
+func TestHAIngressFailover(t *testing.T) {
+	begin := time.Now()
+	w := startWorld(t)
+	const ns, pg, host, svc = "shop", "pg", "ha-web", "svc:ha-web"
+	if err := w.k8s.Create(w.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	backend := newRecordingBackend(t, "web")
+	if err := w.k8s.Create(w.ctx, loopbackService(ns, "web", backend.port())); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.k8s.Create(w.ctx, &tsv1alpha1.ProxyGroup{
+		ObjectMeta: metav1.ObjectMeta{Name: pg},
+		Spec:       tsv1alpha1.ProxyGroupSpec{Type: tsv1alpha1.ProxyGroupTypeIngress, Replicas: ptr.To[int32](2)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ing := &networkingv1.Ingress{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "store", Annotations: map[string]string{controller.AnnotationProxyGroup: pg}},
+		Spec: networkingv1.IngressSpec{
+			IngressClassName: ptr.To("tailscale"),
+			TLS:              []networkingv1.IngressTLS{{Hosts: []string{host}}},
+			DefaultBackend: &networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{
+				Name: "web", Port: networkingv1.ServiceBackendPort{Name: "http"}}},
+		},
+	}
+	if err := w.k8s.Create(w.ctx, ing); err != nil {
+		t.Fatal(err)
+	}
+
+	ca := proxytest.NewCA(t)
+	replicas := []*haReplica{newHAReplica(t, w, pg, 0, ca), newHAReplica(t, w, pg, 1, ca)}
+	for _, r := range replicas {
+		r.start()
+	}
+	fqdn := host + "." + w.lt.Domain
+	eventually(t, 60*time.Second, "Ingress status", func() error {
+		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(ing), ing); err != nil {
+			return err
+		}
+		if lb := ing.Status.LoadBalancer.Ingress; len(lb) != 1 || lb[0].Hostname != fqdn {
+			return fmt.Errorf("status %+v", lb)
+		}
+		return nil
+	})
+	for _, r := range replicas {
+		eventually(t, 30*time.Second, r.name+" advertising", func() error { return r.advertises(w, svc) })
+	}
+	t.Logf("Ingress served by both replicas %s after creation", time.Since(begin).Round(time.Millisecond))
+
+	cl := joinClient(t, w, "laptop")
+	ctx, stopLoad := context.WithCancel(w.ctx)
+	defer stopLoad()
+	const every = 50 * time.Millisecond
+	load := startHALoad(ctx, cl, ca.Pool(), "https://"+fqdn+"/", "web /", every)
+	var timeline []string
+	var moves []time.Duration // when the client's route may have moved: a replica withdrew or came back
+	mark := func(move bool, format string, args ...any) {
+		at := load.since()
+		timeline = append(timeline, fmt.Sprintf("%.2fs: ", at.Seconds())+fmt.Sprintf(format, args...))
+		if move {
+			moves = append(moves, at)
+		}
+	}
+	time.Sleep(2 * time.Second)
+	for _, i := range []int{1, 0} {
+		r := replicas[i]
+		mark(true, "stopping %s", r.name)
+		r.stop(t)
+		mark(false, "%s stopped", r.name)
+		time.Sleep(time.Second)
+		r.start()
+		eventually(t, 30*time.Second, r.name+" advertising again", func() error { return r.advertises(w, svc) })
+		mark(true, "%s advertises again", r.name)
+		time.Sleep(2 * time.Second)
+	}
+	stopLoad()
+	total, fails, slow := load.wait()
+	t.Logf("timeline:\n  %s", strings.Join(timeline, "\n  "))
+	t.Logf("failover: %d of %d requests failed, %d took over a second (one every %s over %.1fs)",
+		len(fails), total, len(slow), every, load.since().Seconds())
+	for _, f := range fails {
+		t.Logf("  failed, started at %s", f)
+	}
+	for _, s := range slow {
+		t.Logf("  slow, started at %s", s)
+	}
+	// The client routes the service's VIPs to one replica at a time, per packet: when the route
+	// moves, the requests then in flight lose their packets (replies from the old replica are
+	// dropped as coming from a VIP now routed elsewhere). The sequence moves it twice (away from
+	// the replica it uses and back), and a request takes well under 250ms, so each move may
+	// cost up to five requests; no request may fail away from a move, during the withdrawal wait
+	// or the drain included.
+	if total < 200 {
+		t.Errorf("only %d requests sent", total)
+	}
+	if len(fails) > 2*5 {
+		t.Errorf("%d requests failed; want at most 10", len(fails))
+	}
+	for _, f := range fails {
+		// The moment of a move lies between its mark and the state that led to it, which the
+		// test sees a little later.
+		if !slices.ContainsFunc(moves, func(m time.Duration) bool { return f.at > m-time.Second && f.at < m+500*time.Millisecond }) {
+			t.Errorf("a request failed away from any route change: started at %s", f)
+		}
+	}
+}

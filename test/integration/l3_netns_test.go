@@ -1,0 +1,237 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"tailscale.com/tsnet"
+
+	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
+)
+
+// Ports the backends answer on; the proxy forwards every port, these are just the ones probed.
+const (
+	echoTCPPort = 5432
+	echoUDPPort = 5353
+)
+
+// needRoot skips kernel tests for users who cannot create namespaces and devices; CI runs as
+// root.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("kernel test: needs root to create network namespaces, TUN devices and DNAT rules")
+	}
+	for _, cmd := range []string{"ip", "nft"} {
+		if _, err := exec.LookPath(cmd); err != nil {
+			t.Skipf("kernel test: needs %s (apt-get install iproute2 nftables)", cmd)
+		}
+	}
+}
+
+// netNS is a network namespace a test made, deleted when the test ends.
+type netNS struct{ name, path string }
+
+var netNSSeq atomic.Int32
+
+func newNetNS(t *testing.T, role string) netNS {
+	t.Helper()
+	name := fmt.Sprintf("tsl3i-%d-%d-%s", os.Getpid(), netNSSeq.Add(1), role)
+	run(t, "ip", "netns", "add", name)
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del %s: %v: %s", name, err, out)
+		}
+	})
+	ns := netNS{name: name, path: "/run/netns/" + name}
+	ns.ip(t, "link", "set", "lo", "up")
+	return ns
+}
+
+func (ns netNS) ip(t *testing.T, args ...string) string {
+	t.Helper()
+	return run(t, "ip", append([]string{"-n", ns.name}, args...)...)
+}
+
+func run(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// topology is a proxy namespace joined by a veth pair to a backend namespace, which holds the
+// ClusterIPs on its loopback and routes the tailnet range back through the proxy, as a cluster
+// network routes replies back to the proxy Pod.
+type topology struct{ proxy, backend netNS }
+
+func newTopology(t *testing.T, clusterIPs ...netip.Addr) topology {
+	t.Helper()
+	top := topology{proxy: newNetNS(t, "p"), backend: newNetNS(t, "b")}
+	p, b := top.proxy, top.backend
+	p.ip(t, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", b.name)
+	p.ip(t, "addr", "add", "10.250.1.1/24", "dev", "eth0")
+	b.ip(t, "addr", "add", "10.250.1.2/24", "dev", "eth0")
+	p.ip(t, "link", "set", "eth0", "up")
+	b.ip(t, "link", "set", "eth0", "up")
+	b.ip(t, "route", "add", "100.64.0.0/10", "via", "10.250.1.1")
+	for _, a := range clusterIPs {
+		b.ip(t, "addr", "add", a.String()+"/32", "dev", "lo")
+		p.ip(t, "route", "add", a.String()+"/32", "via", "10.250.1.2")
+		serveEcho(t, b, a)
+	}
+	return top
+}
+
+// serveEcho answers on a in ns, naming a first: over TCP "<a> " and then the echo of the
+// stream, over UDP "<a> <datagram>".
+func serveEcho(t *testing.T, ns netNS, a netip.Addr) {
+	t.Helper()
+	var ln net.Listener
+	var pc net.PacketConn
+	err := netnamespace.Run(ns.path, func() (err error) {
+		if ln, err = net.Listen("tcp", netip.AddrPortFrom(a, echoTCPPort).String()); err != nil {
+			return err
+		}
+		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(a, echoUDPPort).String())
+		return err
+	})
+	if err != nil {
+		t.Fatalf("backend listening on %s: %v", a, err)
+	}
+	t.Cleanup(func() { ln.Close(); pc.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				fmt.Fprintf(c, "%s ", a)
+				io.Copy(c, c) //nolint:errcheck // the client checks what comes back
+			}()
+		}
+	}()
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(fmt.Appendf(nil, "%s %s", a, buf[:n]), from) //nolint:errcheck // the client retries
+		}
+	}()
+}
+
+// echo sends a payload through client to dst over network (tcp or udp), checks that it comes
+// back, and returns the address of the backend that answered.
+func echo(ctx context.Context, client *tsnet.Server, network string, dst netip.AddrPort) (string, error) {
+	c, err := client.Dial(ctx, network, dst.String())
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	if d, ok := ctx.Deadline(); ok {
+		c.SetDeadline(d) //nolint:errcheck // a read error follows
+	}
+	payload := "hello over " + network
+	buf := make([]byte, 1500)
+	if network == "udp" {
+		// Datagrams get lost until the path is up: send again after a silence.
+		for {
+			if _, err := io.WriteString(c, payload); err != nil {
+				return "", err
+			}
+			c.SetReadDeadline(time.Now().Add(200 * time.Millisecond)) //nolint:errcheck // a read error follows
+			n, err := c.Read(buf)
+			if err == nil {
+				return checkEcho(string(buf[:n]), payload)
+			}
+			if ctx.Err() != nil {
+				return "", fmt.Errorf("no UDP answer from %s: %w", dst, err)
+			}
+		}
+	}
+	if _, err := io.WriteString(c, payload); err != nil {
+		return "", err
+	}
+	var got []byte
+	for {
+		n, err := c.Read(buf)
+		got = append(got, buf[:n]...)
+		if _, echoed, ok := strings.Cut(string(got), " "); ok && len(echoed) >= len(payload) {
+			return checkEcho(string(got), payload)
+		}
+		if err != nil {
+			return "", fmt.Errorf("TCP answer from %s after %q: %w", dst, got, err)
+		}
+	}
+}
+
+// checkEcho splits an answer "<backend> <echo>" and checks the echo.
+func checkEcho(answer, payload string) (string, error) {
+	backend, echoed, _ := strings.Cut(answer, " ")
+	if echoed != payload {
+		return backend, fmt.Errorf("echo from %s: got %q, want %q", backend, echoed, payload)
+	}
+	return backend, nil
+}
+
+// expectBackend waits until TCP and UDP to dst reach the backend want.
+func expectBackend(t *testing.T, client *tsnet.Server, dst netip.Addr, want netip.Addr) {
+	t.Helper()
+	for _, network := range []string{"tcp", "udp"} {
+		port := map[string]uint16{"tcp": echoTCPPort, "udp": echoUDPPort}[network]
+		var got string
+		var err error
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			got, err = echo(ctx, client, network, netip.AddrPortFrom(dst, port))
+			cancel()
+			if err == nil && got == want.String() {
+				break
+			}
+		}
+		if err != nil || got != want.String() {
+			t.Fatalf("%s to %s reached %q (%v), want %s", network, dst, got, err, want)
+		}
+	}
+}
+
+// leftovers lists what of the proxy's is still in ns: its TUN, and nftables tables, chains or
+// rules (iptables-nft keeps its chains there too) or legacy iptables rules of tsingress.
+func leftovers(t *testing.T, ns netNS) []string {
+	t.Helper()
+	var left []string
+	if out, err := exec.Command("ip", "-n", ns.name, "link", "show", "tailscale0").CombinedOutput(); err == nil {
+		left = append(left, strings.TrimSpace(string(out)))
+	}
+	dumps := [][]string{{"nft", "list", "ruleset"}}
+	for _, save := range []string{"iptables-legacy-save", "ip6tables-legacy-save"} {
+		if _, err := exec.LookPath(save); err == nil {
+			dumps = append(dumps, []string{save})
+		}
+	}
+	for _, d := range dumps {
+		for _, line := range strings.Split(run(t, "ip", append([]string{"netns", "exec", ns.name}, d...)...), "\n") {
+			if strings.Contains(strings.ToLower(line), "tsingress") {
+				left = append(left, d[0]+": "+strings.TrimSpace(line))
+			}
+		}
+	}
+	return left
+}
