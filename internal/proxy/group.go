@@ -63,7 +63,7 @@ type replica struct {
 	up       bool     // tsnet's first Up is done: it clears advertisements, so none come before
 	tunIPs   []string // the node addresses the TUN has; nil until set
 	closing  bool
-	upAt time.Time
+	upAt     time.Time
 
 	mappings []l3.Mapping // as last given to the forwarder
 	web      map[string]*webService
@@ -562,7 +562,9 @@ func (r *replica) send(ctx context.Context, ev func()) {
 func (r *replica) servable() []string {
 	var out []string
 	if r.closing || time.Since(r.upAt) < 3*time.Second {
-		if !r.closing { go func() { time.Sleep(time.Second); r.send(context.Background(), func() {}) }() }
+		if !r.closing {
+			go func() { time.Sleep(time.Second); r.send(context.Background(), func() {}) }()
+		}
 		return out
 	}
 	var fs contract.FirewallStatus
