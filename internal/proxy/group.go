@@ -63,7 +63,6 @@ type replica struct {
 	up       bool     // tsnet's first Up is done: it clears advertisements, so none come before
 	tunIPs   []string // the node addresses the TUN has; nil until set
 	closing  bool
-	upAt     time.Time
 
 	mappings []l3.Mapping // as last given to the forwarder
 	web      map[string]*webService
@@ -280,7 +279,6 @@ func (r *replica) onStatus(ctx context.Context, st nodeStatus) error {
 			return err
 		}
 		r.up = true
-		r.upAt = time.Now()
 	}
 	return nil
 }
@@ -561,10 +559,7 @@ func (r *replica) send(ctx context.Context, ev func()) {
 // with their certificate, L3 ones with their rules in place, both still asked for.
 func (r *replica) servable() []string {
 	var out []string
-	if r.closing || time.Since(r.upAt) < 3*time.Second {
-		if !r.closing {
-			go func() { time.Sleep(time.Second); r.send(context.Background(), func() {}) }()
-		}
+	if r.closing {
 		return out
 	}
 	var fs contract.FirewallStatus

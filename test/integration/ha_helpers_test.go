@@ -144,7 +144,9 @@ func (r haRequest) String() string {
 
 func startHALoad(ctx context.Context, c *tsnet.Server, pool *x509.CertPool, url, want string, every time.Duration) *haLoad {
 	httpc := &http.Client{
-		Timeout: 10 * time.Second,
+		// Longer than the stalls WireGuard's handshake retries can cause, so that those show as
+		// slow, and what fails has really failed.
+		Timeout: 15 * time.Second,
 		Transport: &http.Transport{DialContext: c.Dial, TLSClientConfig: &tls.Config{RootCAs: pool},
 			DisableKeepAlives: true},
 	}
