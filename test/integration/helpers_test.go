@@ -47,6 +47,11 @@ type world struct {
 }
 
 func startWorld(t *testing.T) *world {
+	return startWorldWith(t, localtailnet.Options{HTTPS: true})
+}
+
+// startWorldWith starts a world whose tailnet has the given options.
+func startWorldWith(t *testing.T, tailnetOpts localtailnet.Options) *world {
 	t.Helper()
 	netns.SetEnabled(false)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -69,7 +74,7 @@ func startWorld(t *testing.T) *world {
 	if err := w.k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.opNS}}); err != nil {
 		t.Fatal(err)
 	}
-	if w.lt, err = localtailnet.Start(context.Background(), localtailnet.Options{HTTPS: true}); err != nil {
+	if w.lt, err = localtailnet.Start(context.Background(), tailnetOpts); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.lt.Close() })
