@@ -64,10 +64,12 @@ type replica struct {
 	tunIPs   []string // the node addresses the TUN has; nil until set
 	closing  bool
 
-	mappings []l3.Mapping // as last given to the forwarder
-	web      map[string]*webService
-	draining map[string]bool // L7 services whose previous server still drains
-	events   chan func()
+	mappings  []l3.Mapping  // as last given to the forwarder
+	l3Backoff time.Duration // after a failed attempt, until the next; 0 after a success
+	l3RetryAt time.Time
+	web       map[string]*webService
+	draining  map[string]bool // L7 services whose previous server still drains
+	events    chan func()
 
 	advertised []string          // as the node's prefs say, sorted
 	reported   map[string][]byte // the state last written; nil after a failed write
@@ -386,15 +388,21 @@ func (r *replica) reconcileL3(ctx context.Context) {
 		}
 		mappings = append(mappings, m)
 	}
-	if r.fwd == nil || reflect.DeepEqual(mappings, r.mappings) {
+	retry := r.l3Backoff > 0 && !time.Now().Before(r.l3RetryAt)
+	if r.fwd == nil || (reflect.DeepEqual(mappings, r.mappings) && !retry) {
 		return
 	}
-	// A mapping that cannot be installed carries its error in the status, which keeps it from
-	// being advertised.
-	if err := r.fwd.SetMappings(ctx, mappings); err != nil {
-		r.log.Error("some DNAT mappings are not installed", "err", err)
-	}
 	r.mappings = mappings
+	// A mapping that cannot be installed carries its error in the status, which keeps it from
+	// being advertised until a later attempt succeeds.
+	if err := r.fwd.SetMappings(ctx, mappings); err != nil {
+		r.l3Backoff = min(max(2*r.l3Backoff, time.Second), time.Minute)
+		r.l3RetryAt = time.Now().Add(r.l3Backoff)
+		time.AfterFunc(r.l3Backoff, func() { r.send(ctx, func() {}) })
+		r.log.Error("some DNAT mappings are not installed; trying again", "in", r.l3Backoff, "err", err)
+		return
+	}
+	r.l3Backoff = 0
 }
 
 func (r *replica) reconcileWeb(ctx context.Context) {

@@ -367,6 +367,14 @@ func TestGroupL3(t *testing.T) {
 	}
 	expectBackend(t, w.client, g.vips["svc:db"][0], backend)
 
+	// A removed service is withdrawn and its rules go.
+	g.writeDocs(t, nil, &contract.DNATConfig{Services: map[string]contract.DNATService{
+		"svc:bad": {VIPs: v4(g.vips["svc:bad"]), Destination: contract.Destination{IPs: []string{"fd00:96::10"}}},
+	}}, nil)
+	if st := g.waitAdvertised(t); st.Firewall == nil || len(st.Firewall.Mappings) != 1 {
+		t.Errorf("firewall status after the removal: %+v", st.Firewall)
+	}
+
 	cancel()
 	if err := waitDone(t, done); err != nil {
 		t.Fatalf("Run: %v", err)
