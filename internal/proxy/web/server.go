@@ -127,7 +127,8 @@ func (s *Server) newHTTPServer(h http.Handler) *http.Server {
 }
 
 func (s *Server) serve(what string, serve func() error) {
-	if err := serve(); !errors.Is(err, http.ErrServerClosed) {
+	// ErrServerClosed follows Shutdown; net.ErrClosed follows Apply closing port 80's listener.
+	if err := serve(); !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 		s.errs <- fmt.Errorf("%s listener: %w", what, err)
 	}
 }

@@ -400,6 +400,12 @@ func TestServer(t *testing.T) {
 		if status, _, _ := get(t, c, "http://"+fqdn+"/", nil); status != http.StatusMovedPermanently {
 			t.Errorf("port 80 reopened: %d", status)
 		}
+		// Closing port 80 is no listener failure: nothing may reach Errors, which stops a proxy.
+		select {
+		case err := <-srv.Errors():
+			t.Errorf("turning port 80 off reported %v", err)
+		default:
+		}
 	})
 
 	t.Run("reload", func(t *testing.T) {
