@@ -47,11 +47,12 @@ type world struct {
 }
 
 func startWorld(t *testing.T) *world {
-	return startWorldWith(t, localtailnet.Options{HTTPS: true})
+	return startWorldWith(t, localtailnet.Options{HTTPS: true}, contract.FirewallAuto)
 }
 
-// startWorldWith starts a world whose tailnet has the given options.
-func startWorldWith(t *testing.T, tailnetOpts localtailnet.Options) *world {
+// startWorldWith starts a world whose tailnet has the given options and whose operator gives
+// L3 proxies the given firewall mode.
+func startWorldWith(t *testing.T, tailnetOpts localtailnet.Options, mode contract.FirewallMode) *world {
 	t.Helper()
 	netns.SetEnabled(false)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -87,7 +88,7 @@ func startWorldWith(t *testing.T, tailnetOpts localtailnet.Options) *world {
 	}
 	settings := controller.Settings{
 		Namespace: w.opNS, IngressClassName: "tailscale", DefaultTags: []string{"tag:k8s"},
-		ProxyImage: "unused", FirewallMode: contract.FirewallAuto, ControlURL: w.lt.ControlURL,
+		ProxyImage: "unused", FirewallMode: mode, ControlURL: w.lt.ControlURL,
 	}
 	mgr, err := ctrl.NewManager(w.cp.Config, ctrl.Options{
 		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, Cache: controller.CacheOptions(settings),

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/localtailnet"
 )
@@ -18,7 +19,7 @@ import (
 // On a tailnet without HTTPS the operator says so on the Ingress (and still creates the proxy,
 // which serves as soon as HTTPS is turned on).
 func TestIngressOnTailnetWithoutHTTPS(t *testing.T) {
-	w := startWorldWith(t, localtailnet.Options{})
+	w := startWorldWith(t, localtailnet.Options{}, contract.FirewallAuto)
 	ns := "nohttps"
 	if err := w.k8s.Create(w.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatal(err)

@@ -3,12 +3,10 @@ package integration
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -20,22 +18,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	"tailscale.com/net/netns"
 
-	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/localtailnet"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/tailnet"
-	"github.com/tsingress/tsingress/internal/testenv"
 )
 
 // A tailscale LoadBalancer Service from creation to deletion, in each firewall mode: the
@@ -58,7 +48,7 @@ func TestL3ServiceWholeFlow(t *testing.T) {
 }
 
 func testL3Flow(t *testing.T, mode contract.FirewallMode) {
-	w := startL3World(t, mode)
+	w := startWorldWith(t, localtailnet.Options{}, mode)
 	laptop := joinClient(t, w, "laptop")
 	start := time.Now()
 	phase := func(what string) {
@@ -230,64 +220,6 @@ func testL3Flow(t *testing.T, mode contract.FirewallMode) {
 	if strings.Contains(logs.String(), "tskey-") {
 		t.Error("a key appears in the proxy's logs")
 	}
-}
-
-// startL3World is startWorld with the operator passing mode to the L3 proxies. Its controllers
-// skip the name check, since every flow runs an operator of its own in the test process.
-func startL3World(t *testing.T, mode contract.FirewallMode) *world {
-	t.Helper()
-	netns.SetEnabled(false) // in-process nodes without SO_MARK, as in tsnet's own tests
-	ctx, cancel := context.WithCancel(context.Background())
-	w := &world{opNS: "tailscale", ctx: ctx, cancel: cancel}
-	var err error
-	if w.cp, err = testenv.Start(filepath.Join("..", "..", "config", "crd", "bases")); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.cp.Stop() })
-	scheme := runtime.NewScheme()
-	if err := errors.Join(clientgoscheme.AddToScheme(scheme), tsv1alpha1.AddToScheme(scheme)); err != nil {
-		t.Fatal(err)
-	}
-	if w.k8s, err = client.New(w.cp.Config, client.Options{Scheme: scheme}); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.opNS}}); err != nil {
-		t.Fatal(err)
-	}
-	if w.lt, err = localtailnet.Start(context.Background(), localtailnet.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.lt.Close() })
-	idFile, secretFile, err := w.lt.WriteOAuthFiles(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if w.api, err = tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: w.lt.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile}); err != nil {
-		t.Fatal(err)
-	}
-	settings := controller.Settings{
-		Namespace: w.opNS, IngressClassName: "tailscale", DefaultTags: []string{"tag:k8s"},
-		ProxyImage: "unused", FirewallMode: mode, ControlURL: w.lt.ControlURL,
-	}
-	mgr, err := ctrl.NewManager(w.cp.Config, ctrl.Options{
-		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, Cache: controller.CacheOptions(settings),
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := controller.Setup(mgr, settings, w.api); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := mgr.Start(ctx); err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	return w
 }
 
 // syncBuffer collects logs written from several goroutines.
