@@ -205,7 +205,7 @@ func TestGroupL7(t *testing.T) {
 	}
 	if os.Geteuid() == 0 {
 		// Its own namespace for the TUN, which a root test would otherwise add to the host.
-		opts.NetNS = newNetNS(t, "g").path
+		opts.NetNS = proxytest.NewNetNS(t, "g").Path
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -331,11 +331,11 @@ func TestGroupL7(t *testing.T) {
 // A replica DNATs a Tailscale Service's VIPs to its destination through the kernel, advertises
 // it once the rules are in place, and never advertises a mapping that cannot be installed.
 func TestGroupL3(t *testing.T) {
-	needRoot(t)
+	proxytest.NeedRoot(t)
 	g := newGroupEnv(t, "svc:db", "svc:bad")
 	w := g.w
 	backend := netip.MustParseAddr("10.96.0.10")
-	top := newTopology(t, backend)
+	top := proxytest.NewTopology(t, backend)
 	v4 := func(addrs []netip.Addr) []string {
 		for _, a := range addrs {
 			if a.Is4() {
@@ -355,7 +355,7 @@ func TestGroupL3(t *testing.T) {
 	defer cancel()
 	done := g.start(t, ctx, proxy.Options{
 		ConfigSecret: groupConfig, GroupConfigMap: groupConfigMap, Kube: g.replicaUser(t), Namespace: ns,
-		PodUID: "pod-a", StateDir: t.TempDir(), NetNS: top.proxy.path, GroupWithdrawWait: 100 * time.Millisecond,
+		PodUID: "pod-a", StateDir: t.TempDir(), NetNS: top.Proxy.Path, GroupWithdrawWait: 100 * time.Millisecond,
 	})
 	if _, err := w.client.Up(t.Context()); err != nil {
 		t.Fatal(err)
@@ -365,7 +365,7 @@ func TestGroupL3(t *testing.T) {
 	if fw == nil || fw.PodUID != "pod-a" || fw.Mappings["svc:db"].Error != "" || fw.Mappings["svc:bad"].Error == "" {
 		t.Fatalf("firewall status %+v", fw)
 	}
-	expectBackend(t, w.client, g.vips["svc:db"][0], backend)
+	proxytest.ExpectBackend(t, w.client, g.vips["svc:db"][0], backend)
 
 	// A removed service is withdrawn and its rules go.
 	g.writeDocs(t, nil, &contract.DNATConfig{Services: map[string]contract.DNATService{
@@ -379,7 +379,7 @@ func TestGroupL3(t *testing.T) {
 	if err := waitDone(t, done); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	if left := leftovers(t, top.proxy); len(left) > 0 {
+	if left := proxytest.Leftovers(t, top.Proxy); len(left) > 0 {
 		t.Errorf("after shutdown, still there:\n%s", strings.Join(left, "\n"))
 	}
 }

@@ -27,10 +27,10 @@ var (
 // address to the destination in its kernel namespace, follows changed destinations without a
 // restart, reports what it installed, and leaves nothing behind when it stops.
 func TestServiceProxy(t *testing.T) {
-	needRoot(t)
+	proxytest.NeedRoot(t)
 	env := proxytest.StartKube(t)
 	w := newWorld(t)
-	top := newTopology(t, clusterIPA, clusterIPB)
+	top := proxytest.NewTopology(t, clusterIPA, clusterIPB)
 	secrets := env.Client.CoreV1().Secrets(ns)
 	key := w.mintKey(t)
 	cfg := &contract.ProxyConfig{
@@ -92,7 +92,7 @@ func TestServiceProxy(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	health, done := w.start(t, ctx, proxy.Options{
-		ConfigSecret: "db-0", Kube: env.Config, Namespace: ns, PodUID: "pod-1", StateDir: t.TempDir(), NetNS: top.proxy.path,
+		ConfigSecret: "db-0", Kube: env.Config, Namespace: ns, PodUID: "pod-1", StateDir: t.TempDir(), NetNS: top.Proxy.Path,
 	})
 	if _, err := w.client.Up(t.Context()); err != nil {
 		t.Fatal(err)
@@ -115,10 +115,10 @@ func TestServiceProxy(t *testing.T) {
 		!slices.Equal(m.Destinations, []string{clusterIPA.String()}) || m.Error != "" {
 		t.Errorf("mapping = %+v", m)
 	}
-	if out := top.proxy.ip(t, "-brief", "addr", "show", "dev", "tailscale0"); !strings.Contains(out, ip4.String()+"/32") {
+	if out := top.Proxy.IP(t, "-brief", "addr", "show", "dev", "tailscale0"); !strings.Contains(out, ip4.String()+"/32") {
 		t.Errorf("the TUN lacks the tailnet address %s: %s", ip4, out)
 	}
-	expectBackend(t, w.client, ip4, clusterIPA)
+	proxytest.ExpectBackend(t, w.client, ip4, clusterIPA)
 
 	t.Run("changed destination", func(t *testing.T) {
 		// As the operator writes it once the device is logged in: no auth key.
@@ -126,7 +126,7 @@ func TestServiceProxy(t *testing.T) {
 		cfg.Forward = &contract.Destination{IPs: []string{clusterIPB.String()}}
 		writeConfig(t)
 		mapping(t, "the mapping to "+clusterIPB.String(), to(clusterIPB))
-		expectBackend(t, w.client, ip4, clusterIPB)
+		proxytest.ExpectBackend(t, w.client, ip4, clusterIPB)
 
 		// An ExternalName whose name never resolves (RFC 6761): the error reaches the state
 		// and readiness, and the next good destination mends both.
@@ -146,7 +146,7 @@ func TestServiceProxy(t *testing.T) {
 		writeConfig(t)
 		mapping(t, "the mapping back to "+clusterIPA.String(), to(clusterIPA))
 		waitReady(t, health, done)
-		expectBackend(t, w.client, ip4, clusterIPA)
+		proxytest.ExpectBackend(t, w.client, ip4, clusterIPA)
 
 		if got := readState(t).DeviceID; got != st.DeviceID {
 			t.Errorf("device %s after the changes, want %s: the proxy logged in again", got, st.DeviceID)
@@ -154,7 +154,7 @@ func TestServiceProxy(t *testing.T) {
 	})
 
 	t.Run("firewall mode change restarts and cleans up", func(t *testing.T) {
-		if left := leftovers(t, top.proxy); len(left) == 0 {
+		if left := proxytest.Leftovers(t, top.Proxy); len(left) == 0 {
 			t.Fatal("no TUN or rules found while the proxy runs: the leftover check sees nothing")
 		}
 		cfg.Firewall.Mode = contract.FirewallIPTables
@@ -163,7 +163,7 @@ func TestServiceProxy(t *testing.T) {
 		if !errors.Is(err, proxy.ErrRestartRequired) || !strings.Contains(err.Error(), "firewall mode") {
 			t.Fatalf("Run returned %v, want ErrRestartRequired for the firewall mode", err)
 		}
-		if left := leftovers(t, top.proxy); len(left) > 0 {
+		if left := proxytest.Leftovers(t, top.Proxy); len(left) > 0 {
 			t.Errorf("after Run returned, still there:\n%s", strings.Join(left, "\n"))
 		}
 	})

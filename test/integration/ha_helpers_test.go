@@ -49,7 +49,7 @@ func newHAReplica(t *testing.T, w *world, pg string, i int, certs *proxytest.CA)
 	}
 	if os.Geteuid() == 0 {
 		// Its own namespace for the TUN, which a root test would otherwise add to the host.
-		r.opts.NetNS = newNetNS(t, fmt.Sprintf("pg%d", i)).path
+		r.opts.NetNS = proxytest.NewNetNS(t, fmt.Sprintf("pg%d", i)).Path
 	}
 	t.Cleanup(func() {
 		r.stop(t)

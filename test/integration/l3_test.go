@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"log/slog"
 	"net/netip"
 	"os/exec"
@@ -34,7 +35,7 @@ import (
 // Service reports ready with its tailnet name and addresses, and deleting it removes the
 // device, the proxy's objects and, once the proxy stops, every rule and the TUN.
 func TestL3ServiceWholeFlow(t *testing.T) {
-	needRoot(t)
+	proxytest.NeedRoot(t)
 	for _, mode := range []contract.FirewallMode{contract.FirewallNFTables, contract.FirewallIPTables} {
 		t.Run(string(mode), func(t *testing.T) {
 			if mode == contract.FirewallIPTables {
@@ -65,8 +66,8 @@ func testL3Flow(t *testing.T, mode contract.FirewallMode) {
 			Type:              corev1.ServiceTypeLoadBalancer,
 			LoadBalancerClass: ptr.To(controller.LoadBalancerClass),
 			Ports: []corev1.ServicePort{
-				{Name: "pg", Port: echoTCPPort, Protocol: corev1.ProtocolTCP},
-				{Name: "dns", Port: echoUDPPort, Protocol: corev1.ProtocolUDP},
+				{Name: "pg", Port: proxytest.EchoTCPPort, Protocol: corev1.ProtocolTCP},
+				{Name: "dns", Port: proxytest.EchoUDPPort, Protocol: corev1.ProtocolUDP},
 			},
 		},
 	}
@@ -79,7 +80,7 @@ func testL3Flow(t *testing.T, mode contract.FirewallMode) {
 	if err != nil || !clusterIP.Is4() {
 		t.Fatalf("ClusterIP %q: %v", svc.Spec.ClusterIP, err)
 	}
-	top := newTopology(t, clusterIP)
+	top := proxytest.NewTopology(t, clusterIP)
 
 	// The operator writes the proxy's Secret; kube-controller-manager creates its Pod. The proxy
 	// runs here in-process from that Secret, as the Pod would.
@@ -114,7 +115,7 @@ func testL3Flow(t *testing.T, mode contract.FirewallMode) {
 		defer close(proxyDone)
 		proxyErr = proxy.Run(runCtx, proxy.Options{
 			ConfigSecret: sts.Name + "-0", Kube: w.cp.Config, Namespace: w.opNS, PodUID: string(pod.UID),
-			StateDir: t.TempDir(), NetNS: top.proxy.path, Logger: slog.New(slog.NewTextHandler(logs, nil)),
+			StateDir: t.TempDir(), NetNS: top.Proxy.Path, Logger: slog.New(slog.NewTextHandler(logs, nil)),
 		})
 	}()
 	// Before the namespaces and the tailnet go, also when the test fails early.
@@ -168,7 +169,7 @@ func testL3Flow(t *testing.T, mode contract.FirewallMode) {
 			ip4 = a
 		}
 	}
-	expectBackend(t, laptop, ip4, clusterIP)
+	proxytest.ExpectBackend(t, laptop, ip4, clusterIP)
 	phase("TCP and UDP echo over the tailnet")
 
 	if err := w.k8s.Delete(w.ctx, svc); err != nil {
@@ -201,7 +202,7 @@ func testL3Flow(t *testing.T, mode contract.FirewallMode) {
 	})
 	phase("Service, proxy objects and device gone")
 
-	if left := leftovers(t, top.proxy); len(left) == 0 {
+	if left := proxytest.Leftovers(t, top.Proxy); len(left) == 0 {
 		t.Fatal("no TUN or rules found while the proxy runs: the leftover check sees nothing")
 	}
 	stopProxy()
@@ -213,7 +214,7 @@ func testL3Flow(t *testing.T, mode contract.FirewallMode) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the proxy did not stop")
 	}
-	if left := leftovers(t, top.proxy); len(left) > 0 {
+	if left := proxytest.Leftovers(t, top.Proxy); len(left) > 0 {
 		t.Errorf("after the proxy stopped, still there:\n%s", strings.Join(left, "\n"))
 	}
 	phase("whole flow, proxy stopped and clean")

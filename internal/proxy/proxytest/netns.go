@@ -1,4 +1,7 @@
-package proxy_test
+// Kernel test helpers: network namespaces, a proxy/backend Topology joined by veth, echo
+// backends and probes over the tailnet, and a check for rules left behind.
+
+package proxytest
 
 import (
 	"context"
@@ -20,13 +23,13 @@ import (
 
 // Ports the backends answer on; the proxy forwards every port, these are just the ones probed.
 const (
-	echoTCPPort = 5432
-	echoUDPPort = 5353
+	EchoTCPPort = 5432
+	EchoUDPPort = 5353
 )
 
-// needRoot skips kernel tests for users who cannot create namespaces and devices; CI runs as
+// NeedRoot skips kernel tests for users who cannot create namespaces and devices; CI runs as
 // root.
-func needRoot(t *testing.T) {
+func NeedRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("kernel test: needs root to create network namespaces, TUN devices and DNAT rules")
@@ -38,28 +41,28 @@ func needRoot(t *testing.T) {
 	}
 }
 
-// netNS is a network namespace a test made, deleted when the test ends.
-type netNS struct{ name, path string }
+// NetNS is a network namespace a test made, deleted when the test ends.
+type NetNS struct{ Name, Path string }
 
 var netNSSeq atomic.Int32
 
-func newNetNS(t *testing.T, role string) netNS {
+func NewNetNS(t *testing.T, role string) NetNS {
 	t.Helper()
-	name := fmt.Sprintf("tssvc-%d-%d-%s", os.Getpid(), netNSSeq.Add(1), role)
+	name := fmt.Sprintf("tsp-%d-%d-%s", os.Getpid(), netNSSeq.Add(1), role)
 	run(t, "ip", "netns", "add", name)
 	t.Cleanup(func() {
 		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
 			t.Errorf("ip netns del %s: %v: %s", name, err, out)
 		}
 	})
-	ns := netNS{name: name, path: "/run/netns/" + name}
-	ns.ip(t, "link", "set", "lo", "up")
+	ns := NetNS{Name: name, Path: "/run/netns/" + name}
+	ns.IP(t, "link", "set", "lo", "up")
 	return ns
 }
 
-func (ns netNS) ip(t *testing.T, args ...string) string {
+func (ns NetNS) IP(t *testing.T, args ...string) string {
 	t.Helper()
-	return run(t, "ip", append([]string{"-n", ns.name}, args...)...)
+	return run(t, "ip", append([]string{"-n", ns.Name}, args...)...)
 }
 
 func run(t *testing.T, name string, args ...string) string {
@@ -71,40 +74,40 @@ func run(t *testing.T, name string, args ...string) string {
 	return string(out)
 }
 
-// topology is a proxy namespace joined by a veth pair to a backend namespace, which holds the
+// Topology is a proxy namespace joined by a veth pair to a backend namespace, which holds the
 // ClusterIPs on its loopback and routes the tailnet range back through the proxy, as a cluster
 // network routes replies back to the proxy Pod.
-type topology struct{ proxy, backend netNS }
+type Topology struct{ Proxy, Backend NetNS }
 
-func newTopology(t *testing.T, clusterIPs ...netip.Addr) topology {
+func NewTopology(t *testing.T, clusterIPs ...netip.Addr) Topology {
 	t.Helper()
-	top := topology{proxy: newNetNS(t, "p"), backend: newNetNS(t, "b")}
-	p, b := top.proxy, top.backend
-	p.ip(t, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", b.name)
-	p.ip(t, "addr", "add", "10.250.1.1/24", "dev", "eth0")
-	b.ip(t, "addr", "add", "10.250.1.2/24", "dev", "eth0")
-	p.ip(t, "link", "set", "eth0", "up")
-	b.ip(t, "link", "set", "eth0", "up")
-	b.ip(t, "route", "add", "100.64.0.0/10", "via", "10.250.1.1")
+	top := Topology{Proxy: NewNetNS(t, "p"), Backend: NewNetNS(t, "b")}
+	p, b := top.Proxy, top.Backend
+	p.IP(t, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", b.Name)
+	p.IP(t, "addr", "add", "10.250.1.1/24", "dev", "eth0")
+	b.IP(t, "addr", "add", "10.250.1.2/24", "dev", "eth0")
+	p.IP(t, "link", "set", "eth0", "up")
+	b.IP(t, "link", "set", "eth0", "up")
+	b.IP(t, "route", "add", "100.64.0.0/10", "via", "10.250.1.1")
 	for _, a := range clusterIPs {
-		b.ip(t, "addr", "add", a.String()+"/32", "dev", "lo")
-		p.ip(t, "route", "add", a.String()+"/32", "via", "10.250.1.2")
-		serveEcho(t, b, a)
+		b.IP(t, "addr", "add", a.String()+"/32", "dev", "lo")
+		p.IP(t, "route", "add", a.String()+"/32", "via", "10.250.1.2")
+		ServeEcho(t, b, a)
 	}
 	return top
 }
 
-// serveEcho answers on a in ns, naming a first: over TCP "<a> " and then the echo of the
+// ServeEcho answers on a in ns, naming a first: over TCP "<a> " and then the echo of the
 // stream, over UDP "<a> <datagram>".
-func serveEcho(t *testing.T, ns netNS, a netip.Addr) {
+func ServeEcho(t *testing.T, ns NetNS, a netip.Addr) {
 	t.Helper()
 	var ln net.Listener
 	var pc net.PacketConn
-	err := netnamespace.Run(ns.path, func() (err error) {
-		if ln, err = net.Listen("tcp", netip.AddrPortFrom(a, echoTCPPort).String()); err != nil {
+	err := netnamespace.Run(ns.Path, func() (err error) {
+		if ln, err = net.Listen("tcp", netip.AddrPortFrom(a, EchoTCPPort).String()); err != nil {
 			return err
 		}
-		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(a, echoUDPPort).String())
+		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(a, EchoUDPPort).String())
 		return err
 	})
 	if err != nil {
@@ -138,7 +141,7 @@ func serveEcho(t *testing.T, ns netNS, a netip.Addr) {
 
 // echo sends a payload through client to dst over network (tcp or udp), checks that it comes
 // back, and returns the address of the backend that answered.
-func echo(ctx context.Context, client *tsnet.Server, network string, dst netip.AddrPort) (string, error) {
+func Echo(ctx context.Context, client *tsnet.Server, network string, dst netip.AddrPort) (string, error) {
 	c, err := client.Dial(ctx, network, dst.String())
 	if err != nil {
 		return "", err
@@ -158,7 +161,7 @@ func echo(ctx context.Context, client *tsnet.Server, network string, dst netip.A
 			c.SetReadDeadline(time.Now().Add(200 * time.Millisecond)) //nolint:errcheck // a read error follows
 			n, err := c.Read(buf)
 			if err == nil {
-				return checkEcho(string(buf[:n]), payload)
+				return CheckEcho(string(buf[:n]), payload)
 			}
 			if ctx.Err() != nil {
 				return "", fmt.Errorf("no UDP answer from %s: %w", dst, err)
@@ -173,7 +176,7 @@ func echo(ctx context.Context, client *tsnet.Server, network string, dst netip.A
 		n, err := c.Read(buf)
 		got = append(got, buf[:n]...)
 		if _, echoed, ok := strings.Cut(string(got), " "); ok && len(echoed) >= len(payload) {
-			return checkEcho(string(got), payload)
+			return CheckEcho(string(got), payload)
 		}
 		if err != nil {
 			return "", fmt.Errorf("TCP answer from %s after %q: %w", dst, got, err)
@@ -181,8 +184,8 @@ func echo(ctx context.Context, client *tsnet.Server, network string, dst netip.A
 	}
 }
 
-// checkEcho splits an answer "<backend> <echo>" and checks the echo.
-func checkEcho(answer, payload string) (string, error) {
+// CheckEcho splits an answer "<backend> <echo>" and checks the echo.
+func CheckEcho(answer, payload string) (string, error) {
 	backend, echoed, _ := strings.Cut(answer, " ")
 	if echoed != payload {
 		return backend, fmt.Errorf("echo from %s: got %q, want %q", backend, echoed, payload)
@@ -190,17 +193,17 @@ func checkEcho(answer, payload string) (string, error) {
 	return backend, nil
 }
 
-// expectBackend waits until TCP and UDP to dst reach the backend want.
-func expectBackend(t *testing.T, client *tsnet.Server, dst netip.Addr, want netip.Addr) {
+// ExpectBackend waits until TCP and UDP to dst reach the backend want.
+func ExpectBackend(t *testing.T, client *tsnet.Server, dst netip.Addr, want netip.Addr) {
 	t.Helper()
 	for _, network := range []string{"tcp", "udp"} {
-		port := map[string]uint16{"tcp": echoTCPPort, "udp": echoUDPPort}[network]
+		port := map[string]uint16{"tcp": EchoTCPPort, "udp": EchoUDPPort}[network]
 		var got string
 		var err error
 		deadline := time.Now().Add(20 * time.Second)
 		for time.Now().Before(deadline) {
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
-			got, err = echo(ctx, client, network, netip.AddrPortFrom(dst, port))
+			got, err = Echo(ctx, client, network, netip.AddrPortFrom(dst, port))
 			cancel()
 			if err == nil && got == want.String() {
 				break
@@ -212,12 +215,12 @@ func expectBackend(t *testing.T, client *tsnet.Server, dst netip.Addr, want neti
 	}
 }
 
-// leftovers lists what of the proxy's is still in ns: its TUN, and nftables tables, chains or
+// Leftovers lists what of the proxy's is still in ns: its TUN, and nftables tables, chains or
 // rules (iptables-nft keeps its chains there too) or legacy iptables rules of tsingress.
-func leftovers(t *testing.T, ns netNS) []string {
+func Leftovers(t *testing.T, ns NetNS) []string {
 	t.Helper()
 	var left []string
-	if out, err := exec.Command("ip", "-n", ns.name, "link", "show", "tailscale0").CombinedOutput(); err == nil {
+	if out, err := exec.Command("ip", "-n", ns.Name, "link", "show", "tailscale0").CombinedOutput(); err == nil {
 		left = append(left, strings.TrimSpace(string(out)))
 	}
 	dumps := [][]string{{"nft", "list", "ruleset"}}
@@ -227,7 +230,7 @@ func leftovers(t *testing.T, ns netNS) []string {
 		}
 	}
 	for _, d := range dumps {
-		for _, line := range strings.Split(run(t, "ip", append([]string{"netns", "exec", ns.name}, d...)...), "\n") {
+		for _, line := range strings.Split(run(t, "ip", append([]string{"netns", "exec", ns.Name}, d...)...), "\n") {
 			if strings.Contains(strings.ToLower(line), "tsingress") {
 				left = append(left, d[0]+": "+strings.TrimSpace(line))
 			}
