@@ -99,6 +99,9 @@ var (
 	svcName  = regexp.MustCompile(`^svc:[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 )
 
+// ValidDNSName reports whether s is a DNS name such as "app.example.com".
+func ValidDNSName(s string) bool { return dnsName.MatchString(s) && !strings.HasSuffix(s, ".") }
+
 // ValidHostname reports whether s can be a tailnet device or service hostname.
 func ValidHostname(s string) bool { return dnsLabel.MatchString(s) }
 
@@ -182,13 +185,17 @@ func (d *Destination) Validate() error {
 
 // ProxyConfigs stores ProxyConfig documents. The operator writes every version in its encode
 // set; the proxy reads the newest version it understands.
+// Version 2 added the Serve config's certificate settings and route hosts (see ServeConfigs).
 var ProxyConfigs = codec[ProxyConfig]{
 	name: "proxy-config",
 	encode: map[int]func(*ProxyConfig) ([]byte, error){
-		1: jsonEncoder(1, func(c *ProxyConfig, v int) { c.Version = v }),
+		1: onlyIf(func(c *ProxyConfig) bool { return c.Serve == nil || !c.Serve.needsV2() },
+			jsonEncoder(1, func(c *ProxyConfig, v int) { c.Version = v })),
+		2: jsonEncoder(2, func(c *ProxyConfig, v int) { c.Version = v }),
 	},
 	decode: map[int]func([]byte) (*ProxyConfig, error){
 		1: jsonDecoder(1, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		2: jsonDecoder(2, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 	},
 }
 

@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 func validIngressConfig() *ProxyConfig {
@@ -50,11 +51,11 @@ func TestProxyConfigRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if v != 1 || got.Version != 1 {
-				t.Errorf("version = %d / %d, want 1", v, got.Version)
+			if v != 2 || got.Version != 2 {
+				t.Errorf("version = %d / %d, want the newest, 2", v, got.Version)
 			}
 			want := *cfg
-			want.Version = 1
+			want.Version = 2
 			if !reflect.DeepEqual(*got, want) {
 				t.Errorf("round trip changed the config:\n got %+v\nwant %+v", *got, want)
 			}
@@ -72,20 +73,68 @@ func TestEncodeDoesNotMutateInput(t *testing.T) {
 	}
 }
 
-// A newer operator writes v1 and a v2 this proxy has never heard of: the proxy reads v1.
+// A newer operator writes v2 and a v3 this proxy has never heard of: the proxy reads v2.
 func TestOlderReaderTakesNewestVersionItUnderstands(t *testing.T) {
 	data, err := ProxyConfigs.Encode(validIngressConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	data["proxy-config.v2.json"] = []byte(`{"version":2,"listeners":[{"totally":"different"}]}`)
+	data["proxy-config.v3.json"] = []byte(`{"version":3,"listeners":[{"totally":"different"}]}`)
 	data["proxy-config.v10.json"] = []byte(`not even json`)
 	got, v, err := ProxyConfigs.Decode(data)
 	if err != nil {
 		t.Fatalf("older reader failed on a newer writer's output: %v", err)
 	}
-	if v != 1 || got.Hostname != "web" {
-		t.Errorf("got version %d hostname %q, want v1 web", v, got.Hostname)
+	if v != 2 || got.Hostname != "web" {
+		t.Errorf("got version %d hostname %q, want v2 web", v, got.Hostname)
+	}
+}
+
+// v1 is written only while it can express the document: a proxy that reads only v1 serves a
+// plain Serve config, and fails clearly on one with v2 features instead of ignoring them.
+func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
+	v1Reader := codec[ProxyConfig]{name: "proxy-config", decode: map[int]func([]byte) (*ProxyConfig, error){
+		1: ProxyConfigs.decode[1],
+	}}
+	plain := validIngressConfig()
+	data, err := ProxyConfigs.Encode(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, v, err := v1Reader.Decode(data); err != nil || v != 1 || got.Hostname != "web" {
+		t.Fatalf("v1 reader on a plain config: v%d %v", v, err)
+	}
+
+	for name, change := range map[string]func(*WebService){
+		"hold": func(w *WebService) { w.TLS.Hold = &IssuanceHold{Reason: "CertificateRateLimited"} },
+		"byo": func(w *WebService) {
+			w.TLS.Certificates = []CertificateRef{{SecretName: "app-tls", Hosts: []string{"app.example.com"}}}
+		},
+		"route host": func(w *WebService) { w.Routes[0].Host = "app.example.com" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := validIngressConfig()
+			change(cfg.Serve)
+			data, err := ProxyConfigs.Encode(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := data["proxy-config.v1.json"]; ok {
+				t.Errorf("v1 written for a config it cannot express")
+			}
+			if _, _, err := v1Reader.Decode(data); !errors.Is(err, ErrNoSupportedVersion) {
+				t.Errorf("v1 reader: err = %v, want ErrNoSupportedVersion", err)
+			}
+			got, v, err := ProxyConfigs.Decode(data)
+			if err != nil || v != 2 {
+				t.Fatalf("current reader: v%d %v", v, err)
+			}
+			want := *cfg
+			want.Version = 2
+			if !reflect.DeepEqual(*got, want) {
+				t.Errorf("round trip changed the config:\n got %+v\nwant %+v", got.Serve, want.Serve)
+			}
+		})
 	}
 }
 
@@ -107,7 +156,7 @@ func TestUnknownFieldsInKnownVersionAreIgnored(t *testing.T) {
 
 func TestNoSupportedVersion(t *testing.T) {
 	cases := map[string]map[string][]byte{
-		"only newer":   {"proxy-config.v2.json": []byte(`{"version":2}`)},
+		"only newer":   {"proxy-config.v3.json": []byte(`{"version":3}`)},
 		"nothing":      {"unrelated": []byte("x")},
 		"wrong prefix": {"proxy-config.v1.yaml": []byte("x")},
 	}
@@ -117,7 +166,7 @@ func TestNoSupportedVersion(t *testing.T) {
 			if !errors.Is(err, ErrNoSupportedVersion) {
 				t.Fatalf("err = %v, want ErrNoSupportedVersion", err)
 			}
-			if !strings.Contains(err.Error(), "this build reads v1") {
+			if !strings.Contains(err.Error(), "this build reads v2, v1") {
 				t.Errorf("error %q does not say which versions this build reads", err)
 			}
 		})
@@ -286,6 +335,11 @@ func TestStateRoundTrip(t *testing.T) {
 		Firewall: &FirewallStatus{Mode: FirewallNFTables, PodUID: "uid-1", Mappings: map[string]AppliedDNAT{
 			StandaloneMapping: {TailnetIPs: []string{"100.64.0.1"}, Destinations: []string{"10.96.0.1"}},
 		}},
+		Certificates: map[string]CertificateStatus{
+			"web.tailnet.test": {Source: CertSourceACME, Serial: "0a1b", NotBefore: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC),
+				NotAfter: time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC)},
+			"app.example.com": {Reason: CertReasonSecretInvalid, Message: "expired"},
+		},
 	}
 	data, err := st.Data()
 	if err != nil {
@@ -308,7 +362,7 @@ func TestStateRoundTrip(t *testing.T) {
 
 	// A fresh Pod's state clears every key the previous Pod set.
 	fresh, _ := (&ProxyState{PodUID: "uid-2"}).Data()
-	for _, k := range []string{StateDeviceIPs, StateFirewall, StateAdvertised, StateHTTPSEndpoint, StateConfigVersion} {
+	for _, k := range []string{StateDeviceIPs, StateFirewall, StateAdvertised, StateHTTPSEndpoint, StateConfigVersion, StateCertificates} {
 		if v, ok := fresh[k]; !ok || len(v) != 0 {
 			t.Errorf("fresh state key %s = %q, present %v; want present and empty", k, v, ok)
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 )
 
 // PathType is how a route's path matches a request path, as networking.k8s.io/v1 defines it.
@@ -32,11 +33,52 @@ type WebService struct {
 	HTTP HTTPMode `json:"http,omitempty"`
 	// Routes, matched most specific first: exact matches, then the longest prefix.
 	Routes []Route `json:"routes"`
+	// TLS says where certificates come from besides ACME for the tailnet name. Schema v2.
+	TLS WebTLS `json:"tls,omitzero"`
+}
+
+// WebTLS configures the certificates of a web service.
+type WebTLS struct {
+	// Hold stops new ACME issuance for the tailnet name (the operator's rate-limit guard): a
+	// cached certificate is still served, but none is requested.
+	Hold *IssuanceHold `json:"hold,omitempty"`
+	// Certificates are bring-your-own certificates, served by SNI for the hosts each names.
+	Certificates []CertificateRef `json:"certificates,omitempty"`
+}
+
+// IssuanceHold says why, and until when, no certificate may be requested from the CA.
+type IssuanceHold struct {
+	Reason  string    `json:"reason"`
+	Message string    `json:"message,omitempty"`
+	Until   time.Time `json:"until,omitzero"`
+}
+
+// CertificateRef is a kubernetes.io/tls Secret in the proxy's namespace (the operator copies a
+// user's Secret there) and the hosts it is served for.
+type CertificateRef struct {
+	SecretName string   `json:"secretName"`
+	Hosts      []string `json:"hosts"`
+}
+
+// needsV2 reports whether the web service uses what schema v1 cannot express.
+func (w *WebService) needsV2() bool {
+	if w.TLS.Hold != nil || len(w.TLS.Certificates) > 0 {
+		return true
+	}
+	for _, r := range w.Routes {
+		if r.Host != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // Route sends requests whose path matches to a backend. The request path is passed on
 // unchanged, as Kubernetes Ingress semantics require.
 type Route struct {
+	// Host limits the route to requests for that host (a bring-your-own certificate's host);
+	// empty matches every host. Schema v2.
+	Host     string   `json:"host,omitempty"`
 	Path     string   `json:"path"`
 	PathType PathType `json:"pathType"`
 	Backend  Backend  `json:"backend"`
@@ -64,13 +106,26 @@ func (w *WebService) Validate() error {
 	}
 	seen := map[string]bool{}
 	for _, r := range w.Routes {
-		key := string(r.PathType) + " " + r.Path
+		key := r.Host + " " + string(r.PathType) + " " + r.Path
 		if seen[key] {
-			errs = append(errs, fmt.Errorf("route %s %s appears twice", r.PathType, r.Path))
+			errs = append(errs, fmt.Errorf("route %s %s%s appears twice", r.PathType, r.Host, r.Path))
 		}
 		seen[key] = true
 		if err := r.Validate(); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	if w.TLS.Hold != nil && w.TLS.Hold.Reason == "" {
+		errs = append(errs, errors.New("an issuance hold needs a reason"))
+	}
+	for _, c := range w.TLS.Certificates {
+		if c.SecretName == "" || len(c.Hosts) == 0 {
+			errs = append(errs, fmt.Errorf("certificate %q needs a Secret name and hosts", c.SecretName))
+		}
+		for _, h := range c.Hosts {
+			if !ValidDNSName(h) {
+				errs = append(errs, fmt.Errorf("certificate %s: host %q is not a DNS name", c.SecretName, h))
+			}
 		}
 	}
 	return errors.Join(errs...)
@@ -78,6 +133,9 @@ func (w *WebService) Validate() error {
 
 // Validate checks one route.
 func (r *Route) Validate() error {
+	if r.Host != "" && !ValidDNSName(r.Host) {
+		return fmt.Errorf("route %s: host %q is not a DNS name", r.Path, r.Host)
+	}
 	if !strings.HasPrefix(r.Path, "/") {
 		return fmt.Errorf("route path %q must start with /", r.Path)
 	}
@@ -117,12 +175,31 @@ func (s *ServeConfig) Validate() error {
 }
 
 // ServeConfigs stores ServeConfig documents.
+// Version 2 added certificate settings and route hosts; v1 is written only while no service
+// uses them, so that an older replica fails clearly instead of serving without them.
 var ServeConfigs = codec[ServeConfig]{
 	name: "serve-config",
 	encode: map[int]func(*ServeConfig) ([]byte, error){
-		1: jsonEncoder(1, func(c *ServeConfig, v int) { c.Version = v }),
+		1: onlyIf(func(c *ServeConfig) bool { return !c.needsV2() },
+			jsonEncoder(1, func(c *ServeConfig, v int) { c.Version = v })),
+		2: jsonEncoder(2, func(c *ServeConfig, v int) { c.Version = v }),
 	},
 	decode: map[int]func([]byte) (*ServeConfig, error){
 		1: jsonDecoder(1, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
+		2: jsonDecoder(2, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 	},
 }
+
+func (s *ServeConfig) needsV2() bool {
+	for _, svc := range s.Services {
+		if svc.needsV2() {
+			return true
+		}
+	}
+	return false
+}
+
+// GroupCertSecret names the kubernetes.io/tls Secret, in the proxies' namespace, in which a
+// ProxyGroup's issuing replica (ordinal 0) stores the certificate of a tailnet name, and from
+// which the other replicas read it. The operator creates it (empty) and grants access to it.
+func GroupCertSecret(fqdn string) string { return strings.ToLower(strings.TrimSuffix(fqdn, ".")) }

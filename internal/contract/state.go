@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Keys the proxy writes into its state Secret. The tailnet client's own state (machine key,
@@ -19,6 +20,7 @@ const (
 	StateFirewall      = "firewall_status"
 	StateAdvertised    = "advertised_services" // JSON array of Tailscale Services now advertised
 	StateProxyVersion  = "proxy_version"
+	StateCertificates  = "certificates" // JSON: served name → CertificateStatus
 )
 
 // ProxyState is what a proxy reports about itself.
@@ -32,6 +34,39 @@ type ProxyState struct {
 	Firewall      *FirewallStatus
 	Advertised    []string
 	ProxyVersion  string
+	// Certificates, per served name (tailnet names and bring-your-own hosts).
+	Certificates map[string]CertificateStatus
+}
+
+// Certificate sources reported in CertificateStatus.
+const (
+	CertSourceACME   = "acme"   // issued through the tailnet's ACME flow
+	CertSourceSecret = "secret" // read from a kubernetes.io/tls Secret (shared or bring-your-own)
+)
+
+// Stable reasons a proxy reports for a name it has no certificate for.
+const (
+	CertReasonIssuanceHeld   = "IssuanceHeld"   // the operator's rate-limit guard holds issuance
+	CertReasonIssuanceFailed = "IssuanceFailed" // the CA or the control plane refused or was unreachable
+	CertReasonSecretInvalid  = "SecretInvalid"  // a certificate Secret is missing, malformed, expired or for other hosts
+	CertReasonWaiting        = "WaitingForIssuer"
+)
+
+// CertificateStatus is the certificate a proxy serves for one name, or why it has none.
+type CertificateStatus struct {
+	Source string `json:"source,omitempty"`
+	// Serial (hex) identifies an issuance: the operator counts each serial once against the
+	// CA's rate limits.
+	Serial    string    `json:"serial,omitempty"`
+	NotBefore time.Time `json:"notBefore,omitzero"`
+	NotAfter  time.Time `json:"notAfter,omitzero"`
+	Reason    string    `json:"reason,omitempty"`
+	Message   string    `json:"message,omitempty"`
+}
+
+// Valid reports whether the status describes a certificate valid at now.
+func (c CertificateStatus) Valid(now time.Time) bool {
+	return c.Serial != "" && now.After(c.NotBefore) && now.Before(c.NotAfter)
 }
 
 // FirewallStatus reports the DNAT rules a replica has in place, per mapping name (a Tailscale
@@ -69,11 +104,12 @@ func (s *ProxyState) Data() (map[string][]byte, error) {
 		StateDeviceIPs:     nil,
 		StateFirewall:      nil,
 		StateAdvertised:    nil,
+		StateCertificates:  nil,
 	}
 	if s.ConfigVersion > 0 {
 		d[StateConfigVersion] = []byte(strconv.Itoa(s.ConfigVersion))
 	}
-	for key, v := range map[string]any{StateDeviceIPs: s.TailnetIPs, StateAdvertised: s.Advertised, StateFirewall: s.Firewall} {
+	for key, v := range map[string]any{StateDeviceIPs: s.TailnetIPs, StateAdvertised: s.Advertised, StateFirewall: s.Firewall, StateCertificates: s.Certificates} {
 		if isEmpty(v) {
 			continue
 		}
@@ -92,6 +128,8 @@ func isEmpty(v any) bool {
 		return len(v) == 0
 	case *FirewallStatus:
 		return v == nil
+	case map[string]CertificateStatus:
+		return len(v) == 0
 	}
 	return false
 }
@@ -113,7 +151,7 @@ func ParseState(data map[string][]byte) (*ProxyState, error) {
 		}
 		s.ConfigVersion = n
 	}
-	for key, dst := range map[string]any{StateDeviceIPs: &s.TailnetIPs, StateAdvertised: &s.Advertised, StateFirewall: &s.Firewall} {
+	for key, dst := range map[string]any{StateDeviceIPs: &s.TailnetIPs, StateAdvertised: &s.Advertised, StateFirewall: &s.Firewall, StateCertificates: &s.Certificates} {
 		if v := data[key]; len(v) > 0 {
 			if err := json.Unmarshal(v, dst); err != nil {
 				return nil, fmt.Errorf("state key %s: %w", key, err)

@@ -31,11 +31,29 @@ func (c codec[T]) keyPattern() *regexp.Regexp {
 	return regexp.MustCompile(`^` + regexp.QuoteMeta(c.name) + `\.v([1-9][0-9]{0,5})\.json$`)
 }
 
-// Encode renders doc in every version this side writes.
+// errNotExpressible is returned by an encoder whose version cannot express the document.
+var errNotExpressible = errors.New("not expressible in this version")
+
+// onlyIf makes an older version's encoder skip documents that use newer features: a reader of
+// that version then finds no version it understands and says so, rather than misreading.
+func onlyIf[T any](expressible func(*T) bool, enc func(*T) ([]byte, error)) func(*T) ([]byte, error) {
+	return func(doc *T) ([]byte, error) {
+		if !expressible(doc) {
+			return nil, errNotExpressible
+		}
+		return enc(doc)
+	}
+}
+
+// Encode renders doc in every version this side writes that can express it. A writer that
+// patches rather than replaces must remove the keys of Keys that are not in the result.
 func (c codec[T]) Encode(doc *T) (map[string][]byte, error) {
 	out := make(map[string][]byte, len(c.encode))
 	for v, enc := range c.encode {
 		b, err := enc(doc)
+		if errors.Is(err, errNotExpressible) {
+			continue
+		}
 		if err != nil {
 			return nil, fmt.Errorf("encoding %s: %w", c.key(v), err)
 		}

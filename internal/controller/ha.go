@@ -82,7 +82,7 @@ func (d groupDocs) setServe(ctx context.Context, pg, svcName string, ws *contrac
 	if err != nil {
 		return err
 	}
-	return d.write(ctx, cm, data)
+	return d.write(ctx, cm, data, contract.ServeConfigs.Keys())
 }
 
 // setDNAT sets (or, with m nil, removes) one service's entry in a group's DNAT mappings.
@@ -107,21 +107,28 @@ func (d groupDocs) setDNAT(ctx context.Context, pg, svcName string, m *contract.
 	if err != nil {
 		return err
 	}
-	return d.write(ctx, cm, data)
+	return d.write(ctx, cm, data, contract.DNATConfigs.Keys())
 }
 
 // errConfigFull says a group's documents would outgrow the ConfigMap.
 var errConfigFull = fmt.Errorf("the ProxyGroup's configuration would exceed %d KiB; spread objects over more ProxyGroups", maxGroupDocumentBytes>>10)
 
-func (d groupDocs) write(ctx context.Context, cm *corev1.ConfigMap, data map[string][]byte) error {
+// write stores a document's keys; keys of versions that cannot express it are removed.
+func (d groupDocs) write(ctx context.Context, cm *corev1.ConfigMap, data map[string][]byte, keys []string) error {
 	before := cm.DeepCopy()
 	if cm.Data == nil {
 		cm.Data = map[string]string{}
 	}
 	changed := false
-	for k, v := range data {
-		if cm.Data[k] != string(v) {
+	for _, k := range keys {
+		v, ok := data[k]
+		old, had := cm.Data[k]
+		switch {
+		case ok && (!had || old != string(v)):
 			cm.Data[k], changed = string(v), true
+		case !ok && had:
+			delete(cm.Data, k)
+			changed = true
 		}
 	}
 	if !changed {
