@@ -1,0 +1,160 @@
+// Package acmebudget keeps an account of the certificates a tailnet's proxies obtain from an
+// ACME CA, so that the operator stops asking before the CA's rate limits refuse it.
+//
+// Let's Encrypt allows 50 new certificates per registered domain and 5 certificates for one
+// exact set of names in any 7 days. A tailnet's names (x.tailnet-1234.ts.net) share one
+// registered domain, since ts.net is a public suffix. Renewals are exempt from the first limit
+// but not from the second.
+package acmebudget
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/net/publicsuffix"
+)
+
+// Limits are a CA's rate limits.
+type Limits struct {
+	// PerDomain is how many new (non-renewal) certificates one registered domain may get per Window.
+	PerDomain int
+	// PerName is how many certificates one name may get per Window, renewals included.
+	PerName int
+	Window  time.Duration
+}
+
+// LetsEncrypt are Let's Encrypt's production limits.
+var LetsEncrypt = Limits{PerDomain: 50, PerName: 5, Window: 7 * 24 * time.Hour}
+
+// Entry is one certificate counted against the limits: issued (Serial known) or reserved (the
+// operator allowed a proxy to ask for it and has not seen the certificate yet).
+type Entry struct {
+	Name     string    `json:"name"`
+	At       time.Time `json:"at"`
+	Serial   string    `json:"serial,omitempty"`
+	Renewal  bool      `json:"renewal,omitempty"`
+	Reserved bool      `json:"reserved,omitempty"`
+}
+
+// Ledger is the account of one registered domain.
+type Ledger struct {
+	Entries []Entry `json:"entries"`
+	// Known lists names that have had a certificate, with when it was last seen, so that a new
+	// request for them is a renewal. Kept for a certificate's lifetime.
+	Known map[string]time.Time `json:"known,omitempty"`
+}
+
+// knownFor is how long a name counts as having had a certificate: Let's Encrypt's lifetime.
+const knownFor = 90 * 24 * time.Hour
+
+// Domain is the registered domain a name's certificate counts against.
+func Domain(name string) (string, error) {
+	d, err := publicsuffix.EffectiveTLDPlusOne(strings.ToLower(strings.TrimSuffix(name, ".")))
+	if err != nil {
+		return "", fmt.Errorf("registered domain of %q: %w", name, err)
+	}
+	return d, nil
+}
+
+// Prune forgets what no longer counts at now.
+func (l *Ledger) Prune(now time.Time, lim Limits) {
+	l.Entries = slices.DeleteFunc(l.Entries, func(e Entry) bool { return !now.Before(e.At.Add(lim.Window)) })
+	for name, at := range l.Known {
+		if !now.Before(at.Add(knownFor)) {
+			delete(l.Known, name)
+		}
+	}
+}
+
+// Observe records a certificate a proxy serves. Each serial counts once: it fills the name's
+// reservation if there is one, else it is a certificate the operator did not see coming (a
+// proxy that lost its cache) and is added. It reports whether the ledger changed.
+func (l *Ledger) Observe(name, serial string, now time.Time) bool {
+	if serial == "" || slices.ContainsFunc(l.Entries, func(e Entry) bool { return e.Serial == serial }) {
+		return false
+	}
+	l.remember(name, now)
+	if i := l.reservation(name); i >= 0 {
+		l.Entries[i].Serial, l.Entries[i].Reserved = serial, false
+		return true
+	}
+	l.Entries = append(l.Entries, Entry{Name: name, At: now, Serial: serial, Renewal: l.knownBefore(name, now)})
+	return true
+}
+
+func (l *Ledger) remember(name string, now time.Time) {
+	if l.Known == nil {
+		l.Known = map[string]time.Time{}
+	}
+	if _, ok := l.Known[name]; !ok {
+		l.Known[name] = now
+	}
+}
+
+// knownBefore reports whether name had a certificate before now.
+func (l *Ledger) knownBefore(name string, now time.Time) bool {
+	at, ok := l.Known[name]
+	return ok && at.Before(now)
+}
+
+func (l *Ledger) reservation(name string) int {
+	return slices.IndexFunc(l.Entries, func(e Entry) bool { return e.Name == name && e.Reserved })
+}
+
+// Hold says that a certificate may not be requested now, and until when.
+type Hold struct {
+	Reason  string
+	Message string
+	Until   time.Time
+}
+
+// Stable reasons of a Hold.
+const (
+	ReasonDomainLimit = "CertificateRateLimited"
+	ReasonNameLimit   = "DuplicateCertificateLimit"
+)
+
+// Reserve asks to let a proxy request a certificate for name at now. If the limits allow it,
+// a reservation is recorded (one per name: asking again while it is open reuses it, so a CA
+// that keeps failing costs nothing) and Reserve returns nil. Otherwise it returns the Hold.
+// hadCertificate says the proxy holds (or held) a certificate for name: a renewal.
+func (l *Ledger) Reserve(name string, hadCertificate bool, now time.Time, lim Limits) *Hold {
+	l.Prune(now, lim)
+	if l.reservation(name) >= 0 {
+		return nil
+	}
+	renewal := hadCertificate || l.knownBefore(name, now)
+	var forName, forDomain []time.Time
+	for _, e := range l.Entries {
+		if e.Name == name {
+			forName = append(forName, e.At)
+		}
+		if !e.Renewal {
+			forDomain = append(forDomain, e.At)
+		}
+	}
+	if len(forName) >= lim.PerName {
+		until := nthOldest(forName, len(forName)-lim.PerName).Add(lim.Window)
+		return &Hold{Reason: ReasonNameLimit, Until: until, Message: fmt.Sprintf(
+			"%d certificates for %s in the last %s reach the CA's limit of %d; the next may be requested after %s",
+			len(forName), name, lim.Window, lim.PerName, until.UTC().Format(time.RFC3339))}
+	}
+	if !renewal && len(forDomain) >= lim.PerDomain {
+		until := nthOldest(forDomain, len(forDomain)-lim.PerDomain).Add(lim.Window)
+		return &Hold{Reason: ReasonDomainLimit, Until: until, Message: fmt.Sprintf(
+			"%d new certificates for the tailnet's domain in the last %s reach the CA's limit of %d; %s may get one after %s",
+			len(forDomain), lim.Window, lim.PerDomain, name, until.UTC().Format(time.RFC3339))}
+	}
+	l.Entries = append(l.Entries, Entry{Name: name, At: now, Renewal: renewal, Reserved: true})
+	return nil
+}
+
+// nthOldest returns the i-th oldest time (0 is the oldest): once it leaves the window, one
+// more certificate fits.
+func nthOldest(ts []time.Time, i int) time.Time {
+	s := slices.Clone(ts)
+	slices.SortFunc(s, func(a, b time.Time) int { return a.Compare(b) })
+	return s[i]
+}

@@ -1,0 +1,136 @@
+package acmebudget
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+
+// issue reserves and observes one certificate for name at now, as a proxy's life would.
+func issue(t *testing.T, l *Ledger, name string, now time.Time, lim Limits) {
+	t.Helper()
+	if h := l.Reserve(name, false, now, lim); h != nil {
+		t.Fatalf("%s at %s: held: %s", name, now, h.Message)
+	}
+	l.Observe(name, fmt.Sprintf("%s-%d", name, now.UnixNano()), now)
+}
+
+func TestDomainLimitOverARollingWeek(t *testing.T) {
+	l := &Ledger{}
+	lim := LetsEncrypt
+	now := t0
+	for i := range 50 {
+		issue(t, l, fmt.Sprintf("app%d.tail1.ts.net", i), now, lim)
+		now = now.Add(time.Hour)
+	}
+	h := l.Reserve("late.tail1.ts.net", false, now, lim)
+	if h == nil || h.Reason != ReasonDomainLimit {
+		t.Fatalf("51st new name: hold = %+v, want %s", h, ReasonDomainLimit)
+	}
+	if want := t0.Add(lim.Window); !h.Until.Equal(want) {
+		t.Errorf("held until %s, want %s (when the oldest leaves the window)", h.Until, want)
+	}
+	// A renewal of a name already issued is exempt from the domain limit.
+	if h := l.Reserve("app0.tail1.ts.net", true, now, lim); h != nil {
+		t.Errorf("renewal held: %s", h.Message)
+	}
+	// One second before the oldest leaves the window: still held; at that moment: allowed.
+	if h := l.Reserve("late.tail1.ts.net", false, h.Until.Add(-time.Second), lim); h == nil {
+		t.Error("allowed before the window moved")
+	}
+	if h := l.Reserve("late.tail1.ts.net", false, t0.Add(lim.Window), lim); h != nil {
+		t.Errorf("held after the window moved: %s", h.Message)
+	}
+}
+
+func TestDuplicateLimitCountsRenewals(t *testing.T) {
+	l := &Ledger{}
+	lim := LetsEncrypt
+	now := t0
+	for range 5 {
+		issue(t, l, "web.tail1.ts.net", now, lim)
+		now = now.Add(10 * time.Minute)
+	}
+	h := l.Reserve("web.tail1.ts.net", true, now, lim)
+	if h == nil || h.Reason != ReasonNameLimit {
+		t.Fatalf("6th certificate for one name: hold = %+v, want %s", h, ReasonNameLimit)
+	}
+	if want := t0.Add(lim.Window); !h.Until.Equal(want) {
+		t.Errorf("held until %s, want %s", h.Until, want)
+	}
+	if h := l.Reserve("other.tail1.ts.net", false, now, lim); h != nil {
+		t.Errorf("another name held by one name's limit: %s", h.Message)
+	}
+}
+
+// A CA that keeps failing costs nothing: asking again reuses the open reservation.
+func TestReservationIsReusedUntilObserved(t *testing.T) {
+	l := &Ledger{}
+	lim := Limits{PerDomain: 2, PerName: 5, Window: 24 * time.Hour}
+	for i := range 10 {
+		if h := l.Reserve("web.tail1.ts.net", false, t0.Add(time.Duration(i)*time.Minute), lim); h != nil {
+			t.Fatalf("retry %d held: %s", i, h.Message)
+		}
+	}
+	if len(l.Entries) != 1 {
+		t.Fatalf("%d entries after retries, want 1", len(l.Entries))
+	}
+	if !l.Observe("web.tail1.ts.net", "01", t0.Add(time.Hour)) {
+		t.Fatal("observing the certificate changed nothing")
+	}
+	if l.Observe("web.tail1.ts.net", "01", t0.Add(2*time.Hour)) {
+		t.Error("the same serial counted twice")
+	}
+	if len(l.Entries) != 1 || l.Entries[0].Reserved || l.Entries[0].Serial != "01" {
+		t.Errorf("entries = %+v, want the reservation filled", l.Entries)
+	}
+}
+
+// A certificate the operator did not reserve (a proxy that lost its cache) still counts.
+func TestUnexpectedCertificateCounts(t *testing.T) {
+	l := &Ledger{}
+	lim := Limits{PerDomain: 1, PerName: 5, Window: 24 * time.Hour}
+	l.Observe("a.tail1.ts.net", "01", t0)
+	if h := l.Reserve("b.tail1.ts.net", false, t0.Add(time.Hour), lim); h == nil {
+		t.Error("an observed, unreserved certificate did not count against the domain")
+	}
+	// A second serial of a known name is a renewal: it counts for the name only.
+	l.Observe("a.tail1.ts.net", "02", t0.Add(2*time.Hour))
+	if n := len(l.Entries); n != 2 || !l.Entries[1].Renewal {
+		t.Errorf("entries = %+v, want the second serial counted as a renewal", l.Entries)
+	}
+}
+
+func TestPruneForgetsOldEntries(t *testing.T) {
+	l := &Ledger{}
+	issue(t, l, "a.tail1.ts.net", t0, LetsEncrypt)
+	l.Prune(t0.Add(LetsEncrypt.Window), LetsEncrypt)
+	if len(l.Entries) != 0 {
+		t.Errorf("entries after a week: %+v", l.Entries)
+	}
+	if _, ok := l.Known["a.tail1.ts.net"]; !ok {
+		t.Error("the name was forgotten with its entry; a new request would not count as a renewal")
+	}
+	l.Prune(t0.Add(knownFor), LetsEncrypt)
+	if len(l.Known) != 0 {
+		t.Errorf("known after a certificate lifetime: %v", l.Known)
+	}
+}
+
+func TestDomain(t *testing.T) {
+	for name, want := range map[string]string{
+		"web.tail1234.ts.net":  "tail1234.ts.net",
+		"WEB.tail1234.ts.net.": "tail1234.ts.net",
+		"a.b.example.co.uk":    "example.co.uk",
+		"hello.tailnet.test":   "tailnet.test",
+	} {
+		if got, err := Domain(name); err != nil || got != want {
+			t.Errorf("Domain(%q) = %q, %v; want %q", name, got, err, want)
+		}
+	}
+	if _, err := Domain("ts.net"); err == nil {
+		t.Error("a public suffix has no registered domain")
+	}
+}
