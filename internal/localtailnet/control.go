@@ -46,6 +46,9 @@ type server struct {
 	tokens     map[string]time.Time      // API access tokens and their expiry
 	faults     []APIFault
 	noiseConns map[net.Conn]bool // hijacked, so http.Server.Shutdown does not see them
+
+	// Address families Tailscale Services lack (SetServiceAddrFamilies); none by default.
+	noServiceIPv4, noServiceIPv6 bool
 }
 
 const (

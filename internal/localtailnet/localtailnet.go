@@ -21,7 +21,8 @@
 //   - auth keys are minted per request, carry their tags, and single-use keys are spent by the
 //     first registration;
 //   - a deleted device leaves every peer's netmap at once;
-//   - a Tailscale Service gets an IPv4 and an IPv6 address and a MagicDNS name <label>.<Domain>;
+//   - a Tailscale Service gets an IPv4 and an IPv6 address (or, after SetServiceAddrFamilies,
+//     those of the families chosen) and a MagicDNS name <label>.<Domain>;
 //     a tagged node that advertises it (the c2n GET /vip-services answer) is told the addresses
 //     (the service-host node attribute) and its peers route them to it, one host per peer,
 //     spread by node ID, among hosts that are connected. Advertising is approval enough.
@@ -260,6 +261,19 @@ func (lt *LocalTailnet) InjectAPIFault(f APIFault) {
 	lt.srv.mu.Lock()
 	defer lt.srv.mu.Unlock()
 	lt.srv.faults = append(lt.srv.faults, f)
+}
+
+// SetServiceAddrFamilies chooses the address families of Tailscale Services: IPv4 and IPv6 by
+// default, as on Tailscale. Existing services lose the address of a family turned off and get
+// one of a family turned on. It stands in for a control plane that cannot give a service an
+// address of some family, so tests reach what a client of the API does about that.
+func (lt *LocalTailnet) SetServiceAddrFamilies(ipv4, ipv6 bool) error {
+	if !ipv4 && !ipv6 {
+		return errors.New("localtailnet: a Tailscale Service needs an address of at least one family")
+	}
+	lt.srv.mu.Lock()
+	defer lt.srv.mu.Unlock()
+	return lt.srv.setServiceFamiliesLocked(ipv4, ipv6)
 }
 
 // MintUserKey mints a single-use key for a device owned by a person (login name and display

@@ -229,6 +229,63 @@ func TestServiceReachableThroughVIP(t *testing.T) {
 	}
 }
 
+// A tailnet told to give services IPv6 addresses only does so, for new services and existing
+// ones, and the service stays reachable at what it has; IPv4 turned back on gives each service a
+// new IPv4 address.
+func TestServiceAddrFamilies(t *testing.T) {
+	t.Parallel()
+	lt := startTailnet(t, localtailnet.Options{})
+	c := apiClient(t, lt, nil)
+	before, err := c.PutService(t.Context(), tailnet.Service{Name: "svc:old", Ports: []string{"tcp:80"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lt.SetServiceAddrFamilies(false, false); err == nil {
+		t.Error("a service without any address family was accepted")
+	}
+	if err := lt.SetServiceAddrFamilies(false, true); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := c.PutService(t.Context(), tailnet.Service{Name: "svc:web", Ports: []string{"tcp:80"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := c.Service(t.Context(), "svc:old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(svc.Addrs) != 1 || !svc.Addrs[0].Is6() || !slices.Equal(old.Addrs, before.Addrs[1:]) {
+		t.Fatalf("addresses: new service %v, existing %v (before %v); want IPv6 only, the existing one's kept", svc.Addrs, old.Addrs, before.Addrs)
+	}
+	host := joinNode(t, lt, "web-0", mintKey(t, c, "web-0"))
+	ln, err := host.ListenService("svc:web", tsnet.ServiceModeTCP{Port: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoServer(t, ln, "web-0")
+	client := joinNode(t, lt, "client", mintKey(t, c, "client"))
+	if got := roundTrip(t, client, "web.tailnet.test:80", "hi"); got != "web-0: hi" {
+		t.Errorf("by name: got %q", got)
+	}
+
+	if err := lt.SetServiceAddrFamilies(true, true); err != nil {
+		t.Fatal(err)
+	}
+	if svc, err = c.Service(t.Context(), "svc:web"); err != nil {
+		t.Fatal(err)
+	}
+	if old, err = c.Service(t.Context(), "svc:old"); err != nil {
+		t.Fatal(err)
+	}
+	if len(svc.Addrs) != 2 || !svc.Addrs[0].Is4() || !svc.Addrs[1].Is6() || len(old.Addrs) != 2 || svc.Addrs[0] == old.Addrs[0] {
+		t.Fatalf("addresses with both families: %v and %v; want an IPv4 and an IPv6 each, none shared", svc.Addrs, old.Addrs)
+	}
+	routedTo(t, client, svc.Addrs[0], "")
+	if got := roundTrip(t, client, netip.AddrPortFrom(svc.Addrs[0], 80).String(), "hi"); got != "web-0: hi" {
+		t.Errorf("at the new IPv4 address: got %q", got)
+	}
+}
+
 // With two hosts advertising a service, a client's traffic moves to the other host when the
 // one it uses goes away.
 func TestServiceFailsOver(t *testing.T) {

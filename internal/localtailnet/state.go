@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -253,8 +254,20 @@ func (s *server) setServicesLocked(n *node, res *tailcfg.C2NVIPServicesResponse)
 	s.changedLocked()
 }
 
-// allocVIPLocked returns the next free service address pair.
+// allocVIPLocked returns a free service address of each family that services get.
 func (s *server) allocVIPLocked() ([]netip.Addr, error) {
+	pair, err := s.freeVIPPairLocked()
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(pair, func(a netip.Addr) bool {
+		return (a.Is4() && s.noServiceIPv4) || (a.Is6() && s.noServiceIPv6)
+	}), nil
+}
+
+// freeVIPPairLocked returns the next IPv4 service address and its IPv6 counterpart, neither of
+// them in use.
+func (s *server) freeVIPPairLocked() ([]netip.Addr, error) {
 	used := make(map[netip.Addr]bool)
 	for _, svc := range s.services {
 		for _, a := range svc.addrs {
@@ -262,11 +275,41 @@ func (s *server) allocVIPLocked() ([]netip.Addr, error) {
 		}
 	}
 	for a := vipPrefix.Addr().Next(); vipPrefix.Contains(a); a = a.Next() {
-		if !used[a] {
-			return []netip.Addr{a, tsaddr.Tailscale4To6(a)}, nil
+		if a6 := tsaddr.Tailscale4To6(a); !used[a] && !used[a6] {
+			return []netip.Addr{a, a6}, nil
 		}
 	}
 	return nil, fmt.Errorf("no free address in %v", vipPrefix)
+}
+
+// setServiceFamiliesLocked makes every service's addresses those of the families services get:
+// a family turned off loses its address, one turned on gets a new one.
+func (s *server) setServiceFamiliesLocked(ipv4, ipv6 bool) error {
+	s.noServiceIPv4, s.noServiceIPv6 = !ipv4, !ipv6
+	names := slices.Sorted(maps.Keys(s.services))
+	for _, name := range names {
+		svc := s.services[name]
+		svc.addrs = slices.DeleteFunc(svc.addrs, func(a netip.Addr) bool { return (a.Is4() && !ipv4) || (a.Is6() && !ipv6) })
+		has4 := slices.ContainsFunc(svc.addrs, netip.Addr.Is4)
+		has6 := slices.ContainsFunc(svc.addrs, netip.Addr.Is6)
+		if (!ipv4 || has4) && (!ipv6 || has6) {
+			continue
+		}
+		pair, err := s.freeVIPPairLocked()
+		if err != nil {
+			return err
+		}
+		if ipv4 && !has4 {
+			svc.addrs = append(svc.addrs, pair[0])
+		}
+		if ipv6 && !has6 {
+			svc.addrs = append(svc.addrs, pair[1])
+		}
+		slices.SortFunc(svc.addrs, func(a, b netip.Addr) int { return a.BitLen() - b.BitLen() }) // IPv4 first
+		s.logf("localtailnet: service %s now has addresses %v", name, svc.addrs)
+	}
+	s.changedLocked()
+	return nil
 }
 
 // userID is the user a node belongs to: its owner, or the owner of all tagged devices.
