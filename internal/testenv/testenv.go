@@ -32,6 +32,8 @@ func Start(crdDirs ...string) (*ControlPlane, error) {
 		return nil, errors.New("KUBEBUILDER_ASSETS must point at kube-apiserver, etcd and kube-controller-manager: run the tests with `make test`")
 	}
 	env := &envtest.Environment{CRDDirectoryPaths: crdDirs, ErrorIfCRDPathMissing: len(crdDirs) > 0}
+	// Dual-stack, as clusters may be: Services stay IPv4 unless they ask for IPv6.
+	env.ControlPlane.GetAPIServer().Configure().Set("service-cluster-ip-range", "10.0.0.0/24,fd00:10:96::/112")
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, err
