@@ -29,7 +29,8 @@
 // Location, as Boulder's does (the client polls that URL, and fails without it), and the
 // answers to an accepted challenge and to a finalization wait, up to 2 s, for Pebble's
 // background validation and issuance, which spares the client its 1 s polling interval.
-// Issued certificates live 90 days and chain to an ECDSA root through one intermediate.
+// Issued certificates live 90 days (Options.Validity) and chain to an ECDSA root through one
+// intermediate.
 // State is in memory and ends with Close; Pebble's validation loop keeps one idle goroutine.
 package localacme
 
@@ -91,6 +92,9 @@ type Options struct {
 	// Logf receives a line per ACME request (method, path, status) and per refused order;
 	// nil discards them. Pebble's own logs, which dump accounts and challenges, are dropped.
 	Logf logger.Logf
+	// Validity is how long issued certificates live, in whole seconds; 90 days by default.
+	// Seconds make renewal testable: a client renews at two thirds of the lifetime.
+	Validity time.Duration
 }
 
 // CA is a running ACME certificate authority.
@@ -149,7 +153,11 @@ func Start(ctx context.Context, opts Options) (*CA, error) {
 	if c.logf == nil {
 		c.logf = logger.Discard
 	}
-	if err := c.setUp(ln, root, opts.DNSServer); err != nil {
+	if opts.Validity != 0 && opts.Validity < time.Second {
+		ln.Close()
+		return nil, fmt.Errorf("localacme: Options.Validity %v is under a second", opts.Validity)
+	}
+	if err := c.setUp(ln, root, opts.DNSServer, opts.Validity); err != nil {
 		ln.Close()
 		if c.dir != "" {
 			os.RemoveAll(c.dir)
@@ -163,7 +171,7 @@ func Start(ctx context.Context, opts Options) (*CA, error) {
 }
 
 // setUp builds Pebble, the API server and the PEM files.
-func (c *CA) setUp(ln net.Listener, root *issuer, dnsServer string) error {
+func (c *CA) setUp(ln net.Listener, root *issuer, dnsServer string, validity time.Duration) error {
 	ip := ln.Addr().(*net.TCPAddr).IP
 	cert, err := root.issueServing(ip)
 	if err != nil {
@@ -174,9 +182,12 @@ func (c *CA) setUp(ln net.Listener, root *issuer, dnsServer string) error {
 
 	pebbleLog := log.New(io.Discard, "", 0)
 	c.db = db.NewMemoryStore()
-	c.pebble = ca.New(pebbleLog, c.db, "", "ecdsa", 0, 1, map[string]ca.Profile{
-		"default": {Description: "90 days, as Let's Encrypt's default"},
-	})
+	profile := ca.Profile{Description: "90 days, as Let's Encrypt's default"}
+	if validity > 0 {
+		// Pebble makes NotAfter NotBefore + ValidityPeriod - 1s; the extra second keeps the lifetime.
+		profile = ca.Profile{Description: validity.String(), ValidityPeriod: uint64(validity/time.Second) + 1}
+	}
+	c.pebble = ca.New(pebbleLog, c.db, "", "ecdsa", 0, 1, map[string]ca.Profile{"default": profile})
 	withPebbleEnv(func() {
 		v := va.New(pebbleLog, 0, 0, false, dnsServer, c.db)
 		w := wfe.New(pebbleLog, c.db, v, c.pebble, nil, false, false, 0, 0)

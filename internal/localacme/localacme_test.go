@@ -62,7 +62,12 @@ func (s *txtServer) set(name, value string) {
 
 func startCA(t *testing.T, dnsServer string) *localacme.CA {
 	t.Helper()
-	ca, err := localacme.Start(context.Background(), localacme.Options{DNSServer: dnsServer, Logf: t.Logf})
+	return startCAWith(t, localacme.Options{DNSServer: dnsServer, Logf: t.Logf})
+}
+
+func startCAWith(t *testing.T, opts localacme.Options) *localacme.CA {
+	t.Helper()
+	ca, err := localacme.Start(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,5 +254,26 @@ func TestRateLimit(t *testing.T) {
 	}
 	if n, o := ca.RateLimited(), ca.Issued("limited.tailnet.test"); n != 1 || o != 1 {
 		t.Errorf("%d refused orders, %d certificates; want 1 and 1", n, o)
+	}
+}
+
+// Options.Validity sets the lifetime of issued certificates, so that tests can watch renewals.
+func TestValidity(t *testing.T) {
+	t.Parallel()
+	txt := startTXTServer(t)
+	ca := startCAWith(t, localacme.Options{DNSServer: txt.addr, Validity: 12 * time.Second})
+	der, err := order(t.Context(), acmeClient(t, ca, true), "short.tailnet.test", txt.set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if life := leaf.NotAfter.Sub(leaf.NotBefore); life != 12*time.Second {
+		t.Errorf("lifetime %v, want 12s", life)
+	}
+	if _, err := localacme.Start(t.Context(), localacme.Options{DNSServer: txt.addr, Validity: time.Millisecond}); err == nil {
+		t.Error("a validity under a second was accepted")
 	}
 }
