@@ -105,10 +105,11 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	vips := vipsFor(ts.Addrs, *cfg.Forward)
 	if len(vips) == 0 {
-		msg := fmt.Sprintf("the Tailscale Service has addresses %v, none of the Service's IP families (%v)", ts.Addrs, svc.Spec.IPFamilies)
+		msg := fmt.Sprintf("the Tailscale Service has addresses %v, none of the Service's IP families (%v); make the Service dual-stack, or give the Tailscale Service an address of its family", ts.Addrs, svc.Spec.IPFamilies)
 		r.eventf(svc, corev1.EventTypeWarning, ReasonUnsupportedIPFamily, "%s", msg)
 		st.invalid(ReasonUnsupportedIPFamily, msg)
-		return ctrl.Result{}, nil
+		// The tailnet is not watched: look again for an address the tailnet may have added.
+		return ctrl.Result{RequeueAfter: tailnetRetry}, nil
 	}
 	st.valid()
 	if err := r.docs.removeElsewhere(ctx, svcName, pg.Name); err != nil {

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"encoding/json"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -9,7 +10,9 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
@@ -34,6 +37,63 @@ func tailscaleService(name string) (tailnet.Service, error) {
 	return tsClient.Service(ctx, name)
 }
 
+// dnatEntry waits for a service's entry in a group's DNAT mappings.
+func dnatEntry(pg, svcName string) contract.DNATService {
+	return dnatEntryWithin(pg, svcName, 20*time.Second)
+}
+
+func dnatEntryWithin(pg, svcName string, timeout time.Duration) contract.DNATService {
+	var m contract.DNATService
+	Eventually(func(g Gomega) {
+		_, dnat := groupDocuments(g, pg)
+		g.Expect(dnat.Services).To(HaveKey(svcName))
+		m = dnat.Services[svcName]
+	}, timeout).Should(Succeed(), "DNAT entry %s", svcName)
+	return m
+}
+
+// vipsOf lists the addresses of a Tailscale Service, as strings, of the families asked for.
+func vipsOf(name string, v4, v6 bool) []string {
+	ts, err := tailscaleService(name)
+	Expect(err).NotTo(HaveOccurred())
+	var out []string
+	for _, a := range ts.Addrs {
+		if (a.Is4() && v4) || (a.Is6() && v6) {
+			out = append(out, a.String())
+		}
+	}
+	return out
+}
+
+func serviceCondition(svc *corev1.Service, typ string) func(g Gomega) *metav1.Condition {
+	return func(g Gomega) *metav1.Condition {
+		g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(svc), svc)).To(Succeed())
+		c := meta.FindStatusCondition(svc.Status.Conditions, typ)
+		g.Expect(c).NotTo(BeNil())
+		return c
+	}
+}
+
+// reconciles counts a controller's passes so far, from controller-runtime's metric.
+func reconciles(controller string) float64 {
+	families, err := ctrlmetrics.Registry.Gather()
+	Expect(err).NotTo(HaveOccurred())
+	var n float64
+	for _, f := range families {
+		if f.GetName() != "controller_runtime_reconcile_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "controller" && l.GetValue() == controller {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
+}
+
 var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 	BeforeAll(func() {
 		pg := newProxyGroup("ha", nil)
@@ -53,7 +113,10 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 			serve, _ := groupDocuments(g, "ha")
 			return serve.Services
 		}).Should(HaveKeyWithValue("svc:ha-shop", contract.WebService{HTTP: contract.HTTPRedirect, Routes: []contract.Route{
-			{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"}}}}))
+			{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"}}},
+			// No replica runs here, so the tailnet's domain is unknown: issuance waits for it.
+			TLS: contract.WebTLS{Hold: &contract.IssuanceHold{Reason: ReasonWaitingForTailnetDomain,
+				Message: "the tailnet's domain is not known yet; the certificate is requested once the proxy has joined"}}}))
 
 		By("creating the Tailscale Service, owned by this operator")
 		ts, err := tailscaleService("svc:ha-shop")
@@ -133,6 +196,123 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 			return dnat.Services
 		}).ShouldNot(HaveKey("svc:" + ns + "-ha-db"))
 		Eventually(cond(ConditionProxyReady)).ShouldNot(BeNil(), "now a standalone L3 Service")
+	})
+
+	It("maps each IP family of a Service to the VIP of that family, and an ExternalName to every VIP", func() {
+		ns := newNamespace()
+		haService := func(name string, mutate func(*corev1.Service)) *corev1.Service {
+			return newService(ns, name, func(s *corev1.Service) {
+				s.Annotations = map[string]string{AnnotationProxyGroup: "ha"}
+				mutate(s)
+			})
+		}
+		v6 := haService("v6", func(s *corev1.Service) { s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol} })
+		dual := haService("dual", func(s *corev1.Service) { s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyRequireDualStack) })
+		ext := haService("ext", func(s *corev1.Service) {
+			s.Annotations[AnnotationExpose] = "true"
+			s.Spec.Type, s.Spec.ExternalName = corev1.ServiceTypeExternalName, "db.example.com"
+			s.Spec.LoadBalancerClass, s.Spec.Selector = nil, nil
+		})
+		Expect(v6.Spec.ClusterIPs).To(HaveLen(1))
+		Expect(dual.Spec.ClusterIPs).To(HaveLen(2))
+
+		Expect(dnatEntry("ha", "svc:"+ns+"-v6")).To(Equal(contract.DNATService{
+			VIPs: vipsOf("svc:"+ns+"-v6", false, true), Destination: contract.Destination{IPs: v6.Spec.ClusterIPs}}))
+		Expect(dnatEntry("ha", "svc:"+ns+"-dual")).To(Equal(contract.DNATService{
+			VIPs: vipsOf("svc:"+ns+"-dual", true, true), Destination: contract.Destination{IPs: dual.Spec.ClusterIPs}}))
+		Expect(dnatEntry("ha", "svc:"+ns+"-ext")).To(Equal(contract.DNATService{
+			VIPs: vipsOf("svc:"+ns+"-ext", true, true), Destination: contract.Destination{DNSName: "db.example.com"}}))
+
+		By("publishing the VIPs of the Service's families once a replica advertises it")
+		reportReplica("ha", 1, contract.ProxyState{FQDN: "ha-1.tailnet.test", Advertised: []string{"svc:" + ns + "-dual", "svc:" + ns + "-ext", "svc:" + ns + "-v6"}})
+		lb := func(svc *corev1.Service) func(g Gomega) []corev1.LoadBalancerIngress {
+			return func(g Gomega) []corev1.LoadBalancerIngress {
+				g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(svc), svc)).To(Succeed())
+				return svc.Status.LoadBalancer.Ingress
+			}
+		}
+		want := func(name string, vips []string) []corev1.LoadBalancerIngress {
+			out := []corev1.LoadBalancerIngress{{Hostname: ns + "-" + name + ".tailnet.test"}}
+			for _, ip := range vips {
+				out = append(out, corev1.LoadBalancerIngress{IP: ip, IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)})
+			}
+			return out
+		}
+		Eventually(lb(dual)).Should(Equal(want("dual", vipsOf("svc:"+ns+"-dual", true, true))))
+		Eventually(lb(v6)).Should(Equal(want("v6", vipsOf("svc:"+ns+"-v6", false, true))))
+		Eventually(serviceCondition(ext, ConditionIngressSvcConfigured)).Should(HaveField("Status", metav1.ConditionTrue))
+
+		By("releasing everything on delete")
+		for _, svc := range []*corev1.Service{v6, dual, ext} {
+			Expect(k8s.Delete(ctx, svc)).To(Succeed())
+			expectGone(svc)
+			_, err := tailscaleService("svc:" + ns + "-" + svc.Name)
+			Expect(tailnet.IsNotFound(err)).To(BeTrue(), "Tailscale Service of %s still there: %v", svc.Name, err)
+		}
+		reportReplica("ha", 1, contract.ProxyState{FQDN: "ha-1.tailnet.test"})
+	})
+
+	// The local tailnet stands in for a control plane that gives Tailscale Services IPv4
+	// addresses only; the Services ask for IPv6.
+	It("reports a Tailscale Service with no address of the Service's families, without looping, until either is fixed", func() {
+		Expect(tsnet.SetServiceAddrFamilies(true, false)).To(Succeed())
+		DeferCleanup(tsnet.SetServiceAddrFamilies, true, true)
+		ns := newNamespace()
+		v6only := func(name string) *corev1.Service {
+			return newService(ns, name, func(s *corev1.Service) {
+				s.Annotations = map[string]string{AnnotationProxyGroup: "ha"}
+				s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+			})
+		}
+		// a is fixed by making it dual-stack, b by the tailnet giving its service an IPv6 address.
+		a, b := v6only("a"), v6only("b")
+		for _, svc := range []*corev1.Service{a, b} {
+			Eventually(func(g Gomega) []string { return eventMessages(g, "Service", svc.Name) }).Should(
+				ContainElement(HavePrefix(ReasonUnsupportedIPFamily+": the Tailscale Service has addresses [100.")), svc.Name)
+			Expect(events(Default, "Service", svc.Name)).To(HaveEach(HaveField("Type", corev1.EventTypeWarning)))
+			Eventually(serviceCondition(svc, ConditionIngressSvcValid)).Should(And(
+				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonUnsupportedIPFamily)))
+			Expect(serviceCondition(svc, ConditionIngressSvcConfigured)(Default)).To(And(
+				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonUnsupportedIPFamily)))
+			_, dnat := groupDocuments(Default, "ha")
+			Expect(dnat.Services).NotTo(HaveKey("svc:"+ns+"-"+svc.Name), "a mapping with no VIP to map")
+		}
+
+		By("not reconciling again while nothing changes")
+		time.Sleep(time.Second) // the passes that the status writes bring
+		before, versions := reconciles("service-proxygroup"), map[string]string{}
+		for _, svc := range []*corev1.Service{a, b} {
+			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(svc), svc)).To(Succeed())
+			versions[svc.Name] = svc.ResourceVersion
+		}
+		Consistently(func(g Gomega) map[string]string {
+			now := map[string]string{}
+			for _, svc := range []*corev1.Service{a, b} {
+				cur := &corev1.Service{}
+				g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(svc), cur)).To(Succeed())
+				now[svc.Name] = cur.ResourceVersion
+			}
+			return now
+		}, "3s", "200ms").Should(Equal(versions), "the Services keep changing")
+		Expect(reconciles("service-proxygroup")-before).To(BeNumerically("<=", 5), "passes in 3 quiet seconds: a hot loop makes dozens")
+
+		By("serving a once it is dual-stack, through the IPv4 VIP")
+		patch := client.MergeFrom(a.DeepCopy())
+		a.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyPreferDualStack)
+		Expect(k8s.Patch(ctx, a, patch)).To(Succeed())
+		Expect(a.Spec.ClusterIPs).To(HaveLen(2))
+		Expect(dnatEntry("ha", "svc:"+ns+"-a")).To(Equal(contract.DNATService{
+			VIPs: vipsOf("svc:"+ns+"-a", true, false), Destination: contract.Destination{IPs: a.Spec.ClusterIPs}}))
+		Eventually(serviceCondition(a, ConditionIngressSvcValid)).Should(HaveField("Status", metav1.ConditionTrue))
+
+		By("serving b once its Tailscale Service has an IPv6 address, which the operator looks for again on its own")
+		time.Sleep(time.Second) // the passes that a's change brings to the group's Services
+		Expect(tsnet.SetServiceAddrFamilies(true, true)).To(Succeed())
+		fixed := time.Now()
+		Expect(dnatEntryWithin("ha", "svc:"+ns+"-b", tailnetRetry+30*time.Second)).To(Equal(contract.DNATService{
+			VIPs: vipsOf("svc:"+ns+"-b", false, true), Destination: contract.Destination{IPs: b.Spec.ClusterIPs}}))
+		Eventually(serviceCondition(b, ConditionIngressSvcValid)).Should(HaveField("Status", metav1.ConditionTrue))
+		AddReportEntry("UnsupportedIPFamily: served after the tailnet's fix", time.Since(fixed).Round(time.Second).String())
 	})
 
 	It("reports a missing group, a group of the wrong type, a duplicate hostname and a foreign Tailscale Service", func() {
