@@ -1,23 +1,25 @@
 // Command devenv runs the whole product on one machine, with no cluster and no Tailscale
 // account: a real kube-apiserver, etcd and kube-controller-manager, a local tailnet with a real
 // ACME CA, the operator, and the proxies its StatefulSets ask for (run here as in-process
-// "Pods", since no kubelet runs). It serves a demo Ingress over HTTPS on the tailnet and proves
-// it with a request from a tailnet client. Run it from the repository root (`make dev`).
+// "Pods", since no kubelet runs): standalone L7 and L3 proxies and ProxyGroup replicas. It
+// installs config/samples, proves each served object with a request from a tailnet client, and
+// runs until interrupted, or, given a command, runs that command against the environment (the
+// e2e suite: `make test-e2e-local`) and exits with its status. L3 proxies need root; without it
+// they are skipped, with a message. Run it from the repository root (`make dev`).
 package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"log/slog"
+	"log"
 	"net"
-	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,19 +30,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/yaml"
-	"tailscale.com/tsnet"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/localtailnet"
-	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testenv"
 )
@@ -48,15 +47,29 @@ import (
 const operatorNamespace = "tailscale"
 
 func main() {
-	once := flag.Bool("once", false, "Prove the demo Ingress, then shut down (for CI and smoke tests).")
-	verbose := flag.Bool("v", false, "Show the operator's logs.")
+	once := flag.Bool("once", false, "Prove the samples, then shut down (for CI and smoke tests).")
+	verbose := flag.Bool("v", false, "Show the operator's and the proxies' logs (they always go to files, named at the end).")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), `Usage: devenv [-once] [-v] [-- command [args...]]
+
+With a command, devenv runs it once the samples are proved, with the environment described in
+its env file (KUBECONFIG, TS_* and E2E_* variables), then stops everything and exits with the
+command's status.
+
+`)
+		flag.PrintDefaults()
+	}
 	flag.Parse()
+	// Nothing here may leave the machine: tsnet would otherwise upload its logs to Tailscale.
+	os.Setenv("TS_NO_LOGS_NO_SUPPORT", "true")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *once, *verbose); err != nil {
+	code, err := run(ctx, *once || flag.NArg() > 0, *verbose, flag.Args())
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "devenv: %v\n", err)
-		os.Exit(1)
+		code = max(code, 1)
 	}
+	os.Exit(code)
 }
 
 // step prints progress: what is starting, then how long it took.
@@ -66,64 +79,111 @@ func step(what string) func() {
 	return func() { fmt.Printf("  ✓ %s (%s)\n", what, time.Since(start).Round(time.Millisecond)) }
 }
 
-func run(ctx context.Context, once, verbose bool) error {
-	if verbose {
-		ctrl.SetLogger(zap.New(zap.UseDevMode(true)))
-	} else {
-		ctrl.SetLogger(zap.New(zap.WriteTo(io.Discard)))
+// shutdown stops what was started, last first, and shows it.
+type shutdown []func()
+
+func (s *shutdown) add(what string, stop func() error) {
+	*s = append(*s, func() {
+		done := step(what)
+		if err := stop(); err != nil {
+			fmt.Printf("  ! %s: %v\n", what, err)
+			return
+		}
+		done()
+	})
+}
+
+func (s shutdown) run() {
+	for _, f := range slices.Backward(s) {
+		f()
+	}
+}
+
+func run(ctx context.Context, once, verbose bool, command []string) (code int, err error) {
+	runDir, err := os.MkdirTemp("", "devenv-")
+	if err != nil {
+		return 1, err
+	}
+	defer os.RemoveAll(runDir)
+	operatorLog, proxyLog, err := openLogs(runDir, verbose)
+	if err != nil {
+		return 1, err
+	}
+	defer operatorLog.Close()
+	defer proxyLog.Close()
+	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(operatorLog)))
+	// The tailnet libraries log through the standard logger.
+	log.SetOutput(proxyLog)
+
+	noL3 := l3Unavailable()
+	if noL3 == "" {
+		if n, err := removeStaleNetns(); err != nil {
+			return 1, err
+		} else if n > 0 {
+			fmt.Printf("Removed %d network namespaces that an earlier devenv left.\n", n)
+		}
 	}
 	fmt.Println("Starting the local environment:")
+	var stops shutdown
+	defer func() {
+		fmt.Println("Shutting down:")
+		stops.run()
+		if left := ownNetns(); len(left) > 0 {
+			err = errors.Join(err, fmt.Errorf("network namespaces left behind: %s", strings.Join(left, " ")))
+		}
+	}()
 
 	done := step("local tailnet: control server, DERP, DNS, API and ACME CA on 127.0.0.1")
 	lt, err := localtailnet.Start(context.Background(), localtailnet.Options{ACME: true})
 	if err != nil {
-		return err
+		return 1, err
 	}
-	defer lt.Close()
+	stops.add("local tailnet", lt.Close)
 	// tailscaled's ACME client (in the in-process proxies) must trust the local CA's API.
 	if err := lt.ACME.UseInProcess(func(k, v string) { os.Setenv(k, v) }); err != nil {
-		return err
+		return 1, err
 	}
 	done()
 
 	done = step("Kubernetes control plane: kube-apiserver, etcd, kube-controller-manager")
 	cp, err := testenv.Start(filepath.Join("config", "crd", "bases"))
 	if err != nil {
-		return fmt.Errorf("%w (run from the repository root, after `make envtest`, with KUBEBUILDER_ASSETS set; `make dev` does both)", err)
+		return 1, fmt.Errorf("%w (run from the repository root, after `make envtest`, with KUBEBUILDER_ASSETS set; `make dev` does both)", err)
 	}
-	defer cp.Stop()
+	stops.add("Kubernetes control plane", cp.Stop)
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return err
+		return 1, err
 	}
 	if err := tsv1alpha1.AddToScheme(scheme); err != nil {
-		return err
+		return 1, err
 	}
 	k8s, err := client.New(cp.Config, client.Options{Scheme: scheme})
 	if err != nil {
-		return err
+		return 1, err
 	}
 	if err := applyFile(ctx, k8s, filepath.Join("config", "ingressclass", "ingressclass.yaml"), &networkingv1.IngressClass{}); err != nil {
-		return err
+		return 1, err
 	}
 	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNamespace}}); err != nil {
-		return err
+		return 1, err
 	}
 	done()
 
-	done = step("operator")
-	oauthDir, err := os.MkdirTemp("", "devenv-oauth-")
-	if err != nil {
-		return err
+	what := "operator, and a kubelet stand-in that runs proxy Pods in-process"
+	if noL3 != "" {
+		what += " (L7 only)"
+	} else {
+		what += " (L3 ones in network namespaces)"
 	}
-	defer os.RemoveAll(oauthDir)
-	idFile, secretFile, err := lt.WriteOAuthFiles(oauthDir)
+	done = step(what)
+	idFile, secretFile, err := lt.WriteOAuthFiles(runDir)
 	if err != nil {
-		return err
+		return 1, err
 	}
 	api, err := tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: lt.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile})
 	if err != nil {
-		return err
+		return 1, err
 	}
 	settings := controller.Settings{
 		Namespace: operatorNamespace, IngressClassName: "tailscale", DefaultTags: []string{"tag:k8s"},
@@ -134,68 +194,172 @@ func run(ctx context.Context, once, verbose bool) error {
 		Cache: controller.CacheOptions(settings),
 	})
 	if err != nil {
-		return err
+		return 1, err
 	}
 	if err := controller.Setup(mgr, settings, api); err != nil {
-		return err
+		return 1, err
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() { cancel(); wg.Wait() }()
-	wg.Go(func() {
+	runCtx, cancel := context.WithCancel(context.Background())
+	var operator, kubelet sync.WaitGroup
+	stops.add("operator", func() error { cancel(); operator.Wait(); return nil })
+	operator.Go(func() {
 		if err := mgr.Start(runCtx); err != nil {
 			fmt.Fprintf(os.Stderr, "operator stopped: %v\n", err)
 		}
 	})
-	kubelet := &podRunner{k8s: k8s, cfg: cp, logger: slog.New(slog.DiscardHandler)}
-	if verbose {
-		kubelet.logger = slog.Default()
+	podsCtx, stopPods := context.WithCancel(runCtx)
+	pods := &podRunner{k8s: k8s, kube: cp.Config, logs: proxyLog, noL3: noL3, print: func(f string, a ...any) { fmt.Printf(f, a...) }}
+	kubelet.Go(func() { pods.run(podsCtx) })
+	// Proxies first: they withdraw and report through the API as they stop.
+	stops.add("proxy Pods (and their network namespaces)", func() error { stopPods(); kubelet.Wait(); return nil })
+	if noL3 != "" {
+		fmt.Printf("  ! L3 skipped: %s\n", noL3)
 	}
-	wg.Go(func() { kubelet.run(runCtx) })
 	done()
 
-	done = step("demo: a backend and an Ingress with ingressClassName tailscale")
-	backend, err := startBackend()
+	done = step("samples: config/samples, with in-process backends")
+	backend, err := loopbackBackend()
 	if err != nil {
-		return err
+		return 1, err
 	}
 	defer backend.Close()
-	if err := createDemo(ctx, k8s, backend.Addr().(*net.TCPAddr).Port); err != nil {
-		return err
-	}
-	done()
-
-	done = step("waiting for the proxy to join the tailnet and get a certificate")
-	host, err := waitServed(ctx, k8s)
+	objs, err := loadSamples(filepath.Join("config", "samples"), scheme)
 	if err != nil {
-		return err
+		return 1, err
 	}
-	done()
-
-	done = step("proving it: HTTPS from a tailnet client")
-	body, issuer, err := prove(ctx, lt, host)
+	demos, notes, err := installSamples(ctx, k8s, objs, backend.Addr().(*net.TCPAddr).Port, noL3)
 	if err != nil {
-		return err
+		return 1, err
+	}
+	for _, n := range notes {
+		fmt.Printf("    %s\n", n)
 	}
 	done()
 
+	done = step("waiting for the proxies to join the tailnet (and get certificates)")
+	if err := each(demos, func(d *demo) error {
+		start := time.Now()
+		if err := waitServed(ctx, k8s, d); err != nil {
+			return err
+		}
+		fmt.Printf("    %s: %s (%s)\n", d, d.fqdn, time.Since(start).Round(time.Millisecond))
+		return nil
+	}); err != nil {
+		return 1, err
+	}
+	done()
+
+	done = step("proving each from a tailnet client")
+	clientDir, err := os.MkdirTemp(runDir, "client-")
+	if err != nil {
+		return 1, err
+	}
+	cl, err := joinClient(ctx, lt, clientDir)
+	if err != nil {
+		return 1, err
+	}
+	defer cl.Close()
+	if err := each(demos, func(d *demo) error { return prove(ctx, cl, lt, d) }); err != nil {
+		return 1, err
+	}
+	done()
+
+	envFile := filepath.Join(runDir, "e2e.env")
+	env := e2eEnv(cp, lt, runDir, backend.Addr().(*net.TCPAddr).Port, noL3)
+	if err := writeEnvFile(envFile, env); err != nil {
+		return 1, err
+	}
+	fmt.Printf("\nServed on tailnet %s, proved from device your-laptop (you@example.com):\n", lt.Domain)
+	for _, d := range demos {
+		fmt.Printf("  %-32s ", d)
+		switch {
+		case d.skip != "":
+			fmt.Printf("skipped: %s\n", d.skip)
+		case d.kind == "L3":
+			fmt.Printf("%s (%s)\n  %32s %s\n", d.fqdn, d.ip, "", d.proof)
+		default:
+			fmt.Printf("https://%s/\n  %32s %q, certificate by %q\n", d.fqdn, "", d.proof, d.issuer)
+		}
+	}
 	fmt.Printf(`
-The demo Ingress is served at https://%s/
-  answer:      %q
-  certificate: issued by %q (the local ACME CA; roots in %s)
-
 Point things at this environment:
-  kubeconfig:     %s   (kubectl --kubeconfig %s get ingress -A)
+  kubeconfig:     %s   (kubectl --kubeconfig %[1]s get ingress -A)
   control server: %s   (tsnet ControlURL, or tailscale up --login-server)
   Tailscale API:  %s   (OAuth client in %s and %s)
-`, host, body, issuer, lt.ACME.RootsFile, cp.Kubeconfig, cp.Kubeconfig, lt.ControlURL, lt.APIBaseURL, idFile, secretFile)
-	if once {
-		return nil
+  CA roots:       %s
+  logs:           %s, %s
+  e2e suite:      (set -a; . %s; go test -tags e2e ./test/e2e/)
+`, cp.Kubeconfig, lt.ControlURL, lt.APIBaseURL, idFile, secretFile, lt.ACME.RootsFile,
+		operatorLog.Name(), proxyLog.Name(), envFile)
+	if len(command) > 0 {
+		fmt.Printf("\nRunning %s\n", strings.Join(command, " "))
+		code, err := runCommand(ctx, command, env)
+		if err != nil {
+			return code, err
+		}
+		if code != 0 {
+			return code, fmt.Errorf("%s exited with status %d", command[0], code)
+		}
+		return 0, nil
 	}
-	fmt.Println("Running; Ctrl-C stops everything.")
+	if once {
+		return 0, nil
+	}
+	fmt.Println("\nRunning; Ctrl-C stops everything.")
 	<-ctx.Done()
-	fmt.Println("Shutting down.")
-	return nil
+	return 0, nil
+}
+
+// openLogs creates the operator's and the proxies' log files; with verbose they go to stdout too.
+func openLogs(dir string, verbose bool) (operator, proxies *logFile, err error) {
+	if operator, err = newLogFile(filepath.Join(dir, "operator.log"), verbose); err != nil {
+		return nil, nil, err
+	}
+	if proxies, err = newLogFile(filepath.Join(dir, "proxies.log"), verbose); err != nil {
+		operator.Close()
+		return nil, nil, err
+	}
+	return operator, proxies, nil
+}
+
+// logFile is a log written from many goroutines, and echoed to stdout if asked.
+type logFile struct {
+	mu   sync.Mutex
+	f    *os.File
+	echo bool
+}
+
+func newLogFile(path string, echo bool) (*logFile, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	return &logFile{f: f, echo: echo}, nil
+}
+
+func (l *logFile) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.echo {
+		os.Stdout.Write(p)
+	}
+	return l.f.Write(p)
+}
+
+func (l *logFile) Name() string { return l.f.Name() }
+func (l *logFile) Close() error { return l.f.Close() }
+
+// each runs f on every demo that is not skipped, at once, and joins the errors.
+func each(demos []*demo, f func(*demo) error) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(demos))
+	for i, d := range demos {
+		if d.skip == "" {
+			wg.Go(func() { errs[i] = f(d) })
+		}
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 func applyFile(ctx context.Context, k8s client.Client, path string, obj client.Object) error {
@@ -209,184 +373,79 @@ func applyFile(ctx context.Context, k8s client.Client, path string, obj client.O
 	return k8s.Create(ctx, obj)
 }
 
-func startBackend() (net.Listener, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
+// e2eEnv describes the environment to the e2e suite (test/e2e reads these variables).
+func e2eEnv(cp *testenv.ControlPlane, lt *localtailnet.LocalTailnet, runDir string, backendPort int, noL3 string) []string {
+	env := []string{
+		"KUBECONFIG=" + cp.Kubeconfig,
+		"TS_CONTROL_URL=" + lt.ControlURL,
+		"TS_API_BASE_URL=" + lt.APIBaseURL,
+		"TS_API_CLIENT_ID=" + lt.OAuthClientID,
+		"TS_API_CLIENT_SECRET=" + lt.OAuthClientSecret.Reveal(),
+		"E2E_CA_FILE=" + lt.ACME.RootsFile,
+		"E2E_OPERATOR_NAMESPACE=" + operatorNamespace,
+		"E2E_OPERATOR_LOG=" + filepath.Join(runDir, "operator.log"),
+		"E2E_PROXY_LOG=" + filepath.Join(runDir, "proxies.log"),
+		// No workload Pods run here: Ingress backends are ExternalName Services for this
+		// loopback backend, and every ClusterIP of an L3 proxy's cluster network answers.
+		fmt.Sprintf("E2E_LOCAL_BACKEND=localhost:%d", backendPort),
 	}
-	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "hello, %s, from the demo backend (path %s)\n", r.Header.Get("Tailscale-User-Login"), r.URL.Path)
-	}))
-	return ln, nil
+	if noL3 != "" {
+		env = append(env, "E2E_SKIP_L3="+noL3)
+	}
+	return env
 }
 
-// createDemo creates the demo Ingress. Its backend Service is an ExternalName for localhost:
-// with no kube-proxy here, a ClusterIP would lead nowhere.
-func createDemo(ctx context.Context, k8s client.Client, port int) error {
-	objs := []client.Object{
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "demo"}},
-		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "hello"}, Spec: corev1.ServiceSpec{
-			Type: corev1.ServiceTypeExternalName, ExternalName: "localhost",
-			Ports: []corev1.ServicePort{{Name: "http", Port: int32(port)}}}},
-		&networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "hello"}, Spec: networkingv1.IngressSpec{
-			IngressClassName: ptr.To("tailscale"),
-			TLS:              []networkingv1.IngressTLS{{Hosts: []string{"hello"}}},
-			DefaultBackend: &networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{
-				Name: "hello", Port: networkingv1.ServiceBackendPort{Name: "http"}}},
-		}},
+// writeEnvFile writes the variables for `set -a; . file`; it holds the local tailnet's OAuth
+// secret, so only its owner may read it.
+func writeEnvFile(path string, env []string) error {
+	var b strings.Builder
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		fmt.Fprintf(&b, "%s='%s'\n", k, strings.ReplaceAll(v, "'", `'\''`))
 	}
-	for _, o := range objs {
-		if err := k8s.Create(ctx, o); err != nil {
-			return err
-		}
-	}
-	return nil
+	return os.WriteFile(path, []byte(b.String()), 0o600)
 }
 
-func waitServed(ctx context.Context, k8s client.Client) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	for {
-		ing := &networkingv1.Ingress{}
-		if err := k8s.Get(ctx, client.ObjectKey{Namespace: "demo", Name: "hello"}, ing); err == nil {
-			if lb := ing.Status.LoadBalancer.Ingress; len(lb) > 0 && lb[0].Hostname != "" {
-				return lb[0].Hostname, nil
-			}
-		}
+// runCommand runs command with env added, in a process group of its own so that an interrupt
+// reaches it once, from here: it then has a minute to clean up through the environment, which
+// stays up until it exits.
+func runCommand(ctx context.Context, command, env []string) (int, error) {
+	cmd := exec.Command(command[0], command[1:]...)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return 1, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
 		select {
-		case <-ctx.Done():
-			return "", errors.New("the demo Ingress was not served within 2 minutes (run with -v to see why)")
-		case <-time.After(200 * time.Millisecond):
+		case err = <-done:
+		case <-time.After(time.Minute):
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+			return 1, errors.New("the command did not stop within a minute of the interrupt")
 		}
 	}
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return max(exit.ExitCode(), 1), nil
+	}
+	return 0, err
 }
 
-func prove(ctx context.Context, lt *localtailnet.LocalTailnet, host string) (body, issuer string, err error) {
-	dir, err := os.MkdirTemp("", "devenv-client-")
-	if err != nil {
-		return "", "", err
-	}
-	defer os.RemoveAll(dir)
-	cl := &tsnet.Server{Dir: dir, Hostname: "your-laptop", ControlURL: lt.ControlURL, Ephemeral: true,
-		AuthKey: lt.MintUserKey("you@example.com", "You").Reveal(), UserLogf: func(string, ...any) {}}
-	defer cl.Close()
-	upCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if _, err := cl.Up(upCtx); err != nil {
-		return "", "", err
-	}
-	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		DialContext: cl.Dial, TLSClientConfig: &tls.Config{RootCAs: lt.ACME.Roots()}}}
-	resp, err := hc.Get("https://" + host + "/")
-	if err != nil {
-		return "", "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", "", err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", "", fmt.Errorf("GET https://%s/: %s", host, resp.Status)
-	}
-	return strings.TrimSpace(string(b)), resp.TLS.PeerCertificates[0].Issuer.String(), nil
-}
-
-// podRunner stands in for the kubelet: it runs each proxy Pod of the operator's StatefulSets
-// as an in-process proxy with that Pod's arguments and identity, and reports the Pod running.
-type podRunner struct {
-	k8s    client.Client
-	cfg    *testenv.ControlPlane
-	logger *slog.Logger
-
-	mu      sync.Mutex
-	running map[string]context.CancelFunc // by Pod UID
-}
-
-func (p *podRunner) run(ctx context.Context) {
-	p.running = map[string]context.CancelFunc{}
-	for {
-		p.sync(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(300 * time.Millisecond):
+// ownNetns lists the network namespaces of this run that still exist.
+func ownNetns() []string {
+	var names []string
+	for name, pid := range devenvNetns() {
+		if pid == os.Getpid() {
+			names = append(names, name)
 		}
 	}
-}
-
-func (p *podRunner) sync(ctx context.Context) {
-	pods := &corev1.PodList{}
-	if err := p.k8s.List(ctx, pods, client.InNamespace(operatorNamespace), client.MatchingLabels{"app.kubernetes.io/name": "tsingress-proxy"}); err != nil {
-		return
-	}
-	live := map[string]bool{}
-	for i := range pods.Items {
-		pod := &pods.Items[i]
-		uid := string(pod.UID)
-		live[uid] = true
-		p.mu.Lock()
-		_, started := p.running[uid]
-		p.mu.Unlock()
-		if started || pod.DeletionTimestamp != nil {
-			continue
-		}
-		p.start(ctx, pod)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for uid, stop := range p.running {
-		if !live[uid] {
-			stop()
-			delete(p.running, uid)
-		}
-	}
-}
-
-func (p *podRunner) start(ctx context.Context, pod *corev1.Pod) {
-	c := pod.Spec.Containers[0]
-	if sc := c.SecurityContext; sc != nil && sc.Capabilities != nil && len(sc.Capabilities.Add) > 0 {
-		fmt.Printf("  ! Pod %s is an L3 proxy (kernel TUN and DNAT); the local environment runs L7 proxies only\n", pod.Name)
-		p.mu.Lock()
-		p.running[string(pod.UID)] = func() {}
-		p.mu.Unlock()
-		return
-	}
-	var secret string
-	for _, a := range c.Args {
-		if v, ok := strings.CutPrefix(a, "--config-secret="); ok {
-			secret = strings.ReplaceAll(v, "$(POD_NAME)", pod.Name)
-		}
-	}
-	podCtx, cancel := context.WithCancel(ctx)
-	p.mu.Lock()
-	p.running[string(pod.UID)] = cancel
-	p.mu.Unlock()
-	dir, _ := os.MkdirTemp("", "devenv-"+pod.Name+"-")
-	go func() {
-		defer os.RemoveAll(dir)
-		err := proxy.Run(podCtx, proxy.Options{
-			ConfigSecret: secret, Kube: p.cfg.Config, Namespace: pod.Namespace, PodUID: string(pod.UID),
-			StateDir: dir, Logger: p.logger,
-		})
-		if err != nil && podCtx.Err() == nil {
-			fmt.Printf("  ! proxy Pod %s stopped: %v\n", pod.Name, err)
-		}
-	}()
-	p.markRunning(ctx, pod)
-}
-
-// markRunning reports the Pod scheduled and running, as a kubelet would.
-func (p *podRunner) markRunning(ctx context.Context, pod *corev1.Pod) {
-	before := pod.DeepCopy()
-	now := metav1.Now()
-	pod.Status.Phase = corev1.PodRunning
-	pod.Status.StartTime = &now
-	pod.Status.PodIP = "127.0.0.1"
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now}}
-	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: pod.Spec.Containers[0].Name, Ready: true,
-		Image: "in-process", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}}
-	if err := p.k8s.Status().Patch(ctx, pod, client.MergeFrom(before)); err != nil {
-		p.logger.Error("reporting Pod status", "pod", pod.Name, "err", err)
-	}
+	return names
 }

@@ -19,6 +19,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/acmebudget"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/tailnet"
@@ -55,6 +56,13 @@ func envBool(name string, def bool) bool {
 	return def
 }
 
+func envInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return n
+	}
+	return def
+}
+
 func parseFlags(fs *flag.FlagSet, args []string) (*options, error) {
 	o := &options{}
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "Address of the metrics endpoint; 0 disables it.")
@@ -72,6 +80,11 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, error) {
 	fs.StringVar(&o.controlPlane.tailnet, "tailnet", envOr("TS_TAILNET", "-"), "Tailnet name for API calls; - is the OAuth client's own.")
 	fs.StringVar(&o.controlPlane.clientIDFile, "client-id-file", envOr("CLIENT_ID_FILE", "/oauth/client_id"), "File holding the OAuth client ID.")
 	fs.StringVar(&o.controlPlane.clientSecretFile, "client-secret-file", envOr("CLIENT_SECRET_FILE", "/oauth/client_secret"), "File holding the OAuth client secret.")
+	o.settings.CertificateLimits = acmebudget.LetsEncrypt
+	fs.IntVar(&o.settings.CertificateLimits.PerDomain, "acme-new-certificates-per-week", envInt("ACME_NEW_CERTIFICATES_PER_WEEK", acmebudget.LetsEncrypt.PerDomain),
+		"New certificates the tailnet's domain may get in any 7 days (Let's Encrypt: 50); lower it when other issuers share the domain.")
+	fs.IntVar(&o.settings.CertificateLimits.PerName, "acme-certificates-per-name-per-week", envInt("ACME_CERTIFICATES_PER_NAME_PER_WEEK", acmebudget.LetsEncrypt.PerName),
+		"Certificates one name may get in any 7 days, renewals included (Let's Encrypt: 5).")
 	fs.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

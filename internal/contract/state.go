@@ -23,6 +23,17 @@ const (
 	StateCertificates  = "certificates" // JSON: served name → CertificateStatus
 )
 
+// StateTailnetProfile is the tailnet client's current-profile key as the proxy stores it (the
+// "ts." prefix, see docs/contract.md). It is written once the device has logged in and, unlike
+// device_id, which every new Pod clears until it is up, it survives restarts.
+const StateTailnetProfile = "ts._current-profile"
+
+// LoggedIn reports whether a state Secret's data show a device that has logged in, so that no
+// new auth key is needed: a restarting proxy logs in again with its stored identity.
+func LoggedIn(data map[string][]byte) bool {
+	return len(data[StateDeviceID]) > 0 || len(data[StateTailnetProfile]) > 0
+}
+
 // ProxyState is what a proxy reports about itself.
 type ProxyState struct {
 	DeviceID      string

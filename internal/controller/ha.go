@@ -289,28 +289,44 @@ func (t *tailscaleServices) release(ctx context.Context, name string) error {
 	return err
 }
 
-// advertisers counts the group's replicas whose running Pod advertises svcName, and returns
-// the tailnet domain read off their names.
-func advertisers(ctx context.Context, c client.Client, namespace string, pg *tsv1alpha1.ProxyGroup, svcName string) (n, total int, domain string, err error) {
+// groupStates reads what each replica's running Pod reports, by ordinal: nil for a replica
+// without a Pod or whose state is left from an earlier Pod.
+func groupStates(ctx context.Context, c client.Client, namespace string, pg *tsv1alpha1.ProxyGroup) ([]*contract.ProxyState, error) {
 	g := group{pg.Name}
-	total = replicas(pg)
-	for i := range total {
+	states := make([]*contract.ProxyState, max(replicas(pg), 1))
+	for i := range replicas(pg) {
 		s, pod := &corev1.Secret{}, &corev1.Pod{}
 		key := client.ObjectKey{Namespace: namespace, Name: g.stateSecret(i)}
 		if err := c.Get(ctx, key, s); err != nil {
 			if apierrors.IsNotFound(err) {
 				continue
 			}
-			return 0, 0, "", err
+			return nil, err
 		}
 		if err := c.Get(ctx, key, pod); err != nil {
 			if apierrors.IsNotFound(err) {
 				continue
 			}
-			return 0, 0, "", err
+			return nil, err
 		}
 		st, err := contract.ParseState(s.Data)
 		if err != nil || !st.CurrentFor(string(pod.UID)) {
+			continue
+		}
+		states[i] = st
+	}
+	return states, nil
+}
+
+// advertisers counts the group's replicas whose running Pod advertises svcName, and returns
+// the tailnet domain read off their names.
+func advertisers(ctx context.Context, c client.Client, namespace string, pg *tsv1alpha1.ProxyGroup, svcName string) (n, total int, domain string, err error) {
+	states, err := groupStates(ctx, c, namespace, pg)
+	if err != nil {
+		return 0, 0, "", err
+	}
+	for _, st := range states {
+		if st == nil {
 			continue
 		}
 		if _, d, ok := strings.Cut(st.FQDN, "."); ok {
@@ -320,7 +336,7 @@ func advertisers(ctx context.Context, c client.Client, namespace string, pg *tsv
 			n++
 		}
 	}
-	return n, total, domain, nil
+	return n, replicas(pg), domain, nil
 }
 
 // vipsFor picks, per family, the VIPs a Service's destination can be reached from.

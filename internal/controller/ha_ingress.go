@@ -3,11 +3,14 @@ package controller
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -16,6 +19,7 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
 // HAIngressReconciler serves Ingresses annotated tailscale.com/proxy-group through a
@@ -26,6 +30,9 @@ type HAIngressReconciler struct {
 	Settings Settings
 	docs     groupDocs
 	services *tailscaleServices
+	certs    certSecrets
+	guard    *certGuard
+	info     func(context.Context) tailnet.TailnetInfo
 }
 
 func (r *HAIngressReconciler) serves(ing *networkingv1.Ingress) bool {
@@ -65,6 +72,14 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	ws, routeFindings := buildWebService(ing, services)
 	findings = append(findings, routeFindings...)
+	var byo byoCertificates
+	if pg != nil {
+		if byo, err = r.certs.resolve(ctx, ing, pg.Name, r.Settings.Namespace, byoLabels(pg, ing)); err != nil {
+			return ctrl.Result{}, err
+		}
+		ws.TLS.Certificates = byo.refs
+		findings = append(findings, byo.findings...)
+	}
 	tags, tf := parseTags(ing, r.Settings.DefaultTags)
 	if tf != nil {
 		findings = append(findings, *tf)
@@ -92,13 +107,121 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		}
 		return r.tailnetFailure(ing, err)
 	}
+	for _, c := range byo.copies {
+		// Owned by the group, so that its Role is rebuilt to let replicas read the copy.
+		if err := controllerutil.SetControllerReference(pg, c, r.Scheme()); err != nil {
+			return ctrl.Result{}, err
+		}
+		if err := apply(ctx, r.Client, c); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if err := pruneCertCopies(ctx, r.Client, r.Settings.Namespace, byoLabels(pg, ing), byo.copies); err != nil {
+		return ctrl.Result{}, err
+	}
+	cert, err := r.certificate(ctx, ing, pg, hostname)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	ws.TLS.Hold = cert.hold
 	if err := r.docs.removeElsewhere(ctx, svcName, pg.Name); err != nil {
 		return ctrl.Result{}, err
 	}
 	if err := r.docs.setServe(ctx, pg.Name, svcName, &ws); err != nil {
 		return r.docsFailure(ing, err)
 	}
-	return ctrl.Result{}, r.updateStatus(ctx, ing, pg, hostname, svcName, ws.HTTP != contract.HTTPOff)
+	if err := r.updateStatus(ctx, ing, pg, svcName, &ws, cert); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: cert.recheck(byo.recheck, r.guard.now())}, nil
+}
+
+// byoLabels mark the copies of one Ingress's certificates on a ProxyGroup: the group's labels,
+// so that its Role lists them, and the Ingress's, so that they are pruned per Ingress.
+func byoLabels(pg *tsv1alpha1.ProxyGroup, ing *networkingv1.Ingress) map[string]string {
+	l := group{pg.Name}.labels()
+	l[labelIngress] = hashLabel(ing.Namespace + "/" + ing.Name)
+	return l
+}
+
+// certificate prepares the group's certificate Secret of the Ingress's tailnet name, records
+// what the replicas obtained and decides whether the issuing replica may ask the CA.
+func (r *HAIngressReconciler) certificate(ctx context.Context, ing *networkingv1.Ingress, pg *tsv1alpha1.ProxyGroup, hostname string) (tailnetCert, error) {
+	c := tailnetCert{}
+	states, err := groupStates(ctx, r.Client, r.Settings.Namespace, pg)
+	if err != nil {
+		return c, err
+	}
+	domain := r.info(ctx).Domain
+	for _, st := range states {
+		if st == nil {
+			continue
+		}
+		if _, d, ok := strings.Cut(st.FQDN, "."); ok {
+			domain = d
+		}
+		if err := r.guard.observe(ctx, st.Certificates); err != nil {
+			return c, err
+		}
+	}
+	if domain != "" {
+		c.fqdn = hostname + "." + domain
+		if err := r.ensureGroupCertSecret(ctx, pg, c.fqdn); err != nil {
+			return c, err
+		}
+	}
+	if st := states[0]; st != nil {
+		c.cur = st.Certificates[c.fqdn]
+	}
+	if staging, err := groupUsesStaging(ctx, r.Client, pg); err != nil || staging {
+		return c, err
+	}
+	if c.hold, err = r.guard.hold(ctx, c.fqdn, c.cur); err != nil {
+		return c, err
+	}
+	if c.hold != nil && c.hold.Reason != ReasonWaitingForTailnetDomain {
+		r.eventf(ing, corev1.EventTypeWarning, c.hold.Reason, "no new certificate for %s: %s", c.fqdn, c.hold.Message)
+	}
+	if c.cur.Reason == contract.CertReasonIssuanceFailed {
+		r.eventf(ing, corev1.EventTypeWarning, ReasonCertificateIssueFailed, "certificate for %s: %s", c.fqdn, c.cur.Message)
+	}
+	return c, nil
+}
+
+// ensureGroupCertSecret creates the empty kubernetes.io/tls Secret that the group's issuing
+// replica fills. It belongs to the ProxyGroup, not the Ingress: an Ingress deleted and created
+// again reuses the certificate instead of spending the CA's limits.
+func (r *HAIngressReconciler) ensureGroupCertSecret(ctx context.Context, pg *tsv1alpha1.ProxyGroup, fqdn string) error {
+	name := contract.GroupCertSecret(fqdn)
+	s := &corev1.Secret{}
+	err := r.Get(ctx, client.ObjectKey{Namespace: r.Settings.Namespace, Name: name}, s)
+	if !apierrors.IsNotFound(err) {
+		return err
+	}
+	labels := group{pg.Name}.labels()
+	labels[LabelSecretType] = secretTypeGroupCert
+	s = &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: r.Settings.Namespace, Labels: labels},
+		Type:       corev1.SecretTypeTLS,
+		Data:       map[string][]byte{corev1.TLSCertKey: nil, corev1.TLSPrivateKeyKey: nil},
+	}
+	if err := controllerutil.SetControllerReference(pg, s, r.Scheme()); err != nil {
+		return err
+	}
+	return client.IgnoreAlreadyExists(r.Create(ctx, s))
+}
+
+// groupUsesStaging reports whether a group's ProxyClass picks Let's Encrypt's staging
+// directory, whose limits are for testing: no guard then.
+func groupUsesStaging(ctx context.Context, c client.Client, pg *tsv1alpha1.ProxyGroup) (bool, error) {
+	if pg.Spec.ProxyClass == "" {
+		return false, nil
+	}
+	pc := &tsv1alpha1.ProxyClass{}
+	if err := c.Get(ctx, client.ObjectKey{Name: pg.Spec.ProxyClass}, pc); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return pc.Spec.UseLetsEncryptStagingEnvironment, nil
 }
 
 // hasBlocking reports whether a finding stops an object from being served, as opposed to a
@@ -139,20 +262,40 @@ func (r *HAIngressReconciler) hostnameTakenBy(ctx context.Context, ing *networki
 	return takenBy(ing, others, func(o *networkingv1.Ingress) bool { return r.serves(o) && ingressHostname(o) == hostname }, FinalizerIngressPG), nil
 }
 
-func (r *HAIngressReconciler) updateStatus(ctx context.Context, ing *networkingv1.Ingress, pg *tsv1alpha1.ProxyGroup, hostname, svcName string, http bool) error {
-	n, _, domain, err := advertisers(ctx, r.Client, r.Settings.Namespace, pg, svcName)
+// updateStatus lists the Tailscale Service's name once a replica advertises it (or, with a port
+// error, why its certificate is missing) and the bring-your-own hosts served.
+func (r *HAIngressReconciler) updateStatus(ctx context.Context, ing *networkingv1.Ingress, pg *tsv1alpha1.ProxyGroup, svcName string, ws *contract.WebService, cert tailnetCert) error {
+	n, _, _, err := advertisers(ctx, r.Client, r.Settings.Namespace, pg, svcName)
 	if err != nil {
 		return err
 	}
 	var want []networkingv1.IngressLoadBalancerIngress
-	if n > 0 && domain != "" {
-		ports := []networkingv1.IngressPortStatus{{Port: 443, Protocol: corev1.ProtocolTCP}}
-		if http {
-			ports = append(ports, networkingv1.IngressPortStatus{Port: 80, Protocol: corev1.ProtocolTCP})
+	now := r.guard.now()
+	if errReason := certPortError(cert.hold, cert.cur, now); errReason != "" && cert.fqdn != "" {
+		want = append(want, networkingv1.IngressLoadBalancerIngress{Hostname: cert.fqdn,
+			Ports: []networkingv1.IngressPortStatus{{Port: 443, Protocol: corev1.ProtocolTCP, Error: &errReason}}})
+	} else if n > 0 && cert.fqdn != "" {
+		want = append(want, networkingv1.IngressLoadBalancerIngress{Hostname: cert.fqdn, Ports: httpsPorts(ws.HTTP != contract.HTTPOff)})
+	}
+	if n > 0 {
+		states, err := groupStates(ctx, r.Client, r.Settings.Namespace, pg)
+		if err != nil {
+			return err
 		}
-		want = []networkingv1.IngressLoadBalancerIngress{{Hostname: hostname + "." + domain, Ports: ports}}
+		if st := firstAdvertising(states, svcName); st != nil {
+			want = append(want, byoStatus(ws.TLS.Certificates, st.Certificates, now)...)
+		}
 	}
 	return setIngressLoadBalancer(ctx, r.Client, ing, want)
+}
+
+func firstAdvertising(states []*contract.ProxyState, svcName string) *contract.ProxyState {
+	for _, st := range states {
+		if st != nil && slices.Contains(st.Advertised, svcName) {
+			return st
+		}
+	}
+	return nil
 }
 
 // unserve removes an Ingress's entry from every group and releases its Tailscale Service.
@@ -162,6 +305,13 @@ func (r *HAIngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ing
 	}
 	if err := r.docs.removeElsewhere(ctx, svcName, ""); err != nil {
 		return ctrl.Result{}, err
+	}
+	if pgName := ing.Annotations[AnnotationProxyGroup]; pgName != "" {
+		l := group{pgName}.labels()
+		l[labelIngress] = hashLabel(ing.Namespace + "/" + ing.Name)
+		if err := pruneCertCopies(ctx, r.Client, r.Settings.Namespace, l, nil); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	if err := r.services.release(ctx, svcName); err != nil {
 		return r.tailnetFailure(ing, err)
@@ -189,6 +339,7 @@ func (r *HAIngressReconciler) SetupWithManager(mgr ctrl.Manager, docs groupDocs,
 		})).
 		Watches(&tsv1alpha1.ProxyGroup{}, handler.EnqueueRequestsFromMapFunc(r.forGroup)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.forGroup)).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(ingressesForTLSSecret(r.Client, r.serves))).
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.forGroup)).
 		Complete(r)
 }

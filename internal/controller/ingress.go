@@ -34,7 +34,10 @@ const tailnetRetry = time.Minute
 // cleanupPoll re-checks a cleanup waiting for a StatefulSet, in case a watch event is missed.
 const cleanupPoll = 5 * time.Second
 
-const indexIngressBackends = "tsingress.ingress.backends"
+const (
+	indexIngressBackends   = "tsingress.ingress.backends"
+	indexIngressTLSSecrets = "tsingress.ingress.tls-secrets"
+)
 
 // IngressReconciler serves Ingresses of the tailscale class (without the proxy-group
 // annotation) through a standalone proxy each.
@@ -43,12 +46,16 @@ type IngressReconciler struct {
 	reporter
 	Settings Settings
 	proxies  *proxies
+	certs    certSecrets
+	guard    *certGuard
 }
 
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=ingresses,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=ingresses/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=ingressclasses,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch
+// Bring-your-own certificates are read from the Ingress's namespace.
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",namespace=system,resources=secrets;serviceaccounts,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",namespace=system,resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups=apps,namespace=system,resources=statefulsets,verbs=get;list;watch;create;update;patch;delete
@@ -83,29 +90,100 @@ func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, nil
 	}
 
-	p, ok, err := r.desiredProxy(ctx, ing, class)
+	p, byo, ok, err := r.desiredProxy(ctx, ing, class)
 	if err != nil || !ok {
 		return ctrl.Result{}, err
 	}
-	if !r.proxies.certsAvailable(ctx) {
+	info := r.proxies.tailnetInfo(ctx)
+	if !info.CertsAvailable() {
 		r.eventf(ing, corev1.EventTypeWarning, ReasonHTTPSNotEnabled,
 			"HTTPS is not enabled on the tailnet (or MagicDNS is off): the proxy cannot get a certificate until it is")
+	}
+	st, err := r.proxies.state(ctx, p.parent)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	cert, err := r.certificate(ctx, ing, p, st, info.Domain)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
 	if err := r.proxies.ensure(ctx, p); err != nil {
 		return r.tailnetFailure(ing, err)
 	}
-	return ctrl.Result{}, r.updateStatus(ctx, ing, p)
+	if err := r.updateStatus(ctx, ing, p, st, cert); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: cert.recheck(byo.recheck, r.guard.now())}, nil
+}
+
+// tailnetCert is the state of an Ingress's tailnet name's certificate during a pass.
+type tailnetCert struct {
+	fqdn string
+	cur  contract.CertificateStatus
+	hold *contract.IssuanceHold
+}
+
+// recheck is when to look again without a watch event: when a hold ends or a bring-your-own
+// certificate expires (0: no need).
+func (c tailnetCert) recheck(byo time.Duration, now time.Time) time.Duration {
+	d := byo
+	if c.hold != nil && !c.hold.Until.IsZero() {
+		if h := c.hold.Until.Sub(now) + time.Second; d == 0 || h < d {
+			d = h
+		}
+	}
+	return d
+}
+
+// certificate records the certificates the proxy reports and decides whether it may ask the
+// CA for its tailnet name's certificate; a hold goes into its Serve config.
+func (r *IngressReconciler) certificate(ctx context.Context, ing *networkingv1.Ingress, p *standaloneProxy, st *contract.ProxyState, domain string) (tailnetCert, error) {
+	c := tailnetCert{}
+	switch {
+	case st != nil && st.FQDN != "":
+		c.fqdn = st.FQDN
+	case domain != "":
+		c.fqdn = p.config.Hostname + "." + domain
+	}
+	if st != nil {
+		if err := r.guard.observe(ctx, st.Certificates); err != nil {
+			return c, err
+		}
+		c.cur = st.Certificates[c.fqdn]
+	}
+	if p.class != nil && p.class.Spec.UseLetsEncryptStagingEnvironment {
+		return c, nil // staging's limits are for testing: no guard
+	}
+	hold, err := r.guard.hold(ctx, c.fqdn, c.cur)
+	if err != nil {
+		return c, err
+	}
+	c.hold, p.config.Serve.TLS.Hold = hold, hold
+	if hold != nil && hold.Reason != ReasonWaitingForTailnetDomain {
+		r.eventf(ing, corev1.EventTypeWarning, hold.Reason, "no new certificate for %s: %s", c.fqdn, hold.Message)
+	}
+	if c.cur.Reason == contract.CertReasonIssuanceFailed {
+		r.eventf(ing, corev1.EventTypeWarning, ReasonCertificateIssueFailed, "certificate for %s: %s", c.fqdn, c.cur.Message)
+	}
+	return c, nil
 }
 
 // desiredProxy builds the proxy an Ingress asks for. ok is false when the Ingress cannot be
 // served as it stands; the reasons are reported as Events, and an existing proxy is left
 // untouched rather than torn down over a typo.
-func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.Ingress, class *tsv1alpha1.ProxyClass) (*standaloneProxy, bool, error) {
+func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.Ingress, class *tsv1alpha1.ProxyClass) (*standaloneProxy, byoCertificates, bool, error) {
 	services, err := backendServices(ctx, r.Client, ing)
 	if err != nil {
-		return nil, false, err
+		return nil, byoCertificates{}, false, err
+	}
+	par := parentOf(parentTypeIngress, ing)
+	byo, err := r.certs.resolve(ctx, ing, par.proxyName(), r.Settings.Namespace, par.labels())
+	if err != nil {
+		return nil, byo, false, err
 	}
 	ws, findings := buildWebService(ing, services)
+	ws.TLS.Certificates = byo.refs
+	findings = append(findings, byo.findings...)
 	tags, f := parseTags(ing, r.Settings.DefaultTags)
 	if f != nil {
 		findings = append(findings, *f)
@@ -118,14 +196,15 @@ func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.
 	r.findings(ing, findings)
 	if len(ws.Routes) == 0 {
 		r.eventf(ing, corev1.EventTypeWarning, ReasonNoValidBackends, "no path of this Ingress can be served; nothing changed")
-		return nil, false, nil
+		return nil, byo, false, nil
 	}
 	if tags == nil || !hostOK {
-		return nil, false, nil
+		return nil, byo, false, nil
 	}
 	return &standaloneProxy{
-		parent: parentOf(parentTypeIngress, ing),
-		class:  class,
+		parent:      par,
+		class:       class,
+		certSecrets: byo.copies,
 		config: contract.ProxyConfig{
 			Kind:       contract.KindIngress,
 			Hostname:   hostname,
@@ -133,23 +212,45 @@ func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.
 			ControlURL: r.Settings.ControlURL,
 			Serve:      &ws,
 		},
-	}, true, nil
+	}, byo, true, nil
 }
 
-func (r *IngressReconciler) updateStatus(ctx context.Context, ing *networkingv1.Ingress, p *standaloneProxy) error {
-	st, err := r.proxies.state(ctx, p.parent)
-	if err != nil {
-		return err
-	}
+// updateStatus lists the served names: the tailnet name once the proxy serves it (or, with a
+// port error, why its certificate is missing) and the bring-your-own hosts.
+func (r *IngressReconciler) updateStatus(ctx context.Context, ing *networkingv1.Ingress, p *standaloneProxy, st *contract.ProxyState, cert tailnetCert) error {
 	var want []networkingv1.IngressLoadBalancerIngress
-	if st != nil && st.HTTPSEndpoint != "" {
-		ports := []networkingv1.IngressPortStatus{{Port: 443, Protocol: corev1.ProtocolTCP}}
-		if p.config.Serve.HTTP != contract.HTTPOff {
-			ports = append(ports, networkingv1.IngressPortStatus{Port: 80, Protocol: corev1.ProtocolTCP})
-		}
-		want = []networkingv1.IngressLoadBalancerIngress{{Hostname: st.HTTPSEndpoint, Ports: ports}}
+	served := st != nil && st.HTTPSEndpoint != ""
+	if errReason := certPortError(cert.hold, cert.cur, r.guard.now()); errReason != "" && cert.fqdn != "" {
+		want = append(want, networkingv1.IngressLoadBalancerIngress{Hostname: cert.fqdn,
+			Ports: []networkingv1.IngressPortStatus{{Port: 443, Protocol: corev1.ProtocolTCP, Error: &errReason}}})
+	} else if served {
+		want = append(want, networkingv1.IngressLoadBalancerIngress{Hostname: st.HTTPSEndpoint, Ports: httpsPorts(p.config.Serve.HTTP != contract.HTTPOff)})
+	}
+	if served {
+		want = append(want, byoStatus(p.config.Serve.TLS.Certificates, st.Certificates, r.guard.now())...)
 	}
 	return setIngressLoadBalancer(ctx, r.Client, ing, want)
+}
+
+func httpsPorts(http bool) []networkingv1.IngressPortStatus {
+	ports := []networkingv1.IngressPortStatus{{Port: 443, Protocol: corev1.ProtocolTCP}}
+	if http {
+		ports = append(ports, networkingv1.IngressPortStatus{Port: 80, Protocol: corev1.ProtocolTCP})
+	}
+	return ports
+}
+
+// byoStatus lists the bring-your-own hosts the proxy serves with a valid certificate.
+func byoStatus(refs []contract.CertificateRef, certs map[string]contract.CertificateStatus, now time.Time) []networkingv1.IngressLoadBalancerIngress {
+	var out []networkingv1.IngressLoadBalancerIngress
+	for _, ref := range refs {
+		for _, h := range ref.Hosts {
+			if c, ok := certs[h]; ok && c.Valid(now) {
+				out = append(out, networkingv1.IngressLoadBalancerIngress{Hostname: h, Ports: httpsPorts(false)})
+			}
+		}
+	}
+	return out
 }
 
 // unserve removes the proxy of an Ingress that is deleted or no longer ours.
@@ -184,12 +285,17 @@ func (r *IngressReconciler) SetupWithManager(mgr ctrl.Manager, p *proxies) error
 		func(o client.Object) []string { return backendServiceNames(o.(*networkingv1.Ingress)) }); err != nil {
 		return err
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &networkingv1.Ingress{}, indexIngressTLSSecrets,
+		func(o client.Object) []string { return tlsSecretNames(o.(*networkingv1.Ingress)) }); err != nil {
+		return err
+	}
 	children := handler.EnqueueRequestsFromMapFunc(parentRequests(parentTypeIngress))
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&networkingv1.Ingress{}).
 		Named("ingress").
 		Watches(&appsv1.StatefulSet{}, children).
 		Watches(&corev1.Secret{}, children).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(ingressesForTLSSecret(r.Client, r.serves))).
 		Watches(&corev1.Pod{}, children).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.ingressesForService)).
 		Watches(&tsv1alpha1.ProxyClass{}, handler.EnqueueRequestsFromMapFunc(r.ingressesForProxyClass)).
@@ -213,6 +319,28 @@ func (r *IngressReconciler) ingressesForService(ctx context.Context, o client.Ob
 		return nil
 	}
 	return ingressRequests(list.Items, func(*networkingv1.Ingress) bool { return true })
+}
+
+// tlsSecretNames lists the Secrets an Ingress's bring-your-own entries name.
+func tlsSecretNames(ing *networkingv1.Ingress) []string {
+	var names []string
+	for _, t := range ing.Spec.TLS {
+		if isBYO(t) {
+			names = append(names, t.SecretName)
+		}
+	}
+	return names
+}
+
+// ingressesForTLSSecret maps a user's certificate Secret to the Ingresses that serve it.
+func ingressesForTLSSecret(c client.Client, keep func(*networkingv1.Ingress) bool) handler.MapFunc {
+	return func(ctx context.Context, o client.Object) []reconcile.Request {
+		list := &networkingv1.IngressList{}
+		if err := c.List(ctx, list, client.InNamespace(o.GetNamespace()), client.MatchingFields{indexIngressTLSSecrets: o.GetName()}); err != nil {
+			return nil
+		}
+		return ingressRequests(list.Items, keep)
+	}
 }
 
 func (r *IngressReconciler) ingressesForProxyClass(ctx context.Context, o client.Object) []reconcile.Request {

@@ -44,9 +44,12 @@ func ingressHostname(ing *networkingv1.Ingress) string {
 	return truncateLabel(dnsLabelish(ing.Namespace + "-" + ing.Name + "-ingress"))
 }
 
+// tlsHost is the first host of the first TLS entry that is not a bring-your-own certificate's.
 func tlsHost(ing *networkingv1.Ingress) string {
-	if len(ing.Spec.TLS) > 0 && len(ing.Spec.TLS[0].Hosts) > 0 {
-		return ing.Spec.TLS[0].Hosts[0]
+	for _, t := range ing.Spec.TLS {
+		if !isBYO(t) && len(t.Hosts) > 0 {
+			return t.Hosts[0]
+		}
 	}
 	return ""
 }
@@ -81,8 +84,8 @@ func buildWebService(ing *networkingv1.Ingress, services map[string]*corev1.Serv
 	}
 
 	seen := map[string]bool{}
-	add := func(path string, pathType contract.PathType, b networkingv1.IngressBackend, where string) {
-		key := string(pathType) + " " + path
+	add := func(host, path string, pathType contract.PathType, b networkingv1.IngressBackend, where string) {
+		key := host + " " + string(pathType) + " " + path
 		if seen[key] {
 			findings = append(findings, warnf(ReasonDuplicatePath, "%s: path %s (%s) is already routed; the first one wins", where, path, pathType))
 			return
@@ -94,15 +97,21 @@ func buildWebService(ing *networkingv1.Ingress, services map[string]*corev1.Serv
 			return
 		}
 		seen[key] = true
-		ws.Routes = append(ws.Routes, contract.Route{Path: path, PathType: pathType, Backend: backend})
+		ws.Routes = append(ws.Routes, contract.Route{Host: host, Path: path, PathType: pathType, Backend: backend})
 	}
 
-	host := tlsHost(ing)
+	host, custom := tlsHost(ing), byoHosts(ing)
 	for i, rule := range ing.Spec.Rules {
 		where := fmt.Sprintf("rule %d", i)
-		if rule.Host != "" && !strings.EqualFold(rule.Host, host) {
+		// A rule for a custom host is routed for that host only; one for the tailnet name, or
+		// without a host, for every name.
+		ruleHost := ""
+		switch {
+		case custom[strings.ToLower(rule.Host)]:
+			ruleHost = strings.ToLower(rule.Host)
+		case rule.Host != "" && !strings.EqualFold(rule.Host, host):
 			findings = append(findings, warnf(ReasonUnsupportedHost,
-				"%s: host %q is not served: a tailscale Ingress serves one name, its first TLS host (%q); use one Ingress per host", where, rule.Host, host))
+				"%s: host %q is not served: a tailscale Ingress serves its first TLS host (%q) and the custom hosts of TLS entries with a secretName", where, rule.Host, host))
 			continue
 		}
 		if rule.HTTP == nil {
@@ -123,13 +132,13 @@ func buildWebService(ing *networkingv1.Ingress, services map[string]*corev1.Serv
 				findings = append(findings, warnf(ReasonUnsupportedPath, "%s: path %q must start with /", where, path))
 				continue
 			}
-			add(path, pathType, p.Backend, where)
+			add(ruleHost, path, pathType, p.Backend, where)
 		}
 	}
 	// The default backend takes what no rule matches, which is a prefix route at / unless a
 	// rule already claimed /.
-	if b := ing.Spec.DefaultBackend; b != nil && !seen[string(contract.PathPrefix)+" /"] {
-		add("/", contract.PathPrefix, *b, "default backend")
+	if b := ing.Spec.DefaultBackend; b != nil && !seen[" "+string(contract.PathPrefix)+" /"] {
+		add("", "/", contract.PathPrefix, *b, "default backend")
 	}
 	return ws, findings
 }

@@ -38,7 +38,16 @@ const (
 	parentTypeIngress   = "ingress"
 	parentTypeService   = "svc"
 	secretTypeConfState = "config-state"
+	// labelIngress marks objects of one Ingress among a ProxyGroup's children (hashLabel of
+	// namespace/name: a label value cannot hold both names).
+	labelIngress = "tailscale.com/ingress"
 )
+
+// hashLabel is a short, label-safe digest of s.
+func hashLabel(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])[:16]
+}
 
 // parent identifies the user object a proxy serves.
 type parent struct {

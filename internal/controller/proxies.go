@@ -39,19 +39,19 @@ type proxies struct {
 
 const tailnetInfoTTL = 5 * time.Minute
 
-// certsAvailable reports whether the tailnet can issue HTTPS certificates. When the API cannot
-// tell, it assumes it can, so a flaky API raises no false alarm.
-func (m *proxies) certsAvailable(ctx context.Context) bool {
+// tailnetInfo returns the tailnet's settings, cached. When the API cannot tell, it assumes
+// certificates are available, so a flaky API raises no false alarm.
+func (m *proxies) tailnetInfo(ctx context.Context) tailnet.TailnetInfo {
 	m.infoMu.Lock()
 	defer m.infoMu.Unlock()
-	if time.Now().After(m.infoExpiry) {
+	if time.Now().After(m.infoExpiry) || m.info.Domain == "" {
 		info, err := m.tailnet.TailnetInfo(ctx)
 		if err != nil {
-			return true
+			return tailnet.TailnetInfo{HTTPSEnabled: true, MagicDNS: true, Domain: m.info.Domain}
 		}
 		m.info, m.infoExpiry = info, time.Now().Add(tailnetInfoTTL)
 	}
-	return m.info.CertsAvailable()
+	return m.info
 }
 
 // ensure applies every child of p. It mints an auth key only while the proxy has no device
@@ -66,14 +66,16 @@ func (m *proxies) ensure(ctx context.Context, p *standaloneProxy) error {
 	if err != nil {
 		return err
 	}
-	for _, obj := range []client.Object{
-		p.buildServiceAccount(ns), p.buildRole(ns), p.buildRoleBinding(ns), secret, p.buildStatefulSet(m.settings),
-	} {
+	objs := []client.Object{p.buildServiceAccount(ns), p.buildRole(ns), p.buildRoleBinding(ns), secret}
+	for _, c := range p.certSecrets {
+		objs = append(objs, c)
+	}
+	for _, obj := range append(objs, p.buildStatefulSet(m.settings)) {
 		if err := apply(ctx, m.Client, obj); err != nil {
 			return err
 		}
 	}
-	return nil
+	return pruneCertCopies(ctx, m.Client, ns, p.parent.labels(), p.certSecrets)
 }
 
 func (m *proxies) authKeyFor(ctx context.Context, p *standaloneProxy) (string, error) {
@@ -84,7 +86,7 @@ func (m *proxies) authKeyFor(ctx context.Context, p *standaloneProxy) (string, e
 	case err != nil:
 		return "", err
 	default:
-		if len(existing.Data[contract.StateDeviceID]) > 0 {
+		if contract.LoggedIn(existing.Data) {
 			return "", nil // logged in: the key is spent and leaves the config
 		}
 		if cfg, _, err := contract.ProxyConfigs.Decode(existing.Data); err == nil && cfg.AuthKey != "" {
@@ -149,6 +151,9 @@ func (m *proxies) cleanup(ctx context.Context, par parent) (done bool, err error
 			}
 		}
 	case !apierrors.IsNotFound(err):
+		return false, err
+	}
+	if err := pruneCertCopies(ctx, m.Client, ns, par.labels(), nil); err != nil {
 		return false, err
 	}
 	for _, obj := range []client.Object{

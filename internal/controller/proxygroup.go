@@ -128,7 +128,11 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 	if err != nil {
 		return err
 	}
-	objs := []client.Object{r.buildServiceAccount(g), r.buildRole(g, n), r.buildRoleBinding(g), cm}
+	certs, err := r.certSecretNames(ctx, g)
+	if err != nil {
+		return err
+	}
+	objs := []client.Object{r.buildServiceAccount(g), r.buildRole(g, n, certs), r.buildRoleBinding(g), cm}
 	for i := range n {
 		cfg, err := r.replicaConfig(ctx, pg, g, class, i, services)
 		if err != nil {
@@ -252,7 +256,7 @@ func (r *ProxyGroupReconciler) replicaAuthKey(ctx context.Context, pg *tsv1alpha
 	if err := r.Get(ctx, client.ObjectKey{Namespace: ns, Name: g.stateSecret(i)}, state); client.IgnoreNotFound(err) != nil {
 		return "", err
 	}
-	if len(state.Data[contract.StateDeviceID]) > 0 {
+	if contract.LoggedIn(state.Data) {
 		return "", nil
 	}
 	cfgSecret := &corev1.Secret{}
@@ -286,7 +290,30 @@ func (r *ProxyGroupReconciler) buildServiceAccount(g group) *corev1.ServiceAccou
 
 // buildRole lets the replicas read their configs and the group ConfigMap, and write their
 // state Secrets; nothing else.
-func (r *ProxyGroupReconciler) buildRole(g group, n int) *rbacv1.Role {
+// groupCertSecrets names a group's certificate Secrets: shared ones that the issuing replica
+// writes, and copies of bring-your-own certificates that replicas only read.
+type groupCertSecrets struct{ shared, byo []string }
+
+func (r *ProxyGroupReconciler) certSecretNames(ctx context.Context, g group) (groupCertSecrets, error) {
+	var out groupCertSecrets
+	for typ, dst := range map[string]*[]string{secretTypeGroupCert: &out.shared, secretTypeCertCopy: &out.byo} {
+		list := &corev1.SecretList{}
+		labels := g.labels()
+		labels[LabelSecretType] = typ
+		if err := r.List(ctx, list, client.InNamespace(r.Settings.Namespace), client.MatchingLabels(labels)); err != nil {
+			return out, err
+		}
+		for _, s := range list.Items {
+			*dst = append(*dst, s.Name)
+		}
+		slices.Sort(*dst)
+	}
+	return out, nil
+}
+
+// buildRole lets replicas read the group's ConfigMap and their Secrets, write their state, and
+// read (the issuer: write) the group's certificate Secrets.
+func (r *ProxyGroupReconciler) buildRole(g group, n int, certs groupCertSecrets) *rbacv1.Role {
 	var secrets []string
 	for i := range n {
 		secrets = append(secrets, g.configSecret(i), g.stateSecret(i))
@@ -297,6 +324,14 @@ func (r *ProxyGroupReconciler) buildRole(g group, n int) *rbacv1.Role {
 	if len(secrets) > 0 {
 		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: secrets,
 			Verbs: []string{"get", "list", "watch", "patch"}})
+	}
+	if len(certs.shared) > 0 {
+		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: certs.shared,
+			Verbs: []string{"get", "list", "watch", "update", "patch"}})
+	}
+	if len(certs.byo) > 0 {
+		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: certs.byo,
+			Verbs: []string{"get", "list", "watch"}})
 	}
 	return &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: g.name, Namespace: r.Settings.Namespace, Labels: g.labels()}, Rules: rules}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/tsingress/tsingress/internal/acmebudget"
 	"github.com/tsingress/tsingress/internal/contract"
 )
 
@@ -25,6 +26,9 @@ type Settings struct {
 	DefaultLoadBalancer bool
 	// ControlURL is the tailnet's control server for the proxies; empty means Tailscale's.
 	ControlURL string
+	// CertificateLimits are the ACME CA's rate limits the operator keeps proxies within; zero
+	// means Let's Encrypt's.
+	CertificateLimits acmebudget.Limits
 }
 
 // Validate checks the settings at start-up, so a misconfigured operator fails at once.
@@ -46,6 +50,9 @@ func (s *Settings) Validate() error {
 		if !contract.ValidTag(t) {
 			errs = append(errs, fmt.Errorf("default proxy tag %q must look like tag:name", t))
 		}
+	}
+	if l := s.CertificateLimits; l != (acmebudget.Limits{}) && (l.PerDomain < 1 || l.PerName < 1 || l.Window <= 0) {
+		errs = append(errs, fmt.Errorf("certificate limits must be positive: %d new per domain, %d per name, window %s", l.PerDomain, l.PerName, l.Window))
 	}
 	switch s.FirewallMode {
 	case contract.FirewallAuto, contract.FirewallNFTables, contract.FirewallIPTables:

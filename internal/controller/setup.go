@@ -2,6 +2,9 @@
 package controller
 
 import (
+	"time"
+
+	"k8s.io/apimachinery/pkg/fields"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -9,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/tsingress/tsingress/internal/acmebudget"
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
@@ -16,12 +20,17 @@ import (
 const recorderName = "tsingress-operator"
 
 // CacheOptions keeps the operator's own children (Secrets, Pods, StatefulSets, RBAC) cached for
-// its namespace only: caching every Secret of a large cluster would waste memory and need wider
-// RBAC. Ingresses, Services and the CRDs are watched cluster-wide.
+// its namespace only: caching every Secret of a large cluster would waste memory. Elsewhere only
+// kubernetes.io/tls Secrets are cached, for bring-your-own certificates. Ingresses, Services and
+// the CRDs are watched cluster-wide.
 func CacheOptions(s Settings) cache.Options {
 	own := cache.ByObject{Namespaces: map[string]cache.Config{s.Namespace: {}}}
+	secrets := cache.ByObject{Namespaces: map[string]cache.Config{
+		s.Namespace:          {},
+		cache.AllNamespaces: {FieldSelector: fields.OneTermEqualSelector("type", string(corev1.SecretTypeTLS))},
+	}}
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&corev1.Secret{}:         own,
+		&corev1.Secret{}:         secrets,
 		&corev1.ConfigMap{}:      own,
 		&corev1.Pod{}:            own,
 		&corev1.ServiceAccount{}: own,
@@ -38,7 +47,13 @@ func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
 		return err
 	}
 	p := &proxies{Client: mgr.GetClient(), settings: s, tailnet: tc}
-	if err := (&IngressReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s}).SetupWithManager(mgr, p); err != nil {
+	certs := certSecrets{cached: mgr.GetClient(), api: mgr.GetAPIReader(), now: time.Now}
+	limits := s.CertificateLimits
+	if limits == (acmebudget.Limits{}) {
+		limits = acmebudget.LetsEncrypt
+	}
+	guard := &certGuard{Client: mgr.GetClient(), namespace: s.Namespace, limits: limits, now: time.Now}
+	if err := (&IngressReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s, certs: certs, guard: guard}).SetupWithManager(mgr, p); err != nil {
 		return err
 	}
 	if err := (&ServiceReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s}).SetupWithManager(mgr, p); err != nil {
@@ -49,7 +64,8 @@ func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
 	}
 	docs := groupDocs{Client: mgr.GetClient(), namespace: s.Namespace}
 	services := &tailscaleServices{Client: mgr.GetClient(), tailnet: tc, settings: s}
-	if err := (&HAIngressReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s}).SetupWithManager(mgr, docs, services); err != nil {
+	if err := (&HAIngressReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s, certs: certs, guard: guard,
+		info: p.tailnetInfo}).SetupWithManager(mgr, docs, services); err != nil {
 		return err
 	}
 	return (&HAServiceReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s}).SetupWithManager(mgr, docs, services)

@@ -36,6 +36,8 @@ type standaloneProxy struct {
 	class  *tsv1alpha1.ProxyClass // nil: no ProxyClass
 	// kernel proxies (L3) need NET_ADMIN and a TUN device; L7 proxies run unprivileged.
 	kernel bool
+	// certSecrets are copies of bring-your-own certificate Secrets the proxy reads.
+	certSecrets []*corev1.Secret
 }
 
 func (p *standaloneProxy) name() string { return p.parent.proxyName() }
@@ -89,6 +91,10 @@ func (p *standaloneProxy) buildRole(namespace string) *rbacv1.Role {
 		{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{p.secretName()},
 			Verbs: []string{"get", "list", "watch", "patch"}},
 	}}
+	if len(p.certSecrets) > 0 {
+		r.Rules = append(r.Rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"},
+			ResourceNames: secretNames(p.certSecrets), Verbs: []string{"get", "list", "watch"}})
+	}
 	r.Namespace = namespace
 	return r
 }

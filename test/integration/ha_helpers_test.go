@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -34,7 +35,9 @@ type haReplica struct {
 	done   chan error
 }
 
-func newHAReplica(t *testing.T, w *world, pg string, i int, certs *proxytest.CA) *haReplica {
+// newHAReplica prepares replica i of group pg. Its kernel data path goes into netns, or as root
+// with netns "" into a namespace of its own.
+func newHAReplica(t *testing.T, w *world, pg string, i int, certs *proxytest.CA, netns string) *haReplica {
 	t.Helper()
 	name := fmt.Sprintf("%s-%d", pg, i)
 	pod := &corev1.Pod{}
@@ -44,10 +47,13 @@ func newHAReplica(t *testing.T, w *world, pg string, i int, certs *proxytest.CA)
 	r := &haReplica{name: name, logs: &syncLog{}}
 	r.opts = proxy.Options{
 		ConfigSecret: name + "-config", GroupConfigMap: pg + "-ingress-config", Kube: w.cp.Config, Namespace: w.opNS,
-		PodUID: string(pod.UID), StateDir: t.TempDir(), CertSource: certs,
+		PodUID: string(pod.UID), StateDir: t.TempDir(), NetNS: netns,
 		Logger: slog.New(slog.NewTextHandler(r.logs, nil)),
 	}
-	if os.Geteuid() == 0 {
+	if certs != nil {
+		r.opts.CertSource = certs
+	}
+	if netns == "" && os.Geteuid() == 0 {
 		// Its own namespace for the TUN, which a root test would otherwise add to the host.
 		r.opts.NetNS = proxytest.NewNetNS(t, fmt.Sprintf("pg%d", i)).Path
 	}
@@ -117,69 +123,148 @@ func (l *syncLog) String() string {
 	return l.sb.String()
 }
 
-// haLoad sends GET requests at a steady rate, each on a new connection so that every one is
-// routed afresh, and records those that fail or are slow.
+// haLoad sends requests at a steady rate, each on a new connection so that every one is routed
+// afresh, taking its targets in turn, and records how each went.
 type haLoad struct {
 	start time.Time
 	mu    sync.Mutex
-	total int
-	fails []haRequest
-	slow  []haRequest // successes that took over a second
+	reqs  []haRequest
 	wg    sync.WaitGroup
 }
 
-// haRequest is one request: when it started, from the load's start, and how it went.
+// haRequest is one request: when it started, from the load's start, where to, and how it went.
 type haRequest struct {
-	at   time.Duration
-	took time.Duration
-	err  error
+	at, took time.Duration
+	target   string
+	answer   string // who answered, for requests that say
+	err      error
 }
 
 func (r haRequest) String() string {
 	if r.err != nil {
-		return fmt.Sprintf("%.2fs: %v", r.at.Seconds(), r.err)
+		return fmt.Sprintf("%.2fs %s: %v", r.at.Seconds(), r.target, r.err)
 	}
-	return fmt.Sprintf("%.2fs: took %s", r.at.Seconds(), r.took.Round(time.Millisecond))
+	return fmt.Sprintf("%.2fs %s: took %s", r.at.Seconds(), r.target, r.took.Round(time.Millisecond))
 }
 
-func startHALoad(ctx context.Context, c *tsnet.Server, pool *x509.CertPool, url, want string, every time.Duration) *haLoad {
-	httpc := &http.Client{
-		// Longer than the stalls WireGuard's handshake retries can cause, so that those show as
-		// slow, and what fails has really failed.
-		Timeout: 15 * time.Second,
-		Transport: &http.Transport{DialContext: c.Dial, TLSClientConfig: &tls.Config{RootCAs: pool},
-			DisableKeepAlives: true},
-	}
+// haRequestTimeout is longer than the stalls WireGuard's handshake retries can cause, so that
+// those show as slow, and what fails has really failed.
+const haRequestTimeout = 15 * time.Second
+
+// startHALoad runs do every interval, on the targets in turn, until ctx ends. do returns who
+// answered, if it can tell.
+func startHALoad(ctx context.Context, every time.Duration, targets []string, do func(ctx context.Context, target string) (string, error)) *haLoad {
 	l := &haLoad{start: time.Now()}
 	l.wg.Go(func() {
 		tick := time.NewTicker(every)
 		defer tick.Stop()
-		for {
+		for n := 0; ; n++ {
 			select {
 			case <-ctx.Done():
 				return
 			case <-tick.C:
 			}
+			target := targets[n%len(targets)]
 			l.wg.Go(func() {
+				// Not ctx: requests under way when the load stops finish.
+				rctx, cancel := context.WithTimeout(context.Background(), haRequestTimeout)
+				defer cancel()
 				began := time.Now()
-				err := haGet(httpc, url, want)
-				r := haRequest{at: began.Sub(l.start), took: time.Since(began), err: err}
+				answer, err := do(rctx, target)
+				r := haRequest{at: began.Sub(l.start), took: time.Since(began), target: target, answer: answer, err: err}
 				l.mu.Lock()
 				defer l.mu.Unlock()
-				l.total++
-				if err != nil {
-					l.fails = append(l.fails, r)
-				} else if r.took > time.Second {
-					l.slow = append(l.slow, r)
-				}
+				l.reqs = append(l.reqs, r)
 			})
 		}
 	})
 	return l
 }
 
-func haGet(c *http.Client, url, want string) error {
-	res, err := c.Get(url)
+// wait waits for the requests in flight once ctx has ended, and returns them all, in the order
+// they started.
+func (l *haLoad) wait() []haRequest {
+	l.wg.Wait()
+	slices.SortFunc(l.reqs, func(a, b haRequest) int { return cmp.Compare(a.at, b.at) })
+	return l.reqs
+}
+
+// since is the time from the load's start.
+func (l *haLoad) since() time.Duration {
+	return time.Since(l.start)
+}
+
+// haReport is what a load came to.
+type haReport struct {
+	total      int
+	fails      []haRequest
+	slow       []haRequest // successes that took over a second
+	p50, p99   time.Duration
+	max        time.Duration
+	answeredBy map[string]int
+}
+
+func summarize(reqs []haRequest) haReport {
+	rep := haReport{total: len(reqs), answeredBy: map[string]int{}}
+	var took []time.Duration
+	for _, r := range reqs {
+		switch {
+		case r.err != nil:
+			rep.fails = append(rep.fails, r)
+			continue
+		case r.took > time.Second:
+			rep.slow = append(rep.slow, r)
+		}
+		took = append(took, r.took)
+		rep.answeredBy[r.answer]++
+	}
+	if len(took) > 0 {
+		slices.Sort(took)
+		rep.p50, rep.p99, rep.max = took[len(took)/2], took[len(took)*99/100], took[len(took)-1]
+	}
+	return rep
+}
+
+func (rep haReport) String() string {
+	return fmt.Sprintf("%d of %d requests failed, %d took over a second; latency p50 %s, p99 %s, max %s",
+		len(rep.fails), rep.total, len(rep.slow), rep.p50.Round(100*time.Microsecond), rep.p99.Round(100*time.Microsecond), rep.max.Round(time.Millisecond))
+}
+
+// haTimeline notes what happened during a load, and when the client's route may have moved.
+type haTimeline struct {
+	load  *haLoad
+	lines []string
+	moves []time.Duration
+}
+
+func (tl *haTimeline) mark(move bool, format string, args ...any) {
+	at := tl.load.since()
+	tl.lines = append(tl.lines, fmt.Sprintf("%.2fs: ", at.Seconds())+fmt.Sprintf(format, args...))
+	if move {
+		tl.moves = append(tl.moves, at)
+	}
+}
+
+// nearMove reports whether a request started close enough to a route change to be caught by
+// it: the change lies between its mark and the state that led to it, which the test sees a
+// little later.
+func (tl *haTimeline) nearMove(r haRequest) bool {
+	return slices.ContainsFunc(tl.moves, func(m time.Duration) bool { return r.at > m-time.Second && r.at < m+500*time.Millisecond })
+}
+
+func (tl *haTimeline) String() string { return strings.Join(tl.lines, "\n  ") }
+
+// haHTTPClient makes each request on a new connection through c.
+func haHTTPClient(c *tsnet.Server, pool *x509.CertPool) *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: c.Dial, TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}}
+}
+
+func haGet(ctx context.Context, c *http.Client, url, want string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	res, err := c.Do(req)
 	if err != nil {
 		return err
 	}
@@ -192,15 +277,4 @@ func haGet(c *http.Client, url, want string) error {
 		return fmt.Errorf("%d %q", res.StatusCode, body)
 	}
 	return nil
-}
-
-// wait waits for the requests in flight once ctx has ended.
-func (l *haLoad) wait() (total int, fails, slow []haRequest) {
-	l.wg.Wait()
-	return l.total, l.fails, l.slow
-}
-
-// since is the time from the load's start.
-func (l *haLoad) since() time.Duration {
-	return time.Since(l.start)
 }

@@ -3,8 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -54,7 +52,7 @@ func TestHAIngressFailover(t *testing.T) {
 	}
 
 	ca := proxytest.NewCA(t)
-	replicas := []*haReplica{newHAReplica(t, w, pg, 0, ca), newHAReplica(t, w, pg, 1, ca)}
+	replicas := []*haReplica{newHAReplica(t, w, pg, 0, ca, ""), newHAReplica(t, w, pg, 1, ca, "")}
 	for _, r := range replicas {
 		r.start()
 	}
@@ -77,38 +75,32 @@ func TestHAIngressFailover(t *testing.T) {
 	ctx, stopLoad := context.WithCancel(w.ctx)
 	defer stopLoad()
 	const every = 50 * time.Millisecond
-	load := startHALoad(ctx, cl, ca.Pool(), "https://"+fqdn+"/", "web /", every)
-	var timeline []string
-	var moves []time.Duration // when the client's route may have moved: a replica withdrew or came back
-	mark := func(move bool, format string, args ...any) {
-		at := load.since()
-		timeline = append(timeline, fmt.Sprintf("%.2fs: ", at.Seconds())+fmt.Sprintf(format, args...))
-		if move {
-			moves = append(moves, at)
-		}
-	}
+	httpc := haHTTPClient(cl, ca.Pool())
+	load := startHALoad(ctx, every, []string{"https://" + fqdn + "/"}, func(ctx context.Context, url string) (string, error) {
+		return "", haGet(ctx, httpc, url, "web /")
+	})
+	tl := &haTimeline{load: load}
 	time.Sleep(2 * time.Second)
 	for _, i := range []int{1, 0} {
 		r := replicas[i]
-		mark(true, "stopping %s", r.name)
+		tl.mark(true, "stopping %s", r.name)
 		r.stop(t)
-		mark(false, "%s stopped", r.name)
+		tl.mark(false, "%s stopped", r.name)
 		time.Sleep(time.Second)
 		r.start()
 		eventually(t, 30*time.Second, r.name+" advertising again", func() error { return r.advertises(w, svc) })
-		mark(true, "%s advertises again", r.name)
+		tl.mark(true, "%s advertises again", r.name)
 		time.Sleep(2 * time.Second)
 	}
 	stopLoad()
-	total, fails, slow := load.wait()
-	t.Logf("timeline:\n  %s", strings.Join(timeline, "\n  "))
-	t.Logf("failover: %d of %d requests failed, %d took over a second (one every %s over %.1fs)",
-		len(fails), total, len(slow), every, load.since().Seconds())
-	for _, f := range fails {
-		t.Logf("  failed, started at %s", f)
+	rep := summarize(load.wait())
+	t.Logf("timeline:\n  %s", tl)
+	t.Logf("failover: %s (one every %s over %.1fs)", rep, every, load.since().Seconds())
+	for _, f := range rep.fails {
+		t.Logf("  failed: %s", f)
 	}
-	for _, s := range slow {
-		t.Logf("  slow, started at %s", s)
+	for _, s := range rep.slow {
+		t.Logf("  slow: %s", s)
 	}
 	// The client routes the service's VIPs to one replica at a time, per packet: when the route
 	// moves, the requests then in flight lose their packets (replies from the old replica are
@@ -116,17 +108,15 @@ func TestHAIngressFailover(t *testing.T) {
 	// the replica it uses and back), and a request takes well under 250ms, so each move may
 	// cost up to five requests; no request may fail away from a move, during the withdrawal wait
 	// or the drain included.
-	if total < 200 {
-		t.Errorf("only %d requests sent", total)
+	if rep.total < 200 {
+		t.Errorf("only %d requests sent", rep.total)
 	}
-	if len(fails) > 2*5 {
-		t.Errorf("%d requests failed; want at most 10", len(fails))
+	if len(rep.fails) > 2*5 {
+		t.Errorf("%d requests failed; want at most 10", len(rep.fails))
 	}
-	for _, f := range fails {
-		// The moment of a move lies between its mark and the state that led to it, which the
-		// test sees a little later.
-		if !slices.ContainsFunc(moves, func(m time.Duration) bool { return f.at > m-time.Second && f.at < m+500*time.Millisecond }) {
-			t.Errorf("a request failed away from any route change: started at %s", f)
+	for _, f := range rep.fails {
+		if !tl.nearMove(f) {
+			t.Errorf("a request failed away from any route change: %s", f)
 		}
 	}
 }

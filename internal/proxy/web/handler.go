@@ -105,7 +105,11 @@ func newHandler(ws contract.WebService, tr *transports, whois WhoIsFunc, log *sl
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	rt, ok := h.router.Match(r.URL.Path)
+	host := r.Host
+	if host == "" && r.TLS != nil { // HTTP/1.0 sends no Host
+		host = r.TLS.ServerName
+	}
+	rt, ok := h.router.Match(HostOf(host), r.URL.Path)
 	if !ok {
 		http.NotFound(w, r)
 		return

@@ -3,6 +3,7 @@
 package web
 
 import (
+	"net"
 	"path"
 	"slices"
 	"strings"
@@ -10,23 +11,38 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 )
 
-// Router picks a route for a request path as networking.k8s.io/v1 Ingress does: Exact matches
-// the path only; Prefix matches whole path elements, so /foo matches /foo, /foo/ and /foo/bar
-// but not /foobar, and "/" matches everything. The longest match wins, and an Exact route
-// beats a Prefix route of the same length.
+// Router picks a route for a request as networking.k8s.io/v1 Ingress does. A route with a host
+// matches requests for that host only (case-insensitive), one without matches every host; the
+// routes of the request's host are tried first, then those without a host. Among them, Exact
+// matches the path only; Prefix matches whole path elements, so /foo matches /foo, /foo/ and
+// /foo/bar but not /foobar, and "/" matches everything. The longest match wins, and an Exact
+// route beats a Prefix route of the same length.
 type Router struct {
-	routes []contract.Route // most specific first
+	hosts map[string][]contract.Route // by lower-case host, most specific first
+	any   []contract.Route            // routes without a host, most specific first
 }
 
 // NewRouter orders the routes for matching. Routes of equal rank keep their order.
 func NewRouter(routes []contract.Route) *Router {
-	r := &Router{routes: slices.Clone(routes)}
-	slices.SortStableFunc(r.routes, func(a, b contract.Route) int {
+	r := &Router{hosts: map[string][]contract.Route{}}
+	for _, rt := range routes {
+		if rt.Host == "" {
+			r.any = append(r.any, rt)
+		} else {
+			h := strings.ToLower(rt.Host)
+			r.hosts[h] = append(r.hosts[h], rt)
+		}
+	}
+	bySpecificity := func(a, b contract.Route) int {
 		if la, lb := matchLen(a), matchLen(b); la != lb {
 			return lb - la
 		}
 		return exactRank(a) - exactRank(b)
-	})
+	}
+	slices.SortStableFunc(r.any, bySpecificity)
+	for _, rs := range r.hosts {
+		slices.SortStableFunc(rs, bySpecificity)
+	}
 	return r
 }
 
@@ -46,17 +62,29 @@ func exactRank(r contract.Route) int {
 	return 1
 }
 
-// Match returns the route for a request path. The path is cleaned (dot segments, doubled
-// slashes) for matching only, so that the route chosen is the one the backend will resolve
-// the path to; the request itself is forwarded unchanged.
-func (r *Router) Match(reqPath string) (contract.Route, bool) {
+// Match returns the route for a request's host (as HostOf gives it) and path. The path is
+// cleaned (dot segments, doubled slashes) for matching only, so that the route chosen is the
+// one the backend will resolve the path to; the request itself is forwarded unchanged.
+func (r *Router) Match(host, reqPath string) (contract.Route, bool) {
 	p := cleanPath(reqPath)
-	for _, rt := range r.routes {
-		if matches(rt, p) {
-			return rt, true
+	for _, routes := range [][]contract.Route{r.hosts[host], r.any} {
+		for _, rt := range routes {
+			if matches(rt, p) {
+				return rt, true
+			}
 		}
 	}
 	return contract.Route{}, false
+}
+
+// HostOf normalizes a Host header or a TLS server name for matching: lower case, without a
+// port or a trailing dot.
+func HostOf(hostport string) string {
+	h := hostport
+	if host, _, err := net.SplitHostPort(hostport); err == nil {
+		h = host
+	}
+	return strings.ToLower(strings.TrimSuffix(h, "."))
 }
 
 func matches(rt contract.Route, p string) bool {

@@ -84,7 +84,7 @@ func TestRouter(t *testing.T) {
 			r := NewRouter(tc.routes)
 			for p, want := range tc.want {
 				got := ""
-				if rt, ok := r.Match(p); ok {
+				if rt, ok := r.Match("", p); ok {
 					got = rt.Backend.URL[len("http://"):]
 				}
 				if got != want {
@@ -92,5 +92,38 @@ func TestRouter(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Routes with a host serve that host only, before the routes for every host; hosts compare as
+// HostOf normalizes them.
+func TestRouterHosts(t *testing.T) {
+	route := func(host, p, backend string) contract.Route {
+		return contract.Route{Host: host, Path: p, PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + backend}}
+	}
+	r := NewRouter([]contract.Route{
+		route("", "/", "any"), route("", "/api/v1", "any-api"),
+		route("App.Example.com", "/", "app"), route("app.example.com", "/api", "app-api"),
+	})
+	for _, tc := range []struct{ hostport, path, want string }{
+		{"app.example.com", "/x", "app"},
+		{"APP.example.COM:443", "/api/x", "app-api"},
+		{"app.example.com.", "/api/v1/x", "app-api"}, // the host's routes come first, however long the others
+		{"web.tailnet.test", "/x", "any"},
+		{"web.tailnet.test:443", "/api/v1/x", "any-api"},
+		{"[fd7a:115c:a1e0::1]:443", "/api", "any"},
+		{"", "/", "any"},
+	} {
+		got := ""
+		if rt, ok := r.Match(HostOf(tc.hostport), tc.path); ok {
+			got = rt.Backend.URL[len("http://"):]
+		}
+		if got != tc.want {
+			t.Errorf("Match(%q, %q) = %q, want %q", tc.hostport, tc.path, got, tc.want)
+		}
+	}
+	// Only the routes without a host are left for other hosts: none matches here.
+	if rt, ok := NewRouter([]contract.Route{route("app.example.com", "/", "app")}).Match("other.example.com", "/"); ok {
+		t.Errorf("a request for another host matched %+v", rt)
 	}
 }

@@ -18,18 +18,19 @@ import (
 type Config struct {
 	// Listen opens a TCP listener on the tailnet, as tsnet.Server.Listen does.
 	Listen func(network, addr string) (net.Listener, error)
-	Certs  CertSource
 	WhoIs  WhoIsFunc
 	Logger *slog.Logger
 }
 
-// Server serves a WebService on the proxy's tailnet name: HTTPS on port 443, and port 80 as the
-// service's HTTP mode says. Its methods are called from one goroutine; requests are served
-// concurrently, each with the config that was current when it arrived.
+// Server serves a WebService on the proxy's tailnet name, and on the hosts of its
+// bring-your-own certificates: HTTPS on port 443, and port 80 as the service's HTTP mode says.
+// It presents the certificates it is given and obtains none itself. Its methods are called from
+// one goroutine, certificates may be set from any; requests are served concurrently, each with
+// the config that was current when it arrived.
 type Server struct {
 	cfg        Config
 	transports *transports
-	certs      *certCache
+	certs      certificates
 	cur        atomic.Pointer[snapshot]
 
 	https *http.Server
@@ -48,7 +49,6 @@ func NewServer(cfg Config) *Server {
 	return &Server{
 		cfg:        cfg,
 		transports: newTransports(),
-		certs:      &certCache{src: cfg.Certs, log: cfg.Logger},
 		errs:       make(chan error, 2),
 	}
 }
@@ -56,12 +56,29 @@ func NewServer(cfg Config) *Server {
 // Errors receives an error when a listener stops serving on its own.
 func (s *Server) Errors() <-chan error { return s.errs }
 
-// SetName sets the MagicDNS name served: the certificate's name and the redirect target.
+// SetName sets the MagicDNS name served: the redirect target, and the name of the certificate
+// SetCertificate gives. A new name drops the certificate of the old one.
 func (s *Server) SetName(name string) { s.certs.setName(name) }
 
-// ObtainCertificate gets the certificate for the name from the CertSource. HTTPS handshakes
-// fail until it has succeeded once.
-func (s *Server) ObtainCertificate(ctx context.Context) error { return s.certs.obtain(ctx) }
+// SetCertificate sets the certificate presented for the name; nil presents none, so that
+// handshakes fail.
+func (s *Server) SetCertificate(cert *tls.Certificate) {
+	s.certs.mu.Lock()
+	defer s.certs.mu.Unlock()
+	s.certs.cert = cert
+}
+
+// SetHostCertificates sets the bring-your-own certificates, by host: a handshake whose SNI
+// names one of the hosts gets that certificate, or fails if it is nil.
+func (s *Server) SetHostCertificates(byHost map[string]*tls.Certificate) {
+	hosts := make(map[string]*tls.Certificate, len(byHost))
+	for h, c := range byHost {
+		hosts[HostOf(h)] = c
+	}
+	s.certs.mu.Lock()
+	defer s.certs.mu.Unlock()
+	s.certs.hosts = hosts
+}
 
 // Apply serves ws from now on: new requests take its routes, and port 80 follows its HTTP mode.
 // The first call opens the HTTPS listener.
@@ -77,7 +94,7 @@ func (s *Server) Apply(ws contract.WebService) error {
 			return fmt.Errorf("listening on port 443: %w", err)
 		}
 		s.https = s.newHTTPServer(http.HandlerFunc(s.serveRoutes))
-		s.https.TLSConfig = &tls.Config{GetCertificate: s.certs.getCertificate}
+		s.https.TLSConfig = &tls.Config{GetCertificate: s.certs.get}
 		go s.serve("HTTPS", func() error { return s.https.ServeTLS(ln, "", "") })
 	}
 	switch {

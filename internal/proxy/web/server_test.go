@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -184,14 +185,16 @@ func TestServer(t *testing.T) {
 	ca := proxytest.NewCA(t)
 	var logs logBuffer
 	srv := web.NewServer(web.Config{
-		Listen: proxyNode.Listen, Certs: ca, WhoIs: lc.WhoIs,
+		Listen: proxyNode.Listen, WhoIs: lc.WhoIs,
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	const fqdn = "proxy." + domain
 	srv.SetName(fqdn)
-	if err := srv.ObtainCertificate(t.Context()); err != nil {
+	cert, err := ca.Certificate(t.Context(), fqdn)
+	if err != nil {
 		t.Fatal(err)
 	}
+	srv.SetCertificate(cert)
 	closed, _ := net.Listen("tcp", "127.0.0.1:0")
 	closed.Close() // nothing listens there any more
 	ws := contract.WebService{HTTP: contract.HTTPRedirect, Routes: []contract.Route{
@@ -244,9 +247,6 @@ func TestServer(t *testing.T) {
 			if got.Path != tc.gotPath || got.Query != tc.query {
 				t.Errorf("%s: backend saw %q?%q, want %q?%q", tc.path, got.Path, got.Query, tc.gotPath, tc.query)
 			}
-		}
-		if n := ca.Issued(fqdn); n != 1 {
-			t.Errorf("the CA issued %d certificates for %d handshakes, want 1 (cached)", n, 10)
 		}
 		if !strings.Contains(logs.String(), "backend request failed") {
 			t.Errorf("a failed backend was not logged:\n%s", logs.String())
@@ -357,6 +357,45 @@ func TestServer(t *testing.T) {
 		}
 	})
 
+	t.Run("hosts", func(t *testing.T) {
+		byo := proxytest.NewCA(t) // a bring-your-own certificate's CA, not the tailnet's
+		app, err := byo.Certificate(t.Context(), "app.example.com")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.SetHostCertificates(map[string]*tls.Certificate{"App.Example.com": app, "broken.example.com": nil})
+		hosted := ws
+		hosted.Routes = append(slices.Clone(ws.Routes),
+			contract.Route{Host: "app.example.com", Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: b.srv.URL}})
+		if err := srv.Apply(hosted); err != nil {
+			t.Fatal(err)
+		}
+		// The client trusts only the bring-your-own CA: the handshake shows which certificate came.
+		appClient := client(alice, proxyIP, byo)
+		for _, url := range []string{"https://app.example.com/app", "https://APP.example.com:443/app"} {
+			if status, body, _ := get(t, appClient, url, nil); status != 200 || body != "b /app" {
+				t.Errorf("%s: %d %q, want the host's route to b", url, status, body)
+			}
+		}
+		// The tailnet name keeps its certificate and its routes.
+		if status, body, _ := get(t, c, base+"/app", nil); status != 200 || body != "a /app" {
+			t.Errorf("the tailnet name: %d %q", status, body)
+		}
+		// Not even a client that accepts any certificate gets the tailnet name's for that host.
+		anyCert := client(alice, proxyIP, ca)
+		anyCert.Transport.(*http.Transport).TLSClientConfig = &tls.Config{InsecureSkipVerify: true}
+		if res, err := anyCert.Get("https://broken.example.com/app"); err == nil {
+			res.Body.Close()
+			t.Errorf("a host without a usable certificate answered %d", res.StatusCode)
+		} else if !strings.Contains(err.Error(), "tls") {
+			t.Errorf("a host without a usable certificate: %v, want a failed handshake", err)
+		}
+		srv.SetHostCertificates(nil)
+		if err := srv.Apply(ws); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("http modes", func(t *testing.T) {
 		if err := srv.Apply(ws); err != nil { // redirect
 			t.Fatal(err)
@@ -417,28 +456,6 @@ func TestServer(t *testing.T) {
 		}
 		if _, body, _ := get(t, c, base+"/app", nil); body != "b /app" {
 			t.Errorf("after the reload /app went to %q", body)
-		}
-	})
-
-	t.Run("renewal", func(t *testing.T) {
-		ca.Backdate(50 * time.Minute) // the next certificate is due for renewal at once
-		srv.SetName("other." + domain)
-		srv.SetName(fqdn) // drops the cached certificate
-		if err := srv.ObtainCertificate(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		ca.Backdate(0)
-		before := ca.Issued(fqdn)
-		get(t, c, base+"/", nil)
-		deadline := time.Now().Add(10 * time.Second)
-		for ca.Issued(fqdn) == before && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if ca.Issued(fqdn) == before {
-			t.Fatal("a certificate past two thirds of its life was not renewed")
-		}
-		if status, _, _ := get(t, c, base+"/", nil); status != 200 {
-			t.Errorf("after renewal: %d", status)
 		}
 	})
 

@@ -1,0 +1,359 @@
+package controller
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/tsingress/tsingress/internal/acmebudget"
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+// Reasons about certificates, on Events and in an Ingress's status.loadBalancer port errors.
+const (
+	ReasonTLSSecretNotFound         = "TLSSecretNotFound"
+	ReasonTLSSecretWrongType        = "TLSSecretWrongType"
+	ReasonTLSSecretInvalid          = "TLSSecretInvalid"
+	ReasonCertificateExpired        = "CertificateExpired"
+	ReasonCertificateHostMismatch   = "CertificateHostMismatch"
+	ReasonCertificateRateLimited    = acmebudget.ReasonDomainLimit
+	ReasonDuplicateCertificateLimit = acmebudget.ReasonNameLimit
+	ReasonCertificateIssueFailed    = "CertificateIssuanceFailed"
+	ReasonWaitingForTailnetDomain   = "WaitingForTailnetDomain"
+)
+
+// Secret types (LabelSecretType) of certificate Secrets in the operator's namespace.
+const (
+	secretTypeCertCopy  = "byo-certificate"   // a copy of a user's kubernetes.io/tls Secret
+	secretTypeGroupCert = "group-certificate" // a ProxyGroup's shared certificate of one name
+)
+
+// customHost reports whether an Ingress TLS host is a custom domain, served with a
+// bring-your-own certificate, rather than a tailnet name: it has a dot and is not under ts.net.
+func customHost(h string) bool {
+	h = strings.ToLower(strings.TrimSuffix(h, "."))
+	return strings.Contains(h, ".") && !strings.HasSuffix(h, ".ts.net")
+}
+
+// isBYO reports whether a TLS entry brings its own certificate: it names a Secret and its hosts
+// are custom domains. Entries without a Secret, or for tailnet names, are served by ACME as in
+// the original operator, which ignores secretName.
+func isBYO(t networkingv1.IngressTLS) bool {
+	return t.SecretName != "" && len(t.Hosts) > 0 && customHost(t.Hosts[0])
+}
+
+// byoHosts lists the custom hosts an Ingress's bring-your-own entries name, lower-cased.
+func byoHosts(ing *networkingv1.Ingress) map[string]bool {
+	hosts := map[string]bool{}
+	for _, t := range ing.Spec.TLS {
+		if isBYO(t) {
+			for _, h := range t.Hosts {
+				if customHost(h) {
+					hosts[strings.ToLower(h)] = true
+				}
+			}
+		}
+	}
+	return hosts
+}
+
+// checkTLSSecret validates a user's certificate Secret for hosts at now. It returns the leaf's
+// expiry, or a finding saying why the Secret cannot be served.
+func checkTLSSecret(s *corev1.Secret, hosts []string, now time.Time) (time.Time, *finding) {
+	where := fmt.Sprintf("TLS Secret %s/%s", s.Namespace, s.Name)
+	if s.Type != corev1.SecretTypeTLS {
+		f := warnf(ReasonTLSSecretWrongType, "%s has type %q, not %s; %s not served", where, s.Type, corev1.SecretTypeTLS, strings.Join(hosts, ", "))
+		return time.Time{}, &f
+	}
+	pair, err := tls.X509KeyPair(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey])
+	if err != nil {
+		f := warnf(ReasonTLSSecretInvalid, "%s: %v; %s not served", where, err, strings.Join(hosts, ", "))
+		return time.Time{}, &f
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		f := warnf(ReasonTLSSecretInvalid, "%s: %v", where, err)
+		return time.Time{}, &f
+	}
+	if !now.Before(leaf.NotAfter) || now.Before(leaf.NotBefore) {
+		f := warnf(ReasonCertificateExpired, "%s: the certificate is valid from %s to %s, not now; %s not served",
+			where, leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339), strings.Join(hosts, ", "))
+		return time.Time{}, &f
+	}
+	var uncovered []string
+	for _, h := range hosts {
+		if leaf.VerifyHostname(h) != nil {
+			uncovered = append(uncovered, h)
+		}
+	}
+	if len(uncovered) > 0 {
+		f := warnf(ReasonCertificateHostMismatch, "%s: the certificate (for %s) does not cover %s; not served",
+			where, strings.Join(leaf.DNSNames, ", "), strings.Join(uncovered, ", "))
+		return time.Time{}, &f
+	}
+	return leaf.NotAfter, nil
+}
+
+// certCopyName names the copy, in the operator's namespace, of a user's certificate Secret.
+func certCopyName(prefix, namespace, secret string) string {
+	sum := sha256.Sum256([]byte(namespace + "/" + secret))
+	return prefix + "-byo-" + hex.EncodeToString(sum[:])[:10]
+}
+
+// buildCertCopy copies the certificate and key of a user's Secret, and nothing else.
+func buildCertCopy(name, namespace string, labels map[string]string, src *corev1.Secret) *corev1.Secret {
+	l := make(map[string]string, len(labels)+1)
+	for k, v := range labels {
+		l[k] = v
+	}
+	l[LabelSecretType] = secretTypeCertCopy
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: l},
+		Type:       corev1.SecretTypeTLS,
+		Data: map[string][]byte{
+			corev1.TLSCertKey:       src.Data[corev1.TLSCertKey],
+			corev1.TLSPrivateKeyKey: src.Data[corev1.TLSPrivateKeyKey],
+		},
+	}
+}
+
+// byoCertificates is what an Ingress's bring-your-own entries resolve to.
+type byoCertificates struct {
+	refs     []contract.CertificateRef
+	copies   []*corev1.Secret
+	findings []finding
+	// recheck is when the earliest served certificate expires, to report it then.
+	recheck time.Duration
+}
+
+// certSecrets reads users' certificate Secrets: the cache holds kubernetes.io/tls Secrets only
+// (see CacheOptions), so a miss is confirmed through the API to tell "missing" from "wrong type".
+type certSecrets struct {
+	cached client.Reader
+	api    client.Reader
+	now    func() time.Time
+}
+
+func (c certSecrets) get(ctx context.Context, key client.ObjectKey) (*corev1.Secret, error) {
+	s := &corev1.Secret{}
+	err := c.cached.Get(ctx, key, s)
+	if apierrors.IsNotFound(err) {
+		err = c.api.Get(ctx, key, s)
+	}
+	return s, err
+}
+
+// resolve validates an Ingress's bring-your-own Secrets and builds their copies, named with
+// prefix and labelled with labels, in namespace. A bad Secret leaves its hosts out with a
+// finding; the other names are unaffected.
+func (c certSecrets) resolve(ctx context.Context, ing *networkingv1.Ingress, prefix, namespace string, labels map[string]string) (byoCertificates, error) {
+	var out byoCertificates
+	now := c.now()
+	for i, t := range ing.Spec.TLS {
+		if !isBYO(t) {
+			continue
+		}
+		var hosts []string
+		for _, h := range t.Hosts {
+			if customHost(h) {
+				hosts = append(hosts, strings.ToLower(h))
+			} else {
+				out.findings = append(out.findings, warnf(ReasonUnsupportedHost,
+					"tls %d: host %q is a tailnet name; it cannot share an entry with the custom hosts of Secret %s", i, h, t.SecretName))
+			}
+		}
+		src, err := c.get(ctx, client.ObjectKey{Namespace: ing.Namespace, Name: t.SecretName})
+		if apierrors.IsNotFound(err) {
+			out.findings = append(out.findings, warnf(ReasonTLSSecretNotFound, "TLS Secret %s/%s does not exist; %s not served",
+				ing.Namespace, t.SecretName, strings.Join(hosts, ", ")))
+			continue
+		}
+		if err != nil {
+			return out, err
+		}
+		notAfter, f := checkTLSSecret(src, hosts, now)
+		if f != nil {
+			out.findings = append(out.findings, *f)
+			continue
+		}
+		if d := notAfter.Sub(now); out.recheck == 0 || d < out.recheck {
+			out.recheck = d
+		}
+		name := certCopyName(prefix, ing.Namespace, t.SecretName)
+		out.copies = append(out.copies, buildCertCopy(name, namespace, labels, src))
+		out.refs = append(out.refs, contract.CertificateRef{SecretName: name, Hosts: hosts})
+	}
+	return out, nil
+}
+
+// pruneCertCopies deletes the certificate copies labelled with labels that are not in keep.
+func pruneCertCopies(ctx context.Context, c client.Client, namespace string, labels map[string]string, keep []*corev1.Secret) error {
+	sel := client.MatchingLabels{}
+	for k, v := range labels {
+		sel[k] = v
+	}
+	sel[LabelSecretType] = secretTypeCertCopy
+	list := &corev1.SecretList{}
+	if err := c.List(ctx, list, client.InNamespace(namespace), sel); err != nil {
+		return err
+	}
+	for i := range list.Items {
+		s := &list.Items[i]
+		if slices.ContainsFunc(keep, func(k *corev1.Secret) bool { return k.Name == s.Name }) {
+			continue
+		}
+		if err := c.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func secretNames(ss []*corev1.Secret) []string {
+	names := make([]string, len(ss))
+	for i, s := range ss {
+		names[i] = s.Name
+	}
+	return names
+}
+
+// ledgerConfigMap keeps the account of certificates per registered domain, one key each.
+const ledgerConfigMap = "tsingress-acme-ledger"
+
+// certGuard keeps proxies within the ACME CA's rate limits: it records every certificate the
+// proxies report and decides, before a proxy may ask the CA, whether the limits allow it.
+type certGuard struct {
+	client.Client
+	namespace string
+	limits    acmebudget.Limits
+	now       func() time.Time
+	mu        sync.Mutex // one writer per operator; the API's optimistic locking covers others
+}
+
+// renewDue reports whether a certificate is due for renewal at now: after two thirds of its
+// lifetime, when the proxy (or tailscaled) renews.
+func renewDue(c contract.CertificateStatus, now time.Time) bool {
+	if !c.Valid(now) {
+		return true
+	}
+	return !now.Before(c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) * 2 / 3))
+}
+
+// hold decides whether the proxy serving fqdn may ask the CA for a certificate now. cur is
+// what the proxy reports for fqdn (zero when nothing). No hold means go ahead; a certificate
+// that needs no issuance now costs nothing. An empty fqdn (tailnet domain not known yet) holds
+// until the proxy has joined and reported it.
+func (g *certGuard) hold(ctx context.Context, fqdn string, cur contract.CertificateStatus) (*contract.IssuanceHold, error) {
+	now := g.now()
+	if fqdn == "" {
+		return &contract.IssuanceHold{Reason: ReasonWaitingForTailnetDomain,
+			Message: "the tailnet's domain is not known yet; the certificate is requested once the proxy has joined"}, nil
+	}
+	if !renewDue(cur, now) {
+		return nil, nil
+	}
+	domain, err := acmebudget.Domain(fqdn)
+	if err != nil {
+		return nil, err
+	}
+	var h *acmebudget.Hold
+	err = g.update(ctx, domain, func(l *acmebudget.Ledger) {
+		h = l.Reserve(fqdn, cur.Serial != "", now, g.limits)
+	})
+	if err != nil || h == nil {
+		return nil, err
+	}
+	return &contract.IssuanceHold{Reason: h.Reason, Message: h.Message, Until: h.Until}, nil
+}
+
+// observe records the certificates a proxy reports having obtained from the CA.
+func (g *certGuard) observe(ctx context.Context, certs map[string]contract.CertificateStatus) error {
+	now := g.now()
+	for name, c := range certs {
+		if c.Source != contract.CertSourceACME || c.Serial == "" {
+			continue
+		}
+		domain, err := acmebudget.Domain(name)
+		if err != nil {
+			continue
+		}
+		if err := g.update(ctx, domain, func(l *acmebudget.Ledger) { l.Observe(name, c.Serial, now) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// update applies change to one domain's ledger and stores it if it changed.
+func (g *certGuard) update(ctx context.Context, domain string, change func(*acmebudget.Ledger)) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	key := domain + ".json"
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cm := &corev1.ConfigMap{}
+		err := g.Get(ctx, client.ObjectKey{Namespace: g.namespace, Name: ledgerConfigMap}, cm)
+		create := apierrors.IsNotFound(err)
+		if err != nil && !create {
+			return err
+		}
+		l := &acmebudget.Ledger{}
+		if v := cm.Data[key]; v != "" {
+			if err := json.Unmarshal([]byte(v), l); err != nil {
+				// A damaged ledger must not stop certificates: start a new account.
+				log.FromContext(ctx).Error(err, "the certificate ledger is damaged; starting it again", "domain", domain)
+				l = &acmebudget.Ledger{}
+			}
+		}
+		change(l)
+		l.Prune(g.now(), g.limits)
+		b, err := json.Marshal(l)
+		if err != nil {
+			return err
+		}
+		if cm.Data[key] == string(b) {
+			return nil
+		}
+		if create {
+			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ledgerConfigMap, Namespace: g.namespace,
+				Labels: map[string]string{LabelManaged: "true"}}}
+		}
+		if cm.Data == nil {
+			cm.Data = map[string]string{}
+		}
+		cm.Data[key] = string(b)
+		if create {
+			return g.Create(ctx, cm)
+		}
+		return g.Update(ctx, cm)
+	})
+}
+
+// certPortError is the status.loadBalancer port error of an HTTPS name: why it is not served
+// with a certificate, or "" when it is (or may still be).
+func certPortError(hold *contract.IssuanceHold, cur contract.CertificateStatus, now time.Time) string {
+	switch {
+	case cur.Valid(now):
+		return ""
+	case hold != nil:
+		return hold.Reason
+	case cur.Reason == contract.CertReasonIssuanceFailed:
+		return ReasonCertificateIssueFailed
+	}
+	return ""
+}
