@@ -4,10 +4,10 @@ package controller
 import (
 	"time"
 
-	"k8s.io/apimachinery/pkg/fields"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -26,7 +26,7 @@ const recorderName = "tsingress-operator"
 func CacheOptions(s Settings) cache.Options {
 	own := cache.ByObject{Namespaces: map[string]cache.Config{s.Namespace: {}}}
 	secrets := cache.ByObject{Namespaces: map[string]cache.Config{
-		s.Namespace:          {},
+		s.Namespace:         {},
 		cache.AllNamespaces: {FieldSelector: fields.OneTermEqualSelector("type", string(corev1.SecretTypeTLS))},
 	}}
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
