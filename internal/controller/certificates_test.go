@@ -1,0 +1,338 @@
+package controller
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/tsingress/tsingress/internal/acmebudget"
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+// selfSigned returns PEM certificate and key for hosts, valid from notBefore to notAfter.
+func selfSigned(t interface{ Fatal(...any) }, hosts []string, notBefore, notAfter time.Time) (certPEM, keyPEM []byte) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: hosts[0]},
+		DNSNames: hosts, NotBefore: notBefore, NotAfter: notAfter}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+func tlsSecret(ns, name string, certPEM, keyPEM []byte) *corev1.Secret {
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM}}
+}
+
+func TestCheckTLSSecret(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	certPEM, keyPEM := selfSigned(t, []string{"app.example.com", "*.apps.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
+	oldPEM, oldKey := selfSigned(t, []string{"app.example.com"}, now.Add(-60*24*time.Hour), now.Add(-time.Hour))
+	_, otherKey := selfSigned(t, []string{"app.example.com"}, now.Add(-time.Hour), now.Add(time.Hour))
+	cases := map[string]struct {
+		secret *corev1.Secret
+		hosts  []string
+		reason string
+	}{
+		"valid":             {tlsSecret("ns", "s", certPEM, keyPEM), []string{"app.example.com", "x.apps.example.com"}, ""},
+		"expired":           {tlsSecret("ns", "s", oldPEM, oldKey), []string{"app.example.com"}, ReasonCertificateExpired},
+		"other host":        {tlsSecret("ns", "s", certPEM, keyPEM), []string{"shop.example.com"}, ReasonCertificateHostMismatch},
+		"key of other cert": {tlsSecret("ns", "s", certPEM, otherKey), []string{"app.example.com"}, ReasonTLSSecretInvalid},
+		"not PEM":           {tlsSecret("ns", "s", []byte("junk"), keyPEM), []string{"app.example.com"}, ReasonTLSSecretInvalid},
+		"opaque": {&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s"}, Type: corev1.SecretTypeOpaque,
+			Data: map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM}}, []string{"app.example.com"}, ReasonTLSSecretWrongType},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			notAfter, f := checkTLSSecret(c.secret, c.hosts, now)
+			switch {
+			case c.reason == "" && f != nil:
+				t.Fatalf("finding %s: %s", f.reason, f.message)
+			case c.reason == "" && !notAfter.Equal(now.Add(30*24*time.Hour)):
+				t.Errorf("notAfter = %s", notAfter)
+			case c.reason != "" && (f == nil || f.reason != c.reason):
+				t.Fatalf("finding = %+v, want reason %s", f, c.reason)
+			}
+		})
+	}
+}
+
+func TestBYOEntries(t *testing.T) {
+	ing := &networkingv1.Ingress{Spec: networkingv1.IngressSpec{TLS: []networkingv1.IngressTLS{
+		{Hosts: []string{"app.example.com"}, SecretName: "app-tls"},  // custom host with its Secret
+		{Hosts: []string{"shop"}, SecretName: "ignored"},             // tailnet name: secretName ignored, as in the original
+		{Hosts: []string{"web.tail1234.ts.net"}, SecretName: "also"}, // tailnet name too
+		{Hosts: []string{"api.example.com"}},                         // no Secret: a tailnet hostname "api"
+	}}}
+	if got := tlsHost(ing); got != "shop" {
+		t.Errorf("tailnet host = %q, want shop (the first entry that is not bring-your-own)", got)
+	}
+	if got := byoHosts(ing); len(got) != 1 || !got["app.example.com"] {
+		t.Errorf("custom hosts = %v, want app.example.com only", got)
+	}
+	if got := tlsSecretNames(ing); len(got) != 1 || got[0] != "app-tls" {
+		t.Errorf("watched Secrets = %v", got)
+	}
+}
+
+func TestRouteHosts(t *testing.T) {
+	ing := &networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Namespace: "ns"}, Spec: networkingv1.IngressSpec{
+		TLS: []networkingv1.IngressTLS{{Hosts: []string{"shop"}}, {Hosts: []string{"App.Example.com"}, SecretName: "app-tls"}},
+		Rules: []networkingv1.IngressRule{
+			rule("app.example.com", path("/", networkingv1.PathTypePrefix, backend("web", "admin"))),
+			rule("shop", path("/", networkingv1.PathTypePrefix, backend("web", "http"))),
+			rule("other.example.com", path("/", networkingv1.PathTypePrefix, backend("web", "http"))),
+		},
+	}}
+	services := map[string]*corev1.Service{"web": svc("web", "10.96.0.10", corev1.ServicePort{Name: "http", Port: 80}, corev1.ServicePort{Name: "admin", Port: 8080})}
+	ws, findings := buildWebService(ing, services)
+	want := []contract.Route{
+		{Host: "app.example.com", Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://10.96.0.10:8080"}},
+		{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://10.96.0.10:80"}},
+	}
+	if len(ws.Routes) != len(want) || ws.Routes[0] != want[0] || ws.Routes[1] != want[1] {
+		t.Errorf("routes = %+v\nwant %+v", ws.Routes, want)
+	}
+	if len(findings) != 1 || findings[0].reason != ReasonUnsupportedHost {
+		t.Errorf("findings = %+v, want one %s for other.example.com", findings, ReasonUnsupportedHost)
+	}
+}
+
+func TestRenewDueAndPortError(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	fresh := contract.CertificateStatus{Source: contract.CertSourceACME, Serial: "01", NotBefore: now.Add(-24 * time.Hour), NotAfter: now.Add(89 * 24 * time.Hour)}
+	old := contract.CertificateStatus{Source: contract.CertSourceACME, Serial: "02", NotBefore: now.Add(-61 * 24 * time.Hour), NotAfter: now.Add(29 * 24 * time.Hour)}
+	if renewDue(fresh, now) || !renewDue(old, now) || !renewDue(contract.CertificateStatus{}, now) {
+		t.Error("renewDue: a day-old certificate is not due; one past two thirds, or none, is")
+	}
+	hold := &contract.IssuanceHold{Reason: ReasonCertificateRateLimited}
+	failed := contract.CertificateStatus{Reason: contract.CertReasonIssuanceFailed, Message: "connection refused"}
+	for _, c := range []struct {
+		hold *contract.IssuanceHold
+		cur  contract.CertificateStatus
+		want string
+	}{
+		{nil, fresh, ""},
+		{hold, old, ""}, // held, but a valid certificate is served meanwhile
+		{hold, contract.CertificateStatus{}, ReasonCertificateRateLimited},
+		{nil, failed, ReasonCertificateIssueFailed},
+		{nil, contract.CertificateStatus{}, ""}, // not obtained yet
+	} {
+		if got := certPortError(c.hold, c.cur, now); got != c.want {
+			t.Errorf("certPortError(%v, %+v) = %q, want %q", c.hold, c.cur, got, c.want)
+		}
+	}
+}
+
+// ledgerOf reads the guard's account of one registered domain.
+func ledgerOf(g Gomega, domain string) *acmebudget.Ledger {
+	cm := &corev1.ConfigMap{}
+	g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: ledgerConfigMap}, cm)).To(Succeed())
+	l := &acmebudget.Ledger{}
+	g.Expect(json.Unmarshal([]byte(cm.Data[domain+".json"]), l)).To(Succeed())
+	return l
+}
+
+// writeLedger replaces the account of one registered domain, as if certificates had been issued.
+func writeLedger(domain string, l *acmebudget.Ledger) {
+	b, err := json.Marshal(l)
+	Expect(err).NotTo(HaveOccurred())
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: testSetup.Namespace, Name: ledgerConfigMap}}
+	err = k8s.Get(ctx, client.ObjectKeyFromObject(cm), cm)
+	if err != nil {
+		cm.Data = map[string]string{domain + ".json": string(b)}
+		Expect(k8s.Create(ctx, cm)).To(Succeed())
+		return
+	}
+	cm.Data[domain+".json"] = string(b)
+	Expect(k8s.Update(ctx, cm)).To(Succeed())
+}
+
+func portError(ing *networkingv1.Ingress) string {
+	for _, lb := range ing.Status.LoadBalancer.Ingress {
+		for _, p := range lb.Ports {
+			if p.Error != nil {
+				return lb.Hostname + ":" + *p.Error
+			}
+		}
+	}
+	return ""
+}
+
+var _ = Describe("Certificates", func() {
+	It("serves a bring-your-own certificate on its custom host, and reports bad Secrets without breaking the tailnet name", func() {
+		ns := newNamespace()
+		newBackendService(ns, "web")
+		now := time.Now()
+		certPEM, keyPEM := selfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
+		Expect(k8s.Create(ctx, tlsSecret(ns, "app-tls", certPEM, keyPEM))).To(Succeed())
+		ing := newIngress(ns, "byo", func(i *networkingv1.Ingress) {
+			i.Spec.TLS = append(i.Spec.TLS, networkingv1.IngressTLS{Hosts: []string{"app.example.com"}, SecretName: "app-tls"})
+			i.Spec.Rules = []networkingv1.IngressRule{rule("app.example.com", path("/", networkingv1.PathTypePrefix, backend("web", "admin")))}
+		})
+		copyName := certCopyName(parentOf(parentTypeIngress, ing).proxyName(), ns, "app-tls")
+
+		By("copying the certificate into the proxy's namespace and naming it in the Serve config")
+		Eventually(func(g Gomega) {
+			cfg := proxyConfigOf(g, parentTypeIngress, ing)
+			g.Expect(cfg.Hostname).To(Equal("byo"))
+			g.Expect(cfg.Serve.TLS.Certificates).To(Equal([]contract.CertificateRef{{SecretName: copyName, Hosts: []string{"app.example.com"}}}))
+			g.Expect(cfg.Serve.Routes).To(ContainElement(HaveField("Host", "app.example.com")))
+			cp := &corev1.Secret{}
+			g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: copyName}, cp)).To(Succeed())
+			g.Expect(cp.Type).To(Equal(corev1.SecretTypeTLS))
+			g.Expect(cp.Data[corev1.TLSCertKey]).To(Equal(certPEM))
+			role := &rbacv1.Role{}
+			g.Expect(k8s.Get(ctx, proxyKey(parentTypeIngress, ing), role)).To(Succeed())
+			g.Expect(role.Rules).To(ContainElement(And(HaveField("ResourceNames", []string{copyName}), HaveField("Verbs", []string{"get", "list", "watch"}))))
+		}).Should(Succeed())
+
+		By("following a renewed certificate (as cert-manager writes it)")
+		renewedPEM, renewedKey := selfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Minute), now.Add(60*24*time.Hour))
+		s := &corev1.Secret{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "app-tls"}, s)).To(Succeed())
+		s.Data = map[string][]byte{corev1.TLSCertKey: renewedPEM, corev1.TLSPrivateKeyKey: renewedKey}
+		Expect(k8s.Update(ctx, s)).To(Succeed())
+		Eventually(func(g Gomega) []byte {
+			cp := &corev1.Secret{}
+			g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: copyName}, cp)).To(Succeed())
+			return cp.Data[corev1.TLSCertKey]
+		}).Should(Equal(renewedPEM))
+
+		By("dropping an expired certificate with a CertificateExpired Event, keeping the tailnet name")
+		expiredPEM, expiredKey := selfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-48*time.Hour), now.Add(-time.Hour))
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "app-tls"}, s)).To(Succeed())
+		s.Data = map[string][]byte{corev1.TLSCertKey: expiredPEM, corev1.TLSPrivateKeyKey: expiredKey}
+		Expect(k8s.Update(ctx, s)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(ingressEvents(g, ing)).To(ContainElement(ReasonCertificateExpired))
+			cfg := proxyConfigOf(g, parentTypeIngress, ing)
+			g.Expect(cfg.Serve.TLS.Certificates).To(BeEmpty())
+			g.Expect(cfg.Hostname).To(Equal("byo"))
+			g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: copyName}, &corev1.Secret{})).NotTo(Succeed(), "the stale copy is removed")
+		}).Should(Succeed())
+
+		By("reporting a Secret of the wrong type")
+		Expect(k8s.Delete(ctx, s)).To(Succeed())
+		Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "app-tls"},
+			Data: map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM}})).To(Succeed())
+		// An Opaque Secret is not cached (only kubernetes.io/tls ones are): touch the Ingress.
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
+		ing.Annotations = map[string]string{"touch": "1"}
+		Expect(k8s.Update(ctx, ing)).To(Succeed())
+		Eventually(func(g Gomega) []string { return ingressEvents(g, ing) }).Should(ContainElement(ReasonTLSSecretWrongType))
+
+		By("removing the copies with the proxy")
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "app-tls"}, s)).To(Succeed())
+		Expect(k8s.Delete(ctx, s)).To(Succeed())
+		Expect(k8s.Create(ctx, tlsSecret(ns, "app-tls", certPEM, keyPEM))).To(Succeed())
+		Eventually(func() error {
+			return k8s.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: copyName}, &corev1.Secret{})
+		}).Should(Succeed())
+		Expect(k8s.Delete(ctx, ing)).To(Succeed())
+		expectGone(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: testSetup.Namespace, Name: copyName}})
+	})
+
+	It("holds issuance when the tailnet's domain has used up the CA's weekly limit, and lifts the hold when the window moves", func() {
+		const domain = "guard1.example"
+		// 50 new certificates for other names of the domain, the oldest two days ago.
+		start := time.Now().Add(-48 * time.Hour)
+		full := &acmebudget.Ledger{}
+		for i := range 50 {
+			full.Entries = append(full.Entries, acmebudget.Entry{Name: fmt.Sprintf("n%d.%s", i, domain),
+				At: start.Add(time.Duration(i) * time.Minute), Serial: fmt.Sprintf("s%d", i)})
+		}
+		writeLedger(domain, full)
+
+		ns := newNamespace()
+		newBackendService(ns, "web")
+		ing := newIngress(ns, "limited", nil)
+		reportState(parentTypeIngress, ing, contract.ProxyState{DeviceID: "nLimited", FQDN: "limited." + domain})
+
+		By("putting a hold into the Serve config, with a port error and an Event")
+		Eventually(func(g Gomega) {
+			hold := proxyConfigOf(g, parentTypeIngress, ing).Serve.TLS.Hold
+			g.Expect(hold).NotTo(BeNil())
+			g.Expect(hold.Reason).To(Equal(ReasonCertificateRateLimited))
+			g.Expect(hold.Until).To(BeTemporally("~", start.Add(acmebudget.LetsEncrypt.Window), time.Second))
+			g.Expect(ingressEvents(g, ing)).To(ContainElement(ReasonCertificateRateLimited))
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
+			g.Expect(portError(ing)).To(Equal("limited." + domain + ":" + ReasonCertificateRateLimited))
+		}).Should(Succeed())
+
+		By("lifting it once the oldest certificate leaves the window (the ledger moved a week on)")
+		for i := range full.Entries {
+			full.Entries[i].At = full.Entries[i].At.Add(-6 * 24 * time.Hour)
+		}
+		writeLedger(domain, full)
+		reportState(parentTypeIngress, ing, contract.ProxyState{DeviceID: "nLimited", FQDN: "limited." + domain,
+			Certificates: map[string]contract.CertificateStatus{"limited." + domain: {Reason: contract.CertReasonIssuanceHeld}}})
+		Eventually(func(g Gomega) {
+			g.Expect(proxyConfigOf(g, parentTypeIngress, ing).Serve.TLS.Hold).To(BeNil())
+			l := ledgerOf(g, domain)
+			g.Expect(l.Entries).To(ContainElement(And(HaveField("Name", "limited."+domain), HaveField("Reserved", true))))
+		}).Should(Succeed())
+
+		By("counting the certificate the proxy then reports, once")
+		issued := contract.CertificateStatus{Source: contract.CertSourceACME, Serial: "0badc0de",
+			NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(90 * 24 * time.Hour)}
+		reportState(parentTypeIngress, ing, contract.ProxyState{DeviceID: "nLimited", FQDN: "limited." + domain, HTTPSEndpoint: "limited." + domain,
+			Certificates: map[string]contract.CertificateStatus{"limited." + domain: issued}})
+		Eventually(func(g Gomega) {
+			l := ledgerOf(g, domain)
+			n := 0
+			for _, e := range l.Entries {
+				if e.Name == "limited."+domain {
+					n++
+					g.Expect(e.Serial).To(Equal("0badc0de"))
+					g.Expect(e.Reserved).To(BeFalse())
+				}
+			}
+			g.Expect(n).To(Equal(1))
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
+			g.Expect(portError(ing)).To(BeEmpty())
+			g.Expect(ing.Status.LoadBalancer.Ingress).To(ContainElement(HaveField("Hostname", "limited."+domain)))
+		}).Should(Succeed())
+	})
+
+	It("does not mint a new auth key for a proxy whose stored identity survives a restart", func() {
+		ns := newNamespace()
+		newBackendService(ns, "web")
+		ing := newIngress(ns, "restarts", nil)
+		Eventually(func(g Gomega) string { return proxyConfigOf(g, parentTypeIngress, ing).AuthKey }).ShouldNot(BeEmpty())
+		// The device logged in (the tailnet client stored its profile), and a new Pod has just
+		// started: it cleared device_id until it is up again.
+		s := &corev1.Secret{}
+		Expect(k8s.Get(ctx, secretKey(parentTypeIngress, ing), s)).To(Succeed())
+		s.Data[contract.StateTailnetProfile] = []byte("profile-1234")
+		s.Data[contract.StateDeviceID] = nil
+		Expect(k8s.Update(ctx, s)).To(Succeed())
+		Eventually(func(g Gomega) string { return proxyConfigOf(g, parentTypeIngress, ing).AuthKey }).Should(BeEmpty())
+		Consistently(func(g Gomega) string { return proxyConfigOf(g, parentTypeIngress, ing).AuthKey }, "2s").Should(BeEmpty())
+	})
+})
