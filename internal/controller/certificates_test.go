@@ -19,8 +19,10 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/acmebudget"
 	"github.com/tsingress/tsingress/internal/contract"
 )
@@ -334,5 +336,41 @@ var _ = Describe("Certificates", func() {
 		Expect(k8s.Update(ctx, s)).To(Succeed())
 		Eventually(func(g Gomega) string { return proxyConfigOf(g, parentTypeIngress, ing).AuthKey }).Should(BeEmpty())
 		Consistently(func(g Gomega) string { return proxyConfigOf(g, parentTypeIngress, ing).AuthKey }, "2s").Should(BeEmpty())
+	})
+
+	It("gives a ProxyGroup one certificate Secret per tailnet name, writable by the group, and its BYO copies", func() {
+		const domain = "guard2.example"
+		pg := newProxyGroup("certs", func(p *tsv1alpha1.ProxyGroup) { p.Spec.Replicas = ptr.To[int32](1) })
+		DeferCleanup(k8s.Delete, ctx, pg)
+		reportReplica("certs", 0, contract.ProxyState{DeviceID: "nCerts0", FQDN: "certs-0." + domain})
+		ns := newNamespace()
+		newBackendService(ns, "web")
+		now := time.Now()
+		certPEM, keyPEM := selfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
+		Expect(k8s.Create(ctx, tlsSecret(ns, "app-tls", certPEM, keyPEM))).To(Succeed())
+		newIngress(ns, "shared", func(i *networkingv1.Ingress) {
+			i.Annotations = map[string]string{AnnotationProxyGroup: "certs"}
+			i.Spec.TLS = append(i.Spec.TLS, networkingv1.IngressTLS{Hosts: []string{"app.example.com"}, SecretName: "app-tls"})
+		})
+		fqdn := "shared." + domain
+		copyName := certCopyName("certs", ns, "app-tls")
+
+		Eventually(func(g Gomega) {
+			s := &corev1.Secret{}
+			g.Expect(k8s.Get(ctx, nsKey(contract.GroupCertSecret(fqdn)), s)).To(Succeed())
+			g.Expect(s.Type).To(Equal(corev1.SecretTypeTLS))
+			g.Expect(metav1.IsControlledBy(s, pg)).To(BeTrue(), "owned by the ProxyGroup")
+			role := &rbacv1.Role{}
+			g.Expect(k8s.Get(ctx, nsKey("certs"), role)).To(Succeed())
+			g.Expect(role.Rules).To(ContainElement(And(
+				HaveField("ResourceNames", ContainElement(contract.GroupCertSecret(fqdn))),
+				HaveField("Verbs", ContainElements("update", "patch", "watch")))))
+			g.Expect(role.Rules).To(ContainElement(And(HaveField("ResourceNames", []string{copyName}), HaveField("Verbs", []string{"get", "list", "watch"}))))
+			serve, _ := groupDocuments(g, "certs")
+			ws := serve.Services["svc:shared"]
+			g.Expect(ws.TLS.Hold).To(BeNil(), "within the limits: the issuer may ask the CA")
+			g.Expect(ws.TLS.Certificates).To(Equal([]contract.CertificateRef{{SecretName: copyName, Hosts: []string{"app.example.com"}}}))
+			g.Expect(ledgerOf(g, domain).Entries).To(ContainElement(And(HaveField("Name", fqdn), HaveField("Reserved", true))))
+		}).Should(Succeed())
 	})
 })
