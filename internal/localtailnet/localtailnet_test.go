@@ -14,6 +14,8 @@ import (
 
 	"github.com/tsingress/tsingress/internal/localtailnet"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"tailscale.com/client/local"
+	"tailscale.com/ipn"
 	"tailscale.com/tailcfg"
 	"tailscale.com/tsnet"
 	"tailscale.com/types/logger"
@@ -331,6 +333,56 @@ func TestServiceFailsOver(t *testing.T) {
 	second := routedTo(t, client, svc.Addrs[0], first)
 	if got := roundTrip(t, client, addr, "hi"); second == first || hosts[second] == nil || got != second+": hi" {
 		t.Errorf("after %s went away: routed to %s, answer %q", first, second, got)
+	}
+}
+
+// Hosts that advertise a service through their prefs alone, as a node whose TUN serves the
+// service's addresses does (no serve config, so an empty services hash once it withdraws): a
+// client's route moves away from the host that withdraws and back when it advertises again.
+func TestServiceWithdrawn(t *testing.T) {
+	t.Parallel()
+	lt := startTailnet(t, localtailnet.Options{})
+	c := apiClient(t, lt, nil)
+	svc, err := c.PutService(t.Context(), tailnet.Service{Name: "svc:db", Ports: []string{"do-not-validate"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hosts := map[string]*local.Client{}
+	advertise := func(host string, services ...string) {
+		t.Helper()
+		if _, err := hosts[host].EditPrefs(t.Context(), &ipn.MaskedPrefs{AdvertiseServicesSet: true, Prefs: ipn.Prefs{AdvertiseServices: services}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"db-0", "db-1"} {
+		lc, err := joinNode(t, lt, name, mintKey(t, c, name)).LocalClient()
+		if err != nil {
+			t.Fatal(err)
+		}
+		hosts[name] = lc
+		advertise(name, "svc:db")
+	}
+	// Both must be hosts before the client's route is settled.
+	for name, lc := range hosts {
+		eventually(t, name+" to be told it hosts the service", func() bool {
+			st, err := lc.StatusWithoutPeers(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, ok := st.Self.CapMap[tailcfg.NodeAttrServiceHost]
+			return ok
+		})
+	}
+	client := joinNode(t, lt, "client", mintKey(t, c, "client"))
+	first := routedTo(t, client, svc.Addrs[0], "")
+	advertise(first)
+	other := routedTo(t, client, svc.Addrs[0], first)
+	if hosts[other] == nil {
+		t.Fatalf("after %s withdrew: routed to %q", first, other)
+	}
+	advertise(first, "svc:db")
+	if back := routedTo(t, client, svc.Addrs[0], other); back != first {
+		t.Fatalf("after %s advertised again: routed to %q", first, back)
 	}
 }
 

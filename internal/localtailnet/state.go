@@ -215,11 +215,12 @@ func (s *server) applyUpdateLocked(n *node, req *tailcfg.MapRequest) {
 // Hostinfo.ServicesHash says the list changed: the hash is all Hostinfo carries.
 func (s *server) syncServicesLocked(n *node) {
 	hash := n.hostinfo.ServicesHash
-	if hash == n.servicesHash || hash == n.servicesAsked {
+	if hash == "" {
+		// Nothing advertised, nothing to ask; a fetch in flight is answered by a stale list.
+		n.services, n.servicesHash, n.servicesAsked = nil, "", ""
 		return
 	}
-	if hash == "" {
-		n.services, n.servicesHash = nil, ""
+	if hash == n.servicesHash || hash == n.servicesAsked {
 		return
 	}
 	req, err := http.NewRequest(http.MethodGet, "/vip-services", nil)
