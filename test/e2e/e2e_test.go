@@ -1,0 +1,144 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/tailnet"
+)
+
+var _ = Describe("A standalone Ingress", func() {
+	It("is served over HTTPS on its tailnet name with a trusted certificate", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		newBackend(ctx, ns)
+		host := "e2e-l7-" + token()
+		ing := newIngress(ns, "web", host, "")
+		create(ctx, ing)
+		expectHTTPSEcho(ctx, servedName(ctx, ing, host))
+	})
+
+	It("leaves nothing behind once deleted: no proxy StatefulSet, no Secrets, no device", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		newBackend(ctx, ns)
+		ing := newIngress(ns, "gone", "e2e-gone-"+token(), "")
+		create(ctx, ing)
+		parent := client.MatchingLabels{controller.LabelParentName: ing.Name, controller.LabelParentNS: ns, controller.LabelParentType: "ingress"}
+		var sts appsv1.StatefulSet
+		var deviceID string
+		Eventually(ctx, func(g Gomega) {
+			list := &appsv1.StatefulSetList{}
+			g.Expect(suite.k8s.List(ctx, list, client.InNamespace(suite.opNS), parent)).To(Succeed())
+			g.Expect(list.Items).To(HaveLen(1))
+			sts = list.Items[0]
+			state := &corev1.Secret{}
+			g.Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: sts.Name + "-0"}, state)).To(Succeed())
+			st, err := contract.ParseState(state.Data)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(st.DeviceID).NotTo(BeEmpty(), "the proxy's device")
+			deviceID = st.DeviceID
+		}).Should(Succeed(), "the proxy's StatefulSet and its device in the state Secret")
+		_, err := suite.api.Device(ctx, deviceID)
+		Expect(err).NotTo(HaveOccurred(), "the device on the tailnet")
+
+		Expect(suite.k8s.Delete(ctx, ing)).To(Succeed())
+		Eventually(ctx, func(g Gomega) {
+			g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Satisfy(apierrors.IsNotFound), "the Ingress")
+			list := &appsv1.StatefulSetList{}
+			g.Expect(suite.k8s.List(ctx, list, client.InNamespace(suite.opNS), parent)).To(Succeed())
+			g.Expect(list.Items).To(BeEmpty(), "StatefulSets")
+			secrets := &corev1.SecretList{}
+			g.Expect(suite.k8s.List(ctx, secrets, client.InNamespace(suite.opNS), parent)).To(Succeed())
+			g.Expect(secrets.Items).To(BeEmpty(), "Secrets")
+			_, err := suite.api.Device(ctx, deviceID)
+			g.Expect(tailnet.IsNotFound(err)).To(BeTrue(), "the device %s is still on the tailnet (%v)", deviceID, err)
+		}).Should(Succeed(), "the Ingress's proxy and device gone")
+	})
+})
+
+var _ = Describe("A standalone L3 Service", func() {
+	It("forwards TCP and UDP at its tailnet IP to the Service", func(ctx SpecContext) {
+		if suite.skipL3 != "" {
+			Skip("L3: " + suite.skipL3)
+		}
+		ns := newNamespace(ctx)
+		newBackend(ctx, ns)
+		svc := backendServiceFor(ns, "db", corev1.ServiceTypeLoadBalancer)
+		svc.Spec.LoadBalancerClass = ptr.To(controller.LoadBalancerClass)
+		create(ctx, svc)
+		var ip netip.Addr
+		Eventually(ctx, func(g Gomega) {
+			g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(svc), svc)).To(Succeed())
+			c := meta.FindStatusCondition(svc.Status.Conditions, controller.ConditionProxyReady)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
+			lb := svc.Status.LoadBalancer.Ingress
+			g.Expect(len(lb)).To(BeNumerically(">=", 2), "the tailnet name and IPs")
+			g.Expect(lb[0].Hostname).To(HavePrefix(ns + "-db."))
+			for _, in := range lb[1:] {
+				if a, err := netip.ParseAddr(in.IP); err == nil && a.Is4() {
+					ip = a
+				}
+			}
+			g.Expect(ip.IsValid()).To(BeTrue(), "a tailnet IPv4 in %v", lb)
+		}).Should(Succeed(), "Service ready")
+		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: suite.client.Dial}}
+		defer hc.CloseIdleConnections()
+		expectEcho(ctx, hc, "http://"+netip.AddrPortFrom(ip, httpPort).String())
+		expectUDPEcho(ctx, netip.AddrPortFrom(ip, udpPort))
+	})
+})
+
+var _ = Describe("An Ingress on a ProxyGroup", func() {
+	It("is served over HTTPS through its Tailscale Service by the group's replicas", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		newBackend(ctx, ns)
+		pg := &tsv1alpha1.ProxyGroup{
+			ObjectMeta: metav1.ObjectMeta{Name: "e2e-" + token()},
+			Spec:       tsv1alpha1.ProxyGroupSpec{Type: tsv1alpha1.ProxyGroupTypeIngress, Replicas: ptr.To[int32](2)},
+		}
+		create(ctx, pg)
+		host := "e2e-ha-" + token()
+		ing := newIngress(ns, "web", host, pg.Name)
+		create(ctx, ing)
+		Eventually(ctx, func(g Gomega) {
+			g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(pg), pg)).To(Succeed())
+			g.Expect(meta.IsStatusConditionTrue(pg.Status.Conditions, tsv1alpha1.ProxyGroupReady)).To(BeTrue(), "conditions %v", pg.Status.Conditions)
+		}).Should(Succeed(), "ProxyGroup ready")
+		fqdn := servedName(ctx, ing, host)
+		svc, err := suite.api.Service(ctx, "svc:"+host)
+		Expect(err).NotTo(HaveOccurred(), "the Tailscale Service")
+		Expect(svc.Name).To(Equal("svc:" + host))
+		expectHTTPSEcho(ctx, fqdn)
+	})
+})
+
+var _ = Describe("Bad input", func() {
+	It("gets Warning Events with stable reasons", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		// The reasons are part of the user-facing contract, hence literal.
+		// A host the API accepts, whose first label (the tailnet hostname) is too long for one.
+		bad := newIngress(ns, "bad-host", strings.Repeat("x", 64)+".example.com", "")
+		create(ctx, bad)
+		expectWarning(ctx, bad, "InvalidHostname")
+		orphan := newIngress(ns, "no-group", "e2e-orphan-"+token(), "missing-"+token())
+		create(ctx, orphan)
+		expectWarning(ctx, orphan, "ProxyGroupNotFound")
+	})
+})
