@@ -231,7 +231,7 @@ func run(ctx context.Context, once, verbose bool, command []string) (code int, e
 	// Proxies first: they withdraw and report through the API as they stop.
 	stops.add("proxy Pods (and their network namespaces)", func() error { stopPods(); kubelet.Wait(); return nil })
 	if noL3 != "" {
-		fmt.Printf("  ! L3 skipped: %s\n", noL3)
+		fmt.Printf("  ! L3 skipped (%s): L3 proxies need root for a network namespace, a TUN device and DNAT rules\n", noL3)
 	}
 	done()
 
@@ -292,7 +292,7 @@ func run(ctx context.Context, once, verbose bool, command []string) (code int, e
 		fmt.Printf("  %-32s ", d)
 		switch {
 		case d.skip != "":
-			fmt.Printf("skipped: %s\n", d.skip)
+			fmt.Printf("skipped (%s)\n", d.skip)
 		case d.kind == "L3":
 			fmt.Printf("%s (%s)\n  %32s %s\n", d.fqdn, d.ip, "", d.proof)
 		default:
@@ -408,7 +408,7 @@ func e2eEnv(cp *testenv.ControlPlane, lt *localtailnet.LocalTailnet, runDir, roo
 		fmt.Sprintf("E2E_LOCAL_BACKEND=localhost:%d", backendPort),
 	}
 	if noL3 != "" {
-		env = append(env, "E2E_SKIP_L3="+noL3)
+		env = append(env, "E2E_SKIP_L3=the local environment runs no L3 proxies: "+noL3)
 	}
 	return env
 }

@@ -20,14 +20,14 @@ import (
 // that namespaces left by a run that was killed can be told from those of a live one.
 const netnsPrefix = "tsdev-"
 
-// l3Unavailable says why kernel proxies cannot run here, or "" when they can.
+// l3Unavailable says briefly why kernel proxies cannot run here, or "" when they can.
 func l3Unavailable() string {
 	if os.Geteuid() != 0 {
-		return "not root: L3 proxies need a network namespace, a TUN device and DNAT rules (run as root to include them)"
+		return "not root"
 	}
 	for _, cmd := range []string{"ip", "nft"} {
 		if _, err := exec.LookPath(cmd); err != nil {
-			return fmt.Sprintf("no %s command (apt-get install iproute2 nftables)", cmd)
+			return fmt.Sprintf("no %s command: apt-get install iproute2 nftables", cmd)
 		}
 	}
 	return ""

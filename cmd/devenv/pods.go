@@ -117,12 +117,12 @@ func (p *podRunner) start(ctx context.Context, pod *corev1.Pod) {
 	var pn *podNet
 	switch {
 	case kernel && p.noL3 != "" && opts.GroupConfigMap == "":
-		p.print("  ! L3 proxy Pod %s is not run: %s\n", pod.Name, p.noL3)
-		p.reportPending(ctx, pod, p.noL3)
+		p.print("  ! L3 proxy Pod %s is not run (%s)\n", pod.Name, p.noL3)
+		p.reportPending(ctx, pod, "devenv runs L3 proxies only as root ("+p.noL3+")")
 		return
 	case kernel && p.noL3 != "":
 		// A replica serves L7 without its kernel data path.
-		p.print("  ! ProxyGroup replica %s runs without its kernel data path (L7 only): %s\n", pod.Name, p.noL3)
+		p.print("  ! ProxyGroup replica %s runs without its kernel data path, L7 only (%s)\n", pod.Name, p.noL3)
 	case kernel:
 		cidr, err := p.clusterServiceCIDR(ctx)
 		if err == nil {
