@@ -106,12 +106,24 @@ func run(ctx context.Context, once, verbose bool, command []string) (code int, e
 		return 1, err
 	}
 	defer os.RemoveAll(runDir)
-	operatorLog, proxyLog, err := openLogs(runDir, verbose)
+	logDir, err := os.MkdirTemp("", "devenv-logs-")
 	if err != nil {
 		return 1, err
 	}
-	defer operatorLog.Close()
-	defer proxyLog.Close()
+	operatorLog, proxyLog, err := openLogs(logDir, verbose)
+	if err != nil {
+		return 1, err
+	}
+	// The logs outlive a failed run, for finding out why.
+	defer func() {
+		operatorLog.Close()
+		proxyLog.Close()
+		if err != nil || code != 0 {
+			fmt.Printf("Logs kept in %s\n", logDir)
+			return
+		}
+		os.RemoveAll(logDir)
+	}()
 	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(operatorLog)))
 	// The tailnet libraries log through the standard logger.
 	log.SetOutput(proxyLog)
@@ -283,7 +295,7 @@ func run(ctx context.Context, once, verbose bool, command []string) (code int, e
 	done()
 
 	envFile := filepath.Join(runDir, "e2e.env")
-	env := e2eEnv(cp, lt, runDir, rootsFile, backend.Addr().(*net.TCPAddr).Port, noL3)
+	env := e2eEnv(cp, lt, operatorLog.Name(), proxyLog.Name(), rootsFile, backend.Addr().(*net.TCPAddr).Port, noL3)
 	if err := writeEnvFile(envFile, env); err != nil {
 		return 1, err
 	}
@@ -392,7 +404,7 @@ func applyFile(ctx context.Context, k8s client.Client, path string, obj client.O
 }
 
 // e2eEnv describes the environment to the e2e suite (test/e2e reads these variables).
-func e2eEnv(cp *testenv.ControlPlane, lt *localtailnet.LocalTailnet, runDir, rootsFile string, backendPort int, noL3 string) []string {
+func e2eEnv(cp *testenv.ControlPlane, lt *localtailnet.LocalTailnet, operatorLog, proxyLog, rootsFile string, backendPort int, noL3 string) []string {
 	env := []string{
 		"KUBECONFIG=" + cp.Kubeconfig,
 		"TS_CONTROL_URL=" + lt.ControlURL,
@@ -401,8 +413,8 @@ func e2eEnv(cp *testenv.ControlPlane, lt *localtailnet.LocalTailnet, runDir, roo
 		"TS_API_CLIENT_SECRET=" + lt.OAuthClientSecret.Reveal(),
 		"E2E_CA_FILE=" + rootsFile,
 		"E2E_OPERATOR_NAMESPACE=" + operatorNamespace,
-		"E2E_OPERATOR_LOG=" + filepath.Join(runDir, "operator.log"),
-		"E2E_PROXY_LOG=" + filepath.Join(runDir, "proxies.log"),
+		"E2E_OPERATOR_LOG=" + operatorLog,
+		"E2E_PROXY_LOG=" + proxyLog,
 		// No workload Pods run here: Ingress backends are ExternalName Services for this
 		// loopback backend, and every ClusterIP of an L3 proxy's cluster network answers.
 		fmt.Sprintf("E2E_LOCAL_BACKEND=localhost:%d", backendPort),

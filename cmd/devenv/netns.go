@@ -70,11 +70,11 @@ func newPodNet(seq int, serviceCIDR netip.Prefix) (n *podNet, err error) {
 		{"-n", n.cluster, "route", "add", "local", cidr, "dev", "lo"},
 		{"-n", n.cluster, "route", "add", "100.64.0.0/10", "via", "10.250.1.1"},
 	} {
-		if args[0] == "netns" {
-			n.closers = append(n.closers, deleteNetns(args[2]))
-		}
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 			return n, fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		if args[0] == "netns" {
+			n.closers = append(n.closers, deleteNetns(args[2]))
 		}
 	}
 	var ln net.Listener
