@@ -113,12 +113,14 @@ KIND ?= kind
 .PHONY: test-e2e
 test-e2e: manifests kustomize ## Run the e2e suite on kind cluster $(KIND_CLUSTER) (created when missing) with images built from here; needs Docker, kind and TS_API_CLIENT_ID/TS_API_CLIENT_SECRET.
 	@command -v $(KIND) >/dev/null || { echo "test-e2e needs kind (https://kind.sigs.k8s.io) and Docker"; exit 1; }
-	$(KIND) get clusters | grep -qx '$(KIND_CLUSTER)' || $(KIND) create cluster --name '$(KIND_CLUSTER)' --wait 3m
+	$(KIND) get clusters | grep -x '$(KIND_CLUSTER)' >/dev/null || $(KIND) create cluster --name '$(KIND_CLUSTER)' --wait 3m
 	mkdir -p $(LOCALBIN)
 	$(KIND) get kubeconfig --name '$(KIND_CLUSTER)' > '$(E2E_KUBECONFIG)'
 	$(MAKE) docker-build
 	$(KIND) load docker-image --name '$(KIND_CLUSTER)' $(IMG_OPERATOR) $(IMG_PROXY)
 	KUBECONFIG='$(E2E_KUBECONFIG)' $(MAKE) deploy
+	@# Images loaded again under the same tags reach a running operator only through a new Pod.
+	$(KUBECTL) --kubeconfig '$(E2E_KUBECONFIG)' -n tailscale rollout restart deployment/operator
 	@# The OAuth client goes in through stdin: make echoes commands, and process lists show arguments.
 	@if [ -n "$$TS_API_CLIENT_ID" ] && [ -n "$$TS_API_CLIENT_SECRET" ]; then \
 		printf 'client_id=%s\nclient_secret=%s\n' "$$TS_API_CLIENT_ID" "$$TS_API_CLIENT_SECRET" | \
