@@ -17,18 +17,12 @@ const (
 )
 
 // backendHandler stands in for the Pods of config/samples/backend.yaml (agnhost netexec), which
-// nothing runs here (there is no kubelet for workloads). It answers the part of netexec's HTTP
-// API that the demo and the e2e suite use.
+// nothing runs here (there is no kubelet for workloads). It answers netexec's /echo?msg=, which
+// the e2e suite uses, and greets at every other path.
 func backendHandler(name string) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, r.URL.Query().Get("msg"))
-	})
-	mux.HandleFunc("/hostname", func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, name)
-	})
-	mux.HandleFunc("/clientip", func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, r.RemoteAddr)
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if login := r.Header.Get("Tailscale-User-Login"); login != "" {
@@ -40,14 +34,10 @@ func backendHandler(name string) http.Handler {
 	return mux
 }
 
-// udpAnswer answers netexec's UDP commands "echo <text>" and "hostname".
-func udpAnswer(req, name string) string {
-	req = strings.TrimSpace(req)
-	if text, ok := strings.CutPrefix(req, "echo "); ok {
+// udpAnswer answers netexec's UDP command "echo <text>".
+func udpAnswer(req string) string {
+	if text, ok := strings.CutPrefix(strings.TrimSpace(req), "echo "); ok {
 		return text
-	}
-	if req == "hostname" {
-		return name
 	}
 	return "unknown command: " + req
 }
@@ -55,7 +45,7 @@ func udpAnswer(req, name string) string {
 // serveUDP answers from the address each datagram was sent to: the socket listens on every
 // ClusterIP of the range at once, and a reply from another source would not match the proxy's
 // DNAT connection.
-func serveUDP(pc net.PacketConn, name string) {
+func serveUDP(pc net.PacketConn) {
 	p := ipv4.NewPacketConn(pc)
 	if err := p.SetControlMessage(ipv4.FlagDst, true); err != nil {
 		pc.Close()
@@ -71,6 +61,6 @@ func serveUDP(pc net.PacketConn, name string) {
 		if cm != nil {
 			reply = &ipv4.ControlMessage{Src: cm.Dst}
 		}
-		p.WriteTo([]byte(udpAnswer(string(buf[:n]), name)), reply, from) //nolint:errcheck // the client retries
+		p.WriteTo([]byte(udpAnswer(string(buf[:n]))), reply, from) //nolint:errcheck // the client retries
 	}
 }

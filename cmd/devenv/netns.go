@@ -94,9 +94,8 @@ func newPodNet(seq int, serviceCIDR netip.Prefix) (n *podNet, err error) {
 	}
 	// Closed before the namespaces go.
 	n.closers = append([]func() error{ln.Close, pc.Close}, n.closers...)
-	const name = "hello (cluster network stand-in)"
-	go http.Serve(ln, backendHandler(name))
-	go serveUDP(pc, name)
+	go http.Serve(ln, backendHandler("hello (cluster network stand-in)"))
+	go serveUDP(pc)
 	return n, nil
 }
 
