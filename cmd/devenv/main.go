@@ -10,7 +10,6 @@ package main
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -220,25 +219,8 @@ func run(ctx context.Context, once, verbose bool, command []string) (code int, e
 			fmt.Fprintf(os.Stderr, "operator stopped: %v\n", err)
 		}
 	})
-	groupCerts, err := newGroupCA()
-	if err != nil {
-		return 1, err
-	}
-	// Clients trust both CAs: the local ACME CA (standalone proxies) and the replicas' one.
-	rootsFile := filepath.Join(runDir, "roots.pem")
-	acmeRoots, err := os.ReadFile(lt.ACME.RootsFile)
-	if err != nil {
-		return 1, err
-	}
-	if err := os.WriteFile(rootsFile, append(acmeRoots, groupCerts.rootPEM()...), 0o644); err != nil {
-		return 1, err
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(acmeRoots)
-	roots.AddCert(groupCerts.root)
 	podsCtx, stopPods := context.WithCancel(runCtx)
-	pods := &podRunner{k8s: k8s, kube: cp.Config, logs: proxyLog, noL3: noL3, groupCerts: groupCerts,
-		print: func(f string, a ...any) { fmt.Printf(f, a...) }}
+	pods := &podRunner{k8s: k8s, kube: cp.Config, logs: proxyLog, noL3: noL3, print: func(f string, a ...any) { fmt.Printf(f, a...) }}
 	kubelet.Go(func() { pods.run(podsCtx) })
 	// Proxies first: they withdraw and report through the API as they stop.
 	stops.add("proxy Pods (and their network namespaces)", func() error { stopPods(); kubelet.Wait(); return nil })
@@ -289,13 +271,13 @@ func run(ctx context.Context, once, verbose bool, command []string) (code int, e
 		return 1, err
 	}
 	defer cl.Close()
-	if err := each(demos, func(d *demo) error { return prove(ctx, cl, roots, d) }); err != nil {
+	if err := each(demos, func(d *demo) error { return prove(ctx, cl, lt.ACME.Roots(), d) }); err != nil {
 		return 1, err
 	}
 	done()
 
 	envFile := filepath.Join(runDir, "e2e.env")
-	env := e2eEnv(cp, lt, operatorLog.Name(), proxyLog.Name(), rootsFile, backend.Addr().(*net.TCPAddr).Port, noL3)
+	env := e2eEnv(cp, lt, operatorLog.Name(), proxyLog.Name(), backend.Addr().(*net.TCPAddr).Port, noL3)
 	if err := writeEnvFile(envFile, env); err != nil {
 		return 1, err
 	}
@@ -316,10 +298,10 @@ Point things at this environment:
   kubeconfig:     %s   (kubectl --kubeconfig %[1]s get ingress -A)
   control server: %s   (tsnet ControlURL, or tailscale up --login-server)
   Tailscale API:  %s   (OAuth client in %s and %s)
-  CA roots:       %s   (the local ACME CA's, and the one of ProxyGroup replicas)
+  CA roots:       %s
   logs:           %s, %s
   e2e suite:      (set -a; . %s; go test -tags e2e ./test/e2e/)
-`, cp.Kubeconfig, lt.ControlURL, lt.APIBaseURL, idFile, secretFile, rootsFile,
+`, cp.Kubeconfig, lt.ControlURL, lt.APIBaseURL, idFile, secretFile, lt.ACME.RootsFile,
 		operatorLog.Name(), proxyLog.Name(), envFile)
 	if len(command) > 0 {
 		fmt.Printf("\nRunning %s\n", strings.Join(command, " "))
@@ -404,14 +386,14 @@ func applyFile(ctx context.Context, k8s client.Client, path string, obj client.O
 }
 
 // e2eEnv describes the environment to the e2e suite (test/e2e reads these variables).
-func e2eEnv(cp *testenv.ControlPlane, lt *localtailnet.LocalTailnet, operatorLog, proxyLog, rootsFile string, backendPort int, noL3 string) []string {
+func e2eEnv(cp *testenv.ControlPlane, lt *localtailnet.LocalTailnet, operatorLog, proxyLog string, backendPort int, noL3 string) []string {
 	env := []string{
 		"KUBECONFIG=" + cp.Kubeconfig,
 		"TS_CONTROL_URL=" + lt.ControlURL,
 		"TS_API_BASE_URL=" + lt.APIBaseURL,
 		"TS_API_CLIENT_ID=" + lt.OAuthClientID,
 		"TS_API_CLIENT_SECRET=" + lt.OAuthClientSecret.Reveal(),
-		"E2E_CA_FILE=" + rootsFile,
+		"E2E_CA_FILE=" + lt.ACME.RootsFile,
 		"E2E_OPERATOR_NAMESPACE=" + operatorNamespace,
 		"E2E_OPERATOR_LOG=" + operatorLog,
 		"E2E_PROXY_LOG=" + proxyLog,

@@ -35,8 +35,6 @@ type podRunner struct {
 	logs  io.Writer // the proxies' log
 	noL3  string    // why kernel proxies cannot run here; "" when they can
 	print func(format string, args ...any)
-	// groupCerts issues the ProxyGroup replicas' certificates; see groupCA.
-	groupCerts *groupCA
 
 	mu          sync.Mutex
 	pods        map[types.UID]context.CancelFunc
@@ -109,7 +107,6 @@ func (p *podRunner) start(ctx context.Context, pod *corev1.Pod) {
 		}
 		if v, ok := strings.CutPrefix(a, "--group-configmap="); ok {
 			opts.GroupConfigMap = v
-			opts.CertSource = p.groupCerts
 		}
 	}
 	kernel := c.SecurityContext != nil && c.SecurityContext.Capabilities != nil &&
