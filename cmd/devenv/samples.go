@@ -211,7 +211,10 @@ func waitServed(ctx context.Context, k8s client.Client, d *demo) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s was not served within 2 minutes (%s; run with -v, or see the logs)", d, last)
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return ctx.Err()
+			}
+			return fmt.Errorf("%s was not served within 2 minutes (%s; see the logs, or run with -v)", d, last)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
