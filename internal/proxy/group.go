@@ -25,9 +25,11 @@ import (
 	"tailscale.com/client/local"
 	"tailscale.com/ipn"
 	"tailscale.com/tsnet"
+	"tailscale.com/util/mak"
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy/l3"
+	"github.com/tsingress/tsingress/internal/proxy/secretstore"
 	"github.com/tsingress/tsingress/internal/proxy/web"
 	"github.com/tsingress/tsingress/internal/version"
 )
@@ -51,7 +53,8 @@ type replica struct {
 	rep    reporter
 	node   *tsnet.Server
 	lc     *local.Client
-	certs  web.CertSource
+	flow   acmeFlow
+	store  *secretstore.Store
 	fwd    *l3.Forwarder // nil without a kernel data path
 	noL3   string        // why there is none
 
@@ -64,22 +67,26 @@ type replica struct {
 	tunIPs   []string // the node addresses the TUN has; nil until set
 	closing  bool
 
-	mappings  []l3.Mapping  // as last given to the forwarder
-	l3Backoff time.Duration // after a failed attempt, until the next; 0 after a success
-	l3RetryAt time.Time
-	web       map[string]*webService
-	draining  map[string]bool // L7 services whose previous server still drains
-	events    chan func()
+	mappings   []l3.Mapping  // as last given to the forwarder
+	l3Backoff  time.Duration // after a failed attempt, until the next; 0 after a success
+	l3RetryAt  time.Time
+	web        map[string]*webService
+	draining   map[string]bool // L7 services whose previous server still drains
+	secrets    *secretWatches  // certificate Secrets: shared ones and bring-your-own
+	hostsTimer *time.Timer     // judges bring-your-own certificates again when one expires
+	events     chan func()
 
 	advertised []string          // as the node's prefs say, sorted
 	reported   map[string][]byte // the state last written; nil after a failed write
 }
 
-// webService is one L7 service, from certificate to listeners on the service's name.
+// webService is one L7 service, from certificates to listeners on the service's name.
 type webService struct {
 	name, fqdn string
+	role       contract.CertShareMode
 	srv        *web.Server
-	certOK     bool
+	acme       *acmeCert            // the certificate of the service's name
+	hosts      hostCerts            // as last given to the server
 	applied    *contract.WebService // nil until it listens
 	listeners  []*tsnet.ServiceListener
 	stop       context.CancelFunc // ends its certificate and error goroutines
@@ -133,15 +140,12 @@ func runGroup(ctx context.Context, opts Options, kube kubernetes.Interface, src 
 	if r.lc, err = r.node.LocalClient(); err != nil {
 		return err
 	}
-	// Each replica gets its own certificates for now; sharing them through Secrets, with the
-	// issuer replica (config tls.certShareMode) the only one asking the CA, comes later.
-	r.certs = opts.CertSource
-	if r.certs == nil {
-		r.certs = web.TailnetCerts{Client: r.lc}
-	}
+	r.flow = newFlow(opts, r.lc, store, dir)
+	r.store, _ = store.(*secretstore.Store)
 
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	r.secrets = newSecretWatches(kube.CoreV1().Secrets(opts.Namespace), r.send, r.log)
 	updates := make(chan configUpdate)
 	statuses := make(chan nodeStatus)
 	docs := make(chan map[string][]byte)
@@ -407,10 +411,22 @@ func (r *replica) reconcileL3(ctx context.Context) {
 
 func (r *replica) reconcileWeb(ctx context.Context) {
 	for _, e := range r.web {
-		if _, ok := r.serve.Services[e.name]; !ok || !r.allowed(e.name) || e.fqdn != r.fqdn(e.name) {
+		if _, ok := r.serve.Services[e.name]; !ok || !r.allowed(e.name) || e.fqdn != r.fqdn(e.name) || e.role != r.role() {
 			r.stopWeb(ctx, e, nil)
 		}
 	}
+	var secrets []string
+	for _, name := range slices.Sorted(maps.Keys(r.serve.Services)) {
+		if r.allowed(name) && !r.draining[name] && r.fqdn(name) != "" {
+			secrets = append(secrets, byoNames(r.serve.Services[name])...)
+			if r.role() != "" {
+				secrets = append(secrets, contract.GroupCertSecret(r.fqdn(name)))
+			}
+		}
+	}
+	r.secrets.want(ctx, secrets)
+	now := time.Now()
+	var next time.Time
 	for _, name := range slices.Sorted(maps.Keys(r.serve.Services)) {
 		ws := r.serve.Services[name]
 		if !r.allowed(name) || r.draining[name] || r.fqdn(name) == "" {
@@ -420,11 +436,23 @@ func (r *replica) reconcileWeb(ctx context.Context) {
 		if e == nil {
 			e = r.startWeb(ctx, name)
 		}
-		if !e.certOK || (e.applied != nil && reflect.DeepEqual(*e.applied, ws)) {
+		e.acme.setHold(ws.TLS.Hold)
+		if st, seen := r.secrets.state(contract.GroupCertSecret(e.fqdn)); seen && e.role != "" {
+			e.acme.setShared(st.shared())
+		}
+		hc := judgeHosts(ws, r.secrets, now)
+		if !hc.sameCerts(e.hosts) {
+			e.srv.SetHostCertificates(hc.certs)
+		}
+		e.hosts = hc
+		if !hc.next.IsZero() && (next.IsZero() || hc.next.Before(next)) {
+			next = hc.next
+		}
+		if !e.certReady() || (e.applied != nil && reflect.DeepEqual(*e.applied, ws)) {
 			continue
 		}
-		// The first Apply listens on the service's ports, which advertises it: the certificate is
-		// already there, so the first client gets a handshake.
+		// The first Apply listens on the service's ports, which advertises it: only once it has
+		// a certificate to serve, or must advertise to be given one.
 		if err := e.srv.Apply(ws); err != nil {
 			r.stopWeb(ctx, e, err)
 			continue
@@ -434,17 +462,44 @@ func (r *replica) reconcileWeb(ctx context.Context) {
 		}
 		e.applied = &ws
 	}
+	if r.hostsTimer != nil {
+		r.hostsTimer.Stop()
+	}
+	if !next.IsZero() {
+		r.hostsTimer = time.AfterFunc(time.Until(next), func() { r.send(ctx, func() {}) })
+	}
 }
 
-// startWeb sets up an L7 service and starts getting its certificate.
+// role is how this replica takes part in sharing certificates: issuer, reader, or "" when
+// each replica gets its own.
+func (r *replica) role() contract.CertShareMode { return r.cfg.cfg.TLS.CertShareMode }
+
+// certReady reports whether the service may be served (listened on and advertised): with the
+// certificate of its name, to obtain one (see acmeCert.ready), or, while issuance is held for
+// the name, with a bring-your-own certificate.
+func (e *webService) certReady() bool {
+	return e.acme.ready() || (e.acme.held() && e.hosts.serving())
+}
+
+// startWeb sets up an L7 service and starts keeping its certificate.
 func (r *replica) startWeb(ctx context.Context, name string) *webService {
-	e := &webService{name: name, fqdn: r.fqdn(name)}
-	e.srv = web.NewServer(web.Config{Listen: e.listen(r.node), Certs: r.certs, WhoIs: r.lc.WhoIs, Logger: r.log.With("service", name)})
+	e := &webService{name: name, fqdn: r.fqdn(name), role: r.role()}
+	log := r.log.With("service", name)
+	e.srv = web.NewServer(web.Config{Listen: e.listen(r.node), WhoIs: r.lc.WhoIs, Logger: log})
 	e.srv.SetName(e.fqdn)
 	ectx, stop := context.WithCancel(ctx)
 	e.stop = stop
 	r.web[name] = e
-	go r.obtainCertificate(ectx, e)
+	e.acme = newACMECert(e.fqdn, e.role, r.flow, e.srv, log)
+	e.acme.mayIssue = offersCert(r.lc, e.fqdn)
+	e.acme.changed = func() { r.send(ectx, func() {}) }
+	if e.role == contract.CertIssuer {
+		// tailscaled reads and writes the name's certificate in the shared Secret (in Kubernetes);
+		// publish covers it elsewhere.
+		r.store.ShareCert(e.fqdn, contract.GroupCertSecret(e.fqdn))
+		e.acme.publish = func(certPEM, keyPEM []byte) error { return r.store.WriteTLSCertAndKey(e.fqdn, certPEM, keyPEM) }
+	}
+	go e.acme.run(ectx)
 	go func() {
 		for {
 			select {
@@ -465,26 +520,6 @@ func (r *replica) startWeb(ctx context.Context, name string) *webService {
 		}
 	}()
 	return e
-}
-
-// obtainCertificate gets the service's certificate, retrying with backoff: issuing one takes a
-// while, and may fail until HTTPS is enabled on the tailnet.
-func (r *replica) obtainCertificate(ctx context.Context, e *webService) {
-	for backoff := time.Second; ; backoff = min(2*backoff, time.Minute) {
-		err := e.srv.ObtainCertificate(ctx)
-		if err == nil {
-			r.send(ctx, func() { e.certOK = true })
-			return
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		r.log.Warn("getting the certificate failed; retrying", "service", e.name, "name", e.fqdn, "in", backoff, "err", err)
-		sleep(ctx, backoff)
-		if ctx.Err() != nil {
-			return
-		}
-	}
 }
 
 // listen opens the service's port through tsnet, which advertises the service. TLS stays ours,
@@ -521,6 +556,9 @@ func (r *replica) stopWeb(ctx context.Context, e *webService, cause error) {
 	delete(r.web, e.name)
 	r.advertise(ctx)
 	e.stop()
+	if e.role == contract.CertIssuer {
+		r.store.UnshareCert(e.fqdn)
+	}
 	if cause != nil {
 		r.log.Error("the service failed; it is withdrawn and set up again", "service", e.name, "in", webRetryDelay, "err", cause)
 	} else if e.applied != nil {
@@ -579,7 +617,7 @@ func (r *replica) servable() []string {
 		_, inServe := r.serve.Services[name]
 		_, inDNAT := r.dnat.Services[name]
 		m, installed := fs.Mappings[name]
-		if (inServe && e != nil && e.applied != nil && e.fqdn == r.fqdn(name)) || (inDNAT && installed && m.Error == "") {
+		if (inServe && e != nil && e.applied != nil && e.fqdn == r.fqdn(name) && e.certReady()) || (inDNAT && installed && m.Error == "") {
 			out = append(out, name)
 		}
 	}
@@ -623,6 +661,14 @@ func (r *replica) sync(ctx context.Context) error {
 	}
 	if st.running {
 		state.DeviceID, state.FQDN, state.TailnetIPs = st.deviceID, st.fqdn, st.ips
+		for _, e := range r.web {
+			if _, cs := e.acme.state(); cs != (contract.CertificateStatus{}) {
+				mak.Set(&state.Certificates, e.fqdn, cs)
+			}
+			for h, cs := range e.hosts.status {
+				mak.Set(&state.Certificates, h, cs)
+			}
+		}
 	}
 	data, err := state.Data()
 	if err != nil {

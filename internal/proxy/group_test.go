@@ -167,15 +167,21 @@ func (g *groupEnv) waitAdvertised(t *testing.T, want ...string) *contract.ProxyS
 	return st
 }
 
-// gatedCerts holds back the certificate for one name until open is closed.
+// gatedCerts holds back the certificate for one name until open is closed; asked receives
+// when it is first asked for.
 type gatedCerts struct {
 	*proxytest.CA
-	name string
-	open chan struct{}
+	name  string
+	open  chan struct{}
+	asked chan struct{}
 }
 
 func (c gatedCerts) Certificate(ctx context.Context, name string) (*tls.Certificate, error) {
 	if name == c.name {
+		select {
+		case c.asked <- struct{}{}:
+		default:
+		}
 		select {
 		case <-c.open:
 		case <-ctx.Done():
@@ -186,8 +192,7 @@ func (c gatedCerts) Certificate(ctx context.Context, name string) (*tls.Certific
 }
 
 // A replica serves the L7 services of the group's Serve config that its config lets it
-// advertise, each on its service's name, and advertises one only once it has its certificate
-// and listens. Config and ConfigMap changes apply live; a broken document leaves the last good
+// advertise, each on its service's name, and advertises one once it listens. Config and ConfigMap changes apply live; a broken document leaves the last good
 // one in force; shutdown withdraws every advertisement before it drains.
 func TestGroupL7(t *testing.T) {
 	g := newGroupEnv(t, "svc:web", "svc:shop")
@@ -198,7 +203,7 @@ func TestGroupL7(t *testing.T) {
 	}}
 	g.writeDocs(t, serve, nil, nil)
 	g.writeConfig(t, w.mintKey(t).Secret.Reveal(), "svc:web")
-	certs := gatedCerts{CA: w.ca, name: "shop.tailnet.test", open: make(chan struct{})}
+	certs := gatedCerts{CA: w.ca, name: "shop.tailnet.test", open: make(chan struct{}), asked: make(chan struct{}, 1)}
 	opts := proxy.Options{
 		ConfigSecret: groupConfig, GroupConfigMap: groupConfigMap, Kube: g.replicaUser(t), Namespace: ns,
 		PodUID: "pod-a", StateDir: t.TempDir(), CertSource: certs, GroupWithdrawWait: time.Second,
@@ -233,18 +238,31 @@ func TestGroupL7(t *testing.T) {
 		t.Error("svc:shop answers, though the config does not let the replica advertise it")
 	}
 
-	t.Run("certificate before advertising", func(t *testing.T) {
+	// The tailnet offers a service's certificate only to the nodes that advertise it: a replica
+	// that gets its own certificates advertises a new name first, and asks for the certificate
+	// at once, without waiting for a request.
+	t.Run("advertised to get its certificate", func(t *testing.T) {
 		g.writeConfig(t, "", "svc:shop", "svc:web")
-		time.Sleep(2 * time.Second) // long enough for a wrong order to show
-		if st := g.state(t); slices.Contains(st.Advertised, "svc:shop") {
-			t.Fatalf("svc:shop advertised without a certificate: %v", st.Advertised)
+		g.waitAdvertised(t, "svc:shop", "svc:web")
+		select {
+		case <-certs.asked:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the certificate of svc:shop was not asked for")
+		}
+		if _, err := w.tryGet(t, "https://shop.tailnet.test/p", nil); err == nil {
+			t.Error("svc:shop answered HTTPS without a certificate")
+		}
+		if cs := g.state(t).Certificates["shop.tailnet.test"]; cs.Serial != "" {
+			t.Errorf("a serial reported before the certificate came: %+v", cs)
 		}
 		close(certs.open)
-		g.waitAdvertised(t, "svc:shop", "svc:web")
 		eventually(t, "svc:shop", func() bool {
 			r, err := w.tryGet(t, "https://shop.tailnet.test/p", nil)
 			return err == nil && r.body == "b /p"
 		})
+		if cs := g.state(t).Certificates["shop.tailnet.test"]; cs.Source != contract.CertSourceACME || cs.Serial == "" {
+			t.Errorf("certificate status %+v", cs)
+		}
 		if r, err := w.tryGet(t, "http://shop.tailnet.test/p", nil); err != nil || r.status != 301 || r.header.Get("Location") != "https://shop.tailnet.test/p" {
 			t.Errorf("port 80: %+v, %v; want a redirect", r, err)
 		}

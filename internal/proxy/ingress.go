@@ -6,18 +6,16 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"tailscale.com/client/local"
 	"tailscale.com/ipn"
 	"tailscale.com/ipn/ipnstate"
-	"tailscale.com/tsnet"
-	"tailscale.com/types/logger"
+	"tailscale.com/util/mak"
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy/secretstore"
@@ -26,48 +24,37 @@ import (
 )
 
 // ingress is a standalone L7 proxy. Its fields belong to the goroutine of runIngress's loop;
-// other goroutines report to it over channels.
+// other goroutines hand it closures over events.
 type ingress struct {
 	opts   Options
 	log    *slog.Logger
 	health *health
 	rep    reporter
 	web    *web.Server
+	lc     *local.Client
+	flow   acmeFlow
 
 	cfg     configUpdate // the config being served
 	status  nodeStatus   // the tailnet node as last seen
 	applied bool         // the web service is listening
 
-	certName   string // the name a certificate is wanted for
-	certOK     string // the name a certificate was obtained for
-	certCancel context.CancelFunc
-	certs      chan string // names a certificate was obtained for
+	acme       *acmeCert // the certificate of the tailnet name; nil while the tailnet offers none
+	acmeStop   context.CancelFunc
+	secrets    *secretWatches // of the bring-your-own certificates
+	hosts      hostCerts      // as last given to the server
+	hostsTimer *time.Timer
+	events     chan func()
 
 	reported map[string][]byte // the state last written; nil after a failed write
 }
 
 func runIngress(ctx context.Context, opts Options, kube kubernetes.Interface, src configSource, hl *health, first configUpdate) error {
 	cfg := first.cfg
-	dir := filepath.Join(opts.StateDir, cfg.StateSecret)
-	if opts.Namespace != "" {
-		dir = filepath.Join(opts.StateDir, opts.Namespace+"."+cfg.StateSecret)
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	dir, store, rep, err := nodeStorage(ctx, opts, kube, cfg)
+	if err != nil {
 		return err
 	}
-	p := &ingress{opts: opts, log: opts.Logger, health: hl, cfg: first, certs: make(chan string)}
-	// The tailnet identity goes where the state keys go: the state Secret, or (without
-	// Kubernetes) tsnet's own file in dir.
-	var store ipn.StateStore
-	if kube != nil {
-		st, err := secretstore.New(ctx, kube.CoreV1().Secrets(opts.Namespace), cfg.StateSecret)
-		if err != nil {
-			return err
-		}
-		store, p.rep = st, st
-	} else {
-		p.rep = fileReporter{path: filepath.Join(dir, "proxy-state.json")}
-	}
+	p := &ingress{opts: opts, log: opts.Logger, health: hl, rep: rep, cfg: first, events: make(chan func())}
 	// The first write replaces whatever a previous Pod left; failing it means the proxy cannot
 	// report at all (RBAC, say), which is worth stopping for.
 	if err := p.sync(ctx); err != nil {
@@ -77,42 +64,29 @@ func runIngress(ctx context.Context, opts Options, kube kubernetes.Interface, sr
 	if err := useACMEDirectory(cfg.TLS.ACMEDirectoryURL); err != nil {
 		return err
 	}
-	tailnetLogf := opts.TailnetLogf
-	if tailnetLogf == nil {
-		tailnetLogf = logger.Discard
-	}
-	node := &tsnet.Server{
-		Dir:           dir,
-		Store:         store,
-		Hostname:      cfg.Hostname,
-		AuthKey:       cfg.AuthKey, // used only while the state holds no login
-		ControlURL:    cfg.ControlURL,
-		AdvertiseTags: cfg.Tags,
-		Logf:          tailnetLogf,
-		UserLogf: func(format string, args ...any) {
-			p.log.Info(fmt.Sprintf(format, args...), "component", "tailnet")
-		},
-	}
+	node := newNode(opts, cfg, dir, store)
 	if err := node.Start(); err != nil {
 		return err
 	}
 	defer node.Close()
-	lc, err := node.LocalClient()
-	if err != nil {
+	if p.lc, err = node.LocalClient(); err != nil {
 		return err
 	}
-	certs := opts.CertSource
-	if certs == nil {
-		certs = web.TailnetCerts{Client: lc}
-	}
-	p.web = web.NewServer(web.Config{Listen: node.Listen, Certs: certs, WhoIs: lc.WhoIs, Logger: p.log})
+	p.flow = newFlow(opts, p.lc, store, dir)
+	p.web = web.NewServer(web.Config{Listen: node.Listen, WhoIs: p.lc.WhoIs, Logger: p.log})
 
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var secrets corev1client.SecretInterface
+	if kube != nil {
+		secrets = kube.CoreV1().Secrets(opts.Namespace)
+	}
+	p.secrets = newSecretWatches(secrets, p.send, p.log)
+	p.secrets.want(wctx, byoNames(*cfg.Serve))
 	updates := make(chan configUpdate)
 	statuses := make(chan nodeStatus)
 	go src.watch(wctx, first, updates)
-	go watchNode(wctx, lc, p.log, statuses)
+	go watchNode(wctx, p.lc, p.log, statuses)
 	var retry <-chan time.Time
 	for {
 		select {
@@ -120,14 +94,11 @@ func runIngress(ctx context.Context, opts Options, kube kubernetes.Interface, sr
 			p.shutdown()
 			return nil
 		case u := <-updates:
-			err = p.onConfig(u)
+			err = p.onConfig(wctx, u)
 		case st := <-statuses:
 			err = p.onStatus(wctx, st)
-		case name := <-p.certs:
-			if name == p.certName {
-				p.certOK = name
-				p.log.Info("serving HTTPS", "name", name)
-			}
+		case ev := <-p.events:
+			ev()
 		case err = <-p.web.Errors():
 		case <-retry:
 		}
@@ -135,10 +106,37 @@ func runIngress(ctx context.Context, opts Options, kube kubernetes.Interface, sr
 			p.shutdown()
 			return err
 		}
+		p.judgeHosts(wctx)
 		retry = nil
 		if p.sync(ctx) != nil {
 			retry = time.After(5 * time.Second)
 		}
+	}
+}
+
+// newFlow is where the proxy's tailnet names get their certificates: tailscaled's flow, or the
+// options' stand-in.
+func newFlow(opts Options, lc *local.Client, store ipn.StateStore, dir string) acmeFlow {
+	if opts.CertSource != nil {
+		return sourceFlow{opts.CertSource}
+	}
+	st, _ := store.(*secretstore.Store)
+	return tailnetFlow{lc: lc, store: st, dir: dir}
+}
+
+// offersCert reports whether the tailnet lets the node get a certificate for name.
+func offersCert(lc *local.Client, name string) func(context.Context) bool {
+	return func(ctx context.Context) bool {
+		st, err := lc.StatusWithoutPeers(ctx)
+		return err == nil && slices.Contains(st.CertDomains, name)
+	}
+}
+
+// send hands ev to the loop, unless ctx ends first.
+func (p *ingress) send(ctx context.Context, ev func()) {
+	select {
+	case p.events <- ev:
+	case <-ctx.Done():
 	}
 }
 
@@ -167,7 +165,7 @@ func sorted(s []string) []string {
 	return s
 }
 
-func (p *ingress) onConfig(u configUpdate) error {
+func (p *ingress) onConfig(ctx context.Context, u configUpdate) error {
 	if u.err != nil {
 		p.log.Error("the changed config is not applied; serving the previous one", "err", u.err)
 		return nil
@@ -185,6 +183,10 @@ func (p *ingress) onConfig(u configUpdate) error {
 		}
 	}
 	p.cfg = u
+	if p.acme != nil {
+		p.acme.setHold(u.cfg.Serve.TLS.Hold)
+	}
+	p.secrets.want(ctx, byoNames(*u.cfg.Serve))
 	p.log.Info("config applied", "config", u.cfg.String(), "version", u.version)
 	return nil
 }
@@ -204,46 +206,47 @@ func (p *ingress) onStatus(ctx context.Context, st nodeStatus) error {
 		p.applied = true
 		p.log.Info("logged in to the tailnet", "device", st.deviceID, "name", st.fqdn, "ips", st.ips)
 	}
-	if st.certDomain != p.certName {
-		p.obtainCertificate(ctx, st.certDomain)
+	if p.acme == nil || st.certDomain != p.acme.name {
+		p.startACME(ctx, st.certDomain)
 	}
 	return nil
 }
 
-// obtainCertificate gets the certificate for name in the background, retrying with backoff:
-// issuing one takes a while, and may fail until HTTPS is enabled on the tailnet.
-func (p *ingress) obtainCertificate(ctx context.Context, name string) {
-	if p.certCancel != nil {
-		p.certCancel()
+// startACME starts keeping the certificate of the tailnet name, at once: issuing one takes a
+// while, and the first client should not wait for it.
+func (p *ingress) startACME(ctx context.Context, name string) {
+	if p.acmeStop != nil {
+		p.acmeStop()
+		p.acme, p.acmeStop = nil, nil
 	}
-	p.certName, p.certOK = name, ""
 	p.web.SetName(name)
 	if name == "" {
 		p.log.Warn("the tailnet offers no certificate name: enable HTTPS (and MagicDNS) for the tailnet")
 		return
 	}
-	ctx, p.certCancel = context.WithCancel(ctx)
-	go func() {
-		for backoff := time.Second; ; backoff = min(2*backoff, time.Minute) {
-			err := p.web.ObtainCertificate(ctx)
-			if err == nil {
-				select {
-				case p.certs <- name:
-				case <-ctx.Done():
-				}
-				return
-			}
-			if ctx.Err() != nil {
-				return
-			}
-			p.log.Warn("getting the certificate failed; retrying", "name", name, "in", backoff, "err", err)
-			select {
-			case <-time.After(backoff):
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+	actx, stop := context.WithCancel(ctx)
+	a := newACMECert(name, "", p.flow, p.web, p.log)
+	a.mayIssue = offersCert(p.lc, name)
+	a.changed = func() { p.send(actx, func() {}) }
+	a.setHold(p.cfg.cfg.Serve.TLS.Hold)
+	p.acme, p.acmeStop = a, stop
+	go a.run(actx)
+}
+
+// judgeHosts gives the server the bring-your-own certificates as they are now, and judges them
+// again when one becomes valid or expires.
+func (p *ingress) judgeHosts(ctx context.Context) {
+	hc := judgeHosts(*p.cfg.cfg.Serve, p.secrets, time.Now())
+	if !hc.sameCerts(p.hosts) {
+		p.web.SetHostCertificates(hc.certs)
+	}
+	p.hosts = hc
+	if p.hostsTimer != nil {
+		p.hostsTimer.Stop()
+	}
+	if !hc.next.IsZero() {
+		p.hostsTimer = time.AfterFunc(time.Until(hc.next), func() { p.send(ctx, func() {}) })
+	}
 }
 
 // sync derives the state keys and readiness from what the loop knows, and writes the keys if
@@ -255,10 +258,20 @@ func (p *ingress) sync(ctx context.Context) error {
 		ConfigVersion: p.cfg.version,
 		ProxyVersion:  version.Version,
 	}
+	var waiting string // why the tailnet name has no certificate
 	if st.running {
 		state.DeviceID, state.FQDN, state.TailnetIPs = st.deviceID, st.fqdn, st.ips
-		if p.certOK != "" && p.certOK == st.certDomain {
-			state.HTTPSEndpoint = p.certOK
+		state.Certificates = maps.Clone(p.hosts.status)
+		if p.acme != nil && p.acme.name == st.certDomain {
+			served, cs := p.acme.state()
+			if served {
+				state.HTTPSEndpoint = st.certDomain
+			} else if cs.Message != "" {
+				waiting = ": " + cs.Message
+			}
+			if cs != (contract.CertificateStatus{}) {
+				mak.Set(&state.Certificates, st.certDomain, cs)
+			}
 		}
 	}
 	// Readiness changes after the state is written, so that a ready proxy has reported it.
@@ -268,7 +281,7 @@ func (p *ingress) sync(ctx context.Context) error {
 	case st.certDomain == "":
 		defer p.health.set("no certificate name: HTTPS is not enabled for the tailnet")
 	case state.HTTPSEndpoint == "":
-		defer p.health.set("waiting for the certificate for " + st.certDomain)
+		defer p.health.set("waiting for the certificate for " + st.certDomain + waiting)
 	default:
 		defer p.health.set("")
 	}
@@ -290,8 +303,11 @@ func (p *ingress) sync(ctx context.Context) error {
 
 func (p *ingress) shutdown() {
 	p.health.set("shutting down")
-	if p.certCancel != nil {
-		p.certCancel()
+	if p.acmeStop != nil {
+		p.acmeStop()
+	}
+	if p.hostsTimer != nil {
+		p.hostsTimer.Stop()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), p.opts.DrainTimeout)
 	defer cancel()

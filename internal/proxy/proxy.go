@@ -21,7 +21,6 @@ import (
 	"tailscale.com/types/logger"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/proxy/web"
 )
 
 // ErrRestartRequired is returned by Run when the config changed in a way that needs a new
@@ -65,8 +64,9 @@ type Options struct {
 	HealthAddr     string
 	HealthListener net.Listener
 
-	// CertSource supplies the HTTPS certificate; nil uses the tailnet's certificate flow.
-	CertSource web.CertSource
+	// CertSource issues the certificates of tailnet names in place of the tailnet's certificate
+	// flow (tests); nil uses the tailnet's.
+	CertSource CertSource
 
 	// DrainTimeout bounds how long shutdown waits for requests in flight; 10s by default.
 	DrainTimeout time.Duration

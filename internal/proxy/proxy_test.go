@@ -35,6 +35,11 @@ import (
 func TestMain(m *testing.M) {
 	// In-process tailnet nodes run without privileges (no SO_MARK), as in tsnet's own tests.
 	netns.SetEnabled(false)
+	// tailscaled keeps certificates in a custom state store, through the proxy's Secret store,
+	// only when it runs in Kubernetes, which it reads once from these variables: as in a proxy
+	// Pod. The proxies here reach the apiserver through explicit configs, so they lead nowhere.
+	os.Setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+	os.Setenv("KUBERNETES_SERVICE_PORT", "1")
 	os.Exit(m.Run())
 }
 
@@ -329,8 +334,11 @@ func TestRunFromSecret(t *testing.T) {
 		dev := devices[i]
 		deviceID = dev.ID
 		if st.DeviceID != dev.ID || st.FQDN != fqdn || st.HTTPSEndpoint != fqdn || st.PodUID != "pod-1" ||
-			st.ConfigVersion != 1 || st.ProxyVersion != "dev" || len(st.Advertised) != 0 {
+			st.ConfigVersion != 2 || st.ProxyVersion != "dev" || len(st.Advertised) != 0 {
 			t.Errorf("state = %+v; device %+v", st, dev)
+		}
+		if cs := st.Certificates[fqdn]; cs.Source != contract.CertSourceACME || cs.Serial == "" || !cs.Valid(time.Now()) || len(st.Certificates) != 1 {
+			t.Errorf("certificates = %+v", st.Certificates)
 		}
 		var ips []string
 		for _, a := range dev.Addresses {

@@ -8,13 +8,14 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"math/big"
 	"sync"
 	"testing"
 	"time"
 )
 
-// CA is a certificate authority generated in a test: a web.CertSource that issues
+// CA is a certificate authority generated in a test: a proxy.CertSource that issues
 // certificates for any name, and the pool a client needs to trust them.
 type CA struct {
 	root    *x509.Certificate
@@ -74,7 +75,7 @@ func (ca *CA) Issued(name string) int {
 	return ca.issued[name]
 }
 
-// Certificate issues a fresh certificate for name; it is a web.CertSource.
+// Certificate issues a fresh certificate for name; it is a proxy.CertSource.
 func (ca *CA) Certificate(_ context.Context, name string) (*tls.Certificate, error) {
 	ca.mu.Lock()
 	age := ca.age
@@ -108,4 +109,17 @@ func (ca *CA) Certificate(_ context.Context, name string) (*tls.Certificate, err
 	ca.issued[name]++
 	ca.mu.Unlock()
 	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
+}
+
+// PEM encodes a certificate's chain and key, as a kubernetes.io/tls Secret holds them.
+func PEM(t testing.TB, cert *tls.Certificate) (certPEM, keyPEM []byte) {
+	t.Helper()
+	for _, der := range cert.Certificate {
+		certPEM = append(certPEM, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
+	}
+	key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return certPEM, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key})
 }

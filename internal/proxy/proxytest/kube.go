@@ -69,13 +69,16 @@ func (e *Kube) Secret(t testing.TB, namespace, name string, data map[string][]by
 // list, watch and patch of the one Secret.
 func (e *Kube) ProxyUser(t testing.TB, namespace, secret string) *rest.Config {
 	t.Helper()
+	return e.User(t, namespace, "proxy-"+secret, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"},
+		ResourceNames: []string{secret}, Verbs: []string{"get", "list", "watch", "patch"}})
+}
+
+// User returns the config of a user named name allowed only what rules allow in namespace,
+// through a Role and a RoleBinding of that name.
+func (e *Kube) User(t testing.TB, namespace, name string, rules ...rbacv1.PolicyRule) *rest.Config {
+	t.Helper()
 	ctx := context.Background()
-	name := "proxy-" + secret
-	role := &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"},
-			ResourceNames: []string{secret}, Verbs: []string{"get", "list", "watch", "patch"}}},
-	}
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Rules: rules}
 	if _, err := e.Client.RbacV1().Roles(namespace).Create(ctx, role, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

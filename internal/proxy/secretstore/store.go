@@ -5,6 +5,11 @@
 // keys) never start with it, so the two can never collide, and an operator can tell them
 // apart. Every write is a JSON merge patch of the keys it changes, never a whole-object update,
 // so the operator's keys and the proxy's never overwrite each other.
+//
+// The Store also keeps certificates the way tailscaled's certificate flow asks for them when it
+// runs in Kubernetes (feature/acme's TLSCertKeyReader and TLSCertKeyWriter): a certificate and
+// its key in one write. A shared certificate (a ProxyGroup's, see ShareCert) goes to a
+// kubernetes.io/tls Secret of its own instead of the state Secret.
 package secretstore
 
 import (
@@ -17,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -35,8 +41,9 @@ type Store struct {
 
 	writeMu sync.Mutex // keeps writes in order, without holding up reads
 
-	mu    sync.Mutex
-	cache map[string][]byte // the tailnet client's keys as stored (prefixed); this Store is their only writer
+	mu     sync.Mutex
+	cache  map[string][]byte // the tailnet client's keys as stored (prefixed); this Store is their only writer
+	shared map[string]string // certificate domain → Secret that holds its certificate
 }
 
 var _ ipn.StateStore = (*Store)(nil)
@@ -77,7 +84,7 @@ func (s *Store) WriteState(id ipn.StateKey, bs []byte) error {
 	key := SecretKey(id)
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
-	if err := s.patch(ctx, map[string][]byte{key: bs}); err != nil {
+	if err := s.patch(ctx, s.name, map[string][]byte{key: bs}); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -103,10 +110,84 @@ func (s *Store) Report(ctx context.Context, data map[string][]byte) error {
 			set[k] = nil
 		}
 	}
-	return s.patch(ctx, set)
+	return s.patch(ctx, s.name, set)
 }
 
-func (s *Store) patch(ctx context.Context, data map[string][]byte) error {
+// ShareCert keeps the certificate of domain in the kubernetes.io/tls Secret named secret (keys
+// tls.crt and tls.key), which must exist, instead of the state Secret: tailscaled then reads
+// its cached certificate from there and writes what it issues or renews there, for the other
+// replicas of a ProxyGroup to load. The ACME account key stays in the state Secret.
+func (s *Store) ShareCert(domain, secret string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shared == nil {
+		s.shared = map[string]string{}
+	}
+	s.shared[domain] = secret
+}
+
+// UnshareCert undoes ShareCert.
+func (s *Store) UnshareCert(domain string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.shared, domain)
+}
+
+func (s *Store) sharedSecret(domain string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.shared[domain]
+}
+
+// ReadTLSCertAndKey returns the cached certificate and key of domain (PEM), or
+// ipn.ErrStateNotExist. A shared certificate is read from its Secret each time, so that
+// tailscaled renews what the other replicas serve.
+func (s *Store) ReadTLSCertAndKey(domain string) (cert, key []byte, err error) {
+	if secret := s.sharedSecret(domain); secret != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+		defer cancel()
+		sec, err := s.secrets.Get(ctx, secret, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil, nil, ipn.ErrStateNotExist
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading certificate Secret %s: %w", secret, err)
+		}
+		cert, key = sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey]
+	} else {
+		s.mu.Lock()
+		cert, key = s.cache[certKey(domain)], s.cache[keyKey(domain)]
+		s.mu.Unlock()
+	}
+	if len(cert) == 0 || len(key) == 0 {
+		return nil, nil, ipn.ErrStateNotExist
+	}
+	return cert, key, nil
+}
+
+// WriteTLSCertAndKey stores the certificate and key of domain (PEM) in one patch: in the state
+// Secret, under the keys tailscaled's separate writes would use, or in the shared Secret.
+func (s *Store) WriteTLSCertAndKey(domain string, cert, key []byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	if secret := s.sharedSecret(domain); secret != "" {
+		return s.patch(ctx, secret, map[string][]byte{corev1.TLSCertKey: cert, corev1.TLSPrivateKeyKey: key})
+	}
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	if err := s.patch(ctx, s.name, map[string][]byte{certKey(domain): cert, keyKey(domain): key}); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cache[certKey(domain)], s.cache[keyKey(domain)] = cert, key
+	return nil
+}
+
+func certKey(domain string) string { return SecretKey(ipn.StateKey(domain + ".crt")) }
+func keyKey(domain string) string  { return SecretKey(ipn.StateKey(domain + ".key")) }
+
+func (s *Store) patch(ctx context.Context, name string, data map[string][]byte) error {
 	set := make(map[string]any, len(data))
 	for k, v := range data {
 		if v == nil {
@@ -119,9 +200,9 @@ func (s *Store) patch(ctx context.Context, data map[string][]byte) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.secrets.Patch(ctx, s.name, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "tsingress-proxy"})
+	_, err = s.secrets.Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "tsingress-proxy"})
 	if err != nil {
-		return fmt.Errorf("updating state Secret %s: %w", s.name, err)
+		return fmt.Errorf("updating Secret %s: %w", name, err)
 	}
 	return nil
 }

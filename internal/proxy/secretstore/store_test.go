@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"tailscale.com/ipn"
 	"tailscale.com/net/netns"
@@ -140,6 +141,74 @@ func TestStore(t *testing.T) {
 
 		if err := st.Report(t.Context(), map[string][]byte{"ts._machinekey": nil}); err == nil {
 			t.Error("Report may change the tailnet client's keys")
+		}
+	})
+
+	t.Run("certificates", func(t *testing.T) {
+		st, err := secretstore.New(t.Context(), secrets, "web-0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// What tailscaled's certificate flow looks for in a state store, in Kubernetes.
+		var _ interface {
+			ReadTLSCertAndKey(string) ([]byte, []byte, error)
+			WriteTLSCertAndKey(string, []byte, []byte) error
+		} = st
+		if _, _, err := st.ReadTLSCertAndKey("own.tailnet.test"); !errors.Is(err, ipn.ErrStateNotExist) {
+			t.Errorf("no certificate yet: err = %v, want ErrStateNotExist", err)
+		}
+		if err := st.WriteTLSCertAndKey("own.tailnet.test", []byte("own cert"), []byte("own key")); err != nil {
+			t.Fatal(err)
+		}
+		// The keys of tailscaled's separate writes, so that certificates cached before stay found.
+		if data := get(); string(data["ts.own.tailnet.test.crt"]) != "own cert" || string(data["ts.own.tailnet.test.key"]) != "own key" {
+			t.Errorf("own certificate stored as %v", keys(data))
+		}
+		again, err := secretstore.New(t.Context(), secrets, "web-0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, k, err := again.ReadTLSCertAndKey("own.tailnet.test"); err != nil || string(c) != "own cert" || string(k) != "own key" {
+			t.Errorf("after a restart: %q %q %v", c, k, err)
+		}
+
+		// A shared certificate lives in its kubernetes.io/tls Secret, created empty by the operator.
+		if _, err := secrets.Create(t.Context(), &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "svc.tailnet.test"}, Type: corev1.SecretTypeTLS,
+			Data: map[string][]byte{corev1.TLSCertKey: nil, corev1.TLSPrivateKeyKey: nil},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		st.ShareCert("svc.tailnet.test", "svc.tailnet.test")
+		if _, _, err := st.ReadTLSCertAndKey("svc.tailnet.test"); !errors.Is(err, ipn.ErrStateNotExist) {
+			t.Errorf("empty shared Secret: err = %v, want ErrStateNotExist", err)
+		}
+		if err := st.WriteTLSCertAndKey("svc.tailnet.test", []byte("svc cert"), []byte("svc key")); err != nil {
+			t.Fatal(err)
+		}
+		shared, err := secrets.Get(t.Context(), "svc.tailnet.test", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(shared.Data[corev1.TLSCertKey]) != "svc cert" || string(shared.Data[corev1.TLSPrivateKeyKey]) != "svc key" {
+			t.Errorf("shared Secret holds %v", keys(shared.Data))
+		}
+		for _, k := range keys(get()) {
+			if strings.Contains(k, "svc.tailnet.test") {
+				t.Errorf("the shared certificate is in the state Secret too: %s", k)
+			}
+		}
+		// Read from the Secret, whoever wrote it last.
+		shared.Data[corev1.TLSCertKey] = []byte("renewed cert")
+		if _, err := secrets.Update(t.Context(), shared, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if c, _, err := st.ReadTLSCertAndKey("svc.tailnet.test"); err != nil || string(c) != "renewed cert" {
+			t.Errorf("shared certificate read back: %q, %v", c, err)
+		}
+		st.UnshareCert("svc.tailnet.test")
+		if _, _, err := st.ReadTLSCertAndKey("svc.tailnet.test"); !errors.Is(err, ipn.ErrStateNotExist) {
+			t.Errorf("no longer shared: err = %v, want ErrStateNotExist from the state Secret", err)
 		}
 	})
 
