@@ -29,7 +29,6 @@ import (
 	"sigs.k8s.io/yaml"
 	"tailscale.com/tsnet"
 
-	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/localtailnet"
 )
@@ -108,9 +107,6 @@ func loadSamples(dir string, scheme *runtime.Scheme) ([]client.Object, error) {
 func installSamples(ctx context.Context, k8s client.Client, objs []client.Object, backendPort int, noL3 string) ([]*demo, []string, error) {
 	var demos []*demo
 	var notes []string
-	var standalone *networkingv1.Ingress
-	var group string
-	hasHA := false
 	for _, obj := range objs {
 		ref := fmt.Sprintf("%s/%s", obj.GetNamespace(), obj.GetName())
 		switch o := obj.(type) {
@@ -128,32 +124,13 @@ func installSamples(ctx context.Context, k8s client.Client, objs []client.Object
 		case *networkingv1.Ingress:
 			kind := "L7"
 			if o.Annotations[controller.AnnotationProxyGroup] != "" {
-				kind, hasHA = "HA", true
-			} else if standalone == nil {
-				standalone = o.DeepCopy()
+				kind = "HA"
 			}
 			demos = append(demos, &demo{kind: kind, obj: o})
-		case *tsv1alpha1.ProxyGroup:
-			if o.Spec.Type == tsv1alpha1.ProxyGroupTypeIngress && group == "" {
-				group = o.Name
-			}
 		}
 		if err := k8s.Create(ctx, obj); err != nil {
 			return nil, nil, fmt.Errorf("creating %T %s: %w", obj, ref, err)
 		}
-	}
-	if !hasHA && standalone != nil && group != "" {
-		ha := &networkingv1.Ingress{
-			ObjectMeta: metav1.ObjectMeta{Namespace: standalone.Namespace, Name: standalone.Name + "-ha",
-				Annotations: map[string]string{controller.AnnotationProxyGroup: group}},
-			Spec: standalone.Spec,
-		}
-		ha.Spec.TLS = []networkingv1.IngressTLS{{Hosts: []string{ha.Name}}}
-		if err := k8s.Create(ctx, ha); err != nil {
-			return nil, nil, err
-		}
-		demos = append(demos, &demo{kind: "HA", obj: ha})
-		notes = append(notes, fmt.Sprintf("Ingress %s/%s added: Ingress %s on ProxyGroup %s (the samples have no HA Ingress)", ha.Namespace, ha.Name, standalone.Name, group))
 	}
 	return demos, notes, nil
 }
