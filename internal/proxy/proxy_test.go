@@ -502,7 +502,9 @@ func TestRunFromDirectory(t *testing.T) {
 			}
 		}
 	}
-	writeConfig(w.config(w.mintKey(t).Secret.Reveal(), contract.WebService{Routes: w.routes()}))
+	// Bring-your-own certificates are kept in Secrets: without the API, the proxy says so.
+	own := contract.WebTLS{Certificates: []contract.CertificateRef{{SecretName: "app-tls", Hosts: []string{"app.example.com"}}}}
+	writeConfig(w.config(w.mintKey(t).Secret.Reveal(), contract.WebService{Routes: w.routes(), TLS: own}))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	health, done := w.start(t, ctx, proxy.Options{ConfigDir: dir, StateDir: stateDir, ConfigPollInterval: 50 * time.Millisecond})
@@ -522,11 +524,21 @@ func TestRunFromDirectory(t *testing.T) {
 	if err := json.Unmarshal(b, &state); err != nil || state[contract.StateHTTPSEndpoint] != "web.tailnet.test" || state[contract.StateDeviceID] == "" {
 		t.Errorf("state file: %s (%v)", b, err)
 	}
+	var certs map[string]contract.CertificateStatus
+	if err := json.Unmarshal([]byte(state[contract.StateCertificates]), &certs); err != nil {
+		t.Fatal(err)
+	}
+	if cs := certs["app.example.com"]; cs.Reason != contract.CertReasonSecretInvalid || !strings.Contains(cs.Message, "does not use the Kubernetes API") {
+		t.Errorf("a bring-your-own certificate without the API: %+v", cs)
+	}
+	if cs := certs["web.tailnet.test"]; cs.Serial == "" {
+		t.Errorf("the tailnet name: %+v", cs)
+	}
 	if r, err := w.tryGet(t, "http://web.tailnet.test/", nil); err == nil {
 		t.Errorf("port 80 answers %d without an HTTP mode", r.status)
 	}
 
-	writeConfig(w.config("", contract.WebService{Routes: w.routes(contract.Route{
+	writeConfig(w.config("", contract.WebService{TLS: own, Routes: w.routes(contract.Route{
 		Path: "/new", PathType: contract.PathPrefix, Backend: contract.Backend{URL: w.b.srv.URL},
 	})}))
 	eventually(t, "the new route", func() bool { return w.get(t, base+"/new/x", nil).body == "b /new/x" })
