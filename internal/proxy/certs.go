@@ -203,6 +203,9 @@ const (
 type sharedSecret struct {
 	certPEM, keyPEM []byte
 	problem         string // why it holds no certificate, if it does not
+	// unusable says why the issuer cannot store a certificate there (missing, unreadable, not
+	// kubernetes.io/tls): issuing then would lose the certificate.
+	unusable string
 }
 
 // acmeCert keeps the certificate of one tailnet name served. It obtains the certificate as soon
@@ -257,7 +260,8 @@ func (a *acmeCert) setHold(h *contract.IssuanceHold) {
 func (a *acmeCert) setShared(s sharedSecret) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if old := a.shared; old != nil && bytes.Equal(old.certPEM, s.certPEM) && bytes.Equal(old.keyPEM, s.keyPEM) && old.problem == s.problem {
+	if old := a.shared; old != nil && bytes.Equal(old.certPEM, s.certPEM) && bytes.Equal(old.keyPEM, s.keyPEM) &&
+		old.problem == s.problem && old.unusable == s.unusable {
 		return
 	}
 	a.shared = &s
@@ -290,7 +294,9 @@ func (a *acmeCert) ready() bool {
 	case a.role == contract.CertReader || activeHold(a.hold, time.Now()) != nil:
 		return false
 	case a.role == contract.CertIssuer:
-		return a.shared != nil // what the Secret holds is known, so an issuer never advertises without a cached certificate it could serve
+		// Once what the Secret holds is known (a certificate is loaded long before clients learn
+		// of the advertisement), and only if it can take a new one.
+		return a.shared != nil && a.shared.unusable == ""
 	}
 	return true
 }
@@ -369,6 +375,13 @@ func (a *acmeCert) step(ctx context.Context) time.Duration {
 	if cur != nil {
 		a.set(cur, contract.CertificateStatus{}) // served while it is renewed
 	}
+	if a.role == contract.CertIssuer && shared.unusable != "" {
+		if cur == nil {
+			a.set(nil, contract.CertificateStatus{Reason: contract.CertReasonSecretInvalid,
+				Message: fmt.Sprintf("no certificate is requested while Secret %s cannot hold it: %s", contract.GroupCertSecret(a.name), shared.unusable)})
+		}
+		return forever // until the Secret changes
+	}
 	if now.Before(a.retryAt) {
 		return a.retryAt.Sub(now)
 	}
@@ -442,7 +455,7 @@ func (a *acmeCert) published(c *servedCert, wait time.Duration) time.Duration {
 	a.mu.Lock()
 	shared := a.shared
 	a.mu.Unlock()
-	if shared == nil || bytes.Equal(shared.certPEM, c.certPEM) {
+	if shared == nil || shared.unusable != "" || bytes.Equal(shared.certPEM, c.certPEM) {
 		return wait
 	}
 	if err := a.publish(c.certPEM, c.keyPEM); err != nil {

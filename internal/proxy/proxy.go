@@ -4,6 +4,33 @@
 //
 // Run dispatches on the config's kind: ingress (standalone L7), service (standalone L3, kernel
 // TUN and DNAT) or proxygroup (a ProxyGroup replica serving Tailscale Services).
+//
+// # Certificates
+//
+// The certificate of each tailnet name served (the proxy's own, or a Tailscale Service's) is
+// obtained through tailscaled's ACME flow as soon as the name is served, not on a first
+// request, and renewed at two thirds of its lifetime whether requests come or not; failures
+// are retried with jittered backoff (and a CA's Retry-After). Under an issuance hold
+// (WebService.TLS.Hold) the CA is never asked: a cached certificate, validated as tailscaled
+// validates its cache, is served, or none. tailscaled caches certificates in the state Secret
+// when it runs in a Pod (secretstore implements its ReadTLSCertAndKey/WriteTLSCertAndKey), in
+// files under StateDir otherwise.
+//
+// In a ProxyGroup sharing certificates (tls.certShareMode), the issuer keeps the certificate
+// of each name in the kubernetes.io/tls Secret contract.GroupCertSecret(name), which the
+// operator creates: tailscaled reads and writes it there (the proxy copies it there when
+// tailscaled does not run as in a Pod), and the ACME account key stays in the issuer's state
+// Secret. Readers never ask the CA: they load that Secret, watch it, and advertise a service
+// only while they hold a valid certificate for it. The tailnet offers a node a service's
+// certificate only while the node advertises the service, so an issuer advertises a name it
+// has no certificate for yet and asks for one at once: handshakes fail for one issuance.
+//
+// Bring-your-own certificates (WebService.TLS.Certificates) come from kubernetes.io/tls
+// Secrets, each watched by name, and are served by SNI; a Secret that cannot serve a host
+// leaves that host alone unserved. Without the Kubernetes API they are reported unsupported.
+//
+// The state key certificates reports, per name served, the certificate presented (source,
+// serial, validity) only once it is presented, or why there is none.
 package proxy
 
 import (

@@ -79,10 +79,11 @@ func errString(err error) string {
 
 // shared is the state as a ProxyGroup's certificate Secret.
 func (s secretState) shared() sharedSecret {
-	if s.rejected != "" {
-		return sharedSecret{problem: s.rejected}
+	sh := sharedSecret{certPEM: s.data[corev1.TLSCertKey], keyPEM: s.data[corev1.TLSPrivateKeyKey], problem: s.rejected}
+	if !s.exists || s.typ != corev1.SecretTypeTLS {
+		sh.unusable = s.rejected
 	}
-	return sharedSecret{certPEM: s.data[corev1.TLSCertKey], keyPEM: s.data[corev1.TLSPrivateKeyKey]}
+	return sh
 }
 
 // watchSecret follows one Secret, by name (a field selector: all that a Role granting it by

@@ -220,8 +220,8 @@ var (
 )
 
 // A ProxyGroup of three replicas serving one name shares one certificate: the issuer (ordinal
-// 0) orders it once and keeps it in the name's Secret, the readers serve it from there and
-// advertise the service only once they can; every replica presents the same certificate, which
+// 0) orders it once the operator made the name's Secret, and keeps it there; the readers serve
+// it from there and advertise the service only once they can; every replica presents the same certificate, which
 // verifies against the CA's root. At two thirds of its short lifetime the issuer renews it
 // without any request coming in, and the readers take the new one up.
 func TestGroupSharedCertificate(t *testing.T) {
@@ -231,7 +231,6 @@ func TestGroupSharedCertificate(t *testing.T) {
 	if _, err := w.api.PutService(t.Context(), tailnet.Service{Name: svc, Ports: []string{"tcp:443"}, Tags: []string{"tag:k8s"}}); err != nil {
 		t.Fatal(err)
 	}
-	w.tlsSecret(t, contract.GroupCertSecret(fqdn), nil)
 	doc, err := contract.ServeConfigs.Encode(&contract.ServeConfig{Services: map[string]contract.WebService{
 		svc: {Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: w.backend.srv.URL}}}},
 	}})
@@ -299,8 +298,18 @@ func TestGroupSharedCertificate(t *testing.T) {
 		t.Errorf("a reader advertises %v without a certificate", st.Advertised)
 	}
 
-	issuedAt := time.Now()
+	// Without the Secret (the operator creates it) the issuer asks for nothing: the certificate
+	// would be lost.
 	startReplica(0)
+	waitFor(t, "the issuer to report the missing Secret", 30*time.Second, func() bool {
+		cs := w.state(t, "pg-0").Certificates[fqdn]
+		return cs.Reason == contract.CertReasonSecretInvalid && strings.Contains(cs.Message, "does not exist")
+	})
+	if st := w.state(t, "pg-0"); len(st.Advertised) > 0 || w.ca.Orders(fqdn) > 0 {
+		t.Errorf("without its Secret the issuer advertises %v, and the CA got %d orders", st.Advertised, w.ca.Orders(fqdn))
+	}
+	issuedAt := time.Now()
+	w.tlsSecret(t, contract.GroupCertSecret(fqdn), nil)
 	waitFor(t, "every replica to advertise", 60*time.Second, func() bool {
 		all := true
 		for _, r := range []string{"pg-0", "pg-1", "pg-2"} {
@@ -322,7 +331,7 @@ func TestGroupSharedCertificate(t *testing.T) {
 		}
 		return all
 	})
-	t.Logf("all three replicas serving %v after the issuer started", time.Since(issuedAt).Round(time.Millisecond))
+	t.Logf("all three replicas serving %v after the Secret was made", time.Since(issuedAt).Round(time.Millisecond))
 
 	// serving checks that every replica reports serial and every client gets it, verified.
 	serving := func(serial string) {
