@@ -40,6 +40,9 @@ type acmeFlow interface {
 	obtain(ctx context.Context, name string, renew *x509.Certificate) (certPEM, keyPEM []byte, err error)
 	// cached returns what the flow has cached for name without asking the CA; nil if nothing.
 	cached(name string) (certPEM, keyPEM []byte, err error)
+	// check parses a certificate and key that no CA just handed over (a cache, a shared
+	// Secret) and checks that they serve name now and come from the flow's CA.
+	check(certPEM, keyPEM []byte, name string, now time.Time) (*servedCert, error)
 }
 
 // tailnetFlow is tailscaled's: ACME through the control plane's DNS-01, certificates cached
@@ -83,7 +86,12 @@ func (f tailnetFlow) cached(name string) ([]byte, []byte, error) {
 	return c, k, err
 }
 
-// sourceFlow is a CertSource as a flow.
+func (tailnetFlow) check(certPEM, keyPEM []byte, name string, now time.Time) (*servedCert, error) {
+	return parseCached(certPEM, keyPEM, name, now)
+}
+
+// sourceFlow is a CertSource as a flow. Its certificates chain to a root of its own, which no
+// proxy trusts, so a cached one is checked for its name and validity only.
 type sourceFlow struct{ src CertSource }
 
 func (f sourceFlow) obtain(ctx context.Context, name string, _ *x509.Certificate) ([]byte, []byte, error) {
@@ -103,6 +111,10 @@ func (f sourceFlow) obtain(ctx context.Context, name string, _ *x509.Certificate
 }
 
 func (sourceFlow) cached(string) ([]byte, []byte, error) { return nil, nil, nil }
+
+func (sourceFlow) check(certPEM, keyPEM []byte, name string, now time.Time) (*servedCert, error) {
+	return parsePair(certPEM, keyPEM, name, now)
+}
 
 // servedCert is a certificate with its key, parsed and as PEM.
 type servedCert struct {
@@ -353,7 +365,7 @@ func (a *acmeCert) step(ctx context.Context) time.Duration {
 	}
 	if a.role == contract.CertIssuer {
 		// The Secret may hold a newer certificate than the one served (an earlier issuer's).
-		if c, err := parseCached(shared.certPEM, shared.keyPEM, a.name, now); err == nil && (cur == nil || c.leaf.NotAfter.After(cur.leaf.NotAfter)) {
+		if c, err := a.flow.check(shared.certPEM, shared.keyPEM, a.name, now); err == nil && (cur == nil || c.leaf.NotAfter.After(cur.leaf.NotAfter)) {
 			cur = c
 		}
 	}
@@ -476,7 +488,7 @@ func (a *acmeCert) fromCache(now time.Time) *servedCert {
 	if certPEM == nil {
 		return nil
 	}
-	c, err := parseCached(certPEM, keyPEM, a.name, now)
+	c, err := a.flow.check(certPEM, keyPEM, a.name, now)
 	if err != nil {
 		a.log.Info("the cached certificate cannot be served", "err", err)
 		return nil
@@ -491,7 +503,7 @@ func (a *acmeCert) load(shared *sharedSecret, hold *contract.IssuanceHold, now t
 	}
 	problem := shared.problem
 	if problem == "" {
-		c, err := parseCached(shared.certPEM, shared.keyPEM, a.name, now)
+		c, err := a.flow.check(shared.certPEM, shared.keyPEM, a.name, now)
 		if err == nil {
 			a.set(c, contract.CertificateStatus{})
 			return c.leaf.NotAfter.Sub(now)
