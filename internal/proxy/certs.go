@@ -207,8 +207,10 @@ const (
 	// mayIssueWait is how long that is waited for before asking anyway, so that the refusal is
 	// reported.
 	mayIssueWait = 30 * time.Second
-	// obtainTimeout bounds one attempt at a certificate.
-	obtainTimeout = 5 * time.Minute
+	// obtainTimeout bounds one attempt at a certificate. tailscaled's ACME client waits out a
+	// CA's Retry-After (a rate limit) within the attempt, so it is long: a short one would only
+	// send the CA more refused requests. A hold ends an attempt at once.
+	obtainTimeout = 15 * time.Minute
 )
 
 // sharedSecret is a ProxyGroup's certificate Secret as last seen.
@@ -246,9 +248,10 @@ type acmeCert struct {
 	backoff      time.Duration
 	waitingSince time.Time // since when mayIssue has said no
 
-	mu     sync.Mutex
-	hold   *contract.IssuanceHold
-	shared *sharedSecret // nil until first seen (issuer, reader)
+	mu       sync.Mutex
+	hold     *contract.IssuanceHold
+	inFlight context.CancelFunc // ends the attempt at a certificate under way, if any
+	shared   *sharedSecret      // nil until first seen (issuer, reader)
 	cur    *servedCert
 	status contract.CertificateStatus // zero until there is something to say
 }
@@ -265,6 +268,9 @@ func (a *acmeCert) setHold(h *contract.IssuanceHold) {
 		return
 	}
 	a.hold = h
+	if h != nil && a.inFlight != nil {
+		a.inFlight()
+	}
 	a.poke()
 }
 
@@ -416,21 +422,29 @@ func (a *acmeCert) obtain(ctx context.Context, cur *servedCert) time.Duration {
 		renew = cur.leaf
 	}
 	octx, cancel := context.WithTimeout(ctx, obtainTimeout)
-	certPEM, keyPEM, err := a.flow.obtain(octx, a.name, renew)
-	cancel()
+	defer cancel()
+	a.mu.Lock()
+	held := activeHold(a.hold, time.Now()) != nil // since step looked
+	a.inFlight = cancel
+	a.mu.Unlock()
+	var certPEM, keyPEM []byte
+	err := errors.New("issuance held")
+	if !held {
+		certPEM, keyPEM, err = a.flow.obtain(octx, a.name, renew)
+	}
+	a.mu.Lock()
+	a.inFlight = nil
+	held = activeHold(a.hold, time.Now()) != nil
+	a.mu.Unlock()
 	var c *servedCert
 	if err == nil {
 		c, err = parsePair(certPEM, keyPEM, a.name, time.Now())
 	}
 	if err != nil {
-		if ctx.Err() != nil {
-			return 0
+		if ctx.Err() != nil || held {
+			return 0 // the next step says why
 		}
 		wait := a.fail()
-		if d, ok := local.RateLimitRetryAfter(err); ok {
-			wait = max(wait, d)
-			a.retryAt = time.Now().Add(wait)
-		}
 		if cur == nil {
 			a.set(nil, contract.CertificateStatus{Reason: contract.CertReasonIssuanceFailed, Message: err.Error()})
 			a.log.Warn("getting the certificate failed; trying again", "in", wait.Round(time.Millisecond), "err", err)

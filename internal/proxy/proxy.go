@@ -10,9 +10,10 @@
 // The certificate of each tailnet name served (the proxy's own, or a Tailscale Service's) is
 // obtained through tailscaled's ACME flow as soon as the name is served, not on a first
 // request, and renewed at two thirds of its lifetime whether requests come or not; failures
-// are retried with jittered backoff (and a CA's Retry-After). Under an issuance hold
-// (WebService.TLS.Hold) the CA is never asked: a cached certificate, validated as tailscaled
-// validates its cache, is served, or none. tailscaled caches certificates in the state Secret
+// are retried with jittered backoff, and tailscaled's ACME client waits out a CA's Retry-After
+// within an attempt. Under an issuance hold (WebService.TLS.Hold) the CA is never asked, and an
+// attempt under way ends: a cached certificate, validated as tailscaled validates its cache, is
+// served, or none. tailscaled caches certificates in the state Secret
 // when it runs in a Pod (secretstore implements its ReadTLSCertAndKey/WriteTLSCertAndKey), in
 // files under StateDir otherwise.
 //

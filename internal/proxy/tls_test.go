@@ -610,3 +610,73 @@ func TestIssuanceFailed(t *testing.T) {
 	})
 	t.Logf("test took %v", time.Since(start).Round(time.Millisecond))
 }
+
+// A CA's rate limit is waited out (tailscaled's ACME client honours its Retry-After) unless a
+// hold comes: the attempt under way then ends at once, and nothing is ordered until the hold is
+// lifted. A renewal the CA refuses leaves the current certificate served and reported, and
+// comes once the CA allows it, without any request coming in.
+func TestRateLimited(t *testing.T) {
+	start := time.Now()
+	w := newACMEWorld(t, 15*time.Second)
+	const fqdn = "web.tailnet.test"
+	ws := contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: w.backend.srv.URL}}}}
+	writeConfig := func(authKey string) {
+		t.Helper()
+		data, err := contract.ProxyConfigs.Encode(&contract.ProxyConfig{Kind: contract.KindIngress, Hostname: "web", Tags: []string{"tag:k8s"},
+			ControlURL: w.lt.ControlURL, AuthKey: authKey, StateSecret: "web-0", Serve: &ws})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.mergeSecret(t, "web-0", data)
+	}
+	writeConfig(w.mintKey(t))
+	user := w.kube.User(t, ns, "proxy-web-0", secretRule(proxyVerbs, "web-0"))
+	w.ca.InjectRateLimit(localacme.RateLimit{RetryAfter: time.Minute})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := w.run(ctx, proxy.Options{ConfigSecret: "web-0", Kube: user, Namespace: ns, PodUID: "pod-1", StateDir: t.TempDir()})
+	t.Cleanup(func() { cancel(); <-done })
+	client := w.clients(t, 1)[0]
+
+	waitFor(t, "the order to be refused", 30*time.Second, func() bool { return w.ca.RateLimited() == 1 })
+	ws.TLS.Hold = &contract.IssuanceHold{Reason: "RateLimited", Message: "the CA said so"}
+	writeConfig("")
+	waitFor(t, "the hold to apply", 10*time.Second, func() bool {
+		return w.state(t, "web-0").Certificates[fqdn].Reason == contract.CertReasonIssuanceHeld
+	})
+	ws.TLS.Hold = nil
+	writeConfig("")
+	var first string
+	waitFor(t, "a certificate once the hold is lifted", 30*time.Second, func() bool {
+		first = w.state(t, "web-0").Certificates[fqdn].Serial
+		return first != ""
+	})
+	if r, o := w.ca.RateLimited(), w.ca.Orders(fqdn); r != 1 || o != 1 {
+		t.Errorf("%d refused and %d accepted orders; want 1 and 1", r, o)
+	}
+
+	const retryAfter = 3 * time.Second
+	w.ca.InjectRateLimit(localacme.RateLimit{RetryAfter: retryAfter})
+	waitFor(t, "the renewal to be refused", 15*time.Second, func() bool { return w.ca.RateLimited() == 2 })
+	refused := time.Now()
+	if cs := w.state(t, "web-0").Certificates[fqdn]; cs.Serial != first || cs.Reason != "" {
+		t.Errorf("after the refusal: %+v, want serial %s still", cs, first)
+	}
+	if _, serial, err := fetch(t.Context(), client, "https://"+fqdn+"/", w.ca.Roots()); err != nil || serial != first {
+		t.Errorf("after the refusal: serial %s, %v; want %s", serial, err, first)
+	}
+	var renewed string
+	waitFor(t, "the renewal", 15*time.Second, func() bool {
+		renewed = w.state(t, "web-0").Certificates[fqdn].Serial
+		return renewed != first
+	})
+	if after := time.Since(refused); after < retryAfter-200*time.Millisecond { // the refusal is seen a poll late
+		t.Errorf("renewed %v after the refusal, before the CA's Retry-After of %v", after, retryAfter)
+	}
+	if _, serial, err := fetch(t.Context(), client, "https://"+fqdn+"/", w.ca.Roots()); err != nil || serial != renewed {
+		t.Errorf("after the renewal: serial %s, %v; want %s", serial, err, renewed)
+	}
+	if o := w.ca.Orders(fqdn); o != 2 {
+		t.Errorf("%d orders, want 2", o)
+	}
+	t.Logf("test took %v", time.Since(start).Round(time.Millisecond))
+}
