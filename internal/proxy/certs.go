@@ -252,8 +252,8 @@ type acmeCert struct {
 	hold     *contract.IssuanceHold
 	inFlight context.CancelFunc // ends the attempt at a certificate under way, if any
 	shared   *sharedSecret      // nil until first seen (issuer, reader)
-	cur    *servedCert
-	status contract.CertificateStatus // zero until there is something to say
+	cur      *servedCert
+	status   contract.CertificateStatus // zero until there is something to say
 }
 
 func newACMECert(name string, role contract.CertShareMode, flow acmeFlow, srv *web.Server, log *slog.Logger) *acmeCert {
