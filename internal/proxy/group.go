@@ -440,7 +440,7 @@ func (r *replica) reconcileWeb(ctx context.Context) {
 		if st, seen := r.secrets.state(contract.GroupCertSecret(e.fqdn)); seen && e.role != "" {
 			e.acme.setShared(st.shared())
 		}
-		hc := judgeHosts(ws, r.secrets, now)
+		hc := judgeHosts(ws, r.secrets.state, now)
 		if !hc.sameCerts(e.hosts) {
 			e.srv.SetHostCertificates(hc.certs)
 		}

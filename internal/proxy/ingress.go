@@ -236,7 +236,7 @@ func (p *ingress) startACME(ctx context.Context, name string) {
 // judgeHosts gives the server the bring-your-own certificates as they are now, and judges them
 // again when one becomes valid or expires.
 func (p *ingress) judgeHosts(ctx context.Context) {
-	hc := judgeHosts(*p.cfg.cfg.Serve, p.secrets, time.Now())
+	hc := judgeHosts(*p.cfg.cfg.Serve, p.secrets.state, time.Now())
 	if !hc.sameCerts(p.hosts) {
 		p.web.SetHostCertificates(hc.certs)
 	}

@@ -26,6 +26,7 @@ import (
 	"tailscale.com/types/logger"
 
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/localacme"
 	"github.com/tsingress/tsingress/internal/localtailnet"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
@@ -40,6 +41,17 @@ func TestMain(m *testing.M) {
 	// Pod. The proxies here reach the apiserver through explicit configs, so they lead nowhere.
 	os.Setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
 	os.Setenv("KUBERNETES_SERVICE_PORT", "1")
+	// Go loads the system roots once per process: have them trust the local CAs' API (one root
+	// per process) before any test loads them, whichever tests run.
+	ca, err := localacme.Start(context.Background(), localacme.Options{DNSServer: "127.0.0.1:1"})
+	if err != nil {
+		panic(err)
+	}
+	if err := ca.UseInProcess(func(k, v string) { os.Setenv(k, v) }); err != nil {
+		panic(err)
+	}
+	ca.Close()
+	os.Unsetenv("TS_DEBUG_ACME_DIRECTORY_URL")
 	os.Exit(m.Run())
 }
 

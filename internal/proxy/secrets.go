@@ -220,7 +220,7 @@ type hostCerts struct {
 // judgeHosts judges the bring-your-own certificates of ws. A Secret not seen yet gives its
 // hosts no certificate and no status; one that is missing, not kubernetes.io/tls, malformed,
 // expired or not for the host gives reason SecretInvalid.
-func judgeHosts(ws contract.WebService, w *secretWatches, now time.Time) hostCerts {
+func judgeHosts(ws contract.WebService, lookup func(secret string) (secretState, bool), now time.Time) hostCerts {
 	hc := hostCerts{certs: map[string]*tls.Certificate{}, status: map[string]contract.CertificateStatus{}}
 	soon := func(t time.Time) {
 		if hc.next.IsZero() || t.Before(hc.next) {
@@ -228,7 +228,7 @@ func judgeHosts(ws contract.WebService, w *secretWatches, now time.Time) hostCer
 		}
 	}
 	for _, ref := range ws.TLS.Certificates {
-		st, seen := w.state(ref.SecretName)
+		st, seen := lookup(ref.SecretName)
 		for _, host := range ref.Hosts {
 			if hc.certs[host] != nil {
 				continue // an earlier Secret serves it
