@@ -250,6 +250,7 @@ type acmeCert struct {
 
 	mu       sync.Mutex
 	hold     *contract.IssuanceHold
+	lifted   bool               // a hold was lifted: ask at once, whatever the backoff
 	inFlight context.CancelFunc // ends the attempt at a certificate under way, if any
 	shared   *sharedSecret      // nil until first seen (issuer, reader)
 	cur      *servedCert
@@ -267,6 +268,7 @@ func (a *acmeCert) setHold(h *contract.IssuanceHold) {
 	if (a.hold == nil) == (h == nil) && (h == nil || *a.hold == *h) {
 		return
 	}
+	a.lifted = h == nil
 	a.hold = h
 	if h != nil && a.inFlight != nil {
 		a.inFlight()
@@ -357,6 +359,9 @@ func (a *acmeCert) step(ctx context.Context) time.Duration {
 	now := time.Now()
 	a.mu.Lock()
 	hold, shared, cur := activeHold(a.hold, now), a.shared, a.cur
+	if a.lifted {
+		a.lifted, a.retryAt, a.backoff = false, time.Time{}, 0
+	}
 	a.mu.Unlock()
 	if cur != nil && !now.Before(cur.leaf.NotAfter) {
 		a.set(nil, contract.CertificateStatus{Reason: contract.CertReasonIssuanceFailed,
