@@ -76,6 +76,10 @@ type replica struct {
 	hostsTimer *time.Timer     // judges bring-your-own certificates again when one expires
 	events     chan func()
 
+	backendsOK map[string]bool // L7 services with a reachable backend, at the last check
+	checking   bool            // a backend check is under way
+	checkAgain bool            // asked for during one
+
 	advertised []string          // as the node's prefs say, sorted
 	reported   map[string][]byte // the state last written; nil after a failed write
 }
@@ -156,6 +160,12 @@ func runGroup(ctx context.Context, opts Options, kube kubernetes.Interface, src 
 	if r.fwd != nil {
 		fwdChanged = r.fwd.Changed()
 	}
+	checkInterval := opts.BackendCheckInterval
+	if checkInterval <= 0 {
+		checkInterval = defaultBackendCheckInterval
+	}
+	backendTicker := time.NewTicker(checkInterval)
+	defer backendTicker.Stop()
 	var retry, loginCheck <-chan time.Time
 	for {
 		select {
@@ -168,9 +178,12 @@ func runGroup(ctx context.Context, opts Options, kube kubernetes.Interface, src 
 			err = r.onStatus(wctx, st)
 		case data := <-docs:
 			r.onDocs(data)
+			r.checkBackends(wctx)
 		case ev := <-r.events:
 			ev()
 		case <-fwdChanged:
+		case <-backendTicker.C:
+			r.checkBackends(wctx)
 		case <-retry:
 		case <-loginCheck:
 		}
@@ -602,7 +615,8 @@ func (r *replica) send(ctx context.Context, ev func()) {
 }
 
 // servable lists the services this replica may advertise and can serve now: L7 ones listening
-// with their certificate, L3 ones with their rules in place, both still asked for.
+// with their certificate and a reachable backend, L3 ones with their rules in place, both still
+// asked for.
 func (r *replica) servable() []string {
 	var out []string
 	if r.closing {
@@ -617,7 +631,8 @@ func (r *replica) servable() []string {
 		_, inServe := r.serve.Services[name]
 		_, inDNAT := r.dnat.Services[name]
 		m, installed := fs.Mappings[name]
-		if (inServe && e != nil && e.applied != nil && e.fqdn == r.fqdn(name) && e.certReady()) || (inDNAT && installed && m.Error == "") {
+		web := inServe && e != nil && e.applied != nil && e.fqdn == r.fqdn(name) && e.certReady() && r.backendsOK[name]
+		if web || (inDNAT && installed && m.Error == "") {
 			out = append(out, name)
 		}
 	}

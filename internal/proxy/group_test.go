@@ -5,8 +5,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"slices"
@@ -207,6 +209,7 @@ func TestGroupL7(t *testing.T) {
 	opts := proxy.Options{
 		ConfigSecret: groupConfig, GroupConfigMap: groupConfigMap, Kube: g.replicaUser(t), Namespace: ns,
 		PodUID: "pod-a", StateDir: t.TempDir(), CertSource: certs, GroupWithdrawWait: time.Second,
+		BackendCheckInterval: 200 * time.Millisecond,
 	}
 	if os.Geteuid() == 0 {
 		// Its own namespace for the TUN, which a root test would otherwise add to the host.
@@ -260,9 +263,11 @@ func TestGroupL7(t *testing.T) {
 			r, err := w.tryGet(t, "https://shop.tailnet.test/p", nil)
 			return err == nil && r.body == "b /p"
 		})
-		if cs := g.state(t).Certificates["shop.tailnet.test"]; cs.Source != contract.CertSourceACME || cs.Serial == "" {
-			t.Errorf("certificate status %+v", cs)
-		}
+		// Reported once served: the state write may come just after the first request.
+		eventually(t, "the certificate reported", func() bool {
+			cs := g.state(t).Certificates["shop.tailnet.test"]
+			return cs.Source == contract.CertSourceACME && cs.Serial != ""
+		})
 		if r, err := w.tryGet(t, "http://shop.tailnet.test/p", nil); err != nil || r.status != 301 || r.header.Get("Location") != "https://shop.tailnet.test/p" {
 			t.Errorf("port 80: %+v, %v; want a redirect", r, err)
 		}
@@ -290,6 +295,37 @@ func TestGroupL7(t *testing.T) {
 		if _, err := w.tryGet(t, "https://web.tailnet.test/", nil); err == nil {
 			t.Error("svc:web answers after its removal")
 		}
+	})
+
+	// A replica that cannot reach any backend of a service (a partitioned node) withdraws it, so
+	// that clients go to replicas that can, and advertises it again once a backend answers.
+	t.Run("withdrawn while no backend is reachable", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		serve.Services["svc:shop"] = contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + addr}}}}
+		g.writeDocs(t, serve, nil, nil)
+		g.waitAdvertised(t)
+		if !strings.Contains(w.logs.String(), "no backend is reachable") {
+			t.Error("the withdrawal is not logged")
+		}
+		l, err = net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "late "+r.URL.Path) })}
+		go srv.Serve(l)
+		defer srv.Close()
+		g.waitAdvertised(t, "svc:shop")
+		eventually(t, "the late backend", func() bool {
+			r, err := w.tryGet(t, "https://shop.tailnet.test/p", nil)
+			return err == nil && r.body == "late /p"
+		})
+		serve.Services["svc:shop"] = contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: w.a.srv.URL}}}}
+		g.writeDocs(t, serve, nil, nil)
 	})
 
 	t.Run("shutdown withdraws, then drains", func(t *testing.T) {

@@ -111,6 +111,9 @@ type Options struct {
 	// GroupConfigMap names the ConfigMap with a ProxyGroup's Serve and DNAT documents, which a
 	// proxygroup replica watches through the API.
 	GroupConfigMap string
+	// BackendCheckInterval is how often a proxygroup replica checks that each L7 service has a
+	// reachable backend (it advertises only those that do); 10s by default.
+	BackendCheckInterval time.Duration
 	// GroupWithdrawWait is how long a proxygroup replica keeps serving at shutdown after it
 	// stopped advertising, so that clients move to other replicas first; 5s by default.
 	GroupWithdrawWait time.Duration
