@@ -86,7 +86,7 @@ func TestHAIngressFailover(t *testing.T) {
 		tl.mark(true, "stopping %s", r.name)
 		r.stop(t)
 		tl.mark(false, "%s stopped", r.name)
-		time.Sleep(time.Second)
+		time.Sleep(restartGap) // see TestHAServiceFailover
 		r.start()
 		eventually(t, 30*time.Second, r.name+" advertising again", func() error { return r.advertises(w, svc) })
 		tl.mark(true, "%s advertises again", r.name)
@@ -108,7 +108,7 @@ func TestHAIngressFailover(t *testing.T) {
 	// the replica it uses and back), and a request takes well under 250ms, so each move may
 	// cost up to five requests; no request may fail away from a move, during the withdrawal wait
 	// or the drain included.
-	if rep.total < 200 {
+	if rep.total < 400 {
 		t.Errorf("only %d requests sent", rep.total)
 	}
 	if len(rep.fails) > 2*5 {
@@ -118,5 +118,8 @@ func TestHAIngressFailover(t *testing.T) {
 		if !tl.nearMove(f) {
 			t.Errorf("a request failed away from any route change: %s", f)
 		}
+	}
+	if rep.max > 2500*time.Millisecond {
+		t.Errorf("a request took %s; want no stall beyond one retransmission", rep.max)
 	}
 }
