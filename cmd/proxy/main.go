@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -52,6 +53,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	healthAddr := fs.String("health-addr", ":9002", "Address of /healthz and /readyz; empty for none.")
 	stateDir := fs.String("state-dir", envOr("TS_PROXY_STATE_DIR", filepath.Join(os.TempDir(), "tsingress-proxy")), "Directory for the tailnet client's files (and its state outside Kubernetes).")
 	debugAddr := fs.String("debug-addr", "", "Address of the pprof endpoints (/debug/pprof/); empty for none.")
+	tailnetPort := fs.Uint("tailnet-port", uint(envInt("PORT", 41641)), "UDP port for WireGuard; fixed, so that peers reach a restarted proxy at the address they knew. 0 picks one at random.")
 	verbose := fs.Bool("verbose", false, "Log at debug level, with the tailnet client's own logs.")
 	checkOnly := fs.Bool("check-config", false, "Validate the config, print a summary and exit.")
 	showVersion := fs.Bool("version", false, "Print the version and exit.")
@@ -75,6 +77,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if *tailnetPort > 65535 {
+		fmt.Fprintf(stderr, "--tailnet-port %d is not a port\n", *tailnetPort)
+		return 2
+	}
 	opts := proxy.Options{
 		ConfigSecret:   *configSecret,
 		ConfigDir:      *configDir,
@@ -83,6 +89,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		PodUID:         os.Getenv("POD_UID"),
 		StateDir:       *stateDir,
 		HealthAddr:     *healthAddr,
+		TailnetPort:    uint16(*tailnetPort),
 		Logger:         log,
 	}
 	if *verbose {
@@ -182,6 +189,13 @@ func serveDebug(addr string, log *slog.Logger) {
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {
 		return v
+	}
+	return def
+}
+
+func envInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return n
 	}
 	return def
 }

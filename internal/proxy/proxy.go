@@ -96,6 +96,11 @@ type Options struct {
 	// flow (tests); nil uses the tailnet's.
 	CertSource CertSource
 
+	// TailnetPort is the UDP port for WireGuard; 0 picks one at random. A fixed port lets peers
+	// reach a restarted proxy at the address they knew: tailscaled trusts a peer's last direct
+	// address for a few seconds after the peer changed, so a new port costs a 5s handshake retry.
+	TailnetPort uint16
+
 	// DrainTimeout bounds how long shutdown waits for requests in flight; 10s by default.
 	DrainTimeout time.Duration
 

@@ -143,6 +143,7 @@ func newNode(opts Options, cfg *contract.ProxyConfig, dir string, store ipn.Stat
 		AuthKey:       cfg.AuthKey, // used only while the state holds no login
 		ControlURL:    cfg.ControlURL,
 		AdvertiseTags: cfg.Tags,
+		Port:          opts.TailnetPort,
 		Logf:          logf,
 		UserLogf: func(format string, args ...any) {
 			opts.Logger.Info(fmt.Sprintf(format, args...), "component", "tailnet")

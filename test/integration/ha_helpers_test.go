@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -47,7 +48,7 @@ func newHAReplica(t *testing.T, w *world, pg string, i int, certs *proxytest.CA,
 	r := &haReplica{name: name, logs: &syncLog{}}
 	r.opts = proxy.Options{
 		ConfigSecret: name + "-config", GroupConfigMap: pg + "-ingress-config", Kube: w.cp.Config, Namespace: w.opNS,
-		PodUID: string(pod.UID), StateDir: t.TempDir(), NetNS: netns,
+		PodUID: string(pod.UID), StateDir: t.TempDir(), NetNS: netns, TailnetPort: freeUDPPort(t),
 		Logger: slog.New(slog.NewTextHandler(r.logs, nil)),
 	}
 	if certs != nil {
@@ -277,4 +278,16 @@ func haGet(ctx context.Context, c *http.Client, url, want string) error {
 		return fmt.Errorf("%d %q", res.StatusCode, body)
 	}
 	return nil
+}
+
+// freeUDPPort finds a UDP port for a replica's WireGuard to keep across restarts, as a Pod's
+// proxy keeps 41641 (here every replica shares the host's network).
+func freeUDPPort(t *testing.T) uint16 {
+	t.Helper()
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return uint16(c.LocalAddr().(*net.UDPAddr).Port)
 }

@@ -210,7 +210,7 @@ func TestHAServiceFailover(t *testing.T) {
 	// replica's kernel knows nothing of it. A request takes milliseconds, so each of the two
 	// moves may cost one or two, and none may fail away from a move. No stall either: one lost
 	// SYN (retransmitted after a second) at most.
-	if rep.total < 400 {
+	if rep.total < 300 { // the whole sequence: two stops, waits and restarts
 		t.Errorf("only %d requests sent", rep.total)
 	}
 	if len(rep.fails) > 2*2 {
@@ -237,8 +237,9 @@ func TestHAServiceFailover(t *testing.T) {
 	}
 }
 
-// restartGap is how long a replica stays down in the failover test.
-const restartGap = 8 * time.Second
+// restartGap is how long a replica stays down in the failover tests: as short as a container
+// restart. The replica comes back on its WireGuard port, where peers still look for it.
+const restartGap = time.Second
 
 // addDualStack gives a Topology's veth pair IPv6 addresses and routes the tailnet's IPv6 range
 // back through the proxy, as NewTopology does for IPv4.
