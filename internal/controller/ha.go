@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -60,12 +61,81 @@ func cmData(cm *corev1.ConfigMap) map[string][]byte {
 	return data
 }
 
+// ownersKey holds, in a group ConfigMap, which object each entry was written for
+// ("Ingress/ns/name"), so that an object that changes its name finds its old entry.
+const ownersKey = "owners.json"
+
+func owners(cm *corev1.ConfigMap) map[string]string {
+	o := map[string]string{}
+	_ = json.Unmarshal([]byte(cm.Data[ownersKey]), &o) // a damaged index only loses old entries
+	return o
+}
+
+// setOwner records (owner "" removes) whose entry svcName is, in the same write as the entry.
+func setOwner(cm *corev1.ConfigMap, svcName, owner string) {
+	o := owners(cm)
+	if owner == "" {
+		delete(o, svcName)
+	} else {
+		o[svcName] = owner
+	}
+	b, _ := json.Marshal(o)
+	if cm.Data == nil {
+		cm.Data = map[string]string{}
+	}
+	cm.Data[ownersKey] = string(b)
+}
+
+// ownedBy lists the Tailscale Services whose group entries were written for owner.
+func (d groupDocs) ownedBy(ctx context.Context, owner string) ([]string, error) {
+	list := &corev1.ConfigMapList{}
+	if err := d.List(ctx, list, client.InNamespace(d.namespace), client.MatchingLabels{LabelManaged: "true", LabelParentType: parentTypeProxyGroup}); err != nil {
+		return nil, err
+	}
+	var names []string
+	for i := range list.Items {
+		for name, o := range owners(&list.Items[i]) {
+			if o == owner {
+				names = append(names, name)
+			}
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names), nil
+}
+
+// releaseOwned removes the group entries owner has under any name but keep, and releases their
+// Tailscale Services: what an object served before it was renamed (or everything, keep "").
+func releaseOwned(ctx context.Context, d groupDocs, t *tailscaleServices, owner, keep string) error {
+	names, err := d.ownedBy(ctx, owner)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		if name == keep {
+			continue
+		}
+		if err := d.removeElsewhere(ctx, name, ""); err != nil {
+			return err
+		}
+		if err := t.release(ctx, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func ownerOf(kind string, obj client.Object) string {
+	return kind + "/" + obj.GetNamespace() + "/" + obj.GetName()
+}
+
 // setServe sets (or, with ws nil, removes) one service's entry in a group's Serve config.
-func (d groupDocs) setServe(ctx context.Context, pg, svcName string, ws *contract.WebService) error {
+func (d groupDocs) setServe(ctx context.Context, pg, svcName string, ws *contract.WebService, owner string) error {
 	cm, err := d.configMap(ctx, pg)
 	if err != nil {
 		return err
 	}
+	before := cm.DeepCopy()
 	doc, _, err := contract.ServeConfigs.Decode(cmData(cm))
 	if err != nil {
 		doc = &contract.ServeConfig{}
@@ -75,22 +145,25 @@ func (d groupDocs) setServe(ctx context.Context, pg, svcName string, ws *contrac
 	}
 	if ws == nil {
 		delete(doc.Services, svcName)
+		owner = ""
 	} else {
 		doc.Services[svcName] = *ws
 	}
+	setOwner(cm, svcName, owner)
 	data, err := contract.ServeConfigs.Encode(doc)
 	if err != nil {
 		return err
 	}
-	return d.write(ctx, cm, data, contract.ServeConfigs.Keys())
+	return d.write(ctx, before, cm, data, contract.ServeConfigs.Keys())
 }
 
 // setDNAT sets (or, with m nil, removes) one service's entry in a group's DNAT mappings.
-func (d groupDocs) setDNAT(ctx context.Context, pg, svcName string, m *contract.DNATService) error {
+func (d groupDocs) setDNAT(ctx context.Context, pg, svcName string, m *contract.DNATService, owner string) error {
 	cm, err := d.configMap(ctx, pg)
 	if err != nil {
 		return err
 	}
+	before := cm.DeepCopy()
 	doc, _, err := contract.DNATConfigs.Decode(cmData(cm))
 	if err != nil {
 		doc = &contract.DNATConfig{}
@@ -100,38 +173,35 @@ func (d groupDocs) setDNAT(ctx context.Context, pg, svcName string, m *contract.
 	}
 	if m == nil {
 		delete(doc.Services, svcName)
+		owner = ""
 	} else {
 		doc.Services[svcName] = *m
 	}
+	setOwner(cm, svcName, owner)
 	data, err := contract.DNATConfigs.Encode(doc)
 	if err != nil {
 		return err
 	}
-	return d.write(ctx, cm, data, contract.DNATConfigs.Keys())
+	return d.write(ctx, before, cm, data, contract.DNATConfigs.Keys())
 }
 
 // errConfigFull says a group's documents would outgrow the ConfigMap.
 var errConfigFull = fmt.Errorf("the ProxyGroup's configuration would exceed %d KiB; spread objects over more ProxyGroups", maxGroupDocumentBytes>>10)
 
-// write stores a document's keys; keys of versions that cannot express it are removed.
-func (d groupDocs) write(ctx context.Context, cm *corev1.ConfigMap, data map[string][]byte, keys []string) error {
-	before := cm.DeepCopy()
+// write stores a document's keys, and the owner index as setOwner left it in cm; keys of
+// versions that cannot express the document are removed. before is cm as read.
+func (d groupDocs) write(ctx context.Context, before, cm *corev1.ConfigMap, data map[string][]byte, keys []string) error {
 	if cm.Data == nil {
 		cm.Data = map[string]string{}
 	}
-	changed := false
 	for _, k := range keys {
-		v, ok := data[k]
-		old, had := cm.Data[k]
-		switch {
-		case ok && (!had || old != string(v)):
-			cm.Data[k], changed = string(v), true
-		case !ok && had:
+		if v, ok := data[k]; ok {
+			cm.Data[k] = string(v)
+		} else {
 			delete(cm.Data, k)
-			changed = true
 		}
 	}
-	if !changed {
+	if maps.Equal(before.Data, cm.Data) {
 		return nil
 	}
 	size := 0
@@ -160,10 +230,10 @@ func (d groupDocs) removeElsewhere(ctx context.Context, svcName, keep string) er
 		if !slices.Contains(names, svcName) {
 			continue
 		}
-		if err := d.setServe(ctx, pg, svcName, nil); err != nil {
+		if err := d.setServe(ctx, pg, svcName, nil, ""); err != nil {
 			return err
 		}
-		if err := d.setDNAT(ctx, pg, svcName, nil); err != nil {
+		if err := d.setDNAT(ctx, pg, svcName, nil, ""); err != nil {
 			return err
 		}
 	}

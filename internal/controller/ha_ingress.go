@@ -116,7 +116,8 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 			return ctrl.Result{}, err
 		}
 	}
-	if err := pruneCertCopies(ctx, r.Client, r.Settings.Namespace, byoLabels(pg, ing), byo.copies); err != nil {
+	// Stale copies of this Ingress, on this group or one it left.
+	if err := pruneCertCopies(ctx, r.Client, r.Settings.Namespace, map[string]string{labelIngress: hashLabel(ing.Namespace + "/" + ing.Name)}, byo.copies); err != nil {
 		return ctrl.Result{}, err
 	}
 	cert, err := r.certificate(ctx, ing, pg, hostname)
@@ -127,7 +128,10 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := r.docs.removeElsewhere(ctx, svcName, pg.Name); err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.docs.setServe(ctx, pg.Name, svcName, &ws); err != nil {
+	if err := releaseOwned(ctx, r.docs, r.services, ownerOf("Ingress", ing), svcName); err != nil {
+		return r.tailnetFailure(ing, err)
+	}
+	if err := r.docs.setServe(ctx, pg.Name, svcName, &ws, ownerOf("Ingress", ing)); err != nil {
 		return r.docsFailure(ing, err)
 	}
 	if err := r.updateStatus(ctx, ing, pg, svcName, &ws, cert); err != nil {
@@ -306,14 +310,15 @@ func (r *HAIngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ing
 	if err := r.docs.removeElsewhere(ctx, svcName, ""); err != nil {
 		return ctrl.Result{}, err
 	}
-	if pgName := ing.Annotations[AnnotationProxyGroup]; pgName != "" {
-		l := group{pgName}.labels()
-		l[labelIngress] = hashLabel(ing.Namespace + "/" + ing.Name)
-		if err := pruneCertCopies(ctx, r.Client, r.Settings.Namespace, l, nil); err != nil {
-			return ctrl.Result{}, err
-		}
+	// Its certificate copies on whichever group it was on.
+	byo := map[string]string{labelIngress: hashLabel(ing.Namespace + "/" + ing.Name)}
+	if err := pruneCertCopies(ctx, r.Client, r.Settings.Namespace, byo, nil); err != nil {
+		return ctrl.Result{}, err
 	}
 	if err := r.services.release(ctx, svcName); err != nil {
+		return r.tailnetFailure(ing, err)
+	}
+	if err := releaseOwned(ctx, r.docs, r.services, ownerOf("Ingress", ing), ""); err != nil {
 		return r.tailnetFailure(ing, err)
 	}
 	if ing.DeletionTimestamp == nil {

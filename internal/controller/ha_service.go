@@ -115,7 +115,10 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := r.docs.removeElsewhere(ctx, svcName, pg.Name); err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.docs.setDNAT(ctx, pg.Name, svcName, &contract.DNATService{VIPs: vips, Destination: *cfg.Forward}); err != nil {
+	if err := releaseOwned(ctx, r.docs, r.services, ownerOf("Service", svc), svcName); err != nil {
+		return r.tailnetFailure(svc, err)
+	}
+	if err := r.docs.setDNAT(ctx, pg.Name, svcName, &contract.DNATService{VIPs: vips, Destination: *cfg.Forward}, ownerOf("Service", svc)); err != nil {
 		st.failed(ReasonConfigMapFull, err.Error())
 		return r.docsFailure(svc, err)
 	}
@@ -205,6 +208,9 @@ func (r *HAServiceReconciler) unserve(ctx context.Context, svc *corev1.Service, 
 		return ctrl.Result{}, err
 	}
 	if err := r.services.release(ctx, svcName); err != nil {
+		return r.tailnetFailure(svc, err)
+	}
+	if err := releaseOwned(ctx, r.docs, r.services, ownerOf("Service", svc), ""); err != nil {
 		return r.tailnetFailure(svc, err)
 	}
 	if svc.DeletionTimestamp == nil {

@@ -355,3 +355,40 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 		expectGone(first)
 	})
 })
+
+var _ = Describe("A renamed object on a ProxyGroup", func() {
+	It("moves its entry and its Tailscale Service to the new name", func() {
+		pg := newProxyGroup("rename", func(p *tsv1alpha1.ProxyGroup) { p.Spec.Replicas = ptr.To[int32](1) })
+		DeferCleanup(k8s.Delete, ctx, pg)
+		ns := newNamespace()
+		newBackendService(ns, "web")
+		ing := newIngress(ns, "old-name", func(i *networkingv1.Ingress) {
+			i.Annotations = map[string]string{AnnotationProxyGroup: "rename"}
+		})
+		Eventually(func(g Gomega) {
+			serve, _ := groupDocuments(g, "rename")
+			g.Expect(serve.Services).To(HaveKey("svc:old-name"))
+			_, err := tailscaleService("svc:old-name")
+			g.Expect(err).NotTo(HaveOccurred())
+		}).Should(Succeed())
+
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
+		ing.Spec.TLS = []networkingv1.IngressTLS{{Hosts: []string{"new-name"}}}
+		Expect(k8s.Update(ctx, ing)).To(Succeed())
+		Eventually(func(g Gomega) {
+			serve, _ := groupDocuments(g, "rename")
+			g.Expect(serve.Services).To(HaveKey("svc:new-name"))
+			g.Expect(serve.Services).NotTo(HaveKey("svc:old-name"))
+			_, err := tailscaleService("svc:old-name")
+			g.Expect(tailnet.IsNotFound(err)).To(BeTrue(), "the old Tailscale Service is released: %v", err)
+		}).Should(Succeed())
+
+		Expect(k8s.Delete(ctx, ing)).To(Succeed())
+		Eventually(func(g Gomega) {
+			serve, _ := groupDocuments(g, "rename")
+			g.Expect(serve.Services).To(BeEmpty())
+			_, err := tailscaleService("svc:new-name")
+			g.Expect(tailnet.IsNotFound(err)).To(BeTrue())
+		}).Should(Succeed())
+	})
+})
