@@ -77,6 +77,9 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	suite.timeout, err = time.ParseDuration(envOr("E2E_TIMEOUT", "5m"))
 	Expect(err).NotTo(HaveOccurred(), "E2E_TIMEOUT")
 	SetDefaultEventuallyTimeout(suite.timeout)
+	// Gomega applies no default timeout to an Eventually given a context: a spec waiting for
+	// something that never happens would hang until -test.timeout instead of failing.
+	EnforceDefaultTimeoutsWhenUsingContexts()
 	SetDefaultEventuallyPollingInterval(500 * time.Millisecond)
 
 	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
