@@ -115,14 +115,20 @@ func releaseOwned(ctx context.Context, d groupDocs, t *tailscaleServices, owner,
 		if name == keep {
 			continue
 		}
-		if err := d.removeElsewhere(ctx, name, ""); err != nil {
+		// Released first: the owner index leads here again until the entries are gone.
+		if err := t.release(ctx, name); err != nil {
 			return err
 		}
-		if err := t.release(ctx, name); err != nil {
+		if err := d.removeElsewhere(ctx, name, ""); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+func hasService[V any](services map[string]V, name string) bool {
+	_, ok := services[name]
+	return ok
 }
 
 func ownerOf(kind string, obj client.Object) string {
@@ -145,7 +151,11 @@ func (d groupDocs) setServe(ctx context.Context, pg, svcName string, ws *contrac
 	}
 	if ws == nil {
 		delete(doc.Services, svcName)
-		owner = ""
+		if dnat, _, err := contract.DNATConfigs.Decode(cmData(cm)); err == nil && hasService(dnat.Services, svcName) {
+			owner = owners(cm)[svcName] // still owned through its other entry
+		} else {
+			owner = ""
+		}
 	} else {
 		doc.Services[svcName] = *ws
 	}
@@ -173,7 +183,11 @@ func (d groupDocs) setDNAT(ctx context.Context, pg, svcName string, m *contract.
 	}
 	if m == nil {
 		delete(doc.Services, svcName)
-		owner = ""
+		if serve, _, err := contract.ServeConfigs.Decode(cmData(cm)); err == nil && hasService(serve.Services, svcName) {
+			owner = owners(cm)[svcName] // still owned through its other entry
+		} else {
+			owner = ""
+		}
 	} else {
 		doc.Services[svcName] = *m
 	}
