@@ -28,11 +28,7 @@ func TestKubernetesMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { lt.Close() })
-	idFile, secretFile, err := lt.WriteOAuthFiles(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	api, err := tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: lt.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile})
+	api, err := lt.APIClient(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -344,6 +344,26 @@ func (g *certGuard) update(ctx context.Context, domain string, change func(*acme
 	})
 }
 
+// decide sets c.hold for the tailnet name (none when staging: its limits are for testing) and
+// reports a hold or a failing CA on obj.
+func (g *certGuard) decide(ctx context.Context, rep reporter, obj client.Object, c *tailnetCert, staging bool) error {
+	if staging {
+		return nil
+	}
+	hold, err := g.hold(ctx, c.fqdn, c.cur)
+	if err != nil {
+		return err
+	}
+	c.hold = hold
+	if hold != nil && hold.Reason != ReasonWaitingForTailnetDomain {
+		rep.eventf(obj, corev1.EventTypeWarning, hold.Reason, "no new certificate for %s: %s", c.fqdn, hold.Message)
+	}
+	if c.cur.Reason == contract.CertReasonIssuanceFailed {
+		rep.eventf(obj, corev1.EventTypeWarning, ReasonCertificateIssueFailed, "certificate for %s: %s", c.fqdn, c.cur.Message)
+	}
+	return nil
+}
+
 // certPortError is the status.loadBalancer port error of an HTTPS name: why it is not served
 // with a certificate, or "" when it is (or may still be).
 func certPortError(hold *contract.IssuanceHold, cur contract.CertificateStatus, now time.Time) string {

@@ -120,7 +120,12 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := pruneCertCopies(ctx, r.Client, r.Settings.Namespace, map[string]string{labelIngress: hashLabel(ing.Namespace + "/" + ing.Name)}, byo.copies); err != nil {
 		return ctrl.Result{}, err
 	}
-	cert, err := r.certificate(ctx, ing, pg, hostname)
+	// What the replicas report, read once for the certificate and the status.
+	states, err := groupStates(ctx, r.Client, r.Settings.Namespace, pg)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	cert, err := r.certificate(ctx, ing, pg, hostname, states)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -134,7 +139,7 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := r.docs.setServe(ctx, pg.Name, svcName, &ws, ownerOf("Ingress", ing)); err != nil {
 		return r.docsFailure(ing, err)
 	}
-	if err := r.updateStatus(ctx, ing, pg, svcName, &ws, cert); err != nil {
+	if err := r.updateStatus(ctx, ing, svcName, &ws, cert, states); err != nil {
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{RequeueAfter: cert.recheck(byo.recheck, r.guard.now())}, nil
@@ -150,12 +155,8 @@ func byoLabels(pg *tsv1alpha1.ProxyGroup, ing *networkingv1.Ingress) map[string]
 
 // certificate prepares the group's certificate Secret of the Ingress's tailnet name, records
 // what the replicas obtained and decides whether the issuing replica may ask the CA.
-func (r *HAIngressReconciler) certificate(ctx context.Context, ing *networkingv1.Ingress, pg *tsv1alpha1.ProxyGroup, hostname string) (tailnetCert, error) {
+func (r *HAIngressReconciler) certificate(ctx context.Context, ing *networkingv1.Ingress, pg *tsv1alpha1.ProxyGroup, hostname string, states []*contract.ProxyState) (tailnetCert, error) {
 	c := tailnetCert{}
-	states, err := groupStates(ctx, r.Client, r.Settings.Namespace, pg)
-	if err != nil {
-		return c, err
-	}
 	domain := r.info(ctx).Domain
 	for _, st := range states {
 		if st == nil {
@@ -177,19 +178,11 @@ func (r *HAIngressReconciler) certificate(ctx context.Context, ing *networkingv1
 	if st := states[0]; st != nil {
 		c.cur = st.Certificates[c.fqdn]
 	}
-	if staging, err := groupUsesStaging(ctx, r.Client, pg); err != nil || staging {
+	staging, err := groupUsesStaging(ctx, r.Client, pg)
+	if err != nil {
 		return c, err
 	}
-	if c.hold, err = r.guard.hold(ctx, c.fqdn, c.cur); err != nil {
-		return c, err
-	}
-	if c.hold != nil && c.hold.Reason != ReasonWaitingForTailnetDomain {
-		r.eventf(ing, corev1.EventTypeWarning, c.hold.Reason, "no new certificate for %s: %s", c.fqdn, c.hold.Message)
-	}
-	if c.cur.Reason == contract.CertReasonIssuanceFailed {
-		r.eventf(ing, corev1.EventTypeWarning, ReasonCertificateIssueFailed, "certificate for %s: %s", c.fqdn, c.cur.Message)
-	}
-	return c, nil
+	return c, r.guard.decide(ctx, r.reporter, ing, &c, staging)
 }
 
 // ensureGroupCertSecret creates the empty kubernetes.io/tls Secret that the group's issuing
@@ -268,27 +261,18 @@ func (r *HAIngressReconciler) hostnameTakenBy(ctx context.Context, ing *networki
 
 // updateStatus lists the Tailscale Service's name once a replica advertises it (or, with a port
 // error, why its certificate is missing) and the bring-your-own hosts served.
-func (r *HAIngressReconciler) updateStatus(ctx context.Context, ing *networkingv1.Ingress, pg *tsv1alpha1.ProxyGroup, svcName string, ws *contract.WebService, cert tailnetCert) error {
-	n, _, _, err := advertisers(ctx, r.Client, r.Settings.Namespace, pg, svcName)
-	if err != nil {
-		return err
-	}
+func (r *HAIngressReconciler) updateStatus(ctx context.Context, ing *networkingv1.Ingress, svcName string, ws *contract.WebService, cert tailnetCert, states []*contract.ProxyState) error {
 	var want []networkingv1.IngressLoadBalancerIngress
 	now := r.guard.now()
+	advertising := firstAdvertising(states, svcName)
 	if errReason := certPortError(cert.hold, cert.cur, now); errReason != "" && cert.fqdn != "" {
 		want = append(want, networkingv1.IngressLoadBalancerIngress{Hostname: cert.fqdn,
 			Ports: []networkingv1.IngressPortStatus{{Port: 443, Protocol: corev1.ProtocolTCP, Error: &errReason}}})
-	} else if n > 0 && cert.fqdn != "" {
+	} else if advertising != nil && cert.fqdn != "" {
 		want = append(want, networkingv1.IngressLoadBalancerIngress{Hostname: cert.fqdn, Ports: httpsPorts(ws.HTTP != contract.HTTPOff)})
 	}
-	if n > 0 {
-		states, err := groupStates(ctx, r.Client, r.Settings.Namespace, pg)
-		if err != nil {
-			return err
-		}
-		if st := firstAdvertising(states, svcName); st != nil {
-			want = append(want, byoStatus(ws.TLS.Certificates, st.Certificates, now)...)
-		}
+	if advertising != nil {
+		want = append(want, byoStatus(ws.TLS.Certificates, advertising.Certificates, now)...)
 	}
 	return setIngressLoadBalancer(ctx, r.Client, ing, want)
 }

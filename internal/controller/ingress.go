@@ -151,20 +151,11 @@ func (r *IngressReconciler) certificate(ctx context.Context, ing *networkingv1.I
 		}
 		c.cur = st.Certificates[c.fqdn]
 	}
-	if p.class != nil && p.class.Spec.UseLetsEncryptStagingEnvironment {
-		return c, nil // staging's limits are for testing: no guard
-	}
-	hold, err := r.guard.hold(ctx, c.fqdn, c.cur)
-	if err != nil {
+	staging := p.class != nil && p.class.Spec.UseLetsEncryptStagingEnvironment
+	if err := r.guard.decide(ctx, r.reporter, ing, &c, staging); err != nil {
 		return c, err
 	}
-	c.hold, p.config.Serve.TLS.Hold = hold, hold
-	if hold != nil && hold.Reason != ReasonWaitingForTailnetDomain {
-		r.eventf(ing, corev1.EventTypeWarning, hold.Reason, "no new certificate for %s: %s", c.fqdn, hold.Message)
-	}
-	if c.cur.Reason == contract.CertReasonIssuanceFailed {
-		r.eventf(ing, corev1.EventTypeWarning, ReasonCertificateIssueFailed, "certificate for %s: %s", c.fqdn, c.cur.Message)
-	}
+	p.config.Serve.TLS.Hold = c.hold
 	return c, nil
 }
 

@@ -44,7 +44,7 @@ const tailnetInfoTTL = 5 * time.Minute
 func (m *proxies) tailnetInfo(ctx context.Context) tailnet.TailnetInfo {
 	m.infoMu.Lock()
 	defer m.infoMu.Unlock()
-	if time.Now().After(m.infoExpiry) || m.info.Domain == "" {
+	if time.Now().After(m.infoExpiry) {
 		info, err := m.tailnet.TailnetInfo(ctx)
 		if err != nil {
 			return tailnet.TailnetInfo{HTTPSEnabled: true, MagicDNS: true, Domain: m.info.Domain}

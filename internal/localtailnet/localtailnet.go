@@ -256,6 +256,16 @@ func (lt *LocalTailnet) WriteOAuthFiles(dir string) (idFile, secretFile string, 
 	return idFile, secretFile, nil
 }
 
+// APIClient is a control-plane client of this tailnet as the operator has it: OAuth files
+// written to dir, the API at APIBaseURL.
+func (lt *LocalTailnet) APIClient(dir string) (*tailnet.APIClient, error) {
+	idFile, secretFile, err := lt.WriteOAuthFiles(dir)
+	if err != nil {
+		return nil, err
+	}
+	return tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: lt.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile})
+}
+
 // InjectAPIFault makes the API fail the next f.Times requests with f.Status. Faults queue up.
 func (lt *LocalTailnet) InjectAPIFault(f APIFault) {
 	lt.srv.mu.Lock()

@@ -34,11 +34,7 @@ func TestACMEDirectoryFromConfig(t *testing.T) {
 	}
 	t.Cleanup(func() { staging.Close() })
 	t.Setenv("TS_DEBUG_ACME_DIRECTORY_URL", lt.ACME.DirectoryURL) // restored after the test
-	idFile, secretFile, err := lt.WriteOAuthFiles(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	api, err := tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: lt.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile})
+	api, err := lt.APIClient(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,11 +75,7 @@ func newWorld(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { lt.Close() })
-	idFile, secretFile, err := lt.WriteOAuthFiles(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	api, err := tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: lt.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile})
+	api, err := lt.APIClient(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

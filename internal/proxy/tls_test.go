@@ -62,11 +62,7 @@ func newACMEWorld(t *testing.T, validity time.Duration) *acmeWorld {
 	if err := ca.UseInProcess(t.Setenv); err != nil {
 		t.Fatal(err)
 	}
-	idFile, secretFile, err := lt.WriteOAuthFiles(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	api, err := tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: lt.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile})
+	api, err := lt.APIClient(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

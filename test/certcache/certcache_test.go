@@ -54,11 +54,7 @@ func TestCertificateSurvivesRescheduling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	idFile, secretFile, err := lt.WriteOAuthFiles(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	api, err := tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: lt.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile})
+	api, err := lt.APIClient(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

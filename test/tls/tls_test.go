@@ -90,11 +90,7 @@ func TestSharedCertificateOutsideKubernetes(t *testing.T) {
 	if err := ca.UseInProcess(t.Setenv); err != nil {
 		t.Fatal(err)
 	}
-	idFile, secretFile, err := lt.WriteOAuthFiles(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	api, err := tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: lt.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile})
+	api, err := lt.APIClient(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -210,11 +210,7 @@ func startTailnet(tb testing.TB) *tailnetEnv {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { lt.Close() })
-	idFile, secretFile, err := lt.WriteOAuthFiles(tb.TempDir())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	api, err := tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: lt.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile})
+	api, err := lt.APIClient(tb.TempDir())
 	if err != nil {
 		tb.Fatal(err)
 	}
