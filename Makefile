@@ -66,9 +66,8 @@ run: manifests generate ## Run the operator against the cluster of your kubeconf
 	go run ./cmd/operator --operator-namespace=tailscale
 
 .PHONY: docker-build
-docker-build: ## Build both images.
-	$(CONTAINER_TOOL) build --build-arg VERSION=$(VERSION) -f Dockerfile.operator -t $(IMG_OPERATOR) .
-	$(CONTAINER_TOOL) build --build-arg VERSION=$(VERSION) -f Dockerfile.proxy -t $(IMG_PROXY) .
+docker-build: ## Build both images from the Dockerfiles (base images and Go modules supplied locally when no registry answers).
+	hack/docker-build.sh $(IMG_OPERATOR) $(IMG_PROXY) $(VERSION)
 
 .PHONY: docker-push
 docker-push: ## Push both images.
@@ -78,8 +77,7 @@ docker-push: ## Push both images.
 .PHONY: build-installer
 build-installer: manifests kustomize ## Render $(OVERLAY) with the current images into dist/install.yaml.
 	mkdir -p dist
-	$(MAKE) set-images
-	$(KUSTOMIZE) build $(OVERLAY) > dist/install.yaml
+	hack/render.sh $(KUSTOMIZE) $(OVERLAY) $(IMG_OPERATOR) $(IMG_PROXY) > dist/install.yaml
 
 ##@ Deployment
 
@@ -91,47 +89,29 @@ install: manifests kustomize ## Install the CRDs and the IngressClass into the c
 uninstall: manifests kustomize ## Remove the CRDs from the cluster.
 	$(KUSTOMIZE) build config/crd | $(KUBECTL) delete --ignore-not-found -f -
 
-.PHONY: set-images
-set-images: kustomize
-	cd config/manager && $(KUSTOMIZE) edit set image operator=$(IMG_OPERATOR) && $(KUSTOMIZE) edit set configmap operator-settings --from-literal=PROXY_IMAGE=$(IMG_PROXY)
-
 .PHONY: deploy
 deploy: manifests kustomize ## Deploy $(OVERLAY) into the cluster.
-	$(MAKE) set-images
-	$(KUSTOMIZE) build $(OVERLAY) | $(KUBECTL) apply --server-side -f -
+	hack/render.sh $(KUSTOMIZE) $(OVERLAY) $(IMG_OPERATOR) $(IMG_PROXY) | $(KUBECTL) apply --server-side -f -
 
 .PHONY: undeploy
 undeploy: kustomize ## Remove $(OVERLAY) from the cluster.
-	$(KUSTOMIZE) build $(OVERLAY) | $(KUBECTL) delete --ignore-not-found -f -
+	hack/render.sh $(KUSTOMIZE) $(OVERLAY) $(IMG_OPERATOR) $(IMG_PROXY) | $(KUBECTL) delete --ignore-not-found -f -
 
 # Flags for the e2e suite's test binary.
 E2E_ARGS ?= -ginkgo.v
-# The kind cluster's kubeconfig, written by test-e2e (your own kubeconfig is left alone).
-E2E_KUBECONFIG ?= $(LOCALBIN)/kubeconfig-$(KIND_CLUSTER)
-KIND ?= kind
+
+.PHONY: kind
+kind: ## Create or reuse kind cluster $(KIND_CLUSTER); offline, the node image is built from Debian packages and Go sources (cached).
+	hack/kind-up.sh $(KIND_CLUSTER)
 
 .PHONY: test-e2e
-test-e2e: manifests kustomize ## Run the e2e suite on kind cluster $(KIND_CLUSTER) (created when missing) with images built from here; needs Docker, kind and TS_API_CLIENT_ID/TS_API_CLIENT_SECRET.
-	@command -v $(KIND) >/dev/null || { echo "test-e2e needs kind (https://kind.sigs.k8s.io) and Docker"; exit 1; }
-	$(KIND) get clusters | grep -x '$(KIND_CLUSTER)' >/dev/null || $(KIND) create cluster --name '$(KIND_CLUSTER)' --wait 3m
-	mkdir -p $(LOCALBIN)
-	$(KIND) get kubeconfig --name '$(KIND_CLUSTER)' > '$(E2E_KUBECONFIG)'
-	$(MAKE) docker-build
-	$(KIND) load docker-image --name '$(KIND_CLUSTER)' $(IMG_OPERATOR) $(IMG_PROXY)
-	KUBECONFIG='$(E2E_KUBECONFIG)' $(MAKE) deploy
-	@# Images loaded again under the same tags reach a running operator only through a new Pod.
-	$(KUBECTL) --kubeconfig '$(E2E_KUBECONFIG)' -n tailscale rollout restart deployment/operator
-	@# The OAuth client goes in through stdin: make echoes commands, and process lists show arguments.
-	@if [ -n "$$TS_API_CLIENT_ID" ] && [ -n "$$TS_API_CLIENT_SECRET" ]; then \
-		printf 'client_id=%s\nclient_secret=%s\n' "$$TS_API_CLIENT_ID" "$$TS_API_CLIENT_SECRET" | \
-		$(KUBECTL) --kubeconfig '$(E2E_KUBECONFIG)' -n tailscale create secret generic operator-oauth \
-			--from-env-file=/dev/stdin --dry-run=client -o yaml | \
-		$(KUBECTL) --kubeconfig '$(E2E_KUBECONFIG)' apply --server-side -f - && \
-		$(KUBECTL) --kubeconfig '$(E2E_KUBECONFIG)' -n tailscale rollout status deployment/operator --timeout=3m; \
-	else \
-		echo "TS_API_CLIENT_ID and TS_API_CLIENT_SECRET are not set: no operator-oauth Secret, so the operator cannot start and the specs skip"; \
-	fi
-	KUBECONFIG='$(E2E_KUBECONFIG)' go test -tags e2e ./test/e2e/ -timeout 30m -v $(E2E_ARGS)
+test-e2e: manifests kustomize ## Run the e2e suite on kind cluster $(KIND_CLUSTER) with real Pods from images built here, on the local tailnet (or yours, with TS_API_CLIENT_ID/TS_API_CLIENT_SECRET).
+	KIND_CLUSTER=$(KIND_CLUSTER) IMG_OPERATOR=$(IMG_OPERATOR) IMG_PROXY=$(IMG_PROXY) VERSION=$(VERSION) \
+		KUSTOMIZE=$(KUSTOMIZE) E2E_ARGS='$(E2E_ARGS)' hack/e2e-kind.sh
+
+.PHONY: kind-delete
+kind-delete: ## Delete kind cluster $(KIND_CLUSTER).
+	bin/kind delete cluster --name $(KIND_CLUSTER)
 
 .PHONY: test-e2e-local
 test-e2e-local: manifests envtest ## Run the e2e suite against the environment of make dev, after its sample proofs (L3 specs need root).

@@ -42,6 +42,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	tags := fs.String("tags", "tag:k8s,tag:k8s-operator", "Comma-separated tags the OAuth client may mint keys for.")
 	withACME := fs.Bool("acme", true, "Run an ACME CA (Pebble) that issues the nodes' certificates through DNS-01; implies HTTPS.")
 	verbose := fs.Bool("v", false, "Log control server, API and CA activity to stderr.")
+	envFile := fs.String("env-file", "", "Once up, write the tailnet's settings to this file (mode 0600) as shell variables, for scripts: "+
+		"TS_CONTROL_URL, TS_API_BASE_URL, TS_API_CLIENT_ID, TS_API_CLIENT_SECRET and, with the CA, TS_DEBUG_ACME_DIRECTORY_URL, "+
+		"ACME_ROOTS_FILE (roots of the certificates it issues) and ACME_API_ROOT_FILE (root of its directory's HTTPS certificate).")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -75,6 +78,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if *envFile != "" {
+		if err := writeEnvFile(*envFile, lt); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintf(stdout, `local tailnet %s is up
   control URL:        %s
   API base URL:       %s
@@ -104,4 +112,31 @@ A tailscaled or proxy process gets certificates from it when started with:
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "shutting down")
 	return lt.Close()
+}
+
+// writeEnvFile writes the tailnet's settings for `set -a; . file`. It holds the OAuth client
+// secret, so only its owner may read it; it is written whole or not at all, so a script waiting
+// for it never reads half of it.
+func writeEnvFile(path string, lt *localtailnet.LocalTailnet) error {
+	vars := [][2]string{
+		{"TS_CONTROL_URL", lt.ControlURL},
+		{"TS_API_BASE_URL", lt.APIBaseURL},
+		{"TS_API_CLIENT_ID", lt.OAuthClientID},
+		{"TS_API_CLIENT_SECRET", lt.OAuthClientSecret.Reveal()},
+	}
+	if ca := lt.ACME; ca != nil {
+		vars = append(vars,
+			[2]string{"TS_DEBUG_ACME_DIRECTORY_URL", ca.DirectoryURL},
+			[2]string{"ACME_ROOTS_FILE", ca.RootsFile},
+			[2]string{"ACME_API_ROOT_FILE", ca.APIRootFile})
+	}
+	var b strings.Builder
+	for _, kv := range vars {
+		fmt.Fprintf(&b, "%s='%s'\n", kv[0], strings.ReplaceAll(kv[1], "'", `'\''`))
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }

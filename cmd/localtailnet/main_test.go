@@ -97,3 +97,54 @@ func TestRun(t *testing.T) {
 		t.Error("the control server still answers after shutdown")
 	}
 }
+
+// -env-file gives scripts the settings as shell variables: complete, private, and working.
+func TestEnvFile(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	envFile := filepath.Join(t.TempDir(), "tailnet.env")
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"-dir", t.TempDir(), "-env-file", envFile}, io.Discard) }()
+
+	var data []byte
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		var err error
+		if data, err = os.ReadFile(envFile); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no env file after a minute: %v", err)
+		}
+	}
+	if fi, err := os.Stat(envFile); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("env file mode: %v, %v; want 0600 (it holds the client secret)", fi.Mode(), err)
+	}
+	vars := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^([A-Z_]+)='([^']*)'$`).FindAllStringSubmatch(string(data), -1) {
+		vars[m[1]] = m[2]
+	}
+	for _, name := range []string{"TS_CONTROL_URL", "TS_API_BASE_URL", "TS_API_CLIENT_ID", "TS_API_CLIENT_SECRET",
+		"TS_DEBUG_ACME_DIRECTORY_URL", "ACME_ROOTS_FILE", "ACME_API_ROOT_FILE"} {
+		if vars[name] == "" {
+			t.Errorf("%s missing from the env file:\n%s", name, data)
+		}
+	}
+	dir := t.TempDir()
+	idFile, secretFile := filepath.Join(dir, "id"), filepath.Join(dir, "secret")
+	os.WriteFile(idFile, []byte(vars["TS_API_CLIENT_ID"]), 0o600)
+	os.WriteFile(secretFile, []byte(vars["TS_API_CLIENT_SECRET"]), 0o600)
+	c, err := tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: vars["TS_API_BASE_URL"], ClientIDFile: idFile, ClientSecretFile: secretFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateAuthKey(ctx, tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}}); err != nil {
+		t.Fatalf("minting a key with the env file's credentials: %v", err)
+	}
+	if pem, err := os.ReadFile(vars["ACME_API_ROOT_FILE"]); err != nil || !x509.NewCertPool().AppendCertsFromPEM(pem) {
+		t.Errorf("ACME_API_ROOT_FILE holds no certificate: %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run: %v", err)
+	}
+}

@@ -80,6 +80,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, error) {
 	fs.StringVar(&o.controlPlane.tailnet, "tailnet", envOr("TS_TAILNET", "-"), "Tailnet name for API calls; - is the OAuth client's own.")
 	fs.StringVar(&o.controlPlane.clientIDFile, "client-id-file", envOr("CLIENT_ID_FILE", "/oauth/client_id"), "File holding the OAuth client ID.")
 	fs.StringVar(&o.controlPlane.clientSecretFile, "client-secret-file", envOr("CLIENT_SECRET_FILE", "/oauth/client_secret"), "File holding the OAuth client secret.")
+	fs.StringVar(&o.settings.ACMEDirectoryURL, "acme-directory-url", envOr("ACME_DIRECTORY_URL", ""), "ACME directory the proxies get certificates from unless their ProxyClass picks Let's Encrypt staging (a private CA); empty means Let's Encrypt.")
+	fs.StringVar(&o.settings.ProxyCAConfigMap, "proxy-ca-configmap", envOr("PROXY_CA_CONFIGMAP", ""), "ConfigMap in the operator namespace whose PEM certificates the proxies trust besides the system roots (a private ACME CA or control server).")
 	o.settings.CertificateLimits = acmebudget.LetsEncrypt
 	fs.IntVar(&o.settings.CertificateLimits.PerDomain, "acme-new-certificates-per-week", envInt("ACME_NEW_CERTIFICATES_PER_WEEK", acmebudget.LetsEncrypt.PerDomain),
 		"New certificates the tailnet's domain may get in any 7 days (Let's Encrypt: 50); lower it when other issuers share the domain.")

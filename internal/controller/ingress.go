@@ -202,6 +202,7 @@ func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.
 			Tags:       tags,
 			ControlURL: r.Settings.ControlURL,
 			Serve:      &ws,
+			TLS:        contract.TLSConfig{ACMEDirectoryURL: acmeDirectory(r.Settings, class)},
 		},
 	}, byo, true, nil
 }

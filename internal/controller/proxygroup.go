@@ -155,6 +155,7 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 		args:      []string{"--config-secret=$(POD_NAME)-config", "--group-configmap=" + g.configMap()},
 		kernel:    true,
 		image:     r.Settings.ProxyImage,
+		caBundle:  r.Settings.ProxyCAConfigMap,
 		class:     class,
 	}.build())
 	for _, obj := range objs {
@@ -232,10 +233,8 @@ func (r *ProxyGroupReconciler) replicaConfig(ctx context.Context, pg *tsv1alpha1
 	if i == 0 {
 		cfg.TLS.CertShareMode = contract.CertIssuer
 	}
+	cfg.TLS.ACMEDirectoryURL = acmeDirectory(r.Settings, class)
 	if class != nil {
-		if class.Spec.UseLetsEncryptStagingEnvironment {
-			cfg.TLS.ACMEDirectoryURL = LetsEncryptStaging
-		}
 		if class.Spec.Tailscale != nil {
 			cfg.AcceptRoutes = class.Spec.Tailscale.AcceptRoutes
 		}

@@ -3,6 +3,9 @@ package controller
 import (
 	"errors"
 	"fmt"
+	"net/url"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/tsingress/tsingress/internal/acmebudget"
 	"github.com/tsingress/tsingress/internal/contract"
@@ -26,6 +29,13 @@ type Settings struct {
 	DefaultLoadBalancer bool
 	// ControlURL is the tailnet's control server for the proxies; empty means Tailscale's.
 	ControlURL string
+	// ACMEDirectoryURL is the ACME directory proxies get certificates from unless their ProxyClass
+	// picks Let's Encrypt's staging one: a private CA (step-ca, Pebble) for a tailnet on a control
+	// server of one's own. Empty means Let's Encrypt.
+	ACMEDirectoryURL string
+	// ProxyCAConfigMap names a ConfigMap in Namespace whose PEM certificates every proxy trusts
+	// besides the system roots: the root of a private ACME CA or control server.
+	ProxyCAConfigMap string
 	// CertificateLimits are the ACME CA's rate limits the operator keeps proxies within; zero
 	// means Let's Encrypt's.
 	CertificateLimits acmebudget.Limits
@@ -53,6 +63,14 @@ func (s *Settings) Validate() error {
 	}
 	if l := s.CertificateLimits; l != (acmebudget.Limits{}) && (l.PerDomain < 1 || l.PerName < 1 || l.Window <= 0) {
 		errs = append(errs, fmt.Errorf("certificate limits must be positive: %d new per domain, %d per name, window %s", l.PerDomain, l.PerName, l.Window))
+	}
+	if s.ACMEDirectoryURL != "" {
+		if u, err := url.Parse(s.ACMEDirectoryURL); err != nil || u.Scheme != "https" || u.Host == "" {
+			errs = append(errs, fmt.Errorf("ACME directory URL %q must be an https URL", s.ACMEDirectoryURL))
+		}
+	}
+	if s.ProxyCAConfigMap != "" && len(validation.IsDNS1123Subdomain(s.ProxyCAConfigMap)) > 0 {
+		errs = append(errs, fmt.Errorf("proxy CA ConfigMap name %q is not a valid object name", s.ProxyCAConfigMap))
 	}
 	switch s.FirewallMode {
 	case contract.FirewallAuto, contract.FirewallNFTables, contract.FirewallIPTables:

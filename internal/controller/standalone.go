@@ -50,15 +50,21 @@ func (p *standaloneProxy) meta(name string) metav1.ObjectMeta {
 	return metav1.ObjectMeta{Name: name, Labels: p.parent.labels()}
 }
 
+// acmeDirectory is the ACME directory of a proxy of the given class: Let's Encrypt's staging one
+// when the class asks for it, else the operator's (empty: Let's Encrypt).
+func acmeDirectory(s Settings, class *tsv1alpha1.ProxyClass) string {
+	if class != nil && class.Spec.UseLetsEncryptStagingEnvironment {
+		return LetsEncryptStaging
+	}
+	return s.ACMEDirectoryURL
+}
+
 // proxyConfig is the full config, with the given auth key ("" once the device is logged in).
 func (p *standaloneProxy) proxyConfig(authKey string) *contract.ProxyConfig {
 	cfg := p.config
 	cfg.AuthKey = authKey
 	cfg.StateSecret = p.secretName()
 	if pc := p.class; pc != nil {
-		if pc.Spec.UseLetsEncryptStagingEnvironment {
-			cfg.TLS.ACMEDirectoryURL = LetsEncryptStaging
-		}
 		if pc.Spec.Tailscale != nil {
 			cfg.AcceptRoutes = pc.Spec.Tailscale.AcceptRoutes
 		}
@@ -119,6 +125,7 @@ func (p *standaloneProxy) buildStatefulSet(s Settings) *appsv1.StatefulSet {
 		args:      []string{"--config-secret=" + p.secretName()},
 		kernel:    p.kernel,
 		image:     s.ProxyImage,
+		caBundle:  s.ProxyCAConfigMap,
 		class:     p.class,
 	}.build()
 }
@@ -131,8 +138,13 @@ type proxyPods struct {
 	args             []string // besides the health address
 	kernel           bool     // L3: root with NET_ADMIN and /dev/net/tun
 	image            string
+	caBundle         string // ConfigMap of extra roots, mounted for SSL_CERT_DIR; none when empty
 	class            *tsv1alpha1.ProxyClass
 }
+
+// caBundleDir is where a proxy finds the operator's extra roots; Go reads every file there besides
+// the system bundle.
+const caBundleDir = "/etc/tsingress/ca-certificates"
 
 func (pp proxyPods) build() *appsv1.StatefulSet {
 	podLabels := maps.Clone(pp.labels)
@@ -184,6 +196,12 @@ func (pp proxyPods) build() *appsv1.StatefulSet {
 		}
 	}
 	volumes := []corev1.Volume{{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	if pp.caBundle != "" {
+		container.Env = append(container.Env, corev1.EnvVar{Name: "SSL_CERT_DIR", Value: caBundleDir})
+		container.VolumeMounts = append(container.VolumeMounts, corev1.VolumeMount{Name: "ca-bundle", MountPath: caBundleDir, ReadOnly: true})
+		volumes = append(volumes, corev1.Volume{Name: "ca-bundle", VolumeSource: corev1.VolumeSource{
+			ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: pp.caBundle}}}})
+	}
 	if pp.kernel {
 		volumes = append(volumes, corev1.Volume{Name: "dev-net-tun", VolumeSource: corev1.VolumeSource{
 			HostPath: &corev1.HostPathVolumeSource{Path: "/dev/net/tun", Type: ptr.To(corev1.HostPathCharDev)}}})

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Creates (or reuses) the kind cluster the e2e suite runs on, with no container registry needed:
+#   1. Docker Engine (hack/docker-up.sh: Debian's docker.io when missing, the VM fixes where needed);
+#   2. kind, built from the module proxy at the version of hack/kind/versions.env;
+#   3. the node image: $KIND_NODE_IMAGE when set (e.g. kind's published kindest/node on a laptop),
+#      otherwise one built here from Debian packages and Go sources (hack/kind/build-node-image.sh),
+#      cached as a tarball keyed by the pinned versions;
+#   4. the cluster, one node, and its kubeconfig in bin/kubeconfig-$CLUSTER.
+# Usage: kind-up.sh [CLUSTER]   (default tsingress-e2e)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+source "$root/hack/lib.sh"
+source "$root/hack/kind/versions.env"
+cluster=${1:-tsingress-e2e}
+started=$(date +%s)
+
+"$root/hack/docker-up.sh"
+
+kind=$root/bin/kind-$KIND_VERSION
+if [ ! -x "$kind" ]; then
+  stage "building kind $KIND_VERSION"
+  mkdir -p "$root/bin"
+  (cd "$root/hack/kind/node-tools" && CGO_ENABLED=0 go build -trimpath -o "$kind" sigs.k8s.io/kind)
+  done_stage
+fi
+ln -sf "$(basename "$kind")" "$root/bin/kind"
+k8s=$(k8s_version)
+if [ ! -x "$root/bin/kubectl-$k8s" ]; then
+  stage "building kubectl $k8s"
+  build_kube kubectl "$root/bin/kubectl-$k8s"
+  done_stage
+fi
+ln -sf "kubectl-$k8s" "$root/bin/kubectl"
+
+image=${KIND_NODE_IMAGE:-}
+if [ -z "$image" ]; then
+  key=$(cache_key "$(cat "$root/hack/kind/versions.env")" "$k8s" "$(go env GOVERSION)" \
+    "$(cat "$root/hack/kind/build-node-image.sh" "$root/hack/kind/10-ptp.conflist" "$root/hack/kind/default-cni.yaml")")
+  image=tsingress/kind-node:$k8s-$key
+  cached=$(cache_dir)/kind-node-$k8s-$key.tar.gz
+  if docker image inspect "$image" >/dev/null 2>&1; then
+    :
+  elif [ -f "$cached" ]; then
+    stage "loading the node image from $cached"
+    gzip -dc "$cached" | docker load >/dev/null
+    done_stage
+  else
+    stage "building node image $image (Kubernetes $k8s)"
+    "$root/hack/kind/build-node-image.sh" "$image"
+    done_stage
+    stage "caching the node image in $cached"
+    docker save "$image" | gzip -1 > "$cached.tmp" && mv "$cached.tmp" "$cached"
+    echo "    $(du -h "$cached" | cut -f1)" >&2
+    done_stage
+  fi
+fi
+
+config=$root/bin/kind-$cluster.yaml
+{
+  cat <<EOF
+kind: Cluster
+apiVersion: kind.x-k8s.io/v1alpha4
+nodes:
+- role: control-plane
+# L3 proxies turn on forwarding in their Pod's network namespace, by a privileged init container or,
+# where a ProxyClass asks for it, by Pod sysctls, which the kubelet allows only when listed here.
+kubeadmConfigPatches:
+- |
+  kind: KubeletConfiguration
+  allowedUnsafeSysctls: ["net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"]
+EOF
+  if needs_runc_wrapper; then
+    # Without CAP_SYS_RESOURCE the node's runc cannot raise a Pod's oom_score_adj.
+    cat <<EOF
+containerdConfigPatches:
+- |
+  [plugins."io.containerd.grpc.v1.cri"]
+    restrict_oom_score_adj = true
+EOF
+  fi
+} > "$config"
+
+if "$kind" get clusters 2>/dev/null | grep -qx "$cluster"; then
+  running=$(docker inspect -f '{{.Config.Image}}' "$cluster-control-plane" 2>/dev/null || true)
+  if [ "$running" != "$image" ]; then
+    echo "note: cluster $cluster runs node image $running, not $image; delete it (kind delete cluster --name $cluster) to use the new one" >&2
+  fi
+else
+  stage "creating cluster $cluster"
+  "$kind" create cluster --name "$cluster" --image "$image" --config "$config" --wait 3m
+  done_stage
+fi
+"$kind" get kubeconfig --name "$cluster" > "$root/bin/kubeconfig-$cluster"
+echo "cluster $cluster is up (kubeconfig: bin/kubeconfig-$cluster) after $(( $(date +%s) - started ))s" >&2
