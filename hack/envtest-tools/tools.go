@@ -12,8 +12,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-proxy"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubeadm"
-	_ "k8s.io/kubernetes/cmd/kubelet"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 
 	// The e2e suite's backend image on a machine with no registry (hack/e2e-kind.sh).
 	_ "k8s.io/kubernetes/test/images/agnhost"
