@@ -17,12 +17,15 @@ const (
 )
 
 // backendHandler stands in for the Pods of config/samples/backend.yaml (agnhost netexec), which
-// nothing runs here (there is no kubelet for workloads). It answers netexec's /echo?msg=, which
-// the e2e suite uses, and greets at every other path.
+// nothing runs here (there is no kubelet for workloads). It answers netexec's /echo?msg= and
+// /header?key=, which the e2e suite uses, and greets at every other path.
 func backendHandler(name string) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, r.URL.Query().Get("msg"))
+	})
+	mux.HandleFunc("/header", func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.Header.Get(r.URL.Query().Get("key")))
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if login := r.Header.Get("Tailscale-User-Login"); login != "" {

@@ -45,7 +45,7 @@ for cmd in kube-apiserver kube-controller-manager kube-scheduler kube-proxy kube
 done
 ctrd_ldflags="-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
 for cmd in containerd ctr containerd-shim-runc-v2; do
-  go_build "$cmd" "$root/hack/kind/node-tools" "github.com/containerd/containerd/v2/cmd/$cmd" \
+  go_build "$cmd" "$root/hack/kind/containerd" "github.com/containerd/containerd/v2/cmd/$cmd" \
     -tags "no_btrfs no_devmapper no_zfs no_aufs" -ldflags "$ctrd_ldflags"
 done
 go_build crictl "$root/hack/kind/node-tools" sigs.k8s.io/cri-tools/cmd/crictl \

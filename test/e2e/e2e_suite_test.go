@@ -14,6 +14,7 @@
 //	E2E_OPERATOR_LOG, E2E_PROXY_LOG           log files of an operator and proxies run outside Pods
 //	E2E_LOCAL_BACKEND                         host:port of a backend for Ingresses where no workload Pods run
 //	E2E_SKIP_L3                               why L3 Services cannot be served here
+//	E2E_BACKEND_IMAGE                         agnhost image of the backend Deployment; agnhost:2.53 by default
 //	E2E_TIMEOUT                               how long a spec waits for the operator and proxies; 5m by default
 package e2e
 
@@ -53,6 +54,7 @@ var suite struct {
 
 	operatorLog, proxyLog string
 	localBackend          string
+	backendImage          string
 	skipL3                string
 	oauthSecret           string
 }
@@ -72,6 +74,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	suite.opNS = envOr("E2E_OPERATOR_NAMESPACE", "tailscale")
 	suite.operatorLog, suite.proxyLog = os.Getenv("E2E_OPERATOR_LOG"), os.Getenv("E2E_PROXY_LOG")
 	suite.localBackend = os.Getenv("E2E_LOCAL_BACKEND")
+	suite.backendImage = envOr("E2E_BACKEND_IMAGE", defaultBackendImage)
 	suite.skipL3 = os.Getenv("E2E_SKIP_L3")
 	var err error
 	suite.timeout, err = time.ParseDuration(envOr("E2E_TIMEOUT", "5m"))

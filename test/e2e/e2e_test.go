@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"crypto/tls"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -31,7 +32,23 @@ var _ = Describe("A standalone Ingress", func() {
 		host := "e2e-l7-" + token()
 		ing := newIngress(ns, "web", host, "")
 		create(ctx, ing)
-		expectHTTPSEcho(ctx, servedName(ctx, ing, host))
+		fqdn := servedName(ctx, ing, host)
+		expectHTTPSEcho(ctx, fqdn)
+
+		// The backend learns who called from the proxy alone: the caller's tailnet address, and no
+		// identity header the caller made up (a tagged device has no user identity to pass on).
+		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
+			DialContext: suite.client.Dial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}}}
+		defer hc.CloseIdleConnections()
+		header := func(key string, sent http.Header) string {
+			v, err := get(ctx, hc, "https://"+fqdn+"/header?key="+key, sent)
+			Expect(err).NotTo(HaveOccurred(), "GET /header?key=%s", key)
+			return v
+		}
+		ip4, _ := suite.client.TailscaleIPs()
+		Expect(header("X-Forwarded-For", http.Header{"X-Forwarded-For": {"203.0.113.9"}})).To(Equal(ip4.String()), "X-Forwarded-For")
+		Expect(header("X-Forwarded-Proto", nil)).To(Equal("https"))
+		Expect(header("Tailscale-User-Login", http.Header{"Tailscale-User-Login": {"mallory@example.com"}})).To(BeEmpty(), "a forged identity header reached the backend")
 	})
 
 	It("leaves nothing behind once deleted: no proxy StatefulSet, no Secrets, no device", func(ctx SpecContext) {

@@ -33,8 +33,8 @@ import (
 // The backend: agnhost netexec, as in config/samples, answering HTTP on 8080 (/echo?msg=) and
 // UDP on 8081 ("echo <text>"), behind a Service with ports 80 and 8081.
 const (
-	backendImage   = "registry.k8s.io/e2e-test-images/agnhost:2.53"
-	backendService = "echo"
+	defaultBackendImage = "registry.k8s.io/e2e-test-images/agnhost:2.53"
+	backendService      = "echo"
 	httpPort       = 80
 	udpPort        = 8081
 )
@@ -98,7 +98,7 @@ func newBackend(ctx context.Context, ns string) {
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name: "echo", Image: backendImage,
+					Name: "echo", Image: suite.backendImage,
 					Args: []string{"netexec", "--http-port=8080", fmt.Sprintf("--udp-port=%d", udpPort)},
 				}}},
 			},
@@ -171,23 +171,38 @@ func expectHTTPSEcho(ctx context.Context, fqdn string) {
 
 func expectEcho(ctx context.Context, hc *http.Client, base string) {
 	GinkgoHelper()
+	Eventually(ctx, func() error { return echoOnce(ctx, hc, base) }).Should(Succeed(), "GET %s/echo over the tailnet", base)
+}
+
+// echoOnce asks the backend at base to echo a fresh word, and fails unless it does.
+func echoOnce(ctx context.Context, hc *http.Client, base string) error {
 	want := token()
-	Eventually(ctx, func() (string, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/echo?msg="+want, nil)
-		if err != nil {
-			return "", err
-		}
-		resp, err := hc.Do(req)
-		if err != nil {
-			return "", err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusOK {
-			return "", fmt.Errorf("%s: %s", resp.Status, b)
-		}
-		return string(b), err
-	}).Should(Equal(want), "GET %s/echo over the tailnet", base)
+	got, err := get(ctx, hc, base+"/echo?msg="+want, nil)
+	if err == nil && got != want {
+		err = fmt.Errorf("echoed %q, want %q", got, want)
+	}
+	return err
+}
+
+// get returns the body of a 200 answer to a GET of url with the given request headers.
+func get(ctx context.Context, hc *http.Client, url string, header http.Header) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s", resp.Status, b)
+	}
+	return string(b), err
 }
 
 // expectUDPEcho waits until a datagram to dst comes back echoed.

@@ -1,13 +1,10 @@
 //go:build tools
 
-// Package tools pins what the offline kind node image is built from (hack/kind/build-node-image.sh):
-// containerd and crictl, and kind itself, whose module carries the node's base files.
+// Package tools pins crictl and kind for the offline kind node image (hack/kind/build-node-image.sh);
+// kind's module also carries the node's base files.
 package tools
 
 import (
-	_ "github.com/containerd/containerd/v2/cmd/containerd"
-	_ "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
-	_ "github.com/containerd/containerd/v2/cmd/ctr"
 	_ "sigs.k8s.io/cri-tools/cmd/crictl"
 	_ "sigs.k8s.io/kind"
 )

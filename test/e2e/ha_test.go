@@ -1,0 +1,169 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/tailnet"
+)
+
+// The share of requests a replica's restart may cost the clients of a group. Each failure is one
+// request in flight as its route moved; the figures are printed with every run.
+const maxFailoverLoss = 0.02
+
+var _ = Describe("A ProxyGroup under a replica restart", Ordered, func() {
+	var pg *tsv1alpha1.ProxyGroup
+	var ns string
+
+	BeforeAll(func(ctx SpecContext) {
+		ns = newNamespace(ctx)
+		newBackend(ctx, ns)
+		pg = &tsv1alpha1.ProxyGroup{
+			ObjectMeta: metav1.ObjectMeta{Name: "e2e-ha-" + token()},
+			Spec:       tsv1alpha1.ProxyGroupSpec{Type: tsv1alpha1.ProxyGroupTypeIngress, Replicas: ptr.To[int32](2)},
+		}
+		create(ctx, pg)
+		Eventually(ctx, func(g Gomega) {
+			g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(pg), pg)).To(Succeed())
+			g.Expect(meta.IsStatusConditionTrue(pg.Status.Conditions, tsv1alpha1.ProxyGroupReady)).To(BeTrue(), "conditions %v", pg.Status.Conditions)
+		}).Should(Succeed(), "ProxyGroup ready")
+	})
+
+	It("serves an Ingress over HTTPS through its Tailscale Service while replica 0 restarts, and releases the Service once deleted", func(ctx SpecContext) {
+		host := "e2e-hai-" + token()
+		ing := newIngress(ns, "web", host, pg.Name)
+		create(ctx, ing)
+		fqdn := servedName(ctx, ing, host)
+		expectHTTPSEcho(ctx, fqdn)
+
+		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+			DialContext: suite.client.Dial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}}}
+		defer hc.CloseIdleConnections()
+		loss := underReplicaRestart(ctx, pg.Name+"-0", func(ctx context.Context) error {
+			return echoOnce(ctx, hc, "https://"+fqdn)
+		})
+		Expect(loss).To(BeNumerically("<=", maxFailoverLoss), "share of HTTPS requests lost while %s-0 restarted", pg.Name)
+
+		Expect(suite.k8s.Delete(ctx, ing)).To(Succeed())
+		Eventually(ctx, func() error {
+			_, err := suite.api.Service(ctx, "svc:"+host)
+			return err
+		}).Should(Satisfy(tailnet.IsNotFound), "the Tailscale Service svc:%s released", host)
+	})
+
+	It("forwards a Service's TCP and UDP at its Tailscale Service while replica 1 restarts", func(ctx SpecContext) {
+		if suite.skipL3 != "" {
+			Skip("L3: " + suite.skipL3)
+		}
+		svc := backendServiceFor(ns, "db", corev1.ServiceTypeLoadBalancer)
+		svc.Spec.LoadBalancerClass = ptr.To(controller.LoadBalancerClass)
+		svc.Annotations = map[string]string{controller.AnnotationProxyGroup: pg.Name}
+		create(ctx, svc)
+		var vip netip.Addr
+		Eventually(ctx, func(g Gomega) {
+			g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(svc), svc)).To(Succeed())
+			c := meta.FindStatusCondition(svc.Status.Conditions, controller.ConditionIngressSvcConfigured)
+			g.Expect(c).NotTo(BeNil(), "conditions %v", svc.Status.Conditions)
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
+			g.Expect(c.Message).To(HavePrefix("2/2 "))
+			for _, in := range svc.Status.LoadBalancer.Ingress {
+				if a, err := netip.ParseAddr(in.IP); err == nil && a.Is4() {
+					vip = a
+				}
+			}
+			g.Expect(vip.IsValid()).To(BeTrue(), "an IPv4 VIP in %v", svc.Status.LoadBalancer.Ingress)
+		}).Should(Succeed(), "HA Service configured on both replicas")
+
+		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: suite.client.Dial}}
+		defer hc.CloseIdleConnections()
+		base := "http://" + netip.AddrPortFrom(vip, httpPort).String()
+		expectEcho(ctx, hc, base)
+		expectUDPEcho(ctx, netip.AddrPortFrom(vip, udpPort))
+		loss := underReplicaRestart(ctx, pg.Name+"-1", func(ctx context.Context) error {
+			// A new connection each time: a kept one would stay on the replica it was made to.
+			hc.CloseIdleConnections()
+			return echoOnce(ctx, hc, base)
+		})
+		Expect(loss).To(BeNumerically("<=", maxFailoverLoss), "share of TCP requests lost while %s-1 restarted", pg.Name)
+	})
+})
+
+// underReplicaRestart sends requests at 10 per second while the Pod is deleted and until its
+// replacement is Ready and has served for 10 seconds more; it prints the counts and returns the
+// share that failed. The loop is bounded by the spec's timeout.
+func underReplicaRestart(ctx context.Context, pod string, request func(context.Context) error) float64 {
+	GinkgoHelper()
+	var sent, failed atomic.Int64
+	var firstErr atomic.Value
+	loadCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-loadCtx.Done():
+				return
+			case <-tick.C:
+			}
+			rctx, cancel := context.WithTimeout(loadCtx, 5*time.Second)
+			err := request(rctx)
+			cancel()
+			if loadCtx.Err() != nil {
+				return
+			}
+			sent.Add(1)
+			if err != nil {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, err.Error())
+			}
+		}
+	}()
+	time.Sleep(3 * time.Second)
+	var old corev1.Pod
+	Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: pod}, &old)).To(Succeed())
+	deleted := time.Now()
+	Expect(suite.k8s.Delete(ctx, &old)).To(Succeed())
+	Eventually(ctx, func(g Gomega) {
+		var p corev1.Pod
+		g.Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: pod}, &p)).To(Succeed())
+		g.Expect(p.UID).NotTo(Equal(old.UID), "the replacement Pod")
+		ready := false
+		for _, c := range p.Status.Conditions {
+			ready = ready || (c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue)
+		}
+		g.Expect(ready).To(BeTrue(), "replacement %s Ready", pod)
+	}).Should(Succeed())
+	back := time.Since(deleted)
+	time.Sleep(10 * time.Second)
+	stop()
+	<-done
+	n, f := sent.Load(), failed.Load()
+	msg := fmt.Sprintf("%s deleted: replacement Ready after %s; %d of %d requests failed", pod, back.Round(100*time.Millisecond), f, n)
+	if e := firstErr.Load(); e != nil {
+		msg += fmt.Sprintf(" (first: %s)", strings.TrimSpace(e.(string)))
+	}
+	GinkgoWriter.Println(msg)
+	AddReportEntry("failover "+pod, msg)
+	Expect(n).To(BeNumerically(">", 50), "requests sent")
+	return float64(f) / float64(n)
+}

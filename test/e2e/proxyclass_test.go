@@ -1,0 +1,109 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller"
+)
+
+var _ = Describe("A ProxyClass", func() {
+	It("puts its labels, resources and staging switch on the proxy of an Ingress that names it", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		newBackend(ctx, ns)
+		pc := &tsv1alpha1.ProxyClass{
+			ObjectMeta: metav1.ObjectMeta{Name: "e2e-" + token()},
+			Spec: tsv1alpha1.ProxyClassSpec{
+				UseLetsEncryptStagingEnvironment: true,
+				StatefulSet: &tsv1alpha1.StatefulSet{Pod: &tsv1alpha1.Pod{
+					Labels: map[string]string{"team": "e2e"},
+					TailscaleContainer: &tsv1alpha1.Container{Resources: corev1.ResourceRequirements{
+						Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("40Mi")},
+						Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("300Mi")},
+					}},
+				}},
+			},
+		}
+		create(ctx, pc)
+		ing := newIngress(ns, "classy", "e2e-class-"+token(), "")
+		ing.Labels = map[string]string{controller.LabelProxyClass: pc.Name}
+		create(ctx, ing)
+
+		pod := proxyPod(ctx, "ingress", ns, ing.Name)
+		Expect(pod.Labels).To(HaveKeyWithValue("team", "e2e"))
+		res := pod.Spec.Containers[0].Resources
+		Expect(res.Requests.Memory().String()).To(Equal("40Mi"))
+		Expect(res.Limits.Memory().String()).To(Equal("300Mi"))
+		// The staging switch reaches the proxy through its config, which the Pod reads.
+		secret := &corev1.Secret{}
+		Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: pod.Name}, secret)).To(Succeed())
+		cfg, _, err := contract.ProxyConfigs.Decode(secret.Data)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cfg.TLS.ACMEDirectoryURL).To(Equal(controller.LetsEncryptStaging))
+	})
+})
+
+var _ = Describe("An L7 proxy under the restricted Pod Security Standard", Serial, func() {
+	It("is admitted, runs and serves HTTPS when the operator's namespace enforces restricted", func(ctx SpecContext) {
+		opNS := &corev1.Namespace{}
+		Expect(suite.k8s.Get(ctx, client.ObjectKey{Name: suite.opNS}, opNS)).To(Succeed())
+		const enforce = "pod-security.kubernetes.io/enforce"
+		before, had := opNS.Labels[enforce]
+		setEnforce := func(ctx context.Context, level string, remove bool) {
+			GinkgoHelper()
+			ns := &corev1.Namespace{}
+			Expect(suite.k8s.Get(ctx, client.ObjectKey{Name: suite.opNS}, ns)).To(Succeed())
+			patch := client.MergeFrom(ns.DeepCopy())
+			if ns.Labels == nil {
+				ns.Labels = map[string]string{}
+			}
+			if remove {
+				delete(ns.Labels, enforce)
+			} else {
+				ns.Labels[enforce] = level
+			}
+			Expect(suite.k8s.Patch(ctx, ns, patch)).To(Succeed())
+		}
+		setEnforce(ctx, "restricted", false)
+		DeferCleanup(func(ctx SpecContext) { setEnforce(ctx, before, !had) })
+
+		ns := newNamespace(ctx)
+		newBackend(ctx, ns)
+		host := "e2e-psa-" + token()
+		ing := newIngress(ns, "web", host, "")
+		create(ctx, ing)
+		pod := proxyPod(ctx, "ingress", ns, ing.Name)
+		Expect(pod.Status.Phase).To(Equal(corev1.PodRunning))
+		expectHTTPSEcho(ctx, servedName(ctx, ing, host))
+	})
+})
+
+// proxyPod waits for the Ready proxy Pod of a standalone parent (type ingress or svc) and returns it.
+func proxyPod(ctx context.Context, parentType, ns, name string) *corev1.Pod {
+	GinkgoHelper()
+	var pod corev1.Pod
+	Eventually(ctx, func(g Gomega) {
+		pods := &corev1.PodList{}
+		g.Expect(suite.k8s.List(ctx, pods, client.InNamespace(suite.opNS), client.MatchingLabels{
+			controller.LabelParentType: parentType, controller.LabelParentNS: ns, controller.LabelParentName: name,
+		})).To(Succeed())
+		g.Expect(pods.Items).To(HaveLen(1), "the proxy Pod")
+		pod = pods.Items[0]
+		ready := false
+		for _, c := range pod.Status.Conditions {
+			ready = ready || (c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue)
+		}
+		g.Expect(ready).To(BeTrue(), "proxy Pod %s Ready (phase %s)", pod.Name, pod.Status.Phase)
+	}).Should(Succeed())
+	return &pod
+}
