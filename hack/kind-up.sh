@@ -69,6 +69,10 @@ kubeadmConfigPatches:
   kind: KubeletConfiguration
   allowedUnsafeSysctls: ["net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"]
 EOF
+  if [ ! -f /sys/fs/cgroup/cgroup.controllers ]; then
+    # A cgroup v1 host: the kubelet refuses it unless told otherwise (it still runs there).
+    echo "  failCgroupV1: false"
+  fi
   if needs_runc_wrapper; then
     # Without CAP_SYS_RESOURCE the node's runc cannot raise a Pod's oom_score_adj.
     cat <<EOF
