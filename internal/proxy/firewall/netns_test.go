@@ -87,6 +87,22 @@ func (ns netNS) sysctl(t *testing.T, path string) string {
 	return strings.TrimSpace(string(b))
 }
 
+// setForwarding sets IPv4 and IPv6 forwarding in the namespace to v ("0" or "1").
+func (ns netNS) setForwarding(t *testing.T, v string) {
+	t.Helper()
+	err := netnamespace.Run(ns.path, func() error {
+		for _, f := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
+			if err := os.WriteFile(f, []byte(v), 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("forwarding %s in %s: %v", v, ns.name, err)
+	}
+}
+
 // needTool skips the test when a command it prepares state with is missing.
 func needTool(t *testing.T, names ...string) {
 	t.Helper()
