@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 )
@@ -100,6 +101,22 @@ func (ns netNS) setForwarding(t *testing.T, v string) {
 	})
 	if err != nil {
 		t.Fatalf("forwarding %s in %s: %v", v, ns.name, err)
+	}
+}
+
+// waitAddrs waits until no IPv6 address of the namespace is tentative: the kernel clears the
+// flag from a work queue even without duplicate address detection, and until then binding to
+// the address fails with "cannot assign requested address".
+func (ns netNS) waitAddrs(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		out, err := exec.Command("ip", "-n", ns.name, "-6", "addr", "show", "tentative").CombinedOutput()
+		if err == nil && len(strings.TrimSpace(string(out))) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("IPv6 addresses in %s still tentative: %s (%v)", ns.name, out, err)
+		}
 	}
 }
 

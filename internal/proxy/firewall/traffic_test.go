@@ -108,6 +108,7 @@ func newTopology(t *testing.T) *topology {
 			t.Fatalf("after EnableForwarding %s = %q, want 1", f, got)
 		}
 	}
+	b.waitAddrs(t)
 	for _, a := range []netip.Addr{backendA4, backendB4, backendA6, backendB6} {
 		top.serve(t, a)
 	}

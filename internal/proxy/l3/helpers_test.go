@@ -1,6 +1,7 @@
 package l3
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -154,10 +155,27 @@ func newTopology(tb testing.TB) *topology {
 	n.sysctls(tb, map[string]string{"net/ipv4/ip_forward": "1", "net/ipv6/conf/all/forwarding": "1"})
 	b.ip(tb, "route", "add", "default", "via", "10.250.2.1")
 	b.ip(tb, "-6", "route", "add", "default", "via", "fd00:250:2::1")
+	b.waitAddrs(tb)
 	for _, a := range backends {
 		top.serve(tb, a)
 	}
 	return top
+}
+
+// waitAddrs waits until no IPv6 address of the namespace is tentative: the kernel clears the
+// flag from a work queue even without duplicate address detection, and until then binding to
+// the address fails with "cannot assign requested address".
+func (ns netNS) waitAddrs(tb testing.TB) {
+	tb.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		out, err := exec.Command("ip", "-n", ns.name, "-6", "addr", "show", "tentative").CombinedOutput()
+		if err == nil && len(bytes.TrimSpace(out)) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("IPv6 addresses in %s still tentative: %s (%v)", ns.name, out, err)
+		}
+	}
 }
 
 // sysctls writes /proc/sys/<key> values in the namespace.
