@@ -155,6 +155,7 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 		args:      []string{"--config-secret=$(POD_NAME)-config", "--group-configmap=" + g.configMap()},
 		kernel:    true,
 		image:     r.Settings.ProxyImage,
+		noLogs:    r.Settings.ProxyNoLogs,
 		class:     class,
 	}.build())
 	for _, obj := range objs {

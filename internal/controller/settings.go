@@ -26,6 +26,10 @@ type Settings struct {
 	DefaultLoadBalancer bool
 	// ControlURL is the tailnet's control server for the proxies; empty means Tailscale's.
 	ControlURL string
+	// ProxyNoLogs forbids every proxy to upload its logs (TS_NO_LOGS_NO_SUPPORT), even to
+	// Tailscale's log server with Tailscale's control server. Proxies of another control server
+	// never upload them.
+	ProxyNoLogs bool
 	// CertificateLimits are the ACME CA's rate limits the operator keeps proxies within; zero
 	// means Let's Encrypt's.
 	CertificateLimits acmebudget.Limits
