@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -69,6 +70,15 @@ func guardedProxy(u *url.URL) (*url.URL, error) {
 		return nil, fmt.Errorf("not contacting %s: this proxy's control server is not Tailscale's", u.Hostname())
 	}
 	return envProxy()(u)
+}
+
+// portMapperOffByDefault turns the tailnet client's port mapper off unless TS_DISABLE_PORTMAPPER
+// says otherwise: it asks the default gateway for a port mapping (NAT-PMP, PCP) and multicasts
+// UPnP discovery onto the gateway's network, and a Pod's gateway is its node, which offers none.
+func portMapperOffByDefault() {
+	if _, set := os.LookupEnv("TS_DISABLE_PORTMAPPER"); !set {
+		envknob.Setenv("TS_DISABLE_PORTMAPPER", "true")
+	}
 }
 
 // limitTailscaleContact sets, before the tailnet client starts, what a proxy of controlURL may

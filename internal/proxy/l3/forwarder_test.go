@@ -443,15 +443,23 @@ func TestForwarderStatus(t *testing.T) {
 	if got, want := tunAddrs(), []string{"100.64.0.1/32", "fd7a:115c:a1e0::1/128"}; !slices.Equal(got, want) {
 		t.Errorf("TUN addresses %v, want %v", got, want)
 	}
-	// A new IPv4 address replaces the old one; without an IPv6 address the IPv6 route goes.
+	// A new IPv4 address replaces the old one; without an IPv6 address the IPv6 range still
+	// routes into the TUN, as both do from the start: tailnet traffic never takes the default
+	// route.
 	if err := fwd.SetTailnetIPs(addrs("100.64.0.9")); err != nil {
 		t.Fatalf("SetTailnetIPs: %v", err)
 	}
 	if got, want := tunAddrs(), []string{"100.64.0.9/32"}; !slices.Equal(got, want) {
 		t.Errorf("TUN addresses %v, want %v", got, want)
 	}
-	if routes, err := h.RouteGet(net.ParseIP("fd7a:115c:a1e0::2")); err == nil {
-		t.Errorf("IPv6 tailnet range still routed: %+v", routes)
+	tun, err := h.LinkByName("ts-test0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, peer := range []string{"100.64.0.2", "fd7a:115c:a1e0::2"} {
+		if routes, err := h.RouteGet(net.ParseIP(peer)); err != nil || len(routes) == 0 || routes[0].LinkIndex != tun.Attrs().Index {
+			t.Errorf("route to %s: %+v, %v; want through the TUN", peer, routes, err)
+		}
 	}
 
 	// As tsnet does when it shuts down first. Its error can be a benign EPIPE (see remove);

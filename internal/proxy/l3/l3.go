@@ -131,6 +131,10 @@ func New(ctx context.Context, opts Options) (_ *Forwarder, err error) {
 	if f.dev, err = createTUN(opts.NetNS, opts.TunName, opts.MTU, f.nl); err != nil {
 		return nil, err
 	}
+	// The tailnet ranges route into the TUN before the node starts: what the kernel sends
+	// there meanwhile (an ICMP error about a packet of the node's, say) must not go to the
+	// Pod's default gateway. A family that fails is in the status.
+	f.syncLink() //nolint:errcheck // recorded in f.linkErrs
 	f.status = contract.FirewallStatus{Mode: contract.FirewallMode(f.fw.Mode()), Mappings: map[string]contract.AppliedDNAT{},
 		Families: f.checkFamilies()}
 	lookupCtx, cancel := context.WithCancel(context.Background())
@@ -191,7 +195,8 @@ func (f *Forwarder) SetTailnetIPs(ips []netip.Addr) error {
 }
 
 // syncLink configures the TUN for f.tailnetIPs, leaving out a family that is disabled, and
-// records each family's outcome. applyMu is held.
+// records each family's outcome, which the status reports. applyMu is held, or f is not
+// shared yet.
 func (f *Forwarder) syncLink() error {
 	f.linkSkip = [2]bool{false, f.ipv6Disabled() != ""}
 	f.linkErrs = f.dev.syncLink(f.tailnetIPs, f.linkSkip)
@@ -312,7 +317,7 @@ func (f *Forwarder) lookupLoop(ctx context.Context) {
 // caller tries again later. applyMu is held.
 func (f *Forwarder) apply(ctx context.Context) error {
 	var linkErr error
-	if f.tailnetIPs != nil && (f.linkErrs != [2]error{} || f.linkSkip[1] != (f.ipv6Disabled() != "")) {
+	if f.linkErrs != [2]error{} || f.linkSkip[1] != (f.ipv6Disabled() != "") {
 		linkErr = f.syncLink()
 	}
 	families := f.checkFamilies()

@@ -69,9 +69,11 @@ func familyIndex(a netip.Addr) int {
 }
 
 // syncLink gives the TUN exactly the host addresses ips (link-local ones the kernel made
-// aside) and routes the tailnet range of each family present to it. A family marked in skip
-// gets no address and no route (its addresses and route go, where the kernel still has them).
-// It returns each family's failure; one family failing does not stop the other.
+// aside) and routes the tailnet range of each family to it, addresses or not: traffic for the
+// tailnet, ICMP errors to tailnet clients included, goes into the tunnel and never to the Pod's
+// default gateway. A family marked in skip gets no address and no route (its addresses and
+// route go, where the kernel still has them). It returns each family's failure; one family
+// failing does not stop the other.
 func (d *device) syncLink(ips []netip.Addr, skip [2]bool) (errs [2]error) {
 	link, err := d.nl.LinkByIndex(d.index)
 	if err != nil {
@@ -84,12 +86,10 @@ func (d *device) syncLink(ips []netip.Addr, skip [2]bool) (errs [2]error) {
 	}
 	add := func(i int, err error) { errs[i] = errors.Join(errs[i], err) }
 	want := map[netip.Prefix]bool{}
-	var fams [2]bool
 	for _, ip := range ips {
 		ip = ip.Unmap()
-		if i := familyIndex(ip); !skip[i] {
+		if !skip[familyIndex(ip)] {
 			want[netip.PrefixFrom(ip, ip.BitLen())] = true
-			fams[i] = true
 		}
 	}
 	for _, a := range have {
@@ -121,12 +121,11 @@ func (d *device) syncLink(ips []netip.Addr, skip [2]bool) (errs [2]error) {
 		if r.Addr().Is4() {
 			route.Scope = netlink.SCOPE_LINK // as ip route picks for a route without gateway
 		}
-		if fams[i] {
-			err = d.nl.RouteReplace(route)
-		} else if err = d.nl.RouteDel(route); errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENOENT) || (skip[i] && err != nil) {
-			err = nil // none there, or none possible in a disabled family
+		if skip[i] {
+			d.nl.RouteDel(route) //nolint:errcheck // none there, or none possible in a disabled family
+			continue
 		}
-		if err != nil {
+		if err := d.nl.RouteReplace(route); err != nil {
 			add(i, fmt.Errorf("route %s: %w", r, err))
 		}
 	}
