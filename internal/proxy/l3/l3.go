@@ -172,11 +172,11 @@ func (f *Forwarder) checkFamilies() map[string]contract.FamilyProblem {
 // kernel then deletes the interface with its addresses and routes.
 func (f *Forwarder) TUN() tun.Device { return f.dev }
 
-// SetTailnetIPs gives the TUN interface the node's tailnet addresses, and routes the tailnet
-// ranges (100.64.0.0/10, fd7a:115c:a1e0::/48) of their families to it, so that replies to
-// tailnet clients go back into the tunnel. Call it whenever the node's addresses change. A
-// family that fails (IPv6 disabled, say) leaves the other configured; the error names it, the
-// status reports it, and the next SetMappings tries again.
+// SetTailnetIPs gives the TUN interface the node's tailnet addresses; the tailnet ranges
+// (100.64.0.0/10, fd7a:115c:a1e0::/48) route to it from New on, so that replies to tailnet
+// clients go back into the tunnel. Call it whenever the node's addresses change. A family that
+// fails leaves the other configured; the error names it, the status reports it, and the next
+// SetMappings tries again. A family disabled in the namespace is left out, and reported.
 func (f *Forwarder) SetTailnetIPs(ips []netip.Addr) error {
 	f.applyMu.Lock()
 	defer f.applyMu.Unlock()
@@ -216,8 +216,7 @@ func (f *Forwarder) syncLink() error {
 func (f *Forwarder) statusWith(families map[string]contract.FamilyProblem) contract.FirewallStatus {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	st := contract.FirewallStatus{Mode: f.status.Mode, Mappings: f.status.Mappings, Families: families}
-	return st
+	return contract.FirewallStatus{Mode: f.status.Mode, Mappings: f.status.Mappings, Families: families}
 }
 
 // SetMappings makes the installed DNAT exactly that of mappings. DNS names not resolved yet are
