@@ -103,7 +103,10 @@ type Pod struct {
 	// +optional
 	PriorityClassName string `json:"priorityClassName,omitempty"`
 
-	// SecurityContext of the Pods.
+	// SecurityContext of the Pods. An L3 proxy needs IP forwarding on in its Pod: a
+	// securityContext.sysctls entry net.ipv4.ip_forward=1 (and net.ipv6.conf.all.forwarding=1)
+	// does that without the privileged init container, which the operator then leaves out; the
+	// kubelet must allow these unsafe sysctls (--allowed-unsafe-sysctls).
 	// +optional
 	SecurityContext *corev1.PodSecurityContext `json:"securityContext,omitempty"`
 
@@ -126,7 +129,8 @@ type Pod struct {
 	TailscaleContainer *Container `json:"tailscaleContainer,omitempty"`
 
 	// TailscaleInitContainer customises the init container that enables IP forwarding for
-	// kernel-mode (L3) proxies.
+	// kernel-mode (L3) proxies: a privileged container named sysctler that runs the proxy image's
+	// `proxy sysctl`. L7 proxies, and L3 proxies whose Pod sysctls turn forwarding on, have none.
 	// +optional
 	TailscaleInitContainer *Container `json:"tailscaleInitContainer,omitempty"`
 }

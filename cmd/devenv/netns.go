@@ -34,20 +34,23 @@ func l3Unavailable() string {
 }
 
 // podNet is what a node gives a kernel proxy Pod: a network namespace of its own for the TUN
-// device and DNAT rules, and behind it the cluster network. That network is a second namespace
-// joined by a veth pair, in which every ClusterIP of the service range is a local address where
-// the demo backend answers (there is no kube-proxy and no workload Pod), and which routes
-// replies to tailnet clients back through the proxy, as a cluster network does for a Pod.
+// device and DNAT rules, and behind it the cluster network as a cluster has it. The node's
+// namespace is the Pod's default gateway; it routes the service range to a third namespace, in
+// which every ClusterIP of the range is a local address where the demo backend answers (there
+// is no kube-proxy and no workload Pod). The backend's only route is its default gateway, the
+// node, which knows nothing of the tailnet: replies reach tailnet clients only because the
+// proxy masquerades, as in a real cluster.
 type podNet struct {
-	proxy, cluster string
-	closers        []func() error
+	proxy, node, cluster string
+	closers              []func() error
 }
 
-// newPodNet makes the two namespaces, numbered seq, for a Pod of a cluster whose Services take
+// newPodNet makes the three namespaces, numbered seq, for a Pod of a cluster whose Services take
 // their ClusterIPs from serviceCIDR.
 func newPodNet(seq int, serviceCIDR netip.Prefix) (n *podNet, err error) {
 	n = &podNet{
 		proxy:   fmt.Sprintf("%s%d-%d-p", netnsPrefix, os.Getpid(), seq),
+		node:    fmt.Sprintf("%s%d-%d-n", netnsPrefix, os.Getpid(), seq),
 		cluster: fmt.Sprintf("%s%d-%d-c", netnsPrefix, os.Getpid(), seq),
 	}
 	defer func() {
@@ -58,17 +61,25 @@ func newPodNet(seq int, serviceCIDR netip.Prefix) (n *podNet, err error) {
 	cidr := serviceCIDR.String()
 	for _, args := range [][]string{
 		{"netns", "add", n.proxy},
+		{"netns", "add", n.node},
 		{"netns", "add", n.cluster},
 		{"-n", n.proxy, "link", "set", "lo", "up"},
+		{"-n", n.node, "link", "set", "lo", "up"},
 		{"-n", n.cluster, "link", "set", "lo", "up"},
-		{"-n", n.proxy, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", n.cluster},
-		{"-n", n.proxy, "addr", "add", "10.250.1.1/24", "dev", "eth0"},
-		{"-n", n.cluster, "addr", "add", "10.250.1.2/24", "dev", "eth0"},
+		{"-n", n.proxy, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", n.node},
+		{"-n", n.node, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", n.cluster},
+		{"-n", n.proxy, "addr", "add", "10.250.1.2/24", "dev", "eth0"},
+		{"-n", n.node, "addr", "add", "10.250.1.1/24", "dev", "eth0"},
+		{"-n", n.node, "addr", "add", "10.250.2.1/24", "dev", "eth1"},
+		{"-n", n.cluster, "addr", "add", "10.250.2.2/24", "dev", "eth0"},
 		{"-n", n.proxy, "link", "set", "eth0", "up"},
+		{"-n", n.node, "link", "set", "eth0", "up"},
+		{"-n", n.node, "link", "set", "eth1", "up"},
 		{"-n", n.cluster, "link", "set", "eth0", "up"},
-		{"-n", n.proxy, "route", "add", cidr, "via", "10.250.1.2"},
+		{"-n", n.proxy, "route", "add", "default", "via", "10.250.1.1"},
+		{"-n", n.node, "route", "add", cidr, "via", "10.250.2.2"},
 		{"-n", n.cluster, "route", "add", "local", cidr, "dev", "lo"},
-		{"-n", n.cluster, "route", "add", "100.64.0.0/10", "via", "10.250.1.1"},
+		{"-n", n.cluster, "route", "add", "default", "via", "10.250.2.1"},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 			return n, fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
@@ -76,6 +87,13 @@ func newPodNet(seq int, serviceCIDR netip.Prefix) (n *podNet, err error) {
 		if args[0] == "netns" {
 			n.closers = append(n.closers, deleteNetns(args[2]))
 		}
+	}
+	// The node forwards, as every Kubernetes node does; the proxy turns its own forwarding on.
+	err = netnamespace.Run(n.path(n.node), func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
+	})
+	if err != nil {
+		return n, fmt.Errorf("forwarding in the node's network namespace: %w", err)
 	}
 	var ln net.Listener
 	var pc net.PacketConn
@@ -104,8 +122,8 @@ func (n *podNet) path(ns string) string { return filepath.Join("/run/netns", ns)
 // proxyPath is the namespace file the proxy puts its TUN device and rules in.
 func (n *podNet) proxyPath() string { return n.path(n.proxy) }
 
-// close stops the backend and deletes both namespaces, and with them the veth pair, the
-// routes and whatever rules the proxy left.
+// close stops the backend and deletes the namespaces, and with them the veth pairs, the routes
+// and whatever rules the proxy left.
 func (n *podNet) close() error {
 	var errs []error
 	for _, c := range n.closers {

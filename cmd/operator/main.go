@@ -76,6 +76,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, error) {
 	fs.StringVar(&o.firewallMode, "proxy-firewall-mode", envOr("PROXY_FIREWALL_MODE", "auto"), "Firewall backend of L3 proxies: auto, nftables or iptables.")
 	fs.BoolVar(&o.settings.DefaultLoadBalancer, "default-load-balancer", envBool("OPERATOR_DEFAULT_LOAD_BALANCER", false), "Also serve LoadBalancer Services without a loadBalancerClass.")
 	fs.StringVar(&o.settings.ControlURL, "control-url", envOr("OPERATOR_LOGIN_SERVER", ""), "Control server the proxies log in to; empty means Tailscale's.")
+	fs.BoolVar(&o.settings.ProxyNoLogs, "proxy-no-logs", envBool("PROXY_NO_LOGS_NO_SUPPORT", false),
+		"Forbid every proxy to upload its logs to Tailscale (TS_NO_LOGS_NO_SUPPORT). Proxies of a control server other than Tailscale's never do.")
 	fs.StringVar(&o.controlPlane.apiBaseURL, "api-base-url", envOr("TS_API_BASE_URL", ""), "Tailscale API base URL; empty means the control URL when set, else Tailscale's API.")
 	fs.StringVar(&o.controlPlane.tailnet, "tailnet", envOr("TS_TAILNET", "-"), "Tailnet name for API calls; - is the OAuth client's own.")
 	fs.StringVar(&o.controlPlane.clientIDFile, "client-id-file", envOr("CLIENT_ID_FILE", "/oauth/client_id"), "File holding the OAuth client ID.")

@@ -3,7 +3,8 @@
 //
 // In a Pod it runs with --config-secret=<Secret> and the env POD_NAMESPACE and POD_UID (from
 // the downward API); its service account needs get, list, watch and patch on its config and
-// state Secrets. SIGTERM drains requests in flight; a config change that needs a new login
+// state Secrets. `proxy sysctl`, an L3 proxy Pod's privileged init container, turns IP
+// forwarding on. SIGTERM drains requests in flight; a config change that needs a new login
 // (hostname, tags, control URL) makes it exit with status 0 for the kubelet to restart it.
 package main
 
@@ -44,6 +45,9 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "sysctl" {
+		return runSysctl(args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	configSecret := fs.String("config-secret", os.Getenv("TS_PROXY_CONFIG_SECRET"), "Secret holding the proxy config, read and watched through the Kubernetes API (in-cluster, or KUBECONFIG).")

@@ -89,6 +89,33 @@ type FirewallStatus struct {
 	// PodUID ties the status to the Pod that installed the rules.
 	PodUID   string                 `json:"podUID"`
 	Mappings map[string]AppliedDNAT `json:"mappings"`
+	// Families says, per address family (FamilyIPv4, FamilyIPv6), what keeps the proxy from
+	// forwarding that family at all. A family that works is absent.
+	Families map[string]FamilyProblem `json:"families,omitempty"`
+}
+
+// Address families as FirewallStatus and AppliedDNAT name them.
+const (
+	FamilyIPv4 = "ipv4"
+	FamilyIPv6 = "ipv6"
+)
+
+// Stable reasons of a FamilyProblem.
+const (
+	// FamilyForwardingOff: the family's IP forwarding is off in the proxy's network namespace and
+	// the proxy cannot turn it on (a read-only /proc/sys without the init container or sysctl).
+	FamilyForwardingOff = "ForwardingOff"
+	// FamilyDisabled: the family is disabled in the proxy's network namespace or kernel
+	// (net.ipv6.conf.all.disable_ipv6=1, as Docker and some CNIs set it).
+	FamilyDisabled = "FamilyDisabled"
+	// FamilyLinkFailed: the tunnel interface could not take the family's address or route.
+	FamilyLinkFailed = "LinkFailed"
+)
+
+// FamilyProblem is why a proxy cannot forward one address family.
+type FamilyProblem struct {
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
 }
 
 // StandaloneMapping names the single mapping of a standalone L3 proxy.
@@ -96,10 +123,15 @@ const StandaloneMapping = "standalone"
 
 // AppliedDNAT is one mapping as installed.
 type AppliedDNAT struct {
+	// TailnetIPs and Destinations are what is forwarded now: the addresses of the families
+	// whose rules are in place.
 	TailnetIPs   []string `json:"tailnetIPs"`
 	Destinations []string `json:"destinations"`
-	// Error is set when the mapping could not be installed.
+	// Error is set when the mapping, or a family of it, could not be installed.
 	Error string `json:"error,omitempty"`
+	// FamilyErrors says, per address family the mapping needs (one with a tailnet IP and a
+	// destination), why that family is not forwarded.
+	FamilyErrors map[string]string `json:"familyErrors,omitempty"`
 }
 
 // Data renders every key, empty ones included, so that writing it replaces stale values left

@@ -403,13 +403,14 @@ func groupStates(ctx context.Context, c client.Client, namespace string, pg *tsv
 }
 
 // advertisers counts the group's replicas whose running Pod advertises svcName, and returns
-// the tailnet domain read off their names.
-func advertisers(ctx context.Context, c client.Client, namespace string, pg *tsv1alpha1.ProxyGroup, svcName string) (n, total int, domain string, err error) {
+// the tailnet domain read off their names, and what the replicas that do not advertise it
+// report about its DNAT rules ("<replica>: <error>"), by ordinal.
+func advertisers(ctx context.Context, c client.Client, namespace string, pg *tsv1alpha1.ProxyGroup, svcName string) (n, total int, domain string, dnatErrs []string, err error) {
 	states, err := groupStates(ctx, c, namespace, pg)
 	if err != nil {
-		return 0, 0, "", err
+		return 0, 0, "", nil, err
 	}
-	for _, st := range states {
+	for i, st := range states {
 		if st == nil {
 			continue
 		}
@@ -418,9 +419,15 @@ func advertisers(ctx context.Context, c client.Client, namespace string, pg *tsv
 		}
 		if slices.Contains(st.Advertised, svcName) {
 			n++
+			continue
+		}
+		if st.Firewall != nil {
+			if m, ok := st.Firewall.Mappings[svcName]; ok && m.Error != "" {
+				dnatErrs = append(dnatErrs, fmt.Sprintf("%s: %s", group{pg.Name}.stateSecret(i), m.Error))
+			}
 		}
 	}
-	return n, replicas(pg), domain, nil
+	return n, replicas(pg), domain, dnatErrs, nil
 }
 
 // vipsFor picks, per family, the VIPs a Service's destination can be reached from.

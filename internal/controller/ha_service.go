@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -122,11 +123,11 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		st.failed(ReasonConfigMapFull, err.Error())
 		return r.docsFailure(svc, err)
 	}
-	n, total, domain, err := advertisers(ctx, r.Client, r.Settings.Namespace, pg, svcName)
+	n, total, domain, dnatErrs, err := advertisers(ctx, r.Client, r.Settings.Namespace, pg, svcName)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	st.configured(n, total, hostname+"."+domain, vips)
+	st.configured(n, total, hostname+"."+domain, vips, dnatErrs)
 	return ctrl.Result{}, nil
 }
 
@@ -167,8 +168,13 @@ func (s *haServiceStatus) valid() {
 	s.confReason, s.confMsg = ReasonIngressSvcNoBackends, "waiting for replicas to advertise the Tailscale Service"
 }
 
-func (s *haServiceStatus) configured(n, total int, fqdn string, vips []string) {
+// configured reports how many replicas advertise the Service and, for the others that cannot
+// install its DNAT rules (a family disabled in their Pods, forwarding off), why.
+func (s *haServiceStatus) configured(n, total int, fqdn string, vips, dnatErrs []string) {
 	s.confMsg = fmt.Sprintf("%d/%d proxy replicas ready and advertising", n, total)
+	if len(dnatErrs) > 0 {
+		s.confMsg += "; DNAT rules not in place on " + strings.Join(dnatErrs, "; ")
+	}
 	if n == 0 {
 		return
 	}

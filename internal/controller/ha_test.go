@@ -187,6 +187,13 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 			HaveField("Status", metav1.ConditionTrue), HaveField("Message", ContainSubstring("1/2"))))
 		Expect(svc.Status.LoadBalancer.Ingress[0].Hostname).To(Equal(ns + "-ha-db.tailnet.test"))
 
+		By("naming the replica that cannot install the rules, and why")
+		reportReplica("ha", 1, contract.ProxyState{FQDN: "ha-1.tailnet.test", Firewall: &contract.FirewallStatus{Mode: contract.FirewallNFTables,
+			Mappings: map[string]contract.AppliedDNAT{"svc:" + ns + "-ha-db": {Error: "ipv4: ipv4 forwarding is off",
+				FamilyErrors: map[string]string{contract.FamilyIPv4: "ipv4 forwarding is off"}}}}})
+		Eventually(cond(ConditionIngressSvcConfigured)).Should(HaveField("Message",
+			Equal("1/2 proxy replicas ready and advertising; DNAT rules not in place on ha-1: ipv4: ipv4 forwarding is off")))
+
 		By("cleaning up when the annotation goes")
 		patch := client.MergeFrom(svc.DeepCopy())
 		delete(svc.Annotations, AnnotationProxyGroup)

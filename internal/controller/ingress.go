@@ -99,7 +99,7 @@ func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		r.eventf(ing, corev1.EventTypeWarning, ReasonHTTPSNotEnabled,
 			"HTTPS is not enabled on the tailnet (or MagicDNS is off): the proxy cannot get a certificate until it is")
 	}
-	st, err := r.proxies.state(ctx, p.parent)
+	st, _, err := r.proxies.state(ctx, p.parent)
 	if err != nil {
 		return ctrl.Result{}, err
 	}

@@ -105,23 +105,33 @@ func (m *proxies) authKeyFor(ctx context.Context, p *standaloneProxy) (string, e
 }
 
 // state returns what the proxy of par reports, or nil while no running Pod has reported:
-// state left by an earlier Pod does not describe the running proxy.
-func (m *proxies) state(ctx context.Context, par parent) (*contract.ProxyState, error) {
+// state left by an earlier Pod does not describe the running proxy. It also returns the Pod,
+// nil while there is none.
+func (m *proxies) state(ctx context.Context, par parent) (*contract.ProxyState, *corev1.Pod, error) {
 	name := par.proxyName() + "-0"
 	key := client.ObjectKey{Namespace: m.settings.Namespace, Name: name}
 	pod := &corev1.Pod{}
 	if err := m.Get(ctx, key, pod); err != nil {
-		return nil, client.IgnoreNotFound(err)
+		return nil, nil, client.IgnoreNotFound(err)
 	}
 	secret := &corev1.Secret{}
 	if err := m.Get(ctx, key, secret); err != nil {
-		return nil, client.IgnoreNotFound(err)
+		return nil, pod, client.IgnoreNotFound(err)
 	}
 	st, err := contract.ParseState(secret.Data)
 	if err != nil || !st.CurrentFor(string(pod.UID)) {
-		return nil, err
+		return nil, pod, err
 	}
-	return st, nil
+	return st, pod, nil
+}
+
+// podRefused says why the kubelet refused to run a proxy Pod (a Pod sysctl it does not allow:
+// SysctlForbidden), or "" when it did not.
+func podRefused(pod *corev1.Pod) string {
+	if pod == nil || pod.Status.Phase != corev1.PodFailed || pod.Status.Reason == "" {
+		return ""
+	}
+	return fmt.Sprintf("the node refused to run the proxy Pod %s: %s: %s", pod.Name, pod.Status.Reason, pod.Status.Message)
 }
 
 // cleanup tears a proxy down: the StatefulSet first (so the proxy cannot log in again), then

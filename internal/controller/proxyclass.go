@@ -146,7 +146,8 @@ func (v *proxyClassValidation) container(field string, c *tsv1alpha1.Container) 
 		v.problems = append(v.problems, fmt.Sprintf("%s.image %q contains white space", field, c.Image))
 	}
 	for _, e := range c.Env {
-		if strings.HasPrefix(e.Name, "TS_") {
+		// Turning log upload off is a choice the proxy leaves to the user, not an override.
+		if strings.HasPrefix(e.Name, "TS_") && e.Name != "TS_NO_LOGS_NO_SUPPORT" {
 			v.warnings = append(v.warnings, fmt.Sprintf("%s.env sets %s, which overrides the proxy's own setting", field, e.Name))
 		}
 	}

@@ -156,6 +156,7 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 		kernel:    true,
 		image:     r.Settings.ProxyImage,
 		caBundle:  r.Settings.ProxyCAConfigMap,
+		noLogs:    r.Settings.ProxyNoLogs,
 		class:     class,
 	}.build())
 	for _, obj := range objs {

@@ -3,6 +3,8 @@ package controller
 import (
 	"context"
 	"fmt"
+	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -35,6 +37,11 @@ const (
 	ReasonProxyReady   = "ProxyCreated" // traffic to the tailnet address reaches the Service
 
 	ReasonInvalidService = "InvalidService"
+	// The proxy Pod has IP forwarding off and cannot turn it on: nothing is forwarded.
+	ReasonIPForwardingDisabled = "IPForwardingDisabled"
+	// One address family of the Service is not forwarded (IPv6 disabled in the proxy Pod, say);
+	// the other is.
+	ReasonIPFamilyNotForwarded = "IPFamilyNotForwarded"
 )
 
 // ServiceReconciler exposes Services on the tailnet at L3 through a standalone proxy each.
@@ -100,9 +107,14 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		st.set(false, ReasonProxyFailed, err.Error())
 		return r.tailnetFailure(svc, err)
 	}
-	state, err := r.proxies.state(ctx, p.parent)
+	state, pod, err := r.proxies.state(ctx, p.parent)
 	if err != nil {
 		return ctrl.Result{}, err
+	}
+	if msg := podRefused(pod); msg != "" {
+		st.set(false, ReasonProxyFailed, msg)
+		st.warning = &finding{reason: ReasonProxyFailed, message: msg, warning: true}
+		return ctrl.Result{}, nil
 	}
 	st.fromProxy(state)
 	return ctrl.Result{}, nil
@@ -170,13 +182,24 @@ type serviceStatus struct {
 	reason  string
 	message string
 	lb      []corev1.LoadBalancerIngress
+	// warning is emitted as an Event when the condition changes.
+	warning *finding
 }
 
 func (s *serviceStatus) set(ready bool, reason, msg string) {
 	s.ready, s.reason, s.message = ready, reason, msg
 }
 
+// fromProxy reads the condition off what the proxy reports: waiting, failed, or forwarding the
+// families it can, with the others named.
 func (s *serviceStatus) fromProxy(st *contract.ProxyState) {
+	if st != nil && st.Firewall != nil {
+		if reason, msg := familiesBlocked(st.Firewall.Families, serviceFamilies(s.svc)); reason != "" {
+			s.set(false, reason, msg)
+			s.warning = &finding{reason: reason, message: msg, warning: true}
+			return
+		}
+	}
 	switch {
 	case st == nil || st.FQDN == "":
 		s.set(false, ReasonProxyPending, "waiting for the proxy Pod to join the tailnet")
@@ -190,18 +213,77 @@ func (s *serviceStatus) fromProxy(st *contract.ProxyState) {
 	case !ok:
 		s.set(false, ReasonProxyPending, "waiting for the proxy to install its DNAT rules")
 		return
-	case m.Error != "":
-		s.set(false, ReasonProxyFailed, "the proxy could not install its DNAT rules: "+m.Error)
+	// A proxy that knows no per-family errors reports any failure as the mapping's.
+	case len(m.TailnetIPs) == 0 || (m.Error != "" && len(m.FamilyErrors) == 0):
+		msg := "the proxy could not install its DNAT rules: " + m.Error
+		s.set(false, ReasonProxyFailed, msg)
+		s.warning = &finding{reason: ReasonProxyFailed, message: msg, warning: true}
 		return
 	}
-	s.set(true, ReasonProxyReady, fmt.Sprintf("reachable on the tailnet at %s (%s)", st.FQDN, strings.Join(st.TailnetIPs, ", ")))
+	// Only what is forwarded is advertised: a tailnet address of a family the Service lacks, or
+	// the proxy cannot forward, would refuse connections.
+	msg := fmt.Sprintf("reachable on the tailnet at %s (%s)", st.FQDN, strings.Join(m.TailnetIPs, ", "))
+	if len(m.FamilyErrors) > 0 {
+		var parts []string
+		for _, f := range []string{contract.FamilyIPv4, contract.FamilyIPv6} {
+			if e, ok := m.FamilyErrors[f]; ok {
+				parts = append(parts, f+": "+e)
+			}
+		}
+		notForwarded := "not forwarded: " + strings.Join(parts, "; ")
+		msg += "; " + notForwarded
+		s.warning = &finding{reason: ReasonIPFamilyNotForwarded, message: notForwarded, warning: true}
+	}
+	s.set(true, ReasonProxyReady, msg)
 	if s.svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
 		s.lb = []corev1.LoadBalancerIngress{{Hostname: st.FQDN}}
-		for _, ip := range st.TailnetIPs {
+		for _, ip := range m.TailnetIPs {
 			// VIP is what the API server defaults to; set it so the comparison is stable.
 			s.lb = append(s.lb, corev1.LoadBalancerIngress{IP: ip, IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)})
 		}
 	}
+}
+
+// serviceFamilies are the address families a Service's traffic needs: those of its ClusterIPs,
+// or both for an ExternalName, whose name may resolve to either.
+func serviceFamilies(svc *corev1.Service) []string {
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return []string{contract.FamilyIPv4, contract.FamilyIPv6}
+	}
+	var out []string
+	for _, ip := range append([]string{svc.Spec.ClusterIP}, svc.Spec.ClusterIPs...) {
+		f := contract.FamilyIPv4
+		if a, err := netip.ParseAddr(ip); err != nil {
+			continue
+		} else if a.Is6() {
+			f = contract.FamilyIPv6
+		}
+		if !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// familiesBlocked returns a reason and message when the proxy can forward none of the families
+// needed: IPForwardingDisabled when forwarding is what stops one of them, else ProxyFailed.
+func familiesBlocked(problems map[string]contract.FamilyProblem, needed []string) (reason, msg string) {
+	if len(needed) == 0 {
+		return "", ""
+	}
+	reason = ReasonProxyFailed
+	var parts []string
+	for _, f := range needed {
+		p, ok := problems[f]
+		if !ok {
+			return "", ""
+		}
+		if p.Reason == contract.FamilyForwardingOff {
+			reason = ReasonIPForwardingDisabled
+		}
+		parts = append(parts, p.Message)
+	}
+	return reason, "the proxy cannot forward traffic: " + strings.Join(parts, "; ")
 }
 
 func (s *serviceStatus) write(ctx context.Context, r *ServiceReconciler) {
@@ -210,6 +292,10 @@ func (s *serviceStatus) write(ctx context.Context, r *ServiceReconciler) {
 	}
 	before := s.svc.DeepCopy()
 	changed := setCondition(&s.svc.Status.Conditions, ConditionProxyReady, s.ready, s.reason, s.message, s.svc.Generation)
+	// Once per change of the condition, so that a steady failure does not flood the Events.
+	if changed && s.warning != nil {
+		r.eventf(s.svc, corev1.EventTypeWarning, s.warning.reason, "%s", s.warning.message)
+	}
 	if s.svc.Spec.Type == corev1.ServiceTypeLoadBalancer && !equality.Semantic.DeepEqual(s.svc.Status.LoadBalancer.Ingress, s.lb) {
 		s.svc.Status.LoadBalancer.Ingress = s.lb
 		changed = true

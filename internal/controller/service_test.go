@@ -103,6 +103,71 @@ var _ = Describe("Service reconciler (standalone L3)", func() {
 		Expect(apierrors.IsNotFound(k8s.Get(ctx, secretKey(parentTypeService, svc), &corev1.Secret{}))).To(BeTrue())
 	})
 
+	It("advertises only the tailnet addresses forwarded, and reports per family what is not, on the condition and in Events", func() {
+		ns := newNamespace()
+		svc := newService(ns, "famdb", func(s *corev1.Service) {
+			s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyRequireDualStack)
+			s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+		})
+		Eventually(func(g Gomega) { proxyConfigOf(g, parentTypeService, svc) }).Should(Succeed())
+		Expect(svc.Spec.ClusterIPs).To(HaveLen(2))
+		fqdn, ips := ns+"-famdb.tailnet.test", []string{"100.64.0.9", "fd7a:115c:a1e0::9"}
+		forwardingOff := func(f string) contract.FamilyProblem {
+			return contract.FamilyProblem{Reason: contract.FamilyForwardingOff, Message: f + " forwarding is off and the proxy cannot turn it on (read-only file system)"}
+		}
+
+		By("forwarding off in the Pod: a clear reason, before the login too, and an Event")
+		reportState(parentTypeService, svc, contract.ProxyState{Firewall: &contract.FirewallStatus{Mode: contract.FirewallNFTables,
+			Families: map[string]contract.FamilyProblem{contract.FamilyIPv4: forwardingOff("ipv4"), contract.FamilyIPv6: forwardingOff("ipv6")}}})
+		Eventually(proxyReady(svc)).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonIPForwardingDisabled),
+			HaveField("Message", And(ContainSubstring("ipv4 forwarding is off"), ContainSubstring("ipv6 forwarding is off")))))
+		Eventually(func(g Gomega) []string { return eventReasons(g, "Service", "famdb") }).Should(ContainElement(ReasonIPForwardingDisabled))
+		Expect(svc.Status.LoadBalancer.Ingress).To(BeEmpty())
+
+		By("IPv6 disabled in the Pod: ready on IPv4, IPv6 named as not forwarded and not advertised")
+		disabled := "IPv6 is disabled in the proxy's network namespace (net.ipv6.conf.all.disable_ipv6=1)"
+		reportState(parentTypeService, svc, contract.ProxyState{DeviceID: "nFam", FQDN: fqdn, TailnetIPs: ips,
+			Firewall: &contract.FirewallStatus{Mode: contract.FirewallNFTables,
+				Families: map[string]contract.FamilyProblem{contract.FamilyIPv6: {Reason: contract.FamilyDisabled, Message: disabled}},
+				Mappings: map[string]contract.AppliedDNAT{contract.StandaloneMapping: {
+					TailnetIPs: ips[:1], Destinations: svc.Spec.ClusterIPs[:1], Error: "ipv6: " + disabled,
+					FamilyErrors: map[string]string{contract.FamilyIPv6: disabled}}}}})
+		Eventually(proxyReady(svc)).Should(And(HaveField("Status", metav1.ConditionTrue), HaveField("Reason", ReasonProxyReady),
+			HaveField("Message", ContainSubstring("not forwarded: ipv6: "+disabled))))
+		Expect(svc.Status.LoadBalancer.Ingress).To(Equal([]corev1.LoadBalancerIngress{
+			{Hostname: fqdn}, {IP: ips[0], IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)}}))
+		Eventually(func(g Gomega) []string { return eventMessages(g, "Service", "famdb") }).
+			Should(ContainElement(ContainSubstring(ReasonIPFamilyNotForwarded + ": not forwarded: ipv6: IPv6 is disabled")))
+
+		By("both families forwarded")
+		reportState(parentTypeService, svc, appliedState(fqdn, ips, ""))
+		Eventually(proxyReady(svc)).Should(And(HaveField("Status", metav1.ConditionTrue), HaveField("Message", Not(ContainSubstring("not forwarded")))))
+		Expect(svc.Status.LoadBalancer.Ingress).To(HaveLen(3))
+
+		By("a mapping that forwards nothing fails, with an Event")
+		reportState(parentTypeService, svc, contract.ProxyState{DeviceID: "nFam", FQDN: fqdn, TailnetIPs: ips,
+			Firewall: &contract.FirewallStatus{Mode: contract.FirewallNFTables, Mappings: map[string]contract.AppliedDNAT{
+				contract.StandaloneMapping: {Error: "ipv4: mss clamp: operation not permitted; ipv6: mss clamp: operation not permitted",
+					FamilyErrors: map[string]string{"ipv4": "mss clamp: operation not permitted", "ipv6": "mss clamp: operation not permitted"}}}}})
+		Eventually(proxyReady(svc)).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonProxyFailed)))
+		Expect(svc.Status.LoadBalancer.Ingress).To(BeEmpty())
+		Eventually(func(g Gomega) []string { return eventReasons(g, "Service", "famdb") }).Should(ContainElement(ReasonProxyFailed))
+	})
+
+	It("does not advertise the IPv6 tailnet address of an IPv4-only Service", func() {
+		ns := newNamespace()
+		svc := newService(ns, "v4db", nil)
+		Eventually(func(g Gomega) { proxyConfigOf(g, parentTypeService, svc) }).Should(Succeed())
+		fqdn := ns + "-v4db.tailnet.test"
+		// The device has both addresses; the proxy forwards the one with a ClusterIP of its family.
+		st := appliedState(fqdn, []string{"100.64.0.10"}, "")
+		st.TailnetIPs = []string{"100.64.0.10", "fd7a:115c:a1e0::10"}
+		reportState(parentTypeService, svc, st)
+		Eventually(proxyReady(svc)).Should(And(HaveField("Status", metav1.ConditionTrue), HaveField("Message", ContainSubstring("(100.64.0.10)"))))
+		Expect(svc.Status.LoadBalancer.Ingress).To(Equal([]corev1.LoadBalancerIngress{
+			{Hostname: fqdn}, {IP: "100.64.0.10", IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)}}))
+	})
+
 	It("exposes an annotated ClusterIP Service without touching its load-balancer status", func() {
 		ns := newNamespace()
 		svc := newService(ns, "cache", func(s *corev1.Service) {

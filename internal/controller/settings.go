@@ -36,6 +36,10 @@ type Settings struct {
 	// ProxyCAConfigMap names a ConfigMap in Namespace whose PEM certificates every proxy trusts
 	// besides the system roots: the root of a private ACME CA or control server.
 	ProxyCAConfigMap string
+	// ProxyNoLogs forbids every proxy to upload its logs (TS_NO_LOGS_NO_SUPPORT), even to
+	// Tailscale's log server with Tailscale's control server. Proxies of another control server
+	// never upload them.
+	ProxyNoLogs bool
 	// CertificateLimits are the ACME CA's rate limits the operator keeps proxies within; zero
 	// means Let's Encrypt's.
 	CertificateLimits acmebudget.Limits

@@ -126,6 +126,7 @@ func (p *standaloneProxy) buildStatefulSet(s Settings) *appsv1.StatefulSet {
 		kernel:    p.kernel,
 		image:     s.ProxyImage,
 		caBundle:  s.ProxyCAConfigMap,
+		noLogs:    s.ProxyNoLogs,
 		class:     p.class,
 	}.build()
 }
@@ -136,15 +137,61 @@ type proxyPods struct {
 	labels, selector map[string]string
 	replicas         int32
 	args             []string // besides the health address
-	kernel           bool     // L3: root with NET_ADMIN and /dev/net/tun
+	kernel           bool     // L3: root with NET_ADMIN and /dev/net/tun, forwarding on
 	image            string
 	caBundle         string // ConfigMap of extra roots, mounted for SSL_CERT_DIR; none when empty
+	noLogs           bool   // the operator forbids log upload, whatever the control server
 	class            *tsv1alpha1.ProxyClass
 }
 
 // caBundleDir is where a proxy finds the operator's extra roots; Go reads every file there besides
 // the system bundle.
 const caBundleDir = "/etc/tsingress/ca-certificates"
+
+// Forwarding sysctls an L3 proxy needs in its Pod's network namespace.
+const (
+	sysctlIPv4Forward = "net.ipv4.ip_forward"
+	sysctlIPv6Forward = "net.ipv6.conf.all.forwarding"
+)
+
+// initContainerName is the forwarding init container's, as the original operator names it.
+const initContainerName = "sysctler"
+
+// forwardingInitContainer turns IP forwarding on in the Pod's network namespace, which a
+// container that is not privileged sees read-only even with NET_ADMIN. It runs the proxy image
+// (`proxy sysctl`), privileged: that is the whole point, and it exits before the proxy starts.
+// The proxy reports on the Service whatever it could not turn on.
+func forwardingInitContainer(image string) corev1.Container {
+	return corev1.Container{
+		Name:            initContainerName,
+		Image:           image,
+		ImagePullPolicy: corev1.PullIfNotPresent,
+		Args:            []string{"sysctl"},
+		SecurityContext: &corev1.SecurityContext{
+			Privileged:   ptr.To(true),
+			RunAsUser:    ptr.To[int64](0),
+			RunAsNonRoot: ptr.To(false),
+		},
+		Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+			corev1.ResourceCPU: mustQuantity("1m"), corev1.ResourceMemory: mustQuantity("1Mi"),
+		}},
+	}
+}
+
+// podSysctlForwarding reports whether a ProxyClass turns IPv4 forwarding on through the Pod's
+// sysctls (the kubelet must allow the unsafe sysctl: --allowed-unsafe-sysctls), in which case
+// its proxies need no privileged init container.
+func podSysctlForwarding(pc *tsv1alpha1.ProxyClass) bool {
+	if pc == nil || pc.Spec.StatefulSet == nil || pc.Spec.StatefulSet.Pod == nil || pc.Spec.StatefulSet.Pod.SecurityContext == nil {
+		return false
+	}
+	for _, sc := range pc.Spec.StatefulSet.Pod.SecurityContext.Sysctls {
+		if sc.Name == sysctlIPv4Forward && sc.Value == "1" {
+			return true
+		}
+	}
+	return false
+}
 
 func (pp proxyPods) build() *appsv1.StatefulSet {
 	podLabels := maps.Clone(pp.labels)
@@ -176,6 +223,9 @@ func (pp proxyPods) build() *appsv1.StatefulSet {
 		}},
 		VolumeMounts: []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}},
 	}
+	if pp.noLogs {
+		container.Env = append(container.Env, corev1.EnvVar{Name: "TS_NO_LOGS_NO_SUPPORT", Value: "true"})
+	}
 	podSecurity := &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
 	if pp.kernel {
 		// Kernel DNAT and the TUN device need root with NET_ADMIN (and NET_RAW for the
@@ -202,9 +252,13 @@ func (pp proxyPods) build() *appsv1.StatefulSet {
 		volumes = append(volumes, corev1.Volume{Name: "ca-bundle", VolumeSource: corev1.VolumeSource{
 			ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: pp.caBundle}}}})
 	}
+	var initContainers []corev1.Container
 	if pp.kernel {
 		volumes = append(volumes, corev1.Volume{Name: "dev-net-tun", VolumeSource: corev1.VolumeSource{
 			HostPath: &corev1.HostPathVolumeSource{Path: "/dev/net/tun", Type: ptr.To(corev1.HostPathCharDev)}}})
+		if !podSysctlForwarding(pp.class) {
+			initContainers = append(initContainers, forwardingInitContainer(pp.image))
+		}
 	}
 
 	sts := &appsv1.StatefulSet{
@@ -221,6 +275,7 @@ func (pp proxyPods) build() *appsv1.StatefulSet {
 					ServiceAccountName:            pp.name,
 					TerminationGracePeriodSeconds: ptr.To[int64](30),
 					SecurityContext:               podSecurity,
+					InitContainers:                initContainers,
 					Containers:                    []corev1.Container{container},
 					Volumes:                       volumes,
 				},
@@ -267,6 +322,13 @@ func applyProxyClass(sts *appsv1.StatefulSet, pc *tsv1alpha1.ProxyClass) {
 	ps.DNSConfig = p.DNSConfig
 	if c := p.TailscaleContainer; c != nil {
 		applyContainer(&ps.Containers[0], c)
+	}
+	if c := p.TailscaleInitContainer; c != nil {
+		for i := range ps.InitContainers {
+			if ps.InitContainers[i].Name == initContainerName {
+				applyContainer(&ps.InitContainers[i], c)
+			}
+		}
 	}
 }
 

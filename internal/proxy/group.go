@@ -64,12 +64,13 @@ type replica struct {
 	dnat     contract.DNATConfig
 	status   nodeStatus
 	up       bool     // tsnet's first Up is done: it clears advertisements, so none come before
-	tunIPs   []string // the node addresses the TUN has; nil until set
+	tunIPs   []string // the node addresses given to the TUN; nil until given
 	closing  bool
 
 	mappings   []l3.Mapping  // as last given to the forwarder
 	l3Backoff  time.Duration // after a failed attempt, until the next; 0 after a success
 	l3RetryAt  time.Time
+	l3Attempts int // failed attempts in a row
 	web        map[string]*webService
 	draining   map[string]bool // L7 services whose previous server still drains
 	secrets    *secretWatches  // certificate Secrets: shared ones and bring-your-own
@@ -284,12 +285,12 @@ func (r *replica) onStatus(ctx context.Context, st nodeStatus) error {
 				ips = append(ips, ip)
 			}
 		}
-		r.tunIPs = nil
+		// A family the TUN cannot take fails alone; the status says which, and the mappings
+		// that need it are not advertised. The next DNAT attempt tries it again.
 		if err := r.fwd.SetTailnetIPs(ips); err != nil {
-			r.log.Error("giving the TUN device the node's addresses failed; L3 services are not served", "err", err)
-		} else {
-			r.tunIPs = st.ips
+			r.log.Error("giving the TUN device the node's addresses failed; L3 services of that family are not served", "err", err)
 		}
+		r.tunIPs = st.ips
 	}
 	if !r.up {
 		// Running already, so this returns at once; ListenService would do it later and wipe
@@ -413,13 +414,17 @@ func (r *replica) reconcileL3(ctx context.Context) {
 	// A mapping that cannot be installed carries its error in the status, which keeps it from
 	// being advertised until a later attempt succeeds.
 	if err := r.fwd.SetMappings(ctx, mappings); err != nil {
-		r.l3Backoff = min(max(2*r.l3Backoff, time.Second), time.Minute)
+		r.l3Attempts++
+		r.l3Backoff = min(max(2*r.l3Backoff, time.Second), maxDNATBackoff)
 		r.l3RetryAt = time.Now().Add(r.l3Backoff)
 		time.AfterFunc(r.l3Backoff, func() { r.send(ctx, func() {}) })
-		r.log.Error("some DNAT mappings are not installed; trying again", "in", r.l3Backoff, "err", err)
+		r.log.Error("some DNAT mappings are not installed; trying again", "attempt", r.l3Attempts, "retryIn", r.l3Backoff, "err", err)
 		return
 	}
-	r.l3Backoff = 0
+	if r.l3Attempts > 0 {
+		r.log.Info("every DNAT mapping is installed after failed attempts", "attempts", r.l3Attempts)
+	}
+	r.l3Backoff, r.l3Attempts = 0, 0
 }
 
 func (r *replica) reconcileWeb(ctx context.Context) {

@@ -148,6 +148,8 @@ func Run(ctx context.Context, opts Options) error {
 		return &ConfigError{err}
 	}
 	opts.Logger.Info("config loaded", "config", cfg.String(), "version", version)
+	limitTailscaleContact(cfg.ControlURL, opts.Logger)
+	portMapperOffByDefault()
 	var run runner
 	switch cfg.Kind {
 	case contract.KindIngress:

@@ -40,6 +40,7 @@ type service struct {
 	applied  *l3.Mapping
 	applyErr error         // the last attempt's failure, retried after backoff
 	backoff  time.Duration // until the next retry of a failed attempt
+	attempts int           // failed attempts in a row
 
 	reported map[string][]byte // the state last written; nil after a failed write
 }
@@ -101,7 +102,6 @@ func runService(ctx context.Context, opts Options, kube kubernetes.Interface, sr
 		}
 		if p.apply(ctx, retrying) && p.applyErr != nil {
 			retry = time.After(p.backoff)
-			p.backoff = min(2*p.backoff, time.Minute)
 		}
 		if p.sync(ctx) != nil && retry == nil {
 			retry = time.After(5 * time.Second)
@@ -210,32 +210,44 @@ func (p *service) apply(ctx context.Context, retrying bool) bool {
 	if p.applied != nil && sameMapping(*p.applied, want) && (p.applyErr == nil || !retrying) {
 		return false
 	}
+	// A family the TUN cannot take (IPv6 disabled, say) fails alone: the other is forwarded,
+	// and SetMappings reports the failed one in the status and its error.
+	var linkErr error
 	if p.applied == nil || !slices.Equal(p.applied.TailnetIPs, want.TailnetIPs) {
-		if err := p.fwd.SetTailnetIPs(want.TailnetIPs); err != nil {
-			p.failed(err)
-			return true
-		}
+		linkErr = p.fwd.SetTailnetIPs(want.TailnetIPs)
 	}
-	err := p.fwd.SetMappings(ctx, []l3.Mapping{want})
+	err := errors.Join(linkErr, p.fwd.SetMappings(ctx, []l3.Mapping{want}))
 	// A mapping that failed is installed as far as it goes; the status carries its error.
 	p.applied = &want
+	m := p.fwd.Status().Mappings[contract.StandaloneMapping]
 	if err != nil {
-		p.failed(err)
+		p.failed(err, m)
 		return true
 	}
-	p.applyErr = nil
-	p.log.Info("forwarding", "tailnetIPs", want.TailnetIPs, "destination", want.Destination)
+	if p.attempts > 0 {
+		p.log.Info("the DNAT rules are in place after failed attempts", "attempts", p.attempts)
+	}
+	p.applyErr, p.attempts = nil, 0
+	p.log.Info("forwarding", "tailnetIPs", m.TailnetIPs, "destinations", m.Destinations, "destination", want.Destination)
 	return true
 }
 
-func (p *service) failed(err error) {
-	if p.applyErr == nil || p.applyErr.Error() != err.Error() {
-		p.log.Error("installing the DNAT rules failed; retrying", "err", err)
-	}
-	if p.applyErr == nil {
+// maxDNATBackoff bounds the wait between attempts; a family that stays unusable (IPv6 disabled)
+// is tried, and logged, that often.
+const maxDNATBackoff = 5 * time.Minute
+
+// failed records a failed attempt, logs it with what is forwarded all the same, and sets the
+// wait before the next one.
+func (p *service) failed(err error, m contract.AppliedDNAT) {
+	p.attempts++
+	if p.attempts == 1 {
 		p.backoff = time.Second
+	} else {
+		p.backoff = min(2*p.backoff, maxDNATBackoff)
 	}
 	p.applyErr = err
+	p.log.Error("installing the DNAT rules failed; retrying", "attempt", p.attempts, "retryIn", p.backoff,
+		"forwarding", m.TailnetIPs, "err", err)
 }
 
 // sameMapping compares what two mappings install; Destination holds slices, so == cannot.
@@ -281,14 +293,15 @@ func (p *service) sync(ctx context.Context) error {
 	return nil
 }
 
-// readiness says why the proxy does not forward yet, or "" once the node's addresses are DNATed
-// to the current destination.
+// readiness says why the proxy does not forward yet, or "" once the node's addresses, of one
+// family at least, are DNATed to the current destination: a family that cannot be forwarded is
+// reported in the status, not by taking the Pod out of service.
 func (p *service) readiness(fs contract.FirewallStatus) string {
 	m, ok := fs.Mappings[contract.StandaloneMapping]
 	switch {
 	case !p.status.running:
 		return "waiting for the tailnet login"
-	case p.applied != nil && sameMapping(*p.applied, p.mapping()) && ok && m.Error == "":
+	case p.applied != nil && sameMapping(*p.applied, p.mapping()) && ok && len(m.TailnetIPs) > 0:
 		return ""
 	case p.applyErr != nil:
 		return "installing the DNAT rules failed: " + p.applyErr.Error()

@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/netip"
@@ -179,4 +180,82 @@ func TestServiceProxy(t *testing.T) {
 			t.Error("the auth key appears in the logs")
 		}
 	})
+}
+
+// L3 over both families, and over IPv4 alone when the proxy's namespace has IPv6 disabled (as
+// Docker and some CNIs run containers): a dual-stack Service's IPv6 tailnet address reaches its
+// IPv6 ClusterIP, TCP and UDP; without IPv6 the IPv4 address still does, the proxy is ready,
+// and its state says, per family, why IPv6 is not forwarded.
+func TestServiceProxyFamilies(t *testing.T) {
+	proxytest.NeedRoot(t)
+	env := proxytest.StartKube(t)
+	w := newWorld(t)
+	if _, err := w.client.Up(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	clusterIP6 := netip.MustParseAddr("fd00:96::10")
+	for i, ipv6Off := range []bool{false, true} {
+		name := map[bool]string{false: "dual-stack", true: "ipv6-disabled"}[ipv6Off]
+		t.Run(name, func(t *testing.T) {
+			top := proxytest.NewTopology(t, clusterIPA, clusterIP6)
+			if ipv6Off {
+				top.Proxy.DisableIPv6(t)
+			}
+			secret := fmt.Sprintf("db%d-0", i)
+			cfg := &contract.ProxyConfig{
+				Kind: contract.KindService, Hostname: fmt.Sprintf("db%d", i), Tags: []string{"tag:k8s"}, ControlURL: w.lt.ControlURL,
+				AuthKey: w.mintKey(t).Secret.Reveal(), StateSecret: secret,
+				Forward: &contract.Destination{IPs: []string{clusterIPA.String(), clusterIP6.String()}},
+			}
+			data, err := contract.ProxyConfigs.Encode(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			env.Secret(t, ns, secret, data)
+			ctx, cancel := context.WithCancel(t.Context())
+			health, done := w.start(t, ctx, proxy.Options{
+				ConfigSecret: secret, Kube: env.Config, Namespace: ns, PodUID: "pod-" + name, StateDir: t.TempDir(), NetNS: top.Proxy.Path,
+			})
+			t.Cleanup(func() { cancel(); waitDone(t, done) })
+			waitReady(t, health, done)
+
+			var st *contract.ProxyState
+			var m contract.AppliedDNAT
+			eventually(t, "the mapping in the state", func() bool {
+				sec, err := env.Client.CoreV1().Secrets(ns).Get(t.Context(), secret, metav1.GetOptions{})
+				if err != nil {
+					return false
+				}
+				if st, err = contract.ParseState(sec.Data); err != nil || st.Firewall == nil || len(st.TailnetIPs) != 2 {
+					return false
+				}
+				m = st.Firewall.Mappings[contract.StandaloneMapping]
+				return len(m.TailnetIPs) > 0
+			})
+			var ip4, ip6 netip.Addr
+			for _, s := range st.TailnetIPs {
+				a := netip.MustParseAddr(s)
+				if a.Is4() {
+					ip4 = a
+				} else {
+					ip6 = a
+				}
+			}
+			proxytest.ExpectBackend(t, w.client, ip4, clusterIPA)
+			if !ipv6Off {
+				if !slices.Equal(m.TailnetIPs, []string{ip4.String(), ip6.String()}) || m.Error != "" || len(st.Firewall.Families) != 0 {
+					t.Errorf("mapping %+v, families %+v; want both families forwarded", m, st.Firewall.Families)
+				}
+				proxytest.ExpectBackend(t, w.client, ip6, clusterIP6)
+				return
+			}
+			if !slices.Equal(m.TailnetIPs, []string{ip4.String()}) || !slices.Equal(m.Destinations, []string{clusterIPA.String()}) ||
+				!strings.Contains(m.FamilyErrors[contract.FamilyIPv6], "disable_ipv6=1") || !strings.Contains(m.Error, "ipv6:") {
+				t.Errorf("mapping %+v, want IPv4 forwarded and why IPv6 is not", m)
+			}
+			if fam := st.Firewall.Families[contract.FamilyIPv6]; fam.Reason != contract.FamilyDisabled {
+				t.Errorf("IPv6 family %+v, want %s", fam, contract.FamilyDisabled)
+			}
+		})
+	}
 }

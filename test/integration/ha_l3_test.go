@@ -79,7 +79,6 @@ func TestHAServiceFailover(t *testing.T) {
 	var tops []proxytest.Topology
 	for i := range 2 {
 		top := proxytest.NewTopology(t)
-		addDualStack(t, top)
 		for _, ip := range clusterIPs {
 			serveNamedEcho(t, top, ip, fmt.Sprintf("%s-%d", pg, i))
 		}
@@ -241,27 +240,13 @@ func TestHAServiceFailover(t *testing.T) {
 // restart. The replica comes back on its WireGuard port, where peers still look for it.
 const restartGap = time.Second
 
-// addDualStack gives a Topology's veth pair IPv6 addresses and routes the tailnet's IPv6 range
-// back through the proxy, as NewTopology does for IPv4.
-func addDualStack(t *testing.T, top proxytest.Topology) {
-	t.Helper()
-	top.Proxy.IP(t, "addr", "add", "fd00:250:1::1/64", "dev", "eth0", "nodad")
-	top.Backend.IP(t, "addr", "add", "fd00:250:1::2/64", "dev", "eth0", "nodad")
-	top.Backend.IP(t, "route", "add", "fd7a:115c:a1e0::/48", "via", "fd00:250:1::1")
-}
-
-// serveNamedEcho puts ip on the backend's loopback, routes it there from the proxy, and answers
+// serveNamedEcho puts ip on the backend's loopback, routes it there from the node, and answers
 // on it, over TCP a line with "<name> <line>" and closes, over UDP "<name> <datagram>". Closing
 // first leaves the closed connections' TIME_WAIT here, not in the client's netstack, which a
 // tsnet.Server with hundreds of them cannot Close (its netstack blocks aborting them).
 func serveNamedEcho(t *testing.T, top proxytest.Topology, ip netip.Addr, name string) {
 	t.Helper()
-	prefix, via := ip.String()+"/32", "10.250.1.2"
-	if ip.Is6() {
-		prefix, via = ip.String()+"/128", "fd00:250:1::2"
-	}
-	top.Backend.IP(t, "addr", "add", prefix, "dev", "lo")
-	top.Proxy.IP(t, "route", "add", prefix, "via", via)
+	top.AddClusterIP(t, ip)
 	var ln net.Listener
 	var pc net.PacketConn
 	err := netnamespace.Run(top.Backend.Path, func() (err error) {

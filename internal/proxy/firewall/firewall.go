@@ -1,7 +1,9 @@
 // Package firewall installs the kernel DNAT of the L3 proxy: packets addressed to a tailnet IP
 // (the proxy's own, or a Tailscale Service VIP) are rewritten to a destination IP (a Service
-// ClusterIP, or the resolved addresses of an ExternalName), all protocols and ports, and TCP
-// MSS is clamped to the path MTU on traffic forwarded in and out of the tunnel interface.
+// ClusterIP, or the resolved addresses of an ExternalName), all protocols and ports; the
+// connections so DNATed leave with the proxy's own address (masquerade), since the destination
+// routes replies through its default gateway, which knows nothing of the tailnet; and TCP MSS is
+// clamped to the path MTU on traffic forwarded in and out of the tunnel interface.
 //
 // Two backends produce the same rules: nftables (netlink, no binary needed) and iptables (the
 // iptables/ip6tables binaries, nf_tables or legacy flavour). Every rule carries a comment
@@ -9,10 +11,11 @@
 // restarted process finds its rules again and rewrites only those that changed.
 //
 // Layout. nftables: tables "ip tsingress" and "ip6 tsingress", each with a "prerouting" chain
-// (nat hook, priority dstnat) and a "forward" chain (filter hook, priority mangle). iptables:
-// chain TSINGRESS-PREROUTING in the nat table, jumped to from the top of PREROUTING, and chain
-// TSINGRESS-FORWARD in the mangle table, jumped to from the top of FORWARD. A family's tables or
-// chains exist only while some mapping uses that family.
+// (nat hook, priority dstnat), a "postrouting" chain (nat hook, priority srcnat) and a "forward"
+// chain (filter hook, priority mangle). iptables: chains TSINGRESS-PREROUTING and
+// TSINGRESS-POSTROUTING in the nat table, jumped to from the top of PREROUTING and POSTROUTING,
+// and chain TSINGRESS-FORWARD in the mangle table, jumped to from the top of FORWARD. A family's
+// tables or chains exist only while some mapping uses that family.
 package firewall
 
 import (
@@ -65,10 +68,13 @@ type Status struct {
 
 // MappingStatus describes one mapping. Its rules are installed exactly when Error is empty.
 type MappingStatus struct {
-	// TailnetIPs and Destinations are the addresses in use: those with a partner of their family.
+	// TailnetIPs and Destinations are the addresses in use: those with a partner of their family,
+	// in a family whose rules are in place.
 	TailnetIPs   []netip.Addr `json:"tailnetIPs"`
 	Destinations []netip.Addr `json:"destinations"`
 	Error        string       `json:"error,omitempty"`
+	// FamilyErrors says, per family ("ipv4", "ipv6"), why that family's rules are not in place.
+	FamilyErrors map[string]string `json:"familyErrors,omitempty"`
 }
 
 // Runner owns the package's rules in one network namespace. Its methods are safe for

@@ -122,10 +122,11 @@ func TestIdempotentApply(t *testing.T) {
 			}
 
 			first := apply(a, b, c, bad)
-			// Per family: a jump or two, two clamp rules, and DNAT rules.
-			wantDNAT := map[string]int{"standalone": 2, "svc:b": 1, "svc:c": 1}
+			// Per family: a jump or two, two clamp rules, a masquerade rule (nftables) and DNAT
+			// rules; iptables has one masquerade rule per tailnet IP instead, with the mapping's.
+			wantDNAT := map[string]int{"standalone": 2, "svc:b": 1, "svc:c": 1, "masquerade": 2}
 			if mode == ModeIPTables {
-				wantDNAT["svc:b"] = 3 // one per destination
+				wantDNAT = map[string]int{"standalone": 4, "svc:b": 3 + 1, "svc:c": 2} // a DNAT rule per destination
 			}
 			for name, n := range wantDNAT {
 				if got := len(slices.DeleteFunc(slices.Clone(first), func(l string) bool { return !ownedBy(name)(l) })); got != n {
@@ -171,7 +172,7 @@ func TestIdempotentApply(t *testing.T) {
 			}
 			oldC := slices.DeleteFunc(slices.Clone(withoutB), func(l string) bool { return !ownedBy("svc:c")(l) })
 			newC := slices.DeleteFunc(slices.Clone(changed), func(l string) bool { return !ownedBy("svc:c")(l) })
-			if len(newC) != 1 || len(oldC) != 1 || newC[0] == oldC[0] {
+			if len(newC) != wantDNAT["svc:c"] || len(oldC) != wantDNAT["svc:c"] || slices.Equal(newC, oldC) {
 				t.Fatalf("svc:c rule not replaced: before %q, after %q", oldC, newC)
 			}
 

@@ -19,15 +19,17 @@ import (
 )
 
 const (
-	iptNATChain = "TSINGRESS-PREROUTING" // in nat, jumped to from PREROUTING
-	iptFwdChain = "TSINGRESS-FORWARD"    // in mangle, jumped to from FORWARD
-	iptPrefix   = "TSINGRESS-"
-	jumpTag     = "tsingress/jump"
+	iptNATChain  = "TSINGRESS-PREROUTING"  // in nat, jumped to from PREROUTING
+	iptSNATChain = "TSINGRESS-POSTROUTING" // in nat, jumped to from POSTROUTING
+	iptFwdChain  = "TSINGRESS-FORWARD"     // in mangle, jumped to from FORWARD
+	iptPrefix    = "TSINGRESS-"
+	jumpTag      = "tsingress/jump"
 )
 
 // iptChains are our chains: table, built-in parent chain, our chain.
 var iptChains = [][3]string{
 	{"nat", "PREROUTING", iptNATChain},
+	{"nat", "POSTROUTING", iptSNATChain},
 	{"mangle", "FORWARD", iptFwdChain},
 }
 
@@ -146,6 +148,18 @@ func (r *iptRunner) applyFamily(f family, p *plan) {
 	}, func(_ int, err error) { clampErr = errors.Join(clampErr, err) })
 	if err = errors.Join(clampErr, err); err != nil {
 		p.failFamily(f, fmt.Errorf("mss clamp: %w", err))
+	}
+
+	// Source NAT goes in before the DNAT it serves, so that no DNATed connection leaves without.
+	err = reconcileIPT(ipt, "nat", iptSNATChain, fp.snatWants(), func(i int) [][]string {
+		var specs [][]string
+		for _, d := range fp.dnat[i].rules {
+			specs = append(specs, snatSpec(d.from, p.tun, fp.dnat[i].snatTag))
+		}
+		return specs
+	}, func(i int, err error) { p.fail(fp.dnat[i].name, f, fmt.Errorf("source NAT: %w", err)) })
+	if err != nil {
+		p.errs = append(p.errs, fmt.Errorf("%s: %w", f, err))
 	}
 
 	dnatWants := make([]want, len(fp.dnat))
@@ -274,6 +288,14 @@ func dnatSpecs(d dnat, tag string) [][]string {
 		out = append(out, append(spec, "-m", "comment", "--comment", tag, "-j", "DNAT", "--to-destination", to.String()))
 	}
 	return out
+}
+
+// snatSpec masquerades the connections DNATed from tailnet IP from (see snatExprs). iptables
+// cannot match the input interface in POSTROUTING; the original destination says the same.
+func snatSpec(from netip.Addr, tun, tag string) []string {
+	return []string{"!", "-o", tun, "-m", "conntrack", "--ctstate", "DNAT",
+		"--ctorigdst", netip.PrefixFrom(from, from.BitLen()).String(),
+		"-m", "comment", "--comment", tag, "-j", "MASQUERADE"}
 }
 
 func clampSpec(cr clampRule) []string {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 )
@@ -85,6 +86,38 @@ func (ns netNS) sysctl(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// setForwarding sets IPv4 and IPv6 forwarding in the namespace to v ("0" or "1").
+func (ns netNS) setForwarding(t *testing.T, v string) {
+	t.Helper()
+	err := netnamespace.Run(ns.path, func() error {
+		for _, f := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
+			if err := os.WriteFile(f, []byte(v), 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("forwarding %s in %s: %v", v, ns.name, err)
+	}
+}
+
+// waitAddrs waits until no IPv6 address of the namespace is tentative: the kernel clears the
+// flag from a work queue even without duplicate address detection, and until then binding to
+// the address fails with "cannot assign requested address".
+func (ns netNS) waitAddrs(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		out, err := exec.Command("ip", "-n", ns.name, "-6", "addr", "show", "tentative").CombinedOutput()
+		if err == nil && len(strings.TrimSpace(string(out))) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("IPv6 addresses in %s still tentative: %s (%v)", ns.name, out, err)
+		}
+	}
 }
 
 // needTool skips the test when a command it prepares state with is missing.

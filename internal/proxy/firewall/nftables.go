@@ -16,6 +16,7 @@ import (
 const (
 	nftTable   = "tsingress"
 	nftNAT     = "prerouting"
+	nftSNAT    = "postrouting"
 	nftForward = "forward"
 )
 
@@ -103,7 +104,7 @@ func applyNFTFamily(conn func() *nftables.Conn, f family, p *plan) {
 		}
 		return
 	}
-	nat, fwd, err := ensureChains(conn(), t, exists)
+	nat, snat, fwd, err := ensureChains(conn(), t, exists)
 	if err != nil {
 		p.failFamily(f, err)
 		return
@@ -118,11 +119,17 @@ func applyNFTFamily(conn func() *nftables.Conn, f family, p *plan) {
 		p.failFamily(f, fmt.Errorf("mss clamp: %w", err))
 	}
 
-	dnatWants := make([]want, len(fp.dnat))
-	for i, o := range fp.dnat {
-		dnatWants[i] = want{owner: o.name, tag: o.tag, n: len(o.rules)}
+	// Source NAT goes in before the DNAT it serves, so that no DNATed connection leaves without.
+	var masqErr error
+	err = reconcileNFT(conn, snat, fp.masq, func(c *nftables.Conn, _ int) error {
+		c.AddRule(&nftables.Rule{Table: t, Chain: snat, Exprs: snatExprs(p.tun), UserData: comment(fp.masq[0].tag)})
+		return nil
+	}, func(_ int, err error) { masqErr = errors.Join(masqErr, err) })
+	if err = errors.Join(masqErr, err); err != nil {
+		p.failFamily(f, fmt.Errorf("source NAT: %w", err))
 	}
-	err = reconcileNFT(conn, nat, dnatWants, func(c *nftables.Conn, i int) error {
+
+	err = reconcileNFT(conn, nat, fp.dnatWants(), func(c *nftables.Conn, i int) error {
 		o := fp.dnat[i]
 		for j, d := range o.rules {
 			exprs, set, elems := dnatExprs(t, d, uint32(j+1))
@@ -141,17 +148,19 @@ func applyNFTFamily(conn func() *nftables.Conn, f family, p *plan) {
 }
 
 // ensureChains creates our table and chains where missing, so a second Apply adds nothing.
-func ensureChains(c *nftables.Conn, t *nftables.Table, exists bool) (nat, fwd *nftables.Chain, err error) {
+func ensureChains(c *nftables.Conn, t *nftables.Table, exists bool) (nat, snat, fwd *nftables.Chain, err error) {
 	accept := nftables.ChainPolicyAccept
 	nat = &nftables.Chain{Name: nftNAT, Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept}
+	snat = &nftables.Chain{Name: nftSNAT, Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept}
 	fwd = &nftables.Chain{Name: nftForward, Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityMangle, Policy: &accept}
 	have := map[string]bool{}
 	if exists {
 		chains, err := c.ListChainsOfTableFamily(t.Family)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		for _, ch := range chains {
 			if ch.Table.Name == t.Name {
@@ -161,12 +170,12 @@ func ensureChains(c *nftables.Conn, t *nftables.Table, exists bool) (nat, fwd *n
 	} else {
 		c.AddTable(t)
 	}
-	for _, ch := range []*nftables.Chain{nat, fwd} {
+	for _, ch := range []*nftables.Chain{nat, snat, fwd} {
 		if !have[ch.Name] {
 			c.AddChain(ch)
 		}
 	}
-	return nat, fwd, c.Flush()
+	return nat, snat, fwd, c.Flush()
 }
 
 // reconcileNFT makes chain ch hold exactly wants. Each owner to (re)install gets one batch that
@@ -252,6 +261,28 @@ func dnatExprs(t *nftables.Table, d dnat, setID uint32) ([]expr.Any, *nftables.S
 	)
 	return exprs, set, elems
 }
+
+// snatExprs builds `iifname TUN oifname != TUN ct status dnat masquerade`: a connection that
+// came in through the tunnel and was DNATed leaves with the address of the interface it leaves
+// by, so that the destination's replies come back to this namespace, which alone can undo the
+// DNAT. Without it the destination answers the tailnet client's address through its own
+// default route, which knows nothing of the tailnet. For forwarded packets the kernel gives
+// the postrouting hook the input interface.
+func snatExprs(tun string) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(tun)},
+		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname(tun)},
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(ipsDstNAT), Xor: binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Masq{},
+	}
+}
+
+const ipsDstNAT = 1 << 5 // IPS_DST_NAT in the conntrack status bits
 
 // clampExprs builds `[io]ifname TUN tcp flags & (syn|rst) == syn tcp option maxseg size set rt mtu`.
 func clampExprs(cr clampRule) []expr.Any {

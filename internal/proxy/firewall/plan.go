@@ -40,11 +40,14 @@ type dnat struct {
 	to   []netip.Addr
 }
 
-// dnatOwner is everything one mapping wants in one family's prerouting chain.
+// dnatOwner is everything one mapping wants in one family: its DNAT rules in the prerouting
+// chain, and in the postrouting chain one masquerade per tailnet IP, for the connections DNATed
+// from it.
 type dnatOwner struct {
-	name  string
-	tag   string
-	rules []dnat // sorted by from
+	name    string
+	tag     string
+	rules   []dnat // sorted by from
+	snatTag string
 }
 
 // clampRule clamps the MSS of SYNs forwarded into (in) or out of the tunnel interface.
@@ -58,9 +61,30 @@ type clampRule struct {
 type familyPlan struct {
 	dnat  []dnatOwner // sorted by name
 	clamp []clampRule // empty when dnat is
+	// masq is nftables' one source NAT rule for every mapping (see snatExprs); iptables, which
+	// cannot match the input interface after routing, has one per tailnet IP instead (snatWants).
+	masq []want // empty when dnat is
 }
 
 func (p familyPlan) empty() bool { return len(p.dnat) == 0 }
+
+// dnatWants is what the DNAT rules need in the prerouting chain.
+func (p familyPlan) dnatWants() []want {
+	w := make([]want, len(p.dnat))
+	for i, o := range p.dnat {
+		w[i] = want{owner: o.name, tag: o.tag, n: len(o.rules)}
+	}
+	return w
+}
+
+// snatWants is what iptables' source NAT needs in the postrouting chain: one rule per tailnet IP.
+func (p familyPlan) snatWants() []want {
+	w := make([]want, len(p.dnat))
+	for i, o := range p.dnat {
+		w[i] = want{owner: o.name, tag: o.snatTag, n: len(o.rules)}
+	}
+	return w
+}
 
 // clampWants is what the clamp rules need in the forward chain: one kernel rule each.
 func (p familyPlan) clampWants() []want {
@@ -74,17 +98,30 @@ func (p familyPlan) clampWants() []want {
 // plan is the desired rule set, computed from mappings alone; the backends record in it what
 // failed to install.
 type plan struct {
+	tun    string // the tunnel interface
 	fams   [2]familyPlan
 	status map[string]MappingStatus
 	errs   []error
 }
 
+// setError records that family f of mapping name is not in place: its addresses leave the
+// status, and the error joins the mapping's.
 func (p *plan) setError(name string, f family, err error) {
 	ms := p.status[name]
 	if ms.Error != "" {
 		ms.Error += "; "
 	}
 	ms.Error += f.String() + ": " + err.Error()
+	if prev := ms.FamilyErrors[f.String()]; prev != "" {
+		err = fmt.Errorf("%s; %w", prev, err)
+	}
+	if ms.FamilyErrors == nil {
+		ms.FamilyErrors = map[string]string{}
+	}
+	ms.FamilyErrors[f.String()] = err.Error()
+	ofF := func(a netip.Addr) bool { return familyOf(a) == f }
+	ms.TailnetIPs = slices.DeleteFunc(slices.Clone(ms.TailnetIPs), ofF)
+	ms.Destinations = slices.DeleteFunc(slices.Clone(ms.Destinations), ofF)
 	p.status[name] = ms
 }
 
@@ -127,7 +164,7 @@ func tagOwner(tag string) (string, bool) {
 }
 
 func buildPlan(mappings []Mapping, tun string) plan {
-	p := plan{status: map[string]MappingStatus{}}
+	p := plan{tun: tun, status: map[string]MappingStatus{}}
 	usedFrom := map[netip.Addr]string{}
 	for _, m := range mappings {
 		if _, dup := p.status[m.Name]; dup {
@@ -155,11 +192,14 @@ func buildPlan(mappings []Mapping, tun string) plan {
 		fp := &p.fams[f]
 		slices.SortFunc(fp.dnat, func(a, b dnatOwner) int { return strings.Compare(a.name, b.name) })
 		for i := range fp.dnat {
-			var b strings.Builder
+			var b, snat strings.Builder
+			fmt.Fprintf(&snat, "masquerade dnat not out %s\n", tun)
 			for _, r := range fp.dnat[i].rules {
 				fmt.Fprintf(&b, "dnat %s %v\n", r.from, r.to)
+				fmt.Fprintf(&snat, "from %s\n", r.from)
 			}
 			fp.dnat[i].tag = makeTag(fp.dnat[i].name, b.String())
+			fp.dnat[i].snatTag = makeTag(fp.dnat[i].name, snat.String())
 		}
 		if !fp.empty() {
 			for _, in := range []bool{true, false} {
@@ -169,6 +209,7 @@ func buildPlan(mappings []Mapping, tun string) plan {
 				}
 				fp.clamp = append(fp.clamp, clampRule{owner: owner, tag: makeTag(owner, "clamp "+tun), ifName: tun, in: in})
 			}
+			fp.masq = []want{{owner: "masquerade", tag: makeTag("masquerade", "dnat from "+tun), n: 1}}
 		}
 	}
 	return p

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 )
@@ -134,6 +135,21 @@ func TestPlanFailures(t *testing.T) {
 	if got, want := p.status["a"].Error, "ipv6: boom; ipv4: no table"; got != want {
 		t.Errorf("status error %q, want %q", got, want)
 	}
+	if got, want := p.status["a"].FamilyErrors, map[string]string{"ipv4": "no table", "ipv6": "boom"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("family errors %v, want %v", got, want)
+	}
+	if st := p.status["a"]; len(st.TailnetIPs)+len(st.Destinations) != 0 {
+		t.Errorf("failed families still listed: %+v", st)
+	}
+
+	// One family failing leaves the other's addresses in the status.
+	p = buildPlan([]Mapping{{Name: "a", TailnetIPs: addrs("100.64.0.1", "fd7a::1"), Destinations: addrs("10.0.0.1", "fd00::1")}}, "t")
+	p.fail("a", ipv6, errFake("boom"))
+	p.fail("a", ipv6, errFake("again"))
+	if st := p.status["a"]; !slices.Equal(st.TailnetIPs, addrs("100.64.0.1")) || !slices.Equal(st.Destinations, addrs("10.0.0.1")) ||
+		st.FamilyErrors["ipv6"] != "boom; again" || st.FamilyErrors["ipv4"] != "" {
+		t.Errorf("status %+v, want IPv4 in place and both IPv6 errors", st)
+	}
 	if len(p.errs) != 2 {
 		t.Errorf("errs = %v, want two", p.errs)
 	}
@@ -200,6 +216,10 @@ func TestIPTablesSpecs(t *testing.T) {
 			t.Errorf("rule %d:\n got %v\nwant %s", i, three, want[i])
 		}
 	}
+	snat := strings.Join(snatSpec(netip.MustParseAddr("fd7a::1"), "tailscale0", "T"), " ")
+	if want := "! -o tailscale0 -m conntrack --ctstate DNAT --ctorigdst fd7a::1/128 -m comment --comment T -j MASQUERADE"; snat != want {
+		t.Errorf("source NAT:\n got %s\nwant %s", snat, want)
+	}
 	in := strings.Join(clampSpec(clampRule{tag: "T", ifName: "tailscale0", in: true}), " ")
 	if want := "-i tailscale0 -p tcp -m tcp --tcp-flags SYN,RST SYN -m comment --comment T -j TCPMSS --clamp-mss-to-pmtu"; in != want {
 		t.Errorf("clamp in:\n got %s\nwant %s", in, want)
@@ -265,6 +285,23 @@ func TestNFTDNATExprs(t *testing.T) {
 	}
 	if n := exprs[5].(*expr.NAT); n.Family != unix.NFPROTO_IPV6 {
 		t.Errorf("nat family %d", n.Family)
+	}
+}
+
+func TestNFTSNATExprs(t *testing.T) {
+	e := snatExprs("tailscale0")
+	if e[0].(*expr.Meta).Key != expr.MetaKeyIIFNAME || e[1].(*expr.Cmp).Op != expr.CmpOpEq ||
+		e[2].(*expr.Meta).Key != expr.MetaKeyOIFNAME || e[3].(*expr.Cmp).Op != expr.CmpOpNeq {
+		t.Error("want in through the tunnel, out by another interface")
+	}
+	if ct := e[4].(*expr.Ct); ct.Key != expr.CtKeySTATUS {
+		t.Errorf("ct key %v, want status", ct.Key)
+	}
+	if bw := e[5].(*expr.Bitwise); !bytes.Equal(bw.Mask, binaryutil.NativeEndian.PutUint32(0x20)) {
+		t.Errorf("status mask %v, want IPS_DST_NAT", bw.Mask)
+	}
+	if _, ok := e[len(e)-1].(*expr.Masq); !ok {
+		t.Errorf("last expression %T, want masquerade", e[len(e)-1])
 	}
 }
 

@@ -37,46 +37,69 @@ const (
 	pathMTU = 1280
 )
 
-// topology is client <-> proxy <-> backend. The proxy's client-facing veth is called
-// tailscale0 and holds the tailnet IPs, standing in for the tunnel; the backend holds the
-// "ClusterIPs" on its loopback and routes everything back through the proxy.
+// topology is client <-> proxy <-> node <-> backend, as a cluster has it. The proxy's
+// client-facing veth is called tailscale0 and holds the tailnet IPs, standing in for the tunnel;
+// the client sends from a tailnet address, as tailnet clients do. Behind the proxy is the node
+// (the proxy Pod's default gateway), which routes the "ClusterIPs" to the backend, holding them
+// on its loopback, and knows nothing of the tailnet; the backend's only route is its default
+// gateway, the node. So replies reach the client only when the proxy rewrote their destination
+// to itself: no source NAT, no answer.
 type topology struct {
-	client, proxy, backend netNS
-	hits                   *hitCounter
+	client, proxy, node, backend netNS
+	hits                         *hitCounter
 }
+
+// Cluster-side addresses of the proxy: what the backend sees as the source of proxied traffic.
+var (
+	proxyCluster4 = netip.MustParseAddr("10.250.1.2")
+	proxyCluster6 = netip.MustParseAddr("fd00:250:1::2")
+	// The tailnet client's own address, the source of everything it sends.
+	client4 = netip.MustParseAddr("100.64.0.100")
+	client6 = netip.MustParseAddr("fd7a:115c:a1e0::100")
+)
 
 func newTopology(t *testing.T) *topology {
 	t.Helper()
-	top := &topology{client: newNetNS(t, "c"), proxy: newNetNS(t, "p"), backend: newNetNS(t, "b"), hits: &hitCounter{n: map[string]int{}}}
-	c, p, b := top.client, top.proxy, top.backend
+	top := &topology{client: newNetNS(t, "c"), proxy: newNetNS(t, "p"), node: newNetNS(t, "n"), backend: newNetNS(t, "b"), hits: &hitCounter{n: map[string]int{}}}
+	c, p, n, b := top.client, top.proxy, top.node, top.backend
 	c.ip(t, "link", "add", "eth0", "type", "veth", "peer", "name", "tailscale0", "netns", p.name)
-	p.ip(t, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", b.name)
+	p.ip(t, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", n.name)
+	n.ip(t, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", b.name)
 	addr := func(ns netNS, dev string, addrs ...string) {
 		for _, a := range addrs {
 			ns.ip(t, "addr", "add", a, "dev", dev)
 		}
 		ns.ip(t, "link", "set", dev, "up")
 	}
-	addr(c, "eth0", "10.250.0.2/24", "fd00:250::2/64")
+	addr(c, "eth0", "10.250.0.2/24", "fd00:250::2/64", client4.String()+"/32", client6.String()+"/128")
 	addr(p, "tailscale0", "10.250.0.1/24", "fd00:250::1/64", tailnet4.String()+"/32", tailnet6.String()+"/128")
-	addr(p, "eth1", "10.250.1.1/24", "fd00:250:1::1/64")
-	addr(b, "eth0", "10.250.1.2/24", "fd00:250:1::2/64")
+	addr(p, "eth1", proxyCluster4.String()+"/24", proxyCluster6.String()+"/64")
+	addr(n, "eth0", "10.250.1.1/24", "fd00:250:1::1/64")
+	addr(n, "eth1", "10.250.2.1/24", "fd00:250:2::1/64")
+	addr(b, "eth0", "10.250.2.2/24", "fd00:250:2::2/64")
 	addr(b, "lo", backendA4.String()+"/32", backendB4.String()+"/32", backendA6.String()+"/128", backendB6.String()+"/128")
-	c.ip(t, "route", "add", "100.64.0.0/10", "via", "10.250.0.1")
-	c.ip(t, "-6", "route", "add", "fd7a:115c:a1e0::/48", "via", "fd00:250::1")
+	c.ip(t, "route", "add", "100.64.0.0/10", "via", "10.250.0.1", "src", client4.String())
+	c.ip(t, "-6", "route", "add", "fd7a:115c:a1e0::/48", "via", "fd00:250::1", "src", client6.String())
+	// The proxy routes the tailnet client back into the "tunnel", as tailscaled does, and
+	// everything else to its default gateway, whose path MTU clamped SYNs carry.
 	mtu := strconv.Itoa(pathMTU)
-	p.ip(t, "route", "add", "10.96.0.0/24", "via", "10.250.1.2", "mtu", mtu)
-	p.ip(t, "-6", "route", "add", "fd00:96::/64", "via", "fd00:250:1::2", "mtu", mtu)
+	p.ip(t, "route", "add", client4.String()+"/32", "via", "10.250.0.2")
+	p.ip(t, "-6", "route", "add", client6.String()+"/128", "via", "fd00:250::2")
+	p.ip(t, "route", "add", "default", "via", "10.250.1.1", "mtu", mtu)
+	p.ip(t, "-6", "route", "add", "default", "via", "fd00:250:1::1", "mtu", mtu)
 	// Tailnet IPs without DNAT are refused at once (ICMP administratively prohibited) rather than
 	// left to time out.
 	p.ip(t, "route", "add", "prohibit", "100.64.0.0/10")
 	p.ip(t, "-6", "route", "add", "prohibit", "fd7a:115c:a1e0::/48")
-	b.ip(t, "route", "add", "default", "via", "10.250.1.1")
-	b.ip(t, "-6", "route", "add", "default", "via", "fd00:250:1::1")
+	n.ip(t, "route", "add", "10.96.0.0/24", "via", "10.250.2.2")
+	n.ip(t, "-6", "route", "add", "fd00:96::/64", "via", "fd00:250:2::2")
+	n.setForwarding(t, "1")
+	b.ip(t, "route", "add", "default", "via", "10.250.2.1")
+	b.ip(t, "-6", "route", "add", "default", "via", "fd00:250:2::1")
 
-	if got := p.sysctl(t, "/proc/sys/net/ipv4/ip_forward"); got != "0" {
-		t.Fatalf("fresh namespace has ip_forward=%q, want 0", got)
-	}
+	// Whatever the host's switches, the proxy starts with forwarding off, so that the test
+	// sees EnableForwarding turn it on.
+	p.setForwarding(t, "0")
 	if err := EnableForwarding(p.path, true, true); err != nil {
 		t.Fatalf("EnableForwarding: %v", err)
 	}
@@ -85,6 +108,7 @@ func newTopology(t *testing.T) *topology {
 			t.Fatalf("after EnableForwarding %s = %q, want 1", f, got)
 		}
 	}
+	b.waitAddrs(t)
 	for _, a := range []netip.Addr{backendA4, backendB4, backendA6, backendB6} {
 		top.serve(t, a)
 	}
@@ -113,8 +137,9 @@ func (h *hitCounter) total() int {
 	return sum
 }
 
-// serve runs a TCP and a UDP server on a backend address. TCP answers "<addr> mss=<n>", with
-// the MSS the accepted connection negotiated; UDP answers "<addr>".
+// serve runs a TCP and a UDP server on a backend address. TCP answers "<addr> mss=<n>
+// from=<source>", with the MSS the accepted connection negotiated and the address it came
+// from; UDP answers "<addr>".
 func (top *topology) serve(t *testing.T, a netip.Addr) {
 	t.Helper()
 	var ln net.Listener
@@ -138,7 +163,8 @@ func (top *topology) serve(t *testing.T, a netip.Addr) {
 				return
 			}
 			top.hits.add("tcp " + a.String())
-			fmt.Fprintf(c, "%s mss=%d", a, tcpMSS(c))
+			from := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+			fmt.Fprintf(c, "%s mss=%d from=%s", a, tcpMSS(c), from)
 			c.Close()
 		}
 	}()
@@ -209,17 +235,25 @@ func (top *topology) udpProbe(dst netip.Addr, tries int, timeout time.Duration) 
 	return reply, err
 }
 
-// expectBackend checks that TCP and UDP to tailnet IP dst reach backend want, with the MSS
-// clamped to the proxy's route MTU.
+// expectBackend checks that TCP and UDP to tailnet IP dst reach backend want, from the
+// proxy's cluster address (source NAT), with the MSS clamped to the proxy's route MTU.
 func (top *topology) expectBackend(t *testing.T, dst, want netip.Addr) {
 	t.Helper()
 	got, err := top.tcpProbe(dst, 3*time.Second)
 	if err != nil {
 		t.Fatalf("TCP to %s: %v", dst, err)
 	}
-	name, mssText, _ := strings.Cut(got, " mss=")
+	name, rest, _ := strings.Cut(got, " mss=")
+	mssText, from, _ := strings.Cut(rest, " from=")
 	if name != want.String() {
 		t.Fatalf("TCP to %s reached %q, want %s", dst, got, want)
+	}
+	wantFrom := proxyCluster4
+	if dst.Is6() {
+		wantFrom = proxyCluster6
+	}
+	if from != wantFrom.String() {
+		t.Errorf("TCP to %s came to the backend from %s, want the proxy's cluster address %s", dst, from, wantFrom)
 	}
 	maxMSS := pathMTU - 40
 	if dst.Is6() {

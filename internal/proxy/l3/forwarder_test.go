@@ -24,29 +24,42 @@ import (
 const dbName = "db.example.test."
 
 // A client node reaches, over the tailnet, the proxy node's tailnet IPs; the proxy's kernel
-// TUN hands the packets to its namespace, whose DNAT sends them to a backend namespace: TCP
-// and UDP, IPv4 and IPv6, first to fixed IPs, then to a changed one, then to the answers of a
-// DNS name as they change. Close leaves nothing behind.
+// TUN hands the packets to its namespace, whose DNAT sends them, masqueraded, through the
+// node to a backend namespace whose only route is the node: TCP and UDP, IPv4 and IPv6, first
+// to fixed IPs, then to a changed one, then to the answers of a DNS name as they change. With
+// IPv6 disabled in the proxy's namespace, IPv4 works all the same and the status says why IPv6
+// does not. Close leaves nothing behind.
 func TestForwarder(t *testing.T) {
 	needRoot(t)
 	t.Parallel()
 	env := startTailnet(t)
 	for _, mode := range []contract.FirewallMode{contract.FirewallNFTables, contract.FirewallIPTables} {
-		t.Run(string(mode), func(t *testing.T) {
-			t.Parallel()
-			if mode == contract.FirewallIPTables {
-				if _, err := exec.LookPath("iptables"); err != nil {
-					t.Skip("kernel test: needs iptables (apt-get install iptables)")
-				}
+		for _, ipv6Off := range []bool{false, true} {
+			name := string(mode)
+			if ipv6Off {
+				name += "/ipv6-disabled"
 			}
-			testForwarder(t, env, mode)
-		})
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				if mode == contract.FirewallIPTables {
+					if _, err := exec.LookPath("iptables"); err != nil {
+						t.Skip("kernel test: needs iptables (apt-get install iptables)")
+					}
+				}
+				testForwarder(t, env, mode, ipv6Off)
+			})
+		}
 	}
 }
 
-func testForwarder(t *testing.T, env *tailnetEnv, mode contract.FirewallMode) {
+func testForwarder(t *testing.T, env *tailnetEnv, mode contract.FirewallMode, ipv6Off bool) {
 	ctx := t.Context()
 	top := newTopology(t)
+	if ipv6Off {
+		top.proxy.disableIPv6(t)
+	}
+	// Whatever the host's switches: the forwarder turns forwarding on itself.
+	top.proxy.sysctls(t, map[string]string{"net/ipv4/ip_forward": "0", "net/ipv6/conf/all/forwarding": "0"})
 	dns := startDNS(t)
 	dns.set(dbName, backendC4, backendC6)
 	fwd, err := New(ctx, Options{NetNS: top.proxy.path, FirewallMode: mode, Logf: t.Logf,
@@ -62,29 +75,52 @@ func testForwarder(t *testing.T, env *tailnetEnv, mode contract.FirewallMode) {
 	if mtu, err := fwd.TUN().MTU(); err != nil || mtu != 1280 {
 		t.Errorf("TUN MTU = %d, %v; want 1280", mtu, err)
 	}
-	proxy := env.join(t, "proxy-"+string(mode), fwd.TUN())
-	client := env.join(t, "client-"+string(mode), nil)
+	host := strings.ReplaceAll(name(t), "/", "-")
+	proxy := env.join(t, "proxy-"+host, fwd.TUN())
+	client := env.join(t, "client-"+host, nil)
 
 	ip4, ip6 := proxy.TailscaleIPs()
 	tailnetIPs := []netip.Addr{ip4, ip6}
-	if err := fwd.SetTailnetIPs(tailnetIPs); err != nil {
+	forwarded := tailnetIPs // what the status reports as forwarded
+	err = fwd.SetTailnetIPs(tailnetIPs)
+	if ipv6Off {
+		// The IPv6 address cannot be added; the IPv4 one is, and the status says why.
+		forwarded = tailnetIPs[:1]
+		if fam := fwd.Status().Families[contract.FamilyIPv6]; fam.Reason != contract.FamilyDisabled || !strings.Contains(fam.Message, "disable_ipv6=1") {
+			t.Errorf("IPv6 family status %+v, want %s naming disable_ipv6", fam, contract.FamilyDisabled)
+		}
+	} else if err != nil {
 		t.Fatalf("SetTailnetIPs: %v", err)
 	}
-	checkLink(t, top.proxy, tailnetIPs)
+	if fam, ok := fwd.Status().Families[contract.FamilyIPv4]; ok {
+		t.Errorf("IPv4 family status %+v, want none: forwarding was turned on", fam)
+	}
+	checkLink(t, top.proxy, forwarded)
 
 	apply := func(dst contract.Destination, wantDst ...netip.Addr) {
 		t.Helper()
 		drain(fwd.Changed())
-		if err := fwd.SetMappings(ctx, []Mapping{{Name: contract.StandaloneMapping, TailnetIPs: tailnetIPs, Destination: dst}}); err != nil {
+		err := fwd.SetMappings(ctx, []Mapping{{Name: contract.StandaloneMapping, TailnetIPs: tailnetIPs, Destination: dst}})
+		switch {
+		case ipv6Off && (err == nil || !strings.Contains(err.Error(), "ipv6: IPv6 is disabled")):
+			t.Fatalf("SetMappings(%+v) = %v, want an error for IPv6", dst, err)
+		case !ipv6Off && err != nil:
 			t.Fatalf("SetMappings(%+v): %v", dst, err)
 		}
-		waitStatus(t, fwd, tailnetIPs, wantDst)
+		if ipv6Off {
+			wantDst = slices.DeleteFunc(slices.Clone(wantDst), netip.Addr.Is6)
+		}
+		waitStatus(t, fwd, forwarded, wantDst, ipv6Off)
 	}
 	expect := func(want4, want6 netip.Addr) {
 		t.Helper()
-		for _, c := range []struct {
+		cases := []struct {
 			dst, want netip.Addr
-		}{{ip4, want4}, {ip6, want6}} {
+		}{{ip4, want4}, {ip6, want6}}
+		if ipv6Off {
+			cases = cases[:1]
+		}
+		for _, c := range cases {
 			eventually(t, fmt.Sprintf("TCP to %s", c.dst), 10*time.Second, c.want.String(), func(ctx context.Context) (string, error) {
 				return tcpEcho(ctx, client, c.dst, "hello over tcp to "+c.dst.String())
 			})
@@ -112,7 +148,11 @@ func testForwarder(t *testing.T, env *tailnetEnv, mode contract.FirewallMode) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no status change after the DNS answer changed")
 	}
-	waitStatus(t, fwd, tailnetIPs, []netip.Addr{backendD4, backendD6})
+	wantD := []netip.Addr{backendD4, backendD6}
+	if ipv6Off {
+		wantD = wantD[:1]
+	}
+	waitStatus(t, fwd, forwarded, wantD, ipv6Off)
 	expect(backendD4, backendD6)
 	drain(fwd.Changed())
 	for seen, deadline := dns.queries.Load(), time.Now().Add(5*time.Second); dns.queries.Load() < seen+4; { // two lookups, A and AAAA
@@ -139,6 +179,19 @@ func testForwarder(t *testing.T, env *tailnetEnv, mode contract.FirewallMode) {
 	expectUnreachable(t, top, client, ip4, ip6)
 }
 
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// name is the test's name below its top-level test.
+func name(t *testing.T) string {
+	_, sub, _ := strings.Cut(t.Name(), "/")
+	return sub
+}
+
 func drain(c <-chan struct{}) {
 	select {
 	case <-c:
@@ -146,14 +199,17 @@ func drain(c <-chan struct{}) {
 	}
 }
 
-// waitStatus waits until the standalone mapping reports tailnetIPs forwarded to dst.
-func waitStatus(t *testing.T, fwd *Forwarder, tailnetIPs, dst []netip.Addr) {
+// waitStatus waits until the standalone mapping reports tailnetIPs forwarded to dst, and an
+// IPv6 error exactly when ipv6Failed.
+func waitStatus(t *testing.T, fwd *Forwarder, tailnetIPs, dst []netip.Addr, ipv6Failed bool) {
 	t.Helper()
 	want := contract.AppliedDNAT{TailnetIPs: addrStrings(tailnetIPs), Destinations: addrStrings(dst)}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		got := fwd.Status().Mappings[contract.StandaloneMapping]
-		if slices.Equal(got.TailnetIPs, want.TailnetIPs) && slices.Equal(got.Destinations, want.Destinations) && got.Error == "" {
+		_, v6err := got.FamilyErrors[contract.FamilyIPv6]
+		if slices.Equal(got.TailnetIPs, want.TailnetIPs) && slices.Equal(got.Destinations, want.Destinations) &&
+			(got.Error == "") != ipv6Failed && v6err == ipv6Failed && len(got.FamilyErrors) == len(want.FamilyErrors)+btoi(ipv6Failed) {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -191,14 +247,21 @@ func checkLink(t *testing.T, ns netNS, ips []netip.Addr) {
 			got = append(got, a.IPNet.String())
 		}
 	}
-	want := []string{ips[0].String() + "/32", ips[1].String() + "/128"}
+	var want []string
+	for _, ip := range ips {
+		want = append(want, netip.PrefixFrom(ip, ip.BitLen()).String())
+	}
 	slices.Sort(got)
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Errorf("TUN addresses %v, want %v", got, want)
 	}
 	// Other nodes' addresses, at the far ends of the ranges.
-	for _, peer := range []string{"100.127.255.254", "fd7a:115c:a1e0:ffff::1"} {
+	peers := []string{"100.127.255.254", "fd7a:115c:a1e0:ffff::1"}
+	if len(ips) == 1 {
+		peers = peers[:1]
+	}
+	for _, peer := range peers {
 		routes, err := h.RouteGet(netip.MustParseAddr(peer).AsSlice())
 		if err != nil || len(routes) == 0 || routes[0].LinkIndex != link.Attrs().Index {
 			t.Errorf("route to %s: %+v, %v; want through the TUN", peer, routes, err)
@@ -380,15 +443,23 @@ func TestForwarderStatus(t *testing.T) {
 	if got, want := tunAddrs(), []string{"100.64.0.1/32", "fd7a:115c:a1e0::1/128"}; !slices.Equal(got, want) {
 		t.Errorf("TUN addresses %v, want %v", got, want)
 	}
-	// A new IPv4 address replaces the old one; without an IPv6 address the IPv6 route goes.
+	// A new IPv4 address replaces the old one; without an IPv6 address the IPv6 range still
+	// routes into the TUN, as both do from the start: tailnet traffic never takes the default
+	// route.
 	if err := fwd.SetTailnetIPs(addrs("100.64.0.9")); err != nil {
 		t.Fatalf("SetTailnetIPs: %v", err)
 	}
 	if got, want := tunAddrs(), []string{"100.64.0.9/32"}; !slices.Equal(got, want) {
 		t.Errorf("TUN addresses %v, want %v", got, want)
 	}
-	if routes, err := h.RouteGet(net.ParseIP("fd7a:115c:a1e0::2")); err == nil {
-		t.Errorf("IPv6 tailnet range still routed: %+v", routes)
+	tun, err := h.LinkByName("ts-test0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, peer := range []string{"100.64.0.2", "fd7a:115c:a1e0::2"} {
+		if routes, err := h.RouteGet(net.ParseIP(peer)); err != nil || len(routes) == 0 || routes[0].LinkIndex != tun.Attrs().Index {
+			t.Errorf("route to %s: %+v, %v; want through the TUN", peer, routes, err)
+		}
 	}
 
 	// As tsnet does when it shuts down first. Its error can be a benign EPIPE (see remove);

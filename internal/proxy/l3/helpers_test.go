@@ -1,6 +1,7 @@
 package l3
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -107,40 +108,96 @@ const (
 	sinkPort = 9000 // TCP: reads to EOF, then answers the byte count
 )
 
-// topology is proxy <-> backend joined by a veth pair. The backend holds the "ClusterIPs" on
-// its loopback and routes the tailnet ranges back through the proxy, as a cluster network
-// routes replies back to the proxy Pod.
+// topology is proxy <-> node <-> backend, as a cluster has it: the node is the proxy Pod's
+// default gateway and routes the "ClusterIPs", which the backend holds on its loopback, to the
+// backend; the backend's only route is its default gateway, the node, which knows nothing of
+// the tailnet. Replies to tailnet clients come back only to a proxy that masquerades.
 type topology struct {
-	proxy, backend netNS
-	hits           atomic.Int64 // connections and datagrams the backends saw
+	proxy, node, backend netNS
+	hits                 atomic.Int64 // connections and datagrams the backends saw
 }
+
+// Cluster-side addresses of the proxy: what the backends see as the source of proxied traffic.
+var (
+	proxyCluster4 = netip.MustParseAddr("10.250.1.2")
+	proxyCluster6 = netip.MustParseAddr("fd00:250:1::2")
+)
 
 func newTopology(tb testing.TB) *topology {
 	tb.Helper()
-	top := &topology{proxy: newNetNS(tb, "p"), backend: newNetNS(tb, "b")}
-	p, b := top.proxy, top.backend
-	p.ip(tb, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", b.name)
+	top := &topology{proxy: newNetNS(tb, "p"), node: newNetNS(tb, "n"), backend: newNetNS(tb, "b")}
+	p, n, b := top.proxy, top.node, top.backend
+	p.ip(tb, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", n.name)
+	n.ip(tb, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", b.name)
 	for _, x := range []struct {
 		ns    netNS
+		dev   string
 		addrs []string
-	}{{p, []string{"10.250.1.1/24", "fd00:250:1::1/64"}}, {b, []string{"10.250.1.2/24", "fd00:250:1::2/64"}}} {
+	}{
+		{p, "eth0", []string{proxyCluster4.String() + "/24", proxyCluster6.String() + "/64"}},
+		{n, "eth0", []string{"10.250.1.1/24", "fd00:250:1::1/64"}},
+		{n, "eth1", []string{"10.250.2.1/24", "fd00:250:2::1/64"}},
+		{b, "eth0", []string{"10.250.2.2/24", "fd00:250:2::2/64"}},
+	} {
 		for _, a := range x.addrs {
-			x.ns.ip(tb, "addr", "add", a, "dev", "eth0")
+			x.ns.ip(tb, "addr", "add", a, "dev", x.dev)
 		}
-		x.ns.ip(tb, "link", "set", "eth0", "up")
+		x.ns.ip(tb, "link", "set", x.dev, "up")
 	}
 	backends := []netip.Addr{backendA4, backendB4, backendC4, backendD4, backendA6, backendB6, backendC6, backendD6}
 	for _, a := range backends {
 		b.ip(tb, "addr", "add", netip.PrefixFrom(a, a.BitLen()).String(), "dev", "lo")
 	}
-	p.ip(tb, "route", "add", "10.96.0.0/24", "via", "10.250.1.2")
-	p.ip(tb, "-6", "route", "add", "fd00:96::/64", "via", "fd00:250:1::2")
-	b.ip(tb, "route", "add", "100.64.0.0/10", "via", "10.250.1.1")
-	b.ip(tb, "-6", "route", "add", "fd7a:115c:a1e0::/48", "via", "fd00:250:1::1")
+	p.ip(tb, "route", "add", "default", "via", "10.250.1.1")
+	p.ip(tb, "-6", "route", "add", "default", "via", "fd00:250:1::1")
+	n.ip(tb, "route", "add", "10.96.0.0/24", "via", "10.250.2.2")
+	n.ip(tb, "-6", "route", "add", "fd00:96::/64", "via", "fd00:250:2::2")
+	n.sysctls(tb, map[string]string{"net/ipv4/ip_forward": "1", "net/ipv6/conf/all/forwarding": "1"})
+	b.ip(tb, "route", "add", "default", "via", "10.250.2.1")
+	b.ip(tb, "-6", "route", "add", "default", "via", "fd00:250:2::1")
+	b.waitAddrs(tb)
 	for _, a := range backends {
 		top.serve(tb, a)
 	}
 	return top
+}
+
+// waitAddrs waits until no IPv6 address of the namespace is tentative: the kernel clears the
+// flag from a work queue even without duplicate address detection, and until then binding to
+// the address fails with "cannot assign requested address".
+func (ns netNS) waitAddrs(tb testing.TB) {
+	tb.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		out, err := exec.Command("ip", "-n", ns.name, "-6", "addr", "show", "tentative").CombinedOutput()
+		if err == nil && len(bytes.TrimSpace(out)) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("IPv6 addresses in %s still tentative: %s (%v)", ns.name, out, err)
+		}
+	}
+}
+
+// sysctls writes /proc/sys/<key> values in the namespace.
+func (ns netNS) sysctls(tb testing.TB, kv map[string]string) {
+	tb.Helper()
+	err := netnamespace.Run(ns.path, func() error {
+		for k, v := range kv {
+			if err := os.WriteFile("/proc/sys/"+k, []byte(v), 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		tb.Fatalf("sysctls in %s: %v", ns.name, err)
+	}
+}
+
+// disableIPv6 turns IPv6 off in the namespace, as Docker and some CNIs do in containers.
+func (ns netNS) disableIPv6(tb testing.TB) {
+	tb.Helper()
+	ns.sysctls(tb, map[string]string{"net/ipv6/conf/all/disable_ipv6": "1", "net/ipv6/conf/default/disable_ipv6": "1"})
 }
 
 // serve runs the echo, UDP and sink servers on backend address a.

@@ -21,17 +21,14 @@ import (
 	"maps"
 	"net"
 	"net/netip"
-	"os"
 	"reflect"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/tailscale/wireguard-go/tun"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy/firewall"
-	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 	"github.com/vishvananda/netlink"
 	"tailscale.com/net/tstun"
 	"tailscale.com/types/logger"
@@ -80,17 +77,22 @@ type Forwarder struct {
 	lookupDone chan struct{}
 
 	// applyMu serialises everything that changes kernel state.
-	applyMu  sync.Mutex
-	closed   bool
-	mappings []Mapping
-	resolved map[string]resolution // by nameKey
+	applyMu    sync.Mutex
+	closed     bool
+	mappings   []Mapping
+	resolved   map[string]resolution // by nameKey
+	tailnetIPs []netip.Addr          // as last given to SetTailnetIPs
+	linkErrs   [2]error              // per family, from the last configuration of the TUN
+	linkSkip   [2]bool               // families left off the TUN as unusable
 
 	mu     sync.Mutex
 	status contract.FirewallStatus
 }
 
-// New creates the TUN device in opts.NetNS, enables IP forwarding there and prepares the
-// firewall backend. Until SetMappings, nothing is forwarded.
+// New creates the TUN device in opts.NetNS, enables IP forwarding there where it can and
+// prepares the firewall backend. Until SetMappings, nothing is forwarded. A family that cannot
+// be forwarded (forwarding off and /proc/sys read-only, IPv6 disabled) is no error: Status
+// reports it, and every later change checks it again.
 func New(ctx context.Context, opts Options) (_ *Forwarder, err error) {
 	if opts.TunName == "" {
 		opts.TunName = "tailscale0"
@@ -129,10 +131,12 @@ func New(ctx context.Context, opts Options) (_ *Forwarder, err error) {
 	if f.dev, err = createTUN(opts.NetNS, opts.TunName, opts.MTU, f.nl); err != nil {
 		return nil, err
 	}
-	if err = f.enableForwarding(); err != nil {
-		return nil, errors.Join(err, f.dev.remove())
-	}
-	f.status = contract.FirewallStatus{Mode: contract.FirewallMode(f.fw.Mode()), Mappings: map[string]contract.AppliedDNAT{}}
+	// The tailnet ranges route into the TUN before the node starts: what the kernel sends
+	// there meanwhile (an ICMP error about a packet of the node's, say) must not go to the
+	// Pod's default gateway. A family that fails is in the status.
+	f.syncLink() //nolint:errcheck // recorded in f.linkErrs
+	f.status = contract.FirewallStatus{Mode: contract.FirewallMode(f.fw.Mode()), Mappings: map[string]contract.AppliedDNAT{},
+		Families: f.checkFamilies()}
 	lookupCtx, cancel := context.WithCancel(context.Background())
 	f.stopLookup = cancel
 	go f.lookupLoop(lookupCtx)
@@ -140,45 +144,79 @@ func New(ctx context.Context, opts Options) (_ *Forwarder, err error) {
 	return f, nil
 }
 
-// enableForwarding turns IP forwarding on. A read-only /proc/sys (a container whose sysctls an
-// init container set) is fine when forwarding is on already. Without IPv6 forwarding only IPv6
-// traffic is lost, so that is logged, not fatal.
-func (f *Forwarder) enableForwarding() error {
-	if err := firewall.EnableForwarding(f.opts.NetNS, true, false); err != nil && !f.sysctlOn("/proc/sys/net/ipv4/ip_forward") {
-		return fmt.Errorf("enable IPv4 forwarding: %w", err)
+// checkFamilies finds what keeps each family from being forwarded, logs what changed since the
+// last check, and returns it as the status reports it. applyMu is held, or f is not shared yet.
+func (f *Forwarder) checkFamilies() map[string]contract.FamilyProblem {
+	problems := f.familyProblems(f.linkErrs)
+	out := map[string]contract.FamilyProblem{}
+	for i, p := range problems {
+		name := familyNames[i]
+		prev, had := f.status.Families[name]
+		switch {
+		case p != nil && (!had || prev != *p):
+			f.logf("l3: %s traffic cannot be forwarded: %s", name, p.Message)
+		case p == nil && had:
+			f.logf("l3: %s traffic can be forwarded again", name)
+		}
+		if p != nil {
+			out[name] = *p
+		}
 	}
-	if err := firewall.EnableForwarding(f.opts.NetNS, false, true); err != nil && !f.sysctlOn("/proc/sys/net/ipv6/conf/all/forwarding") {
-		f.logf("l3: IPv6 forwarding is off and cannot be turned on, IPv6 traffic will not be forwarded: %v", err)
+	if len(out) == 0 {
+		return nil
 	}
-	return nil
-}
-
-func (f *Forwarder) sysctlOn(path string) bool {
-	var b []byte
-	err := netnamespace.Run(f.opts.NetNS, func() (err error) {
-		b, err = os.ReadFile(path)
-		return err
-	})
-	return err == nil && strings.TrimSpace(string(b)) == "1"
+	return out
 }
 
 // TUN is the device to set as tsnet.Server.Tun. tsnet closes it when it shuts down, and the
 // kernel then deletes the interface with its addresses and routes.
 func (f *Forwarder) TUN() tun.Device { return f.dev }
 
-// SetTailnetIPs gives the TUN interface the node's tailnet addresses, and routes the tailnet
-// ranges (100.64.0.0/10, fd7a:115c:a1e0::/48) of their families to it, so that replies to
-// tailnet clients go back into the tunnel. Call it whenever the node's addresses change.
+// SetTailnetIPs gives the TUN interface the node's tailnet addresses; the tailnet ranges
+// (100.64.0.0/10, fd7a:115c:a1e0::/48) route to it from New on, so that replies to tailnet
+// clients go back into the tunnel. Call it whenever the node's addresses change. A family that
+// fails leaves the other configured; the error names it, the status reports it, and the next
+// SetMappings tries again. A family disabled in the namespace is left out, and reported.
 func (f *Forwarder) SetTailnetIPs(ips []netip.Addr) error {
 	f.applyMu.Lock()
 	defer f.applyMu.Unlock()
 	if f.closed {
 		return errors.New("l3: forwarder is closed")
 	}
-	if err := f.dev.syncLink(ips); err != nil {
+	for _, ip := range ips {
+		if ip = ip.Unmap(); !ip.IsValid() || ip.IsUnspecified() || ip.IsMulticast() {
+			return fmt.Errorf("l3: %v is not a usable tailnet address", ip)
+		}
+	}
+	f.tailnetIPs = slices.Clone(ips)
+	err := f.syncLink()
+	f.setStatus(f.statusWith(f.checkFamilies()))
+	return err
+}
+
+// syncLink configures the TUN for f.tailnetIPs, leaving out a family that is disabled, and
+// records each family's outcome, which the status reports. applyMu is held, or f is not
+// shared yet.
+func (f *Forwarder) syncLink() error {
+	f.linkSkip = [2]bool{false, f.ipv6Disabled() != ""}
+	f.linkErrs = f.dev.syncLink(f.tailnetIPs, f.linkSkip)
+	var errs []error
+	for i, err := range f.linkErrs {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", familyNames[i], err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("l3: configure %s: %w", f.opts.TunName, err)
 	}
 	return nil
+}
+
+// statusWith is the current status with families' problems replaced.
+func (f *Forwarder) statusWith(families map[string]contract.FamilyProblem) contract.FirewallStatus {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return contract.FirewallStatus{Mode: f.status.Mode, Mappings: f.status.Mappings, Families: families}
 }
 
 // SetMappings makes the installed DNAT exactly that of mappings. DNS names not resolved yet are
@@ -273,14 +311,31 @@ func (f *Forwarder) lookupLoop(ctx context.Context) {
 	}
 }
 
-// apply installs the rules of f.mappings and publishes the status. applyMu is held.
+// apply installs the rules of f.mappings, for the families that can be forwarded, and publishes
+// the status. A family that cannot is an error for every mapping that needs it, so that the
+// caller tries again later. applyMu is held.
 func (f *Forwarder) apply(ctx context.Context) error {
+	var linkErr error
+	if f.linkErrs != [2]error{} || f.linkSkip[1] != (f.ipv6Disabled() != "") {
+		linkErr = f.syncLink()
+	}
+	families := f.checkFamilies()
 	fms, errs := firewallMappings(f.mappings, f.resolved)
+	fms, famErrs := withoutFamilies(fms, families, errs)
 	st, err := f.fw.Apply(ctx, fms)
-	f.setStatus(contractStatus(f.fw.Mode(), f.mappings, errs, st))
-	all := []error{err}
-	for name, e := range errs {
-		all = append(all, fmt.Errorf("mapping %s: %w", name, e))
+	cs := contractStatus(f.fw.Mode(), f.mappings, errs, famErrs, st)
+	cs.Families = families
+	f.setStatus(cs)
+	all := []error{linkErr, err}
+	for _, name := range slices.Sorted(maps.Keys(errs)) {
+		all = append(all, fmt.Errorf("mapping %s: %w", name, errs[name]))
+	}
+	for _, name := range slices.Sorted(maps.Keys(famErrs)) {
+		if _, failed := errs[name]; !failed {
+			for _, fam := range slices.Sorted(maps.Keys(famErrs[name])) {
+				all = append(all, fmt.Errorf("mapping %s: %s: %s", name, fam, famErrs[name][fam]))
+			}
+		}
 	}
 	if err := errors.Join(all...); err != nil {
 		return fmt.Errorf("l3: %w", err)
@@ -301,12 +356,13 @@ func (f *Forwarder) setStatus(st contract.FirewallStatus) {
 	}
 }
 
-// Status reports the firewall mode and, per mapping name, the tailnet IPs and destinations
-// installed or the error that kept them out. PodUID is left for the caller to fill in.
+// Status reports the firewall mode, the families that cannot be forwarded and why, and, per
+// mapping name, the tailnet IPs and destinations installed or the errors that kept them out.
+// PodUID is left for the caller to fill in.
 func (f *Forwarder) Status() contract.FirewallStatus {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return contract.FirewallStatus{Mode: f.status.Mode, Mappings: maps.Clone(f.status.Mappings)}
+	return contract.FirewallStatus{Mode: f.status.Mode, Mappings: maps.Clone(f.status.Mappings), Families: maps.Clone(f.status.Families)}
 }
 
 // Changed receives a value after Status changes; changes that come before the value is taken

@@ -3,6 +3,7 @@ package l3
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -118,20 +119,75 @@ func destinationAddrs(d contract.Destination, resolved map[string]resolution) ([
 	return addrs, nil
 }
 
+// withoutFamilies drops from mappings the tailnet IPs of the families that cannot be forwarded
+// (problems, by family name), and returns per mapping and family the problem that applies: to
+// a family the mapping needs, with a tailnet IP and a destination of it. A mapping left without
+// tailnet IPs is left out, with its error added to errs.
+func withoutFamilies(mappings []firewall.Mapping, problems map[string]contract.FamilyProblem, errs map[string]error) ([]firewall.Mapping, map[string]map[string]string) {
+	if len(problems) == 0 {
+		return mappings, nil
+	}
+	famErrs := map[string]map[string]string{}
+	var out []firewall.Mapping
+	for _, m := range mappings {
+		for i, name := range familyNames {
+			p, ok := problems[name]
+			of := func(a netip.Addr) bool { return familyIndex(a) == i }
+			if !ok || !slices.ContainsFunc(m.TailnetIPs, of) || !slices.ContainsFunc(m.Destinations, of) {
+				continue
+			}
+			m.TailnetIPs = slices.DeleteFunc(slices.Clone(m.TailnetIPs), of)
+			if famErrs[m.Name] == nil {
+				famErrs[m.Name] = map[string]string{}
+			}
+			famErrs[m.Name][name] = p.Message
+		}
+		if len(m.TailnetIPs) == 0 {
+			errs[m.Name] = errors.New(familyErrorText(famErrs[m.Name]))
+			continue
+		}
+		out = append(out, m)
+	}
+	return out, famErrs
+}
+
+// familyErrorText joins per-family errors as the firewall does: "ipv4: ...; ipv6: ...".
+func familyErrorText(errs map[string]string) string {
+	var parts []string
+	for _, name := range familyNames {
+		if e, ok := errs[name]; ok {
+			parts = append(parts, name+": "+e)
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
 // contractStatus reports every mapping: as the firewall installed it, or with the error that
-// kept it out.
-func contractStatus(mode firewall.Mode, mappings []Mapping, errs map[string]error, st firewall.Status) contract.FirewallStatus {
+// kept it out, and the families that could not be forwarded (famErrs).
+func contractStatus(mode firewall.Mode, mappings []Mapping, errs map[string]error, famErrs map[string]map[string]string, st firewall.Status) contract.FirewallStatus {
 	out := contract.FirewallStatus{Mode: contract.FirewallMode(mode), Mappings: map[string]contract.AppliedDNAT{}}
 	for _, m := range mappings {
 		if err, ok := errs[m.Name]; ok {
-			out.Mappings[m.Name] = contract.AppliedDNAT{Error: err.Error()}
+			out.Mappings[m.Name] = contract.AppliedDNAT{Error: err.Error(), FamilyErrors: maps.Clone(famErrs[m.Name])}
 			continue
 		}
 		ms := st.Mappings[m.Name]
+		fe := maps.Clone(ms.FamilyErrors)
+		if extra := famErrs[m.Name]; len(extra) > 0 {
+			if fe == nil {
+				fe = map[string]string{}
+			}
+			maps.Copy(fe, extra)
+			if ms.Error != "" {
+				ms.Error += "; "
+			}
+			ms.Error += familyErrorText(extra)
+		}
 		out.Mappings[m.Name] = contract.AppliedDNAT{
 			TailnetIPs:   addrStrings(ms.TailnetIPs),
 			Destinations: addrStrings(ms.Destinations),
 			Error:        ms.Error,
+			FamilyErrors: fe,
 		}
 	}
 	return out

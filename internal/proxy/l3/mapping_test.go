@@ -131,7 +131,7 @@ func TestContractStatus(t *testing.T) {
 		"standalone": {TailnetIPs: addrs("100.64.0.5"), Destinations: addrs("10.96.0.1")},
 		"svc:a":      {Error: "ipv6: no such table"},
 	}}
-	got := contractStatus(firewall.ModeIPTables, ms, map[string]error{"svc:b": errors.New("resolve b: no such host")}, st)
+	got := contractStatus(firewall.ModeIPTables, ms, map[string]error{"svc:b": errors.New("resolve b: no such host")}, nil, st)
 	want := contract.FirewallStatus{Mode: contract.FirewallIPTables, Mappings: map[string]contract.AppliedDNAT{
 		"standalone": {TailnetIPs: []string{"100.64.0.5"}, Destinations: []string{"10.96.0.1"}},
 		"svc:a":      {Error: "ipv6: no such table"},
@@ -139,5 +139,49 @@ func TestContractStatus(t *testing.T) {
 	}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("status\n got %+v\nwant %+v", got, want)
+	}
+
+	// Families that could not be forwarded join the firewall's own errors.
+	st.Mappings["svc:a"] = firewall.MappingStatus{TailnetIPs: addrs("100.100.0.1"), Destinations: addrs("10.96.0.2"),
+		Error: "ipv4: no such table", FamilyErrors: map[string]string{"ipv4": "no such table"}}
+	famErrs := map[string]map[string]string{"svc:a": {"ipv6": "disabled"}, "svc:b": {"ipv6": "disabled"}}
+	got = contractStatus(firewall.ModeIPTables, ms, map[string]error{"svc:b": errors.New("ipv6: disabled")}, famErrs, st)
+	want.Mappings["svc:a"] = contract.AppliedDNAT{TailnetIPs: []string{"100.100.0.1"}, Destinations: []string{"10.96.0.2"},
+		Error: "ipv4: no such table; ipv6: disabled", FamilyErrors: map[string]string{"ipv4": "no such table", "ipv6": "disabled"}}
+	want.Mappings["svc:b"] = contract.AppliedDNAT{Error: "ipv6: disabled", FamilyErrors: map[string]string{"ipv6": "disabled"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("status with family errors\n got %+v\nwant %+v", got, want)
+	}
+}
+
+func TestWithoutFamilies(t *testing.T) {
+	ms := []firewall.Mapping{
+		{Name: "dual", TailnetIPs: addrs("100.64.0.1", "fd7a:115c:a1e0::1"), Destinations: addrs("10.96.0.1", "fd00:96::1")},
+		// Its IPv6 tailnet IP has no IPv6 destination: IPv6 being off does not concern it.
+		{Name: "v4", TailnetIPs: addrs("100.64.0.2", "fd7a:115c:a1e0::2"), Destinations: addrs("10.96.0.2")},
+		{Name: "v6", TailnetIPs: addrs("fd7a:115c:a1e0::3"), Destinations: addrs("fd00:96::3")},
+	}
+	problems := map[string]contract.FamilyProblem{"ipv6": {Reason: contract.FamilyDisabled, Message: "IPv6 is disabled"}}
+	errs := map[string]error{}
+	got, famErrs := withoutFamilies(ms, problems, errs)
+	want := []firewall.Mapping{
+		{Name: "dual", TailnetIPs: addrs("100.64.0.1"), Destinations: addrs("10.96.0.1", "fd00:96::1")},
+		ms[1],
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("mappings\n got %+v\nwant %+v", got, want)
+	}
+	wantFam := map[string]map[string]string{"dual": {"ipv6": "IPv6 is disabled"}, "v6": {"ipv6": "IPv6 is disabled"}}
+	if !reflect.DeepEqual(famErrs, wantFam) {
+		t.Errorf("family errors %v, want %v", famErrs, wantFam)
+	}
+	if err := errs["v6"]; err == nil || err.Error() != "ipv6: IPv6 is disabled" || len(errs) != 1 {
+		t.Errorf("errors %v, want only v6's", errs)
+	}
+	if !slices.Equal(ms[0].TailnetIPs, addrs("100.64.0.1", "fd7a:115c:a1e0::1")) {
+		t.Error("the caller's mapping was changed")
+	}
+	if got, fe := withoutFamilies(ms, nil, errs); !reflect.DeepEqual(got, ms) || fe != nil {
+		t.Error("without problems the mappings change")
 	}
 }

@@ -69,27 +69,29 @@ func familyIndex(a netip.Addr) int {
 }
 
 // syncLink gives the TUN exactly the host addresses ips (link-local ones the kernel made
-// aside) and routes the tailnet range of each family present to it.
-func (d *device) syncLink(ips []netip.Addr) error {
+// aside) and routes the tailnet range of each family to it, addresses or not: traffic for the
+// tailnet, ICMP errors to tailnet clients included, goes into the tunnel and never to the Pod's
+// default gateway. A family marked in skip gets no address and no route (its addresses and
+// route go, where the kernel still has them). It returns each family's failure; one family
+// failing does not stop the other.
+func (d *device) syncLink(ips []netip.Addr, skip [2]bool) (errs [2]error) {
 	link, err := d.nl.LinkByIndex(d.index)
 	if err != nil {
-		return err
+		return [2]error{err, err}
 	}
 	have, err := d.nl.AddrList(link, netlink.FAMILY_ALL)
 	if err != nil {
-		return fmt.Errorf("list addresses: %w", err)
+		err = fmt.Errorf("list addresses: %w", err)
+		return [2]error{err, err}
 	}
+	add := func(i int, err error) { errs[i] = errors.Join(errs[i], err) }
 	want := map[netip.Prefix]bool{}
-	var fams [2]bool
 	for _, ip := range ips {
 		ip = ip.Unmap()
-		if !ip.IsValid() || ip.IsUnspecified() || ip.IsMulticast() {
-			return fmt.Errorf("%v is not a usable tailnet address", ip)
+		if !skip[familyIndex(ip)] {
+			want[netip.PrefixFrom(ip, ip.BitLen())] = true
 		}
-		want[netip.PrefixFrom(ip, ip.BitLen())] = true
-		fams[familyIndex(ip)] = true
 	}
-	var errs []error
 	for _, a := range have {
 		ip, _ := netip.AddrFromSlice(a.IP)
 		ones, _ := a.Mask.Size()
@@ -100,7 +102,7 @@ func (d *device) syncLink(ips []netip.Addr) error {
 			delete(want, p)
 		default:
 			if err := d.nl.AddrDel(link, &a); err != nil {
-				errs = append(errs, fmt.Errorf("remove address %s: %w", p, err))
+				add(familyIndex(p.Addr()), fmt.Errorf("remove address %s: %w", p, err))
 			}
 		}
 	}
@@ -111,7 +113,7 @@ func (d *device) syncLink(ips []netip.Addr) error {
 			a.Flags = unix.IFA_F_NODAD
 		}
 		if err := d.nl.AddrAdd(link, a); err != nil {
-			errs = append(errs, fmt.Errorf("add address %s: %w", p, err))
+			add(familyIndex(p.Addr()), fmt.Errorf("add address %s: %w", p, err))
 		}
 	}
 	for i, r := range tailnetRanges {
@@ -119,16 +121,15 @@ func (d *device) syncLink(ips []netip.Addr) error {
 		if r.Addr().Is4() {
 			route.Scope = netlink.SCOPE_LINK // as ip route picks for a route without gateway
 		}
-		if fams[i] {
-			err = d.nl.RouteReplace(route)
-		} else if err = d.nl.RouteDel(route); errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENOENT) {
-			err = nil
+		if skip[i] {
+			d.nl.RouteDel(route) //nolint:errcheck // none there, or none possible in a disabled family
+			continue
 		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("route %s: %w", r, err))
+		if err := d.nl.RouteReplace(route); err != nil {
+			add(i, fmt.Errorf("route %s: %w", r, err))
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // remove closes the TUN, which makes the kernel delete the interface once the last reference

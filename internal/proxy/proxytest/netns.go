@@ -1,5 +1,5 @@
-// Kernel test helpers: network namespaces, a proxy/backend Topology joined by veth, echo
-// backends and probes over the tailnet, and a check for rules left behind.
+// Kernel test helpers: network namespaces, a proxy/node/backend Topology as a cluster has it,
+// echo backends and probes over the tailnet, and a check for rules left behind.
 
 package proxytest
 
@@ -74,27 +74,103 @@ func run(t *testing.T, name string, args ...string) string {
 	return string(out)
 }
 
-// Topology is a proxy namespace joined by a veth pair to a backend namespace, which holds the
-// ClusterIPs on its loopback and routes the tailnet range back through the proxy, as a cluster
-// network routes replies back to the proxy Pod.
-type Topology struct{ Proxy, Backend NetNS }
+// Sysctls writes /proc/sys/<key> values inside the namespace.
+func (ns NetNS) Sysctls(t *testing.T, kv map[string]string) {
+	t.Helper()
+	err := netnamespace.Run(ns.Path, func() error {
+		for k, v := range kv {
+			if err := os.WriteFile("/proc/sys/"+k, []byte(v), 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("sysctls in %s: %v", ns.Name, err)
+	}
+}
 
+// DisableIPv6 turns IPv6 off in the namespace, as Docker and some CNIs do in containers.
+func (ns NetNS) DisableIPv6(t *testing.T) {
+	t.Helper()
+	ns.Sysctls(t, map[string]string{"net/ipv6/conf/all/disable_ipv6": "1", "net/ipv6/conf/default/disable_ipv6": "1"})
+}
+
+// Topology is a proxy Pod's network namespace, the node it runs on and a backend, as a cluster
+// has them, IPv4 and IPv6: the node is the proxy's default gateway and routes the ClusterIPs,
+// which the backend holds on its loopback, to the backend (kube-proxy's part); the backend's
+// only route is its default gateway, the node, which knows nothing of the tailnet. So replies
+// to tailnet clients come back only to a proxy that masquerades. The proxy's forwarding starts
+// off, whatever the host's: the proxy turns it on.
+type Topology struct{ Proxy, Node, Backend NetNS }
+
+// Cluster-side addresses of the proxy: what backends see as the source of proxied traffic.
+var (
+	ProxyCluster4 = netip.MustParseAddr("10.250.1.2")
+	ProxyCluster6 = netip.MustParseAddr("fd00:250:1::2")
+)
+
+// NewTopology makes the three namespaces, with an echo backend (ServeEcho) on each ClusterIP.
 func NewTopology(t *testing.T, clusterIPs ...netip.Addr) Topology {
 	t.Helper()
-	top := Topology{Proxy: NewNetNS(t, "p"), Backend: NewNetNS(t, "b")}
-	p, b := top.Proxy, top.Backend
-	p.IP(t, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", b.Name)
-	p.IP(t, "addr", "add", "10.250.1.1/24", "dev", "eth0")
-	b.IP(t, "addr", "add", "10.250.1.2/24", "dev", "eth0")
-	p.IP(t, "link", "set", "eth0", "up")
-	b.IP(t, "link", "set", "eth0", "up")
-	b.IP(t, "route", "add", "100.64.0.0/10", "via", "10.250.1.1")
+	top := Topology{Proxy: NewNetNS(t, "p"), Node: NewNetNS(t, "n"), Backend: NewNetNS(t, "b")}
+	p, n, b := top.Proxy, top.Node, top.Backend
+	p.IP(t, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", n.Name)
+	n.IP(t, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", b.Name)
+	for _, x := range []struct {
+		ns       NetNS
+		dev      string
+		ip4, ip6 string
+	}{
+		{p, "eth0", ProxyCluster4.String() + "/24", ProxyCluster6.String() + "/64"},
+		{n, "eth0", "10.250.1.1/24", "fd00:250:1::1/64"},
+		{n, "eth1", "10.250.2.1/24", "fd00:250:2::1/64"},
+		{b, "eth0", "10.250.2.2/24", "fd00:250:2::2/64"},
+	} {
+		x.ns.IP(t, "addr", "add", x.ip4, "dev", x.dev)
+		x.ns.IP(t, "addr", "add", x.ip6, "dev", x.dev, "nodad")
+		x.ns.IP(t, "link", "set", x.dev, "up")
+	}
+	p.IP(t, "route", "add", "default", "via", "10.250.1.1")
+	p.IP(t, "-6", "route", "add", "default", "via", "fd00:250:1::1")
+	b.IP(t, "route", "add", "default", "via", "10.250.2.1")
+	b.IP(t, "-6", "route", "add", "default", "via", "fd00:250:2::1")
+	n.Sysctls(t, map[string]string{"net/ipv4/ip_forward": "1", "net/ipv6/conf/all/forwarding": "1"})
+	p.Sysctls(t, map[string]string{"net/ipv4/ip_forward": "0", "net/ipv6/conf/all/forwarding": "0"})
 	for _, a := range clusterIPs {
-		b.IP(t, "addr", "add", a.String()+"/32", "dev", "lo")
-		p.IP(t, "route", "add", a.String()+"/32", "via", "10.250.1.2")
+		top.AddClusterIP(t, a)
 		ServeEcho(t, b, a)
 	}
 	return top
+}
+
+// WaitAddrs waits until no IPv6 address of the namespace is tentative: the kernel clears the
+// flag from a work queue even without duplicate address detection, and until then binding to
+// the address fails with "cannot assign requested address".
+func (ns NetNS) WaitAddrs(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		out, err := exec.Command("ip", "-n", ns.Name, "-6", "addr", "show", "tentative").CombinedOutput()
+		if err == nil && len(strings.TrimSpace(string(out))) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("IPv6 addresses in %s still tentative: %s (%v)", ns.Name, out, err)
+		}
+	}
+}
+
+// AddClusterIP gives the backend the address a and routes it there from the node; once it
+// returns, the backend can listen on a.
+func (top Topology) AddClusterIP(t *testing.T, a netip.Addr) {
+	t.Helper()
+	prefix, via := netip.PrefixFrom(a, a.BitLen()).String(), "10.250.2.2"
+	if a.Is6() {
+		via = "fd00:250:2::2"
+	}
+	top.Backend.IP(t, "addr", "add", prefix, "dev", "lo")
+	top.Node.IP(t, "route", "add", prefix, "via", via)
+	top.Backend.WaitAddrs(t)
 }
 
 // ServeEcho answers on a in ns, naming a first: over TCP "<a> " and then the echo of the
