@@ -246,15 +246,6 @@ type certGuard struct {
 	mu        sync.Mutex // one writer per operator; the API's optimistic locking covers others
 }
 
-// renewDue reports whether a certificate is due for renewal at now: after two thirds of its
-// lifetime, when the proxy (or tailscaled) renews.
-func renewDue(c contract.CertificateStatus, now time.Time) bool {
-	if !c.Valid(now) {
-		return true
-	}
-	return !now.Before(c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) * 2 / 3))
-}
-
 // hold decides whether the proxy serving fqdn may ask the CA for a certificate now. cur is
 // what the proxy reports for fqdn (zero when nothing). No hold means go ahead; a certificate
 // that needs no issuance now costs nothing. An empty fqdn (tailnet domain not known yet) holds
@@ -265,7 +256,7 @@ func (g *certGuard) hold(ctx context.Context, fqdn string, cur contract.Certific
 		return &contract.IssuanceHold{Reason: ReasonWaitingForTailnetDomain,
 			Message: "the tailnet's domain is not known yet; the certificate is requested once the proxy has joined"}, nil
 	}
-	if !renewDue(cur, now) {
+	if !cur.RenewDue(now) {
 		return nil, nil
 	}
 	domain, err := acmebudget.Domain(fqdn)
@@ -282,8 +273,12 @@ func (g *certGuard) hold(ctx context.Context, fqdn string, cur contract.Certific
 	return &contract.IssuanceHold{Reason: h.Reason, Message: h.Message, Until: h.Until}, nil
 }
 
-// observe records the certificates a proxy reports having obtained from the CA.
-func (g *certGuard) observe(ctx context.Context, certs map[string]contract.CertificateStatus) error {
+// observe records the certificates a proxy reports having obtained from the CA. The staging
+// CA's certificates count against its own limits, not the production CA's this ledger keeps.
+func (g *certGuard) observe(ctx context.Context, certs map[string]contract.CertificateStatus, staging bool) error {
+	if staging {
+		return nil
+	}
 	now := g.now()
 	for name, c := range certs {
 		if c.Source != contract.CertSourceACME || c.Serial == "" {

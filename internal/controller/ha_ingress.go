@@ -157,6 +157,10 @@ func byoLabels(pg *tsv1alpha1.ProxyGroup, ing *networkingv1.Ingress) map[string]
 // what the replicas obtained and decides whether the issuing replica may ask the CA.
 func (r *HAIngressReconciler) certificate(ctx context.Context, ing *networkingv1.Ingress, pg *tsv1alpha1.ProxyGroup, hostname string, states []*contract.ProxyState) (tailnetCert, error) {
 	c := tailnetCert{}
+	staging, err := groupUsesStaging(ctx, r.Client, pg, r.Settings.DefaultProxyClass)
+	if err != nil {
+		return c, err
+	}
 	domain := r.info(ctx).Domain
 	for _, st := range states {
 		if st == nil {
@@ -165,7 +169,7 @@ func (r *HAIngressReconciler) certificate(ctx context.Context, ing *networkingv1
 		if _, d, ok := strings.Cut(st.FQDN, "."); ok {
 			domain = d
 		}
-		if err := r.guard.observe(ctx, st.Certificates); err != nil {
+		if err := r.guard.observe(ctx, st.Certificates, staging); err != nil {
 			return c, err
 		}
 	}
@@ -177,10 +181,6 @@ func (r *HAIngressReconciler) certificate(ctx context.Context, ing *networkingv1
 	}
 	if st := states[0]; st != nil {
 		c.cur = st.Certificates[c.fqdn]
-	}
-	staging, err := groupUsesStaging(ctx, r.Client, pg)
-	if err != nil {
-		return c, err
 	}
 	return c, r.guard.decide(ctx, r.reporter, ing, &c, staging)
 }
@@ -208,14 +208,15 @@ func (r *HAIngressReconciler) ensureGroupCertSecret(ctx context.Context, pg *tsv
 	return client.IgnoreAlreadyExists(r.Create(ctx, s))
 }
 
-// groupUsesStaging reports whether a group's ProxyClass picks Let's Encrypt's staging
-// directory, whose limits are for testing: no guard then.
-func groupUsesStaging(ctx context.Context, c client.Client, pg *tsv1alpha1.ProxyGroup) (bool, error) {
-	if pg.Spec.ProxyClass == "" {
+// groupUsesStaging reports whether a group's ProxyClass (the one its replicas are configured
+// with) picks Let's Encrypt's staging directory, whose limits are for testing: no guard then.
+func groupUsesStaging(ctx context.Context, c client.Client, pg *tsv1alpha1.ProxyGroup, defaultClass string) (bool, error) {
+	name := groupProxyClassName(pg, defaultClass)
+	if name == "" {
 		return false, nil
 	}
 	pc := &tsv1alpha1.ProxyClass{}
-	if err := c.Get(ctx, client.ObjectKey{Name: pg.Spec.ProxyClass}, pc); err != nil {
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, pc); err != nil {
 		return false, client.IgnoreNotFound(err)
 	}
 	return pc.Spec.UseLetsEncryptStagingEnvironment, nil

@@ -119,7 +119,11 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return r.tailnetFailure(svc, err)
 	}
 	if err := r.docs.setDNAT(ctx, pg.Name, svcName, &contract.DNATService{VIPs: vips, Destination: *cfg.Forward}, ownerOf("Service", svc)); err != nil {
-		st.failed(ReasonConfigMapFull, err.Error())
+		if errors.Is(err, errConfigFull) {
+			st.failed(ReasonConfigMapFull, err.Error())
+		}
+		// Otherwise (a conflict, the group's ConfigMap not created yet) the Service stays
+		// waiting for its replicas, and the retry or the ConfigMap's creation brings it back.
 		return r.docsFailure(svc, err)
 	}
 	n, total, domain, err := advertisers(ctx, r.Client, r.Settings.Namespace, pg, svcName)
@@ -143,10 +147,11 @@ func (r *HAServiceReconciler) hostnameTakenBy(ctx context.Context, svc *corev1.S
 	return takenBy(svc, others, func(o *corev1.Service) bool { return r.serves(o) && haServiceHostname(o) == hostname }, FinalizerServicePG), nil
 }
 
-// haServiceStatus collects a Service's conditions and load-balancer status during a pass.
+// haServiceStatus collects a Service's conditions and load-balancer status during a pass. A
+// condition whose reason stays empty was not decided in this pass and is left as it was: a
+// control-plane outage says nothing about whether the Service is valid.
 type haServiceStatus struct {
 	svc                   *corev1.Service
-	set                   bool
 	isValid, isConfigured bool
 	validReason, validMsg string
 	confReason, confMsg   string
@@ -154,16 +159,16 @@ type haServiceStatus struct {
 }
 
 func (s *haServiceStatus) invalid(reason, msg string) {
-	s.set, s.isValid, s.validReason, s.validMsg = true, false, reason, msg
+	s.isValid, s.validReason, s.validMsg = false, reason, msg
 	s.confReason, s.confMsg = reason, "the Service is not valid for a ProxyGroup"
 }
 
 func (s *haServiceStatus) failed(reason, msg string) {
-	s.set, s.isConfigured, s.confReason, s.confMsg = true, false, reason, msg
+	s.isConfigured, s.confReason, s.confMsg = false, reason, msg
 }
 
 func (s *haServiceStatus) valid() {
-	s.set, s.isValid, s.validReason, s.validMsg = true, true, ReasonIngressSvcValid, "the Service can be served by its ProxyGroup"
+	s.isValid, s.validReason, s.validMsg = true, ReasonIngressSvcValid, "the Service can be served by its ProxyGroup"
 	s.confReason, s.confMsg = ReasonIngressSvcNoBackends, "waiting for replicas to advertise the Tailscale Service"
 }
 
@@ -182,12 +187,14 @@ func (s *haServiceStatus) configured(n, total int, fqdn string, vips []string) {
 }
 
 func (s *haServiceStatus) write(ctx context.Context, c client.Client) {
-	if !s.set {
+	if s.confReason == "" {
 		return
 	}
 	before := s.svc.DeepCopy()
 	gen := s.svc.Generation
-	setCondition(&s.svc.Status.Conditions, ConditionIngressSvcValid, s.isValid, s.validReason, s.validMsg, gen)
+	if s.validReason != "" {
+		setCondition(&s.svc.Status.Conditions, ConditionIngressSvcValid, s.isValid, s.validReason, s.validMsg, gen)
+	}
 	setCondition(&s.svc.Status.Conditions, ConditionIngressSvcConfigured, s.isConfigured, s.confReason, s.confMsg, gen)
 	if s.svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
 		s.svc.Status.LoadBalancer.Ingress = s.lb

@@ -145,13 +145,13 @@ func (r *IngressReconciler) certificate(ctx context.Context, ing *networkingv1.I
 	case domain != "":
 		c.fqdn = p.config.Hostname + "." + domain
 	}
+	staging := p.class != nil && p.class.Spec.UseLetsEncryptStagingEnvironment
 	if st != nil {
-		if err := r.guard.observe(ctx, st.Certificates); err != nil {
+		if err := r.guard.observe(ctx, st.Certificates, staging); err != nil {
 			return c, err
 		}
 		c.cur = st.Certificates[c.fqdn]
 	}
-	staging := p.class != nil && p.class.Spec.UseLetsEncryptStagingEnvironment
 	if err := r.guard.decide(ctx, r.reporter, ing, &c, staging); err != nil {
 		return c, err
 	}

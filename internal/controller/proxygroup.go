@@ -75,6 +75,12 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	}
 	st := groupStatus{pg: pg}
 	defer func() { st.write(ctx, r) }()
+	// Available follows the replicas, whatever this pass then fails on: they keep serving.
+	devices, err := r.devices(ctx, g, replicas(pg))
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	st.observe(devices)
 
 	if pg.Spec.Type != tsv1alpha1.ProxyGroupTypeIngress {
 		msg := fmt.Sprintf("type %q is not served by this operator; only ingress ProxyGroups are", pg.Spec.Type)
@@ -82,11 +88,7 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		st.fail(ReasonProxyGroupInvalid, msg)
 		return ctrl.Result{}, nil
 	}
-	className := pg.Spec.ProxyClass
-	if className == "" {
-		className = r.Settings.DefaultProxyClass
-	}
-	class, notReady, err := readyProxyClass(ctx, r.Client, className)
+	class, notReady, err := readyProxyClass(ctx, r.Client, groupProxyClassName(pg, r.Settings.DefaultProxyClass))
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -104,12 +106,15 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err := r.scaleDown(ctx, g, replicas(pg)); err != nil {
 		return r.tailnetFailure(pg, err)
 	}
-	devices, err := r.devices(ctx, g, replicas(pg))
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	st.observe(devices)
 	return ctrl.Result{}, nil
+}
+
+// groupProxyClassName is the ProxyClass a ProxyGroup uses: its own, else the operator's default.
+func groupProxyClassName(pg *tsv1alpha1.ProxyGroup, def string) string {
+	if pg.Spec.ProxyClass != "" {
+		return pg.Spec.ProxyClass
+	}
+	return def
 }
 
 func replicas(pg *tsv1alpha1.ProxyGroup) int {
@@ -483,8 +488,6 @@ func (s *groupStatus) write(ctx context.Context, r *ProxyGroupReconciler) {
 		} else {
 			setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupAvailable, false, ReasonProxyGroupNoReplicas, counts, gen)
 		}
-	} else {
-		setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupAvailable, false, s.reason, s.message, gen)
 	}
 	if !equality.Semantic.DeepEqual(before.Status, pg.Status) {
 		if err := r.Status().Patch(ctx, pg, client.MergeFrom(before)); err != nil {
@@ -520,11 +523,7 @@ func (r *ProxyGroupReconciler) groupsForProxyClass(ctx context.Context, o client
 	}
 	var reqs []reconcile.Request
 	for _, pg := range list.Items {
-		name := pg.Spec.ProxyClass
-		if name == "" {
-			name = r.Settings.DefaultProxyClass
-		}
-		if name == o.GetName() {
+		if groupProxyClassName(&pg, r.Settings.DefaultProxyClass) == o.GetName() {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKey{Name: pg.Name}})
 		}
 	}
