@@ -25,19 +25,6 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 )
 
-// Reasons about certificates, on Events and in an Ingress's status.loadBalancer port errors.
-const (
-	ReasonTLSSecretNotFound         = "TLSSecretNotFound"
-	ReasonTLSSecretWrongType        = "TLSSecretWrongType"
-	ReasonTLSSecretInvalid          = "TLSSecretInvalid"
-	ReasonCertificateExpired        = "CertificateExpired"
-	ReasonCertificateHostMismatch   = "CertificateHostMismatch"
-	ReasonCertificateRateLimited    = acmebudget.ReasonDomainLimit
-	ReasonDuplicateCertificateLimit = acmebudget.ReasonNameLimit
-	ReasonCertificateIssueFailed    = "CertificateIssuanceFailed"
-	ReasonWaitingForTailnetDomain   = "WaitingForTailnetDomain"
-)
-
 // Secret types (LabelSecretType) of certificate Secrets in the operator's namespace.
 const (
 	secretTypeCertCopy  = "byo-certificate"   // a copy of a user's kubernetes.io/tls Secret
@@ -264,11 +251,17 @@ func (g *certGuard) hold(ctx context.Context, fqdn string, cur contract.Certific
 		return nil, err
 	}
 	var h *acmebudget.Hold
-	err = g.update(ctx, domain, func(l *acmebudget.Ledger) {
+	reserved, err := g.update(ctx, domain, func(l *acmebudget.Ledger) {
 		h = l.Reserve(fqdn, cur.Serial != "", now, g.limits)
 	})
-	if err != nil || h == nil {
+	if err != nil {
 		return nil, err
+	}
+	if reserved && h == nil {
+		log.FromContext(ctx).Info("reserved a certificate issuance", "name", fqdn, "domain", domain, "renewal", cur.Serial != "")
+	}
+	if h == nil {
+		return nil, nil
 	}
 	return &contract.IssuanceHold{Reason: h.Reason, Message: h.Message, Until: h.Until}, nil
 }
@@ -288,19 +281,24 @@ func (g *certGuard) observe(ctx context.Context, certs map[string]contract.Certi
 		if err != nil {
 			continue
 		}
-		if err := g.update(ctx, domain, func(l *acmebudget.Ledger) { l.Observe(name, c.Serial, now) }); err != nil {
+		counted, err := g.update(ctx, domain, func(l *acmebudget.Ledger) { l.Observe(name, c.Serial, now) })
+		if err != nil {
 			return err
+		}
+		if counted {
+			log.FromContext(ctx).Info("counted a certificate against the CA's limits", "name", name, "domain", domain, "serial", c.Serial)
 		}
 	}
 	return nil
 }
 
-// update applies change to one domain's ledger and stores it if it changed.
-func (g *certGuard) update(ctx context.Context, domain string, change func(*acmebudget.Ledger)) error {
+// update applies change to one domain's ledger and stores it if it changed, which it reports.
+func (g *certGuard) update(ctx context.Context, domain string, change func(*acmebudget.Ledger)) (changed bool, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	key := domain + ".json"
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		changed = false
 		cm := &corev1.ConfigMap{}
 		err := g.Get(ctx, client.ObjectKey{Namespace: g.namespace, Name: ledgerConfigMap}, cm)
 		create := apierrors.IsNotFound(err)
@@ -324,6 +322,7 @@ func (g *certGuard) update(ctx context.Context, domain string, change func(*acme
 		if cm.Data[key] == string(b) {
 			return nil
 		}
+		changed = true
 		if create {
 			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ledgerConfigMap, Namespace: g.namespace,
 				Labels: map[string]string{LabelManaged: "true"}}}
@@ -337,6 +336,7 @@ func (g *certGuard) update(ctx context.Context, domain string, change func(*acme
 		}
 		return g.Update(ctx, cm)
 	})
+	return changed && err == nil, err
 }
 
 // decide sets c.hold for the tailnet name (none when staging: its limits are for testing) and
@@ -351,12 +351,20 @@ func (g *certGuard) decide(ctx context.Context, rep reporter, obj client.Object,
 	}
 	c.hold = hold
 	if hold != nil && hold.Reason != ReasonWaitingForTailnetDomain {
-		rep.eventf(obj, corev1.EventTypeWarning, hold.Reason, "no new certificate for %s: %s", c.fqdn, hold.Message)
+		rep.warning(obj, hold.Reason, "no new certificate for %s: %s", c.fqdn, hold.Message)
 	}
 	if c.cur.Reason == contract.CertReasonIssuanceFailed {
-		rep.eventf(obj, corev1.EventTypeWarning, ReasonCertificateIssueFailed, "certificate for %s: %s", c.fqdn, c.cur.Message)
+		rep.warning(obj, ReasonCertificateIssueFailed, "certificate for %s: %s", c.fqdn, c.cur.Message)
 	}
 	return nil
+}
+
+// certificateIssued reports, once per certificate, the CA's certificate for the tailnet name.
+func (r reporter) certificateIssued(obj client.Object, c tailnetCert, now time.Time) {
+	if c.cur.Source == contract.CertSourceACME && c.cur.Valid(now) {
+		r.progress(obj, "certificate "+c.fqdn, ReasonCertificateIssued, "the CA issued the certificate for %s, valid until %s",
+			c.fqdn, c.cur.NotAfter.UTC().Format(time.RFC3339))
+	}
 }
 
 // certPortError is the status.loadBalancer port error of an HTTPS name: why it is not served

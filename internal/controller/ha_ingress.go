@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -41,9 +42,12 @@ func (r *HAIngressReconciler) serves(ing *networkingv1.Ingress) bool {
 		ing.Annotations[AnnotationProxyGroup] != ""
 }
 
-func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
 	ing := &networkingv1.Ingress{}
 	if err := r.Get(ctx, req.NamespacedName, ing); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	hostname := ingressHostname(ing)
@@ -51,6 +55,7 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if !r.serves(ing) {
 		return r.unserve(ctx, ing, svcName)
 	}
+	defer func() { r.settle(ing, err == nil) }()
 	pg, f, err := resolveGroup(ctx, r.Client, ing.Annotations[AnnotationProxyGroup])
 	if err != nil {
 		return ctrl.Result{}, err
@@ -86,7 +91,7 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	r.findings(ing, findings)
 	if len(ws.Routes) == 0 {
-		r.eventf(ing, corev1.EventTypeWarning, ReasonNoValidBackends, "no path of this Ingress can be served; nothing changed")
+		r.warning(ing, ReasonNoValidBackends, "no path of this Ingress can be served; nothing changed")
 	}
 	if len(ws.Routes) == 0 || tags == nil || hasBlocking(findings) {
 		return ctrl.Result{}, nil
@@ -99,13 +104,17 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if ws.HTTP != contract.HTTPOff {
 		ports = append(ports, "tcp:80")
 	}
-	if _, err := r.services.ensure(ctx, svcName, ports, tags); err != nil {
+	ts, created, err := r.services.ensure(ctx, svcName, ports, tags)
+	if err != nil {
 		var notOurs errNotOurs
 		if errors.As(err, &notOurs) {
-			r.eventf(ing, corev1.EventTypeWarning, ReasonInvalidTailscaleSvc, "%v", err)
+			r.warning(ing, ReasonInvalidTailscaleSvc, "%v", err)
 			return ctrl.Result{}, nil
 		}
 		return r.tailnetFailure(ing, err)
+	}
+	if created {
+		r.created(ing, ReasonTailscaleServiceCreated, "created Tailscale Service %s (%s) for ProxyGroup %s", svcName, addrList(ts.Addrs), pg.Name)
 	}
 	for _, c := range byo.copies {
 		// Owned by the group, so that its Role is rebuilt to let replicas read the copy.
@@ -129,6 +138,7 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	r.certificateIssued(ing, cert, r.guard.now())
 	ws.TLS.Hold = cert.hold
 	if err := r.docs.removeElsewhere(ctx, svcName, pg.Name); err != nil {
 		return ctrl.Result{}, err
@@ -237,7 +247,7 @@ func hasBlocking(fs []finding) bool {
 // docsFailure reports a group document that cannot be written.
 func (r reporter) docsFailure(obj client.Object, err error) (ctrl.Result, error) {
 	if errors.Is(err, errConfigFull) {
-		r.eventf(obj, corev1.EventTypeWarning, ReasonConfigMapFull, "%v", err)
+		r.warning(obj, ReasonConfigMapFull, "%v", err)
 		return ctrl.Result{}, nil
 	}
 	if apierrors.IsNotFound(err) {
@@ -271,6 +281,7 @@ func (r *HAIngressReconciler) updateStatus(ctx context.Context, ing *networkingv
 			Ports: []networkingv1.IngressPortStatus{{Port: 443, Protocol: corev1.ProtocolTCP, Error: &errReason}}})
 	} else if advertising != nil && cert.fqdn != "" {
 		want = append(want, networkingv1.IngressLoadBalancerIngress{Hostname: cert.fqdn, Ports: httpsPorts(ws.HTTP != contract.HTTPOff)})
+		r.progress(ing, "serving", ReasonServing, "serving https://%s through Tailscale Service %s", cert.fqdn, svcName)
 	}
 	if advertising != nil {
 		want = append(want, byoStatus(ws.TLS.Certificates, advertising.Certificates, now)...)
@@ -290,6 +301,7 @@ func firstAdvertising(states []*contract.ProxyState, svcName string) *contract.P
 // unserve removes an Ingress's entry from every group and releases its Tailscale Service.
 func (r *HAIngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingress, svcName string) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(ing, FinalizerIngressPG) {
+		r.forget(client.ObjectKeyFromObject(ing))
 		return ctrl.Result{}, nil
 	}
 	if err := r.docs.removeElsewhere(ctx, svcName, ""); err != nil {
@@ -311,7 +323,11 @@ func (r *HAIngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ing
 			return ctrl.Result{}, err
 		}
 	}
-	return ctrl.Result{}, removeFinalizer(ctx, r.Client, ing, FinalizerIngressPG)
+	if err := removeFinalizer(ctx, r.Client, ing, FinalizerIngressPG); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.forget(client.ObjectKeyFromObject(ing))
+	return ctrl.Result{}, nil
 }
 
 // SetupWithManager watches Ingresses, backend Services, ProxyGroups and their state Secrets.
@@ -347,6 +363,15 @@ func (r *HAIngressReconciler) forGroup(ctx context.Context, o client.Object) []r
 	return ingressRequests(list.Items, func(ing *networkingv1.Ingress) bool {
 		return r.serves(ing) && ing.Annotations[AnnotationProxyGroup] == name
 	})
+}
+
+// addrList formats a Tailscale Service's addresses for a message.
+func addrList(addrs []netip.Addr) string {
+	s := make([]string, len(addrs))
+	for i, a := range addrs {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ", ")
 }
 
 // groupOf names the ProxyGroup of a ProxyGroup object or of one of its children.

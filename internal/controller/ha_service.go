@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -22,12 +24,6 @@ import (
 const (
 	ConditionIngressSvcValid      = "TailscaleIngressSvcValid"
 	ConditionIngressSvcConfigured = "TailscaleIngressSvcConfigured"
-
-	ReasonIngressSvcValid        = "IngressSvcValid"
-	ReasonIngressSvcConfigured   = "IngressSvcConfigured"
-	ReasonIngressSvcNoBackends   = "IngressSvcNoBackendsConfigured"
-	ReasonIngressSvcInvalid      = "IngressSvcInvalid"
-	ReasonIngressSvcCreateFailed = "IngressSvcCreationFailed"
 )
 
 // HAServiceReconciler serves Services annotated tailscale.com/proxy-group at L3 through a
@@ -58,9 +54,12 @@ func haServiceHostname(s *corev1.Service) string {
 	return truncateLabel(dnsLabelish(s.Namespace + "-" + s.Name))
 }
 
-func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
 	svc := &corev1.Service{}
 	if err := r.Get(ctx, req.NamespacedName, svc); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	hostname := haServiceHostname(svc)
@@ -68,6 +67,7 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if !r.serves(svc) {
 		return r.unserve(ctx, svc, svcName)
 	}
+	defer func() { r.settle(svc, err == nil) }()
 	st := haServiceStatus{svc: svc}
 	defer func() { st.write(ctx, r.Client) }()
 
@@ -92,21 +92,24 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := addFinalizer(ctx, r.Client, svc, FinalizerServicePG); err != nil {
 		return ctrl.Result{}, err
 	}
-	ts, err := r.services.ensure(ctx, svcName, []string{"do-not-validate"}, cfg.Tags)
+	ts, created, err := r.services.ensure(ctx, svcName, []string{"do-not-validate"}, cfg.Tags)
 	if err != nil {
 		var notOurs errNotOurs
 		if errors.As(err, &notOurs) {
-			r.eventf(svc, corev1.EventTypeWarning, ReasonInvalidTailscaleSvc, "%v", err)
+			r.warning(svc, ReasonInvalidTailscaleSvc, "%v", err)
 			st.invalid(ReasonInvalidTailscaleSvc, err.Error())
 			return ctrl.Result{}, nil
 		}
 		st.failed(ReasonIngressSvcCreateFailed, err.Error())
 		return r.tailnetFailure(svc, err)
 	}
+	if created {
+		r.created(svc, ReasonTailscaleServiceCreated, "created Tailscale Service %s (%s) for ProxyGroup %s", svcName, addrList(ts.Addrs), pg.Name)
+	}
 	vips := vipsFor(ts.Addrs, *cfg.Forward)
 	if len(vips) == 0 {
 		msg := fmt.Sprintf("the Tailscale Service has addresses %v, none of the Service's IP families (%v); make the Service dual-stack, or give the Tailscale Service an address of its family", ts.Addrs, svc.Spec.IPFamilies)
-		r.eventf(svc, corev1.EventTypeWarning, ReasonUnsupportedIPFamily, "%s", msg)
+		r.warning(svc, ReasonUnsupportedIPFamily, "%s", msg)
 		st.invalid(ReasonUnsupportedIPFamily, msg)
 		// The tailnet is not watched: look again for an address the tailnet may have added.
 		return ctrl.Result{RequeueAfter: tailnetRetry}, nil
@@ -131,6 +134,9 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, err
 	}
 	st.configured(n, total, hostname+"."+domain, vips)
+	if n > 0 {
+		r.progress(svc, "serving", ReasonServing, "serving %s at %s through ProxyGroup %s", svcName, strings.Join(vips, ", "), pg.Name)
+	}
 	return ctrl.Result{}, nil
 }
 
@@ -209,6 +215,7 @@ func (s *haServiceStatus) write(ctx context.Context, c client.Client) {
 // unserve removes a Service's entry from every group and releases its Tailscale Service.
 func (r *HAServiceReconciler) unserve(ctx context.Context, svc *corev1.Service, svcName string) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(svc, FinalizerServicePG) {
+		r.forget(client.ObjectKeyFromObject(svc))
 		return ctrl.Result{}, nil
 	}
 	if err := r.docs.removeElsewhere(ctx, svcName, ""); err != nil {
@@ -225,7 +232,11 @@ func (r *HAServiceReconciler) unserve(ctx context.Context, svc *corev1.Service, 
 			return ctrl.Result{}, err
 		}
 	}
-	return ctrl.Result{}, removeFinalizer(ctx, r.Client, svc, FinalizerServicePG)
+	if err := removeFinalizer(ctx, r.Client, svc, FinalizerServicePG); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.forget(client.ObjectKeyFromObject(svc))
+	return ctrl.Result{}, nil
 }
 
 // SetupWithManager watches Services, ProxyGroups and their children.

@@ -270,7 +270,8 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 		for _, svc := range []*corev1.Service{a, b} {
 			Eventually(func(g Gomega) []string { return eventMessages(g, "Service", svc.Name) }).Should(
 				ContainElement(HavePrefix(ReasonUnsupportedIPFamily+": the Tailscale Service has addresses [100.")), svc.Name)
-			Expect(events(Default, "Service", svc.Name)).To(HaveEach(HaveField("Type", corev1.EventTypeWarning)))
+			Expect(events(Default, "Service", svc.Name)).To(ContainElement(And(
+				HaveField("Reason", ReasonUnsupportedIPFamily), HaveField("Type", corev1.EventTypeWarning))))
 			Eventually(serviceCondition(svc, ConditionIngressSvcValid)).Should(And(
 				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonUnsupportedIPFamily)))
 			Expect(serviceCondition(svc, ConditionIngressSvcConfigured)(Default)).To(And(

@@ -12,18 +12,6 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 )
 
-// Event reasons about Ingresses. networking.k8s.io/v1 Ingresses have no conditions, so these
-// Events (with stable reasons) and status.loadBalancer are what users see.
-const (
-	ReasonInvalidIngressBackend = "InvalidIngressBackend"
-	ReasonUnsupportedHost       = "UnsupportedIngressHost"
-	ReasonUnsupportedPath       = "UnsupportedIngressPath"
-	ReasonDuplicatePath         = "DuplicateIngressPath"
-	ReasonPathUndefined         = "PathUndefined"
-	ReasonNoValidBackends       = "NoValidBackends"
-	ReasonInvalidAnnotation     = "InvalidAnnotation"
-)
-
 // finding is a problem (or notice) met while building a proxy's config, reported as an Event.
 type finding struct {
 	warning bool

@@ -19,13 +19,6 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 )
 
-// Reasons of the ProxyClassReady condition and ProxyClass Events.
-const (
-	ReasonProxyClassValid   = "ProxyClassValid"
-	ReasonProxyClassInvalid = "ProxyClassInvalid"
-	ReasonCustomTSEnvVar    = "CustomTSEnvVar"
-)
-
 var serviceMonitorKind = schema.GroupKind{Group: "monitoring.coreos.com", Kind: "ServiceMonitor"}
 
 // recheckMissingCRD is how often a ProxyClass that needs the ServiceMonitor CRD looks for it

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
@@ -23,20 +24,13 @@ import (
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
-// Reasons of the ProxyGroup conditions.
+// Names of a ProxyGroup's children.
 const (
-	ReasonProxyGroupReady      = "ProxyGroupReady"
-	ReasonProxyGroupAvailable  = "ProxyGroupAvailable"
-	ReasonProxyGroupCreating   = "ProxyGroupCreating"
-	ReasonProxyGroupInvalid    = "ProxyGroupInvalid"
-	ReasonProxyGroupPending    = "ProxyGroupPending"
-	ReasonProxyGroupFailed     = "ProxyGroupCreationFailed"
-	ReasonProxyGroupNoReplicas = "NoReplicasUp"
-	parentTypeProxyGroup       = "proxygroup"
-	secretTypeConfig           = "config"
-	secretTypeState            = "state"
-	labelReplica               = "tailscale.com/replica"
-	groupConfigMapSuffix       = "-ingress-config"
+	parentTypeProxyGroup = "proxygroup"
+	secretTypeConfig     = "config"
+	secretTypeState      = "state"
+	labelReplica         = "tailscale.com/replica"
+	groupConfigMapSuffix = "-ingress-config"
 )
 
 // ProxyGroupReconciler runs the replicas of ingress ProxyGroups.
@@ -61,15 +55,19 @@ func (g group) labels() map[string]string {
 	return map[string]string{LabelManaged: "true", LabelParentName: g.name, LabelParentType: parentTypeProxyGroup}
 }
 
-func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
 	pg := &tsv1alpha1.ProxyGroup{}
 	if err := r.Get(ctx, req.NamespacedName, pg); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	g := group{pg.Name}
 	if pg.DeletionTimestamp != nil {
 		return r.delete(ctx, pg, g)
 	}
+	defer func() { r.settle(pg, err == nil) }()
 	if err := addFinalizer(ctx, r.Client, pg, FinalizerName); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -81,10 +79,13 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		return ctrl.Result{}, err
 	}
 	st.observe(devices)
+	for _, d := range devices {
+		r.progress(pg, "joined "+d.Hostname, ReasonDeviceJoined, "a replica joined the tailnet as %s", d.Hostname)
+	}
 
 	if pg.Spec.Type != tsv1alpha1.ProxyGroupTypeIngress {
 		msg := fmt.Sprintf("type %q is not served by this operator; only ingress ProxyGroups are", pg.Spec.Type)
-		r.eventf(pg, corev1.EventTypeWarning, ReasonProxyGroupInvalid, "%s", msg)
+		r.warning(pg, ReasonProxyGroupInvalid, "%s", msg)
 		st.fail(ReasonProxyGroupInvalid, msg)
 		return ctrl.Result{}, nil
 	}
@@ -105,6 +106,9 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	}
 	if err := r.scaleDown(ctx, g, replicas(pg)); err != nil {
 		return r.tailnetFailure(pg, err)
+	}
+	if len(devices) == replicas(pg) {
+		r.progress(pg, "ready", ReasonProxyGroupReady, "%d/%d replicas up on the tailnet", len(devices), replicas(pg))
 	}
 	return ctrl.Result{}, nil
 }
@@ -273,12 +277,12 @@ func (r *ProxyGroupReconciler) replicaAuthKey(ctx context.Context, pg *tsv1alpha
 	case !apierrors.IsNotFound(err):
 		return "", err
 	}
-	key, err := r.Tailnet.CreateAuthKey(ctx, tailnet.AuthKeyRequest{
-		Tags: tags, Description: fmt.Sprintf("tsingress proxygroup %s replica %d", pg.Name, i), Expiry: authKeyExpiry,
-	})
+	req := tailnet.AuthKeyRequest{Tags: tags, Description: fmt.Sprintf("tsingress proxygroup %s replica %d", pg.Name, i), Expiry: authKeyExpiry}
+	key, err := r.Tailnet.CreateAuthKey(ctx, req)
 	if err != nil {
 		return "", err
 	}
+	logAuthKey(ctx, req, key, g.stateSecret(i))
 	return key.Secret.Reveal(), nil
 }
 
@@ -405,6 +409,7 @@ func (r *ProxyGroupReconciler) deleteDevice(ctx context.Context, state *corev1.S
 	if err := r.Tailnet.DeleteDevice(ctx, id); err != nil {
 		return fmt.Errorf("deleting tailnet device %s of %s: %w", id, state.Name, err)
 	}
+	log.FromContext(ctx).Info("deleted tailnet device", "deviceID", id, "proxy", state.Name)
 	return nil
 }
 
@@ -412,12 +417,17 @@ func (r *ProxyGroupReconciler) deleteDevice(ctx context.Context, state *corev1.S
 // owner references.
 func (r *ProxyGroupReconciler) delete(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g group) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(pg, FinalizerName) {
+		r.forget(client.ObjectKeyFromObject(pg))
 		return ctrl.Result{}, nil
 	}
 	if err := r.scaleDown(ctx, g, 0); err != nil {
 		return r.tailnetFailure(pg, err)
 	}
-	return ctrl.Result{}, removeFinalizer(ctx, r.Client, pg, FinalizerName)
+	if err := removeFinalizer(ctx, r.Client, pg, FinalizerName); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.forget(client.ObjectKeyFromObject(pg))
+	return ctrl.Result{}, nil
 }
 
 // devices lists the replicas whose running Pod has reported a tailnet device.

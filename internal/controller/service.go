@@ -9,6 +9,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -26,16 +27,6 @@ const LoadBalancerClass = "tailscale"
 
 // ConditionProxyReady is the condition a standalone L3 proxy reports on its Service.
 const ConditionProxyReady = "TailscaleProxyReady"
-
-// Reasons of ConditionProxyReady (the original operator's names) and Service Events.
-const (
-	ReasonProxyPending = "ProxyPending" // waiting: for the ProxyClass, the Pod, the tailnet login or the DNAT rules
-	ReasonProxyInvalid = "ProxyInvalid" // the Service or its annotations cannot be served as they are
-	ReasonProxyFailed  = "ProxyFailed"  // the control plane or the proxy reported an error
-	ReasonProxyReady   = "ProxyCreated" // traffic to the tailnet address reaches the Service
-
-	ReasonInvalidService = "InvalidService"
-)
 
 // ServiceReconciler exposes Services on the tailnet at L3 through a standalone proxy each.
 type ServiceReconciler struct {
@@ -65,14 +56,18 @@ func (r *ServiceReconciler) serves(s *corev1.Service) bool {
 	return *s.Spec.LoadBalancerClass == LoadBalancerClass
 }
 
-func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
 	svc := &corev1.Service{}
 	if err := r.Get(ctx, req.NamespacedName, svc); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !r.serves(svc) {
 		return r.unserve(ctx, svc)
 	}
+	defer func() { r.settle(svc, err == nil) }()
 	if err := addFinalizer(ctx, r.Client, svc, FinalizerName); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -91,20 +86,30 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, err
 	}
 	if notReady != "" {
-		r.eventf(svc, corev1.EventTypeWarning, ReasonProxyClassNotReady, "%s; waiting for it", notReady)
+		r.warning(svc, ReasonProxyClassNotReady, "%s; waiting for it", notReady)
 		st.set(false, ReasonProxyPending, notReady)
 		return ctrl.Result{}, nil
 	}
 	p := &standaloneProxy{parent: parentOf(parentTypeService, svc), class: class, config: *cfg, kernel: true}
-	if err := r.proxies.ensure(ctx, p); err != nil {
+	created, err := r.proxies.ensure(ctx, p)
+	if err != nil {
 		st.set(false, ReasonProxyFailed, err.Error())
 		return r.tailnetFailure(svc, err)
+	}
+	if created {
+		r.created(svc, ReasonProxyDeployed, "created the proxy %s/%s; it joins the tailnet as %s", r.Settings.Namespace, p.name(), cfg.Hostname)
 	}
 	state, err := r.proxies.state(ctx, p.parent)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	st.fromProxy(state)
+	if state != nil && state.FQDN != "" {
+		r.progress(svc, "joined", ReasonDeviceJoined, "the proxy joined the tailnet as %s", state.FQDN)
+	}
+	if st.ready {
+		r.progress(svc, "serving", ReasonServing, "%s", st.message)
+	}
 	return ctrl.Result{}, nil
 }
 
@@ -224,6 +229,7 @@ func (s *serviceStatus) write(ctx context.Context, r *ServiceReconciler) {
 // unserve removes the proxy of a Service that is deleted or no longer exposed.
 func (r *ServiceReconciler) unserve(ctx context.Context, svc *corev1.Service) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(svc, FinalizerName) {
+		r.forget(client.ObjectKeyFromObject(svc))
 		return ctrl.Result{}, nil
 	}
 	done, err := r.proxies.cleanup(ctx, parentOf(parentTypeService, svc))
@@ -238,7 +244,11 @@ func (r *ServiceReconciler) unserve(ctx context.Context, svc *corev1.Service) (c
 			return ctrl.Result{}, err
 		}
 	}
-	return ctrl.Result{}, removeFinalizer(ctx, r.Client, svc, FinalizerName)
+	if err := removeFinalizer(ctx, r.Client, svc, FinalizerName); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.forget(client.ObjectKeyFromObject(svc))
+	return ctrl.Result{}, nil
 }
 
 // SetupWithManager watches Services, their proxies' children and ProxyClasses.
