@@ -253,13 +253,13 @@ func resolveGroup(ctx context.Context, c client.Client, name string) (*tsv1alpha
 	pg := &tsv1alpha1.ProxyGroup{}
 	if err := c.Get(ctx, client.ObjectKey{Name: name}, pg); err != nil {
 		if apierrors.IsNotFound(err) {
-			f := warnf(ReasonProxyGroupNotFound, "ProxyGroup %q does not exist", name)
+			f := blockf(ReasonProxyGroupNotFound, "ProxyGroup %q does not exist", name)
 			return nil, &f, nil
 		}
 		return nil, nil, err
 	}
 	if pg.Spec.Type != tsv1alpha1.ProxyGroupTypeIngress {
-		f := warnf(ReasonProxyGroupWrongType, "ProxyGroup %q is of type %s; only ingress ProxyGroups serve Ingresses and Services", name, pg.Spec.Type)
+		f := blockf(ReasonProxyGroupWrongType, "ProxyGroup %q is of type %s; only ingress ProxyGroups serve Ingresses and Services", name, pg.Spec.Type)
 		return nil, &f, nil
 	}
 	return pg, nil, nil

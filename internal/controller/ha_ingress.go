@@ -60,42 +60,37 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	findings := []finding{}
+	var findings []finding
 	if f != nil {
 		findings = append(findings, *f)
 	}
-	if !contract.ValidHostname(hostname) {
-		findings = append(findings, warnf(ReasonInvalidHostname, "tailnet hostname %q (from the first TLS host) is not a valid DNS label", hostname))
-	} else if other, err := r.hostnameTakenBy(ctx, ing, hostname); err != nil {
-		return ctrl.Result{}, err
-	} else if other != "" {
-		findings = append(findings, warnf(ReasonDuplicateHostname, "Ingress %s already serves %s on a ProxyGroup; hostnames must be unique", other, hostname))
+	// An invalid hostname is decideIngress's finding; a valid one may be taken.
+	if contract.ValidHostname(hostname) {
+		other, err := r.hostnameTakenBy(ctx, ing, hostname)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if other != "" {
+			findings = append(findings, blockf(ReasonDuplicateHostname, "Ingress %s already serves %s on a ProxyGroup; hostnames must be unique", other, hostname))
+		}
 	}
 	services, err := backendServices(ctx, r.Client, ing)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	ws, routeFindings := buildWebService(ing, services)
-	findings = append(findings, routeFindings...)
 	var byo byoCertificates
 	if pg != nil {
 		if byo, err = r.certs.resolve(ctx, ing, pg.Name, r.Settings.Namespace, byoLabels(pg, ing)); err != nil {
 			return ctrl.Result{}, err
 		}
-		ws.TLS.Certificates = byo.refs
-		findings = append(findings, byo.findings...)
 	}
-	tags, tf := parseTags(ing, r.Settings.DefaultTags)
-	if tf != nil {
-		findings = append(findings, *tf)
-	}
+	d := decideIngress(ing, services, byo, r.Settings.DefaultTags)
+	findings = append(findings, d.findings...)
 	r.findings(ing, findings)
-	if len(ws.Routes) == 0 {
-		r.warning(ing, ReasonNoValidBackends, "no path of this Ingress can be served; nothing changed")
-	}
-	if len(ws.Routes) == 0 || tags == nil || hasBlocking(findings) {
+	if hasBlocking(findings) {
 		return ctrl.Result{}, nil
 	}
+	ws, tags := d.ws, d.tags
 
 	if err := addFinalizer(ctx, r.Client, ing, FinalizerIngressPG); err != nil {
 		return ctrl.Result{}, err
@@ -230,18 +225,6 @@ func groupUsesStaging(ctx context.Context, c client.Client, pg *tsv1alpha1.Proxy
 		return false, client.IgnoreNotFound(err)
 	}
 	return pc.Spec.UseLetsEncryptStagingEnvironment, nil
-}
-
-// hasBlocking reports whether a finding stops an object from being served, as opposed to a
-// route that is merely skipped.
-func hasBlocking(fs []finding) bool {
-	for _, f := range fs {
-		switch f.reason {
-		case ReasonProxyGroupNotFound, ReasonProxyGroupWrongType, ReasonInvalidHostname, ReasonDuplicateHostname:
-			return true
-		}
-	}
-	return false
 }
 
 // docsFailure reports a group document that cannot be written.

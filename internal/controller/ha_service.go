@@ -82,11 +82,11 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if other, err := r.hostnameTakenBy(ctx, svc, hostname); err != nil {
 		return ctrl.Result{}, err
 	} else if other != "" {
-		findings = append(findings, warnf(ReasonDuplicateHostname, "Service %s already serves %s on a ProxyGroup; hostnames must be unique", other, hostname))
+		findings = append(findings, blockf(ReasonDuplicateHostname, "Service %s already serves %s on a ProxyGroup; hostnames must be unique", other, hostname))
 	}
 	r.findings(svc, findings)
-	if cfg == nil || len(findings) > 0 {
-		st.invalid(findings[0].reason, findingMessages(findings))
+	if hasBlocking(findings) {
+		st.invalid(firstBlocking(findings).reason, findingMessages(findings))
 		return ctrl.Result{}, nil
 	}
 	if err := addFinalizer(ctx, r.Client, svc, FinalizerServicePG); err != nil {

@@ -175,24 +175,9 @@ func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.
 	if err != nil {
 		return nil, byo, false, err
 	}
-	ws, findings := buildWebService(ing, services)
-	ws.TLS.Certificates = byo.refs
-	findings = append(findings, byo.findings...)
-	tags, f := parseTags(ing, r.Settings.DefaultTags)
-	if f != nil {
-		findings = append(findings, *f)
-	}
-	hostname := ingressHostname(ing)
-	hostOK := contract.ValidHostname(hostname)
-	if !hostOK {
-		findings = append(findings, warnf(ReasonInvalidHostname, "tailnet hostname %q (from the first TLS host) is not a valid DNS label", hostname))
-	}
-	r.findings(ing, findings)
-	if len(ws.Routes) == 0 {
-		r.warning(ing, ReasonNoValidBackends, "no path of this Ingress can be served; nothing changed")
-		return nil, byo, false, nil
-	}
-	if tags == nil || !hostOK {
+	d := decideIngress(ing, services, byo, r.Settings.DefaultTags)
+	r.findings(ing, d.findings)
+	if hasBlocking(d.findings) {
 		return nil, byo, false, nil
 	}
 	return &standaloneProxy{
@@ -201,12 +186,43 @@ func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.
 		certSecrets: byo.copies,
 		config: contract.ProxyConfig{
 			Kind:       contract.KindIngress,
-			Hostname:   hostname,
-			Tags:       tags,
+			Hostname:   d.hostname,
+			Tags:       d.tags,
 			ControlURL: r.Settings.ControlURL,
-			Serve:      &ws,
+			Serve:      &d.ws,
 		},
 	}, byo, true, nil
+}
+
+// ingressDecision is what an Ingress asks a proxy (standalone or a group's) to serve.
+type ingressDecision struct {
+	ws       contract.WebService
+	tags     []string
+	hostname string
+	findings []finding
+}
+
+// decideIngress decides from what a pass read (the backend Services, the bring-your-own
+// certificates) what an Ingress asks to serve, and what stops it or is left out.
+func decideIngress(ing *networkingv1.Ingress, services map[string]*corev1.Service, byo byoCertificates, defaultTags []string) ingressDecision {
+	d := ingressDecision{hostname: ingressHostname(ing)}
+	if !contract.ValidHostname(d.hostname) {
+		d.findings = append(d.findings, blockf(ReasonInvalidHostname, "tailnet hostname %q (from the first TLS host) is not a valid DNS label", d.hostname))
+	}
+	ws, routeFindings := buildWebService(ing, services)
+	ws.TLS.Certificates = byo.refs
+	d.ws = ws
+	d.findings = append(d.findings, routeFindings...)
+	d.findings = append(d.findings, byo.findings...)
+	tags, f := parseTags(ing, defaultTags)
+	if f != nil {
+		d.findings = append(d.findings, *f)
+	}
+	d.tags = tags
+	if len(ws.Routes) == 0 {
+		d.findings = append(d.findings, blockf(ReasonNoValidBackends, "no path of this Ingress can be served; nothing changed"))
+	}
+	return d
 }
 
 // updateStatus lists the served names: the tailnet name once the proxy serves it (or, with a

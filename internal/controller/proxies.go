@@ -248,7 +248,7 @@ func parseTags(obj client.Object, defaults []string) ([]string, *finding) {
 		tags = append(tags, t)
 	}
 	if len(bad) > 0 || len(tags) == 0 {
-		f := warnf(ReasonInvalidAnnotation, "annotation %s=%q: every tag must look like tag:name (bad: %s)", AnnotationTags, v, strings.Join(bad, ", "))
+		f := blockf(ReasonInvalidAnnotation, "annotation %s=%q: every tag must look like tag:name (bad: %s)", AnnotationTags, v, strings.Join(bad, ", "))
 		return nil, &f
 	}
 	return tags, nil

@@ -121,12 +121,12 @@ func serviceProxyConfig(svc *corev1.Service, s Settings) (*contract.ProxyConfig,
 	if hostname == "" {
 		hostname = truncateLabel(dnsLabelish(svc.Namespace + "-" + svc.Name))
 	} else if !contract.ValidHostname(hostname) {
-		findings = append(findings, warnf(ReasonInvalidAnnotation,
+		findings = append(findings, blockf(ReasonInvalidAnnotation,
 			"annotation %s=%q must be a DNS label: lower-case letters, digits and dashes, at most 63", AnnotationHostname, hostname))
 	}
 	if v, ok := svc.Annotations[AnnotationExpose]; ok && v != "true" {
 		if b, err := strconv.ParseBool(v); err != nil || b {
-			findings = append(findings, warnf(ReasonInvalidAnnotation, "annotation %s=%q: only \"true\" exposes a Service", AnnotationExpose, v))
+			findings = append(findings, blockf(ReasonInvalidAnnotation, "annotation %s=%q: only \"true\" exposes a Service", AnnotationExpose, v))
 		}
 	}
 	tags, f := parseTags(svc, s.DefaultTags)
@@ -138,9 +138,9 @@ func serviceProxyConfig(svc *corev1.Service, s Settings) (*contract.ProxyConfig,
 	case svc.Spec.Type == corev1.ServiceTypeExternalName:
 		dest.DNSName = svc.Spec.ExternalName
 	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
-		findings = append(findings, warnf(ReasonInvalidService, "headless Services (clusterIP: None) have no address to forward to; expose a ClusterIP Service"))
+		findings = append(findings, blockf(ReasonInvalidService, "headless Services (clusterIP: None) have no address to forward to; expose a ClusterIP Service"))
 	case svc.Spec.ClusterIP == "":
-		findings = append(findings, warnf(ReasonInvalidService, "the Service has no ClusterIP yet"))
+		findings = append(findings, blockf(ReasonInvalidService, "the Service has no ClusterIP yet"))
 	default:
 		dest.IPs = svc.Spec.ClusterIPs
 		if len(dest.IPs) == 0 {
