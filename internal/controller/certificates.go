@@ -205,7 +205,7 @@ func pruneCertCopies(ctx context.Context, c client.Client, namespace string, lab
 		if slices.ContainsFunc(keep, func(k *corev1.Secret) bool { return k.Name == s.Name }) {
 			continue
 		}
-		if err := c.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
+		if err := remove(ctx, c, s); err != nil {
 			return err
 		}
 	}
@@ -301,8 +301,8 @@ func (g *certGuard) update(ctx context.Context, domain string, change func(*acme
 		changed = false
 		cm := &corev1.ConfigMap{}
 		err := g.Get(ctx, client.ObjectKey{Namespace: g.namespace, Name: ledgerConfigMap}, cm)
-		create := apierrors.IsNotFound(err)
-		if err != nil && !create {
+		missing := apierrors.IsNotFound(err)
+		if err != nil && !missing {
 			return err
 		}
 		l := &acmebudget.Ledger{}
@@ -323,18 +323,18 @@ func (g *certGuard) update(ctx context.Context, domain string, change func(*acme
 			return nil
 		}
 		changed = true
-		if create {
+		if missing {
 			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ledgerConfigMap, Namespace: g.namespace,
-				Labels: map[string]string{LabelManaged: "true"}}}
+				Labels: map[string]string{LabelManaged: "true"}},
+				Data: map[string]string{key: string(b)}}
+			return create(ctx, g.Client, cm)
 		}
+		before := cm.DeepCopy()
 		if cm.Data == nil {
 			cm.Data = map[string]string{}
 		}
 		cm.Data[key] = string(b)
-		if create {
-			return g.Create(ctx, cm)
-		}
-		return g.Update(ctx, cm)
+		return patchShared(ctx, g.Client, before, cm)
 	})
 	return changed && err == nil, err
 }

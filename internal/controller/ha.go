@@ -219,7 +219,7 @@ func (d groupDocs) write(ctx context.Context, before, cm *corev1.ConfigMap, data
 	if size > maxGroupDocumentBytes {
 		return errConfigFull
 	}
-	return d.Patch(ctx, cm, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+	return patchShared(ctx, d.Client, before, cm)
 }
 
 // removeElsewhere removes svcName from the documents of every group but keep, so an object

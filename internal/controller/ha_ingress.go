@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -144,8 +145,12 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := r.docs.setServe(ctx, pg.Name, svcName, &ws, ownerOf("Ingress", ing)); err != nil {
 		return r.docsFailure(ing, err)
 	}
-	if err := r.updateStatus(ctx, ing, svcName, &ws, cert, states); err != nil {
+	lb, served := haIngressLoadBalancer(svcName, &ws, cert, states, r.guard.now())
+	if err := setIngressLoadBalancer(ctx, r.Client, ing, lb); err != nil {
 		return ctrl.Result{}, err
+	}
+	if served {
+		r.progress(ing, "serving", ReasonServing, "serving https://%s through Tailscale Service %s", cert.fqdn, svcName)
 	}
 	return ctrl.Result{RequeueAfter: cert.recheck(byo.recheck, r.guard.now())}, nil
 }
@@ -210,7 +215,7 @@ func (r *HAIngressReconciler) ensureGroupCertSecret(ctx context.Context, pg *tsv
 	if err := controllerutil.SetControllerReference(pg, s, r.Scheme()); err != nil {
 		return err
 	}
-	return client.IgnoreAlreadyExists(r.Create(ctx, s))
+	return client.IgnoreAlreadyExists(create(ctx, r.Client, s))
 }
 
 // groupUsesStaging reports whether a group's ProxyClass (the one its replicas are configured
@@ -253,23 +258,23 @@ func (r *HAIngressReconciler) hostnameTakenBy(ctx context.Context, ing *networki
 	return takenBy(ing, others, func(o *networkingv1.Ingress) bool { return r.serves(o) && ingressHostname(o) == hostname }, FinalizerIngressPG), nil
 }
 
-// updateStatus lists the Tailscale Service's name once a replica advertises it (or, with a port
-// error, why its certificate is missing) and the bring-your-own hosts served.
-func (r *HAIngressReconciler) updateStatus(ctx context.Context, ing *networkingv1.Ingress, svcName string, ws *contract.WebService, cert tailnetCert, states []*contract.ProxyState) error {
-	var want []networkingv1.IngressLoadBalancerIngress
-	now := r.guard.now()
+// haIngressLoadBalancer is an Ingress's status.loadBalancer.ingress, which the reconciler owns
+// while it serves the Ingress: the Tailscale Service's name once a replica advertises it (or,
+// with a port error, why its certificate is missing) and the bring-your-own hosts served.
+// served says whether the tailnet name is served.
+func haIngressLoadBalancer(svcName string, ws *contract.WebService, cert tailnetCert, states []*contract.ProxyState, now time.Time) (lb []networkingv1.IngressLoadBalancerIngress, served bool) {
 	advertising := firstAdvertising(states, svcName)
 	if errReason := certPortError(cert.hold, cert.cur, now); errReason != "" && cert.fqdn != "" {
-		want = append(want, networkingv1.IngressLoadBalancerIngress{Hostname: cert.fqdn,
+		lb = append(lb, networkingv1.IngressLoadBalancerIngress{Hostname: cert.fqdn,
 			Ports: []networkingv1.IngressPortStatus{{Port: 443, Protocol: corev1.ProtocolTCP, Error: &errReason}}})
 	} else if advertising != nil && cert.fqdn != "" {
-		want = append(want, networkingv1.IngressLoadBalancerIngress{Hostname: cert.fqdn, Ports: httpsPorts(ws.HTTP != contract.HTTPOff)})
-		r.progress(ing, "serving", ReasonServing, "serving https://%s through Tailscale Service %s", cert.fqdn, svcName)
+		lb = append(lb, networkingv1.IngressLoadBalancerIngress{Hostname: cert.fqdn, Ports: httpsPorts(ws.HTTP != contract.HTTPOff)})
+		served = true
 	}
 	if advertising != nil {
-		want = append(want, byoStatus(ws.TLS.Certificates, advertising.Certificates, now)...)
+		lb = append(lb, byoStatus(ws.TLS.Certificates, advertising.Certificates, now)...)
 	}
-	return setIngressLoadBalancer(ctx, r.Client, ing, want)
+	return lb, served
 }
 
 func firstAdvertising(states []*contract.ProxyState, svcName string) *contract.ProxyState {
@@ -391,5 +396,5 @@ func setIngressLoadBalancer(ctx context.Context, c client.Client, ing *networkin
 	}
 	before := ing.DeepCopy()
 	ing.Status.LoadBalancer.Ingress = want
-	return c.Status().Patch(ctx, ing, client.MergeFrom(before))
+	return patchStatus(ctx, c, before, ing)
 }

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -68,8 +67,14 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return r.unserve(ctx, svc, svcName)
 	}
 	defer func() { r.settle(svc, err == nil) }()
-	st := haServiceStatus{svc: svc}
-	defer func() { st.write(ctx, r.Client) }()
+	var st haServiceOutcome
+	defer func() {
+		before := svc.DeepCopy()
+		svc.Status = st.status(svc.Status, svc.Generation, svc.Spec.Type == corev1.ServiceTypeLoadBalancer)
+		if perr := patchStatus(ctx, r.Client, before, svc); perr != nil && err == nil {
+			err = fmt.Errorf("writing Service status: %w", perr)
+		}
+	}()
 
 	pg, f, err := resolveGroup(ctx, r.Client, svc.Annotations[AnnotationProxyGroup])
 	if err != nil {
@@ -153,63 +158,64 @@ func (r *HAServiceReconciler) hostnameTakenBy(ctx context.Context, svc *corev1.S
 	return takenBy(svc, others, func(o *corev1.Service) bool { return r.serves(o) && haServiceHostname(o) == hostname }, FinalizerServicePG), nil
 }
 
-// haServiceStatus collects a Service's conditions and load-balancer status during a pass. A
-// condition whose reason stays empty was not decided in this pass and is left as it was: a
-// control-plane outage says nothing about whether the Service is valid.
-type haServiceStatus struct {
-	svc                   *corev1.Service
+// haServiceConditions are the conditions the reconciler owns on a Service it serves; it also
+// owns status.loadBalancer of a LoadBalancer Service.
+var haServiceConditions = []string{ConditionIngressSvcValid, ConditionIngressSvcConfigured}
+
+// haServiceOutcome is what a pass found about a Service on a ProxyGroup. A condition whose
+// reason stays empty was not decided in this pass and is left as it was: a control-plane
+// outage says nothing about whether the Service is valid.
+type haServiceOutcome struct {
 	isValid, isConfigured bool
 	validReason, validMsg string
 	confReason, confMsg   string
-	lb                    []corev1.LoadBalancerIngress
+	fqdn                  string
+	vips                  []string
 }
 
-func (s *haServiceStatus) invalid(reason, msg string) {
-	s.isValid, s.validReason, s.validMsg = false, reason, msg
-	s.confReason, s.confMsg = reason, "the Service is not valid for a ProxyGroup"
+func (o *haServiceOutcome) invalid(reason, msg string) {
+	o.isValid, o.validReason, o.validMsg = false, reason, msg
+	o.confReason, o.confMsg = reason, "the Service is not valid for a ProxyGroup"
 }
 
-func (s *haServiceStatus) failed(reason, msg string) {
-	s.isConfigured, s.confReason, s.confMsg = false, reason, msg
+func (o *haServiceOutcome) failed(reason, msg string) {
+	o.isConfigured, o.confReason, o.confMsg = false, reason, msg
 }
 
-func (s *haServiceStatus) valid() {
-	s.isValid, s.validReason, s.validMsg = true, ReasonIngressSvcValid, "the Service can be served by its ProxyGroup"
-	s.confReason, s.confMsg = ReasonIngressSvcNoBackends, "waiting for replicas to advertise the Tailscale Service"
+func (o *haServiceOutcome) valid() {
+	o.isValid, o.validReason, o.validMsg = true, ReasonIngressSvcValid, "the Service can be served by its ProxyGroup"
+	o.confReason, o.confMsg = ReasonIngressSvcNoBackends, "waiting for replicas to advertise the Tailscale Service"
 }
 
-func (s *haServiceStatus) configured(n, total int, fqdn string, vips []string) {
-	s.confMsg = fmt.Sprintf("%d/%d proxy replicas ready and advertising", n, total)
-	if n == 0 {
-		return
+func (o *haServiceOutcome) configured(n, total int, fqdn string, vips []string) {
+	o.confMsg = fmt.Sprintf("%d/%d proxy replicas ready and advertising", n, total)
+	if n > 0 {
+		o.isConfigured, o.confReason, o.fqdn, o.vips = true, ReasonIngressSvcConfigured, fqdn, vips
 	}
-	s.isConfigured, s.confReason = true, ReasonIngressSvcConfigured
-	if s.svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
-		s.lb = []corev1.LoadBalancerIngress{{Hostname: fqdn}}
-		for _, ip := range vips {
-			s.lb = append(s.lb, corev1.LoadBalancerIngress{IP: ip, IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)})
+}
+
+// status computes a Service's status from a pass's outcome: the conditions it decided and, for
+// a LoadBalancer Service, the addresses it is served at once configured.
+func (o haServiceOutcome) status(cur corev1.ServiceStatus, gen int64, loadBalancer bool) corev1.ServiceStatus {
+	st := *cur.DeepCopy()
+	if o.confReason == "" {
+		return st
+	}
+	if o.validReason != "" {
+		setCondition(&st.Conditions, ConditionIngressSvcValid, o.isValid, o.validReason, o.validMsg, gen)
+	}
+	setCondition(&st.Conditions, ConditionIngressSvcConfigured, o.isConfigured, o.confReason, o.confMsg, gen)
+	if loadBalancer {
+		var lb []corev1.LoadBalancerIngress
+		if o.isConfigured {
+			lb = []corev1.LoadBalancerIngress{{Hostname: o.fqdn}}
+			for _, ip := range o.vips {
+				lb = append(lb, corev1.LoadBalancerIngress{IP: ip, IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)})
+			}
 		}
+		st.LoadBalancer.Ingress = lb
 	}
-}
-
-func (s *haServiceStatus) write(ctx context.Context, c client.Client) {
-	if s.confReason == "" {
-		return
-	}
-	before := s.svc.DeepCopy()
-	gen := s.svc.Generation
-	if s.validReason != "" {
-		setCondition(&s.svc.Status.Conditions, ConditionIngressSvcValid, s.isValid, s.validReason, s.validMsg, gen)
-	}
-	setCondition(&s.svc.Status.Conditions, ConditionIngressSvcConfigured, s.isConfigured, s.confReason, s.confMsg, gen)
-	if s.svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
-		s.svc.Status.LoadBalancer.Ingress = s.lb
-	}
-	if !equality.Semantic.DeepEqual(before.Status, s.svc.Status) {
-		if err := c.Status().Patch(ctx, s.svc, client.MergeFrom(before)); err != nil {
-			ctrl.LoggerFrom(ctx).Error(err, "writing Service status")
-		}
-	}
+	return st
 }
 
 // unserve removes a Service's entry from every group and releases its Tailscale Service.
@@ -228,7 +234,7 @@ func (r *HAServiceReconciler) unserve(ctx context.Context, svc *corev1.Service, 
 		return r.tailnetFailure(svc, err)
 	}
 	if svc.DeletionTimestamp == nil {
-		if err := clearServiceStatus(ctx, r.Client, svc, ConditionIngressSvcValid, ConditionIngressSvcConfigured); err != nil {
+		if err := clearServiceStatus(ctx, r.Client, svc, haServiceConditions...); err != nil {
 			return ctrl.Result{}, err
 		}
 	}

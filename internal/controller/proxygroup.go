@@ -9,7 +9,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -71,14 +70,19 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err := addFinalizer(ctx, r.Client, pg, FinalizerName); err != nil {
 		return ctrl.Result{}, err
 	}
-	st := groupStatus{pg: pg}
-	defer func() { st.write(ctx, r) }()
-	// Available follows the replicas, whatever this pass then fails on: they keep serving.
 	devices, err := r.devices(ctx, g, replicas(pg))
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	st.observe(devices)
+	scope := groupScope{replicas: replicas(pg), devices: devices}
+	// The status, from what this pass found, is written once whatever it then fails on.
+	defer func() {
+		before := pg.DeepCopy()
+		pg.Status = groupStatus(pg.Status, scope, pg.Generation)
+		if perr := patchStatus(ctx, r.Client, before, pg); perr != nil && err == nil {
+			err = fmt.Errorf("writing ProxyGroup status: %w", perr)
+		}
+	}()
 	for _, d := range devices {
 		r.progress(pg, "joined "+d.Hostname, ReasonDeviceJoined, "a replica joined the tailnet as %s", d.Hostname)
 	}
@@ -86,7 +90,7 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if pg.Spec.Type != tsv1alpha1.ProxyGroupTypeIngress {
 		msg := fmt.Sprintf("type %q is not served by this operator; only ingress ProxyGroups are", pg.Spec.Type)
 		r.warning(pg, ReasonProxyGroupInvalid, "%s", msg)
-		st.fail(ReasonProxyGroupInvalid, msg)
+		scope.fail(ReasonProxyGroupInvalid, msg)
 		return ctrl.Result{}, nil
 	}
 	class, notReady, err := readyProxyClass(ctx, r.Client, groupProxyClassName(pg, r.Settings.DefaultProxyClass))
@@ -94,11 +98,11 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		return ctrl.Result{}, err
 	}
 	if notReady != "" {
-		st.fail(ReasonProxyGroupPending, notReady+"; waiting for it")
+		scope.fail(ReasonProxyGroupPending, notReady+"; waiting for it")
 		return ctrl.Result{}, nil
 	}
 	if err := r.ensure(ctx, pg, g, class); err != nil {
-		st.fail(ReasonProxyGroupFailed, err.Error())
+		scope.fail(ReasonProxyGroupFailed, err.Error())
 		if tailnet.ReasonOf(err) != "" {
 			return r.tailnetFailure(pg, err)
 		}
@@ -387,13 +391,13 @@ func (r *ProxyGroupReconciler) scaleDown(ctx context.Context, g group, n int) er
 		if err := r.deleteDevice(ctx, s); err != nil {
 			return err
 		}
-		if err := r.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
+		if err := remove(ctx, r.Client, s); err != nil {
 			return err
 		}
 	}
 	for i, s := range configs {
 		if i >= n {
-			if err := r.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
+			if err := remove(ctx, r.Client, s); err != nil {
 				return err
 			}
 		}
@@ -458,52 +462,40 @@ func (r *ProxyGroupReconciler) devices(ctx context.Context, g group, n int) ([]t
 	return devices, nil
 }
 
-// groupStatus collects a ProxyGroup's status during a pass.
-type groupStatus struct {
-	pg              *tsv1alpha1.ProxyGroup
-	failed          bool
-	reason, message string
-	devices         []tsv1alpha1.TailnetDevice
-	observed        bool
+// groupScope is what one pass found about a ProxyGroup: its replicas up on the tailnet, and
+// why the group cannot be ready whatever they do (empty when nothing stops it).
+type groupScope struct {
+	replicas                int
+	devices                 []tsv1alpha1.TailnetDevice
+	failReason, failMessage string
 }
 
-func (s *groupStatus) fail(reason, msg string) {
-	s.failed, s.reason, s.message = true, reason, msg
+func (s *groupScope) fail(reason, msg string) {
+	s.failReason, s.failMessage = reason, msg
 }
 
-func (s *groupStatus) observe(devices []tsv1alpha1.TailnetDevice) {
-	s.devices, s.observed = devices, true
-}
-
-func (s *groupStatus) write(ctx context.Context, r *ProxyGroupReconciler) {
-	if !s.failed && !s.observed {
-		return
-	}
-	pg, gen := s.pg, s.pg.Generation
-	before := pg.DeepCopy()
-	want := replicas(pg)
+// groupStatus computes a ProxyGroup's status from a pass's scope. The reconciler owns all of
+// it: ProxyGroupReady, ProxyGroupAvailable and the devices. Available follows the replicas
+// only, as they keep serving whatever else fails.
+func groupStatus(status tsv1alpha1.ProxyGroupStatus, s groupScope, gen int64) tsv1alpha1.ProxyGroupStatus {
+	status = *status.DeepCopy()
 	up := len(s.devices)
-	counts := fmt.Sprintf("%d/%d replicas up on the tailnet", up, want)
-	if s.failed {
-		setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupReady, false, s.reason, s.message, gen)
-	} else if up == want {
-		setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupReady, true, ReasonProxyGroupReady, counts, gen)
+	counts := fmt.Sprintf("%d/%d replicas up on the tailnet", up, s.replicas)
+	switch {
+	case s.failReason != "":
+		setCondition(&status.Conditions, tsv1alpha1.ProxyGroupReady, false, s.failReason, s.failMessage, gen)
+	case up == s.replicas:
+		setCondition(&status.Conditions, tsv1alpha1.ProxyGroupReady, true, ReasonProxyGroupReady, counts, gen)
+	default:
+		setCondition(&status.Conditions, tsv1alpha1.ProxyGroupReady, false, ReasonProxyGroupCreating, counts, gen)
+	}
+	if up > 0 {
+		setCondition(&status.Conditions, tsv1alpha1.ProxyGroupAvailable, true, ReasonProxyGroupAvailable, counts, gen)
 	} else {
-		setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupReady, false, ReasonProxyGroupCreating, counts, gen)
+		setCondition(&status.Conditions, tsv1alpha1.ProxyGroupAvailable, false, ReasonProxyGroupNoReplicas, counts, gen)
 	}
-	if s.observed {
-		pg.Status.Devices = s.devices
-		if up > 0 {
-			setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupAvailable, true, ReasonProxyGroupAvailable, counts, gen)
-		} else {
-			setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupAvailable, false, ReasonProxyGroupNoReplicas, counts, gen)
-		}
-	}
-	if !equality.Semantic.DeepEqual(before.Status, pg.Status) {
-		if err := r.Status().Patch(ctx, pg, client.MergeFrom(before)); err != nil {
-			ctrl.LoggerFrom(ctx).Error(err, "writing ProxyGroup status")
-		}
-	}
+	status.Devices = s.devices
+	return status
 }
 
 // SetupWithManager watches ProxyGroups, their children and ProxyClasses.
