@@ -76,24 +76,17 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		}
 	}()
 
-	pg, f, err := resolveGroup(ctx, r.Client, svc.Annotations[AnnotationProxyGroup])
+	scope, err := r.gather(ctx, svc, hostname)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	cfg, findings := serviceProxyConfig(svc, r.Settings)
-	if f != nil {
-		findings = append(findings, *f)
-	}
-	if other, err := r.hostnameTakenBy(ctx, svc, hostname); err != nil {
-		return ctrl.Result{}, err
-	} else if other != "" {
-		findings = append(findings, blockf(ReasonDuplicateHostname, "Service %s already serves %s on a ProxyGroup; hostnames must be unique", other, hostname))
-	}
+	cfg, findings := decideHAService(scope, r.Settings)
 	r.findings(svc, findings)
 	if hasBlocking(findings) {
 		st.invalid(firstBlocking(findings).reason, findingMessages(findings))
 		return ctrl.Result{}, nil
 	}
+	pg := scope.group
 	if err := addFinalizer(ctx, r.Client, svc, FinalizerServicePG); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -143,6 +136,40 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		r.progress(svc, "serving", ReasonServing, "serving %s at %s through ProxyGroup %s", svcName, strings.Join(vips, ", "), pg.Name)
 	}
 	return ctrl.Result{}, nil
+}
+
+// haServiceScope is what a pass reads about a Service on a ProxyGroup before it decides.
+type haServiceScope struct {
+	svc      *corev1.Service
+	hostname string
+	// group is the ProxyGroup named, or nil with groupFinding saying why it cannot serve.
+	group        *tsv1alpha1.ProxyGroup
+	groupFinding *finding
+	// takenBy is another Service that already serves the hostname on a ProxyGroup.
+	takenBy string
+}
+
+func (r *HAServiceReconciler) gather(ctx context.Context, svc *corev1.Service, hostname string) (haServiceScope, error) {
+	s := haServiceScope{svc: svc, hostname: hostname}
+	var err error
+	if s.group, s.groupFinding, err = resolveGroup(ctx, r.Client, svc.Annotations[AnnotationProxyGroup]); err != nil {
+		return s, err
+	}
+	s.takenBy, err = r.hostnameTakenBy(ctx, svc, hostname)
+	return s, err
+}
+
+// decideHAService decides what a Service asks its ProxyGroup to forward, or why it cannot be
+// served (every finding blocks).
+func decideHAService(s haServiceScope, settings Settings) (*contract.ProxyConfig, []finding) {
+	cfg, findings := serviceProxyConfig(s.svc, settings)
+	if s.groupFinding != nil {
+		findings = append(findings, *s.groupFinding)
+	}
+	if s.takenBy != "" {
+		findings = append(findings, blockf(ReasonDuplicateHostname, "Service %s already serves %s on a ProxyGroup; hostnames must be unique", s.takenBy, s.hostname))
+	}
+	return cfg, findings
 }
 
 // hostnameTakenBy returns another HA Service that serves hostname and came first.

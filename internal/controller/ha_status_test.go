@@ -113,3 +113,43 @@ func TestHAIngressLoadBalancer(t *testing.T) {
 		})
 	}
 }
+
+func TestDecideHAService(t *testing.T) {
+	service := func(mutate func(*corev1.Service)) *corev1.Service {
+		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "db", Annotations: map[string]string{AnnotationProxyGroup: "pg"}},
+			Spec: corev1.ServiceSpec{ClusterIP: "10.0.0.5", ClusterIPs: []string{"10.0.0.5"}}}
+		if mutate != nil {
+			mutate(s)
+		}
+		return s
+	}
+	missing := blockf(ReasonProxyGroupNotFound, "ProxyGroup %q does not exist", "pg")
+	for name, c := range map[string]struct {
+		scope   haServiceScope
+		reasons []string
+	}{
+		"served":         {haServiceScope{svc: service(nil), hostname: "ns-db"}, nil},
+		"group missing":  {haServiceScope{svc: service(nil), hostname: "ns-db", groupFinding: &missing}, []string{ReasonProxyGroupNotFound}},
+		"hostname taken": {haServiceScope{svc: service(nil), hostname: "ns-db", takenBy: "other/db"}, []string{ReasonDuplicateHostname}},
+		"headless":       {haServiceScope{svc: service(func(s *corev1.Service) { s.Spec.ClusterIP = corev1.ClusterIPNone }), hostname: "ns-db"}, []string{ReasonInvalidService}},
+		"bad tag and missing": {haServiceScope{svc: service(func(s *corev1.Service) { s.Annotations[AnnotationTags] = "k8s" }), hostname: "ns-db", groupFinding: &missing},
+			[]string{ReasonInvalidAnnotation, ReasonProxyGroupNotFound}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg, findings := decideHAService(c.scope, Settings{DefaultTags: []string{"tag:k8s"}})
+			var reasons []string
+			for _, f := range findings {
+				reasons = append(reasons, f.reason)
+				if !f.blocking {
+					t.Errorf("%s does not block", f.reason)
+				}
+			}
+			if !slices.Equal(reasons, c.reasons) {
+				t.Errorf("findings %v, want %v", reasons, c.reasons)
+			}
+			if len(c.reasons) == 0 && (cfg == nil || cfg.Forward == nil || !slices.Equal(cfg.Forward.IPs, []string{"10.0.0.5"})) {
+				t.Errorf("config %+v, want forwarding to the ClusterIP", cfg)
+			}
+		})
+	}
+}

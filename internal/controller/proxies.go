@@ -155,7 +155,7 @@ func (m *proxies) cleanup(ctx context.Context, par parent) (done bool, err error
 	switch err := m.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, sts); {
 	case err == nil:
 		if sts.DeletionTimestamp == nil {
-			if err := m.Delete(ctx, sts, client.PropagationPolicy(metav1.DeletePropagationForeground)); client.IgnoreNotFound(err) != nil {
+			if err := remove(ctx, m.Client, sts, client.PropagationPolicy(metav1.DeletePropagationForeground)); err != nil {
 				return false, err
 			}
 		}
@@ -185,7 +185,7 @@ func (m *proxies) cleanup(ctx context.Context, par parent) (done bool, err error
 		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
 	} {
-		if err := m.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+		if err := remove(ctx, m.Client, obj); err != nil {
 			return false, err
 		}
 	}
