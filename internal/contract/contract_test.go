@@ -381,3 +381,33 @@ func keys(m map[string][]byte) []string {
 	return ks
 }
 func fmtV(v any) string { return fmt.Sprintf("%v %+v %s", v, v, v) }
+
+// The operator's guard and the proxy both renew by this rule: two thirds of the lifetime.
+func TestRenewalRule(t *testing.T) {
+	notBefore := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	notAfter := notBefore.Add(90 * 24 * time.Hour)
+	if got, want := RenewAt(notBefore, notAfter), notBefore.Add(60*24*time.Hour); !got.Equal(want) {
+		t.Fatalf("RenewAt = %s, want %s (two thirds of 90 days)", got, want)
+	}
+	c := CertificateStatus{Source: CertSourceACME, Serial: "01", NotBefore: notBefore, NotAfter: notAfter}
+	for _, tc := range []struct {
+		at   time.Duration // after notBefore
+		due  bool
+		what string
+	}{
+		{24 * time.Hour, false, "a day-old certificate"},
+		{60*24*time.Hour - time.Second, false, "a second before two thirds"},
+		{60 * 24 * time.Hour, true, "at two thirds"},
+		{91 * 24 * time.Hour, true, "an expired certificate"},
+	} {
+		if got := c.RenewDue(notBefore.Add(tc.at)); got != tc.due {
+			t.Errorf("%s: RenewDue = %v, want %v", tc.what, got, tc.due)
+		}
+	}
+	if !(CertificateStatus{}).RenewDue(notBefore) {
+		t.Error("no certificate: RenewDue = false, want true")
+	}
+	if !(CertificateStatus{Reason: CertReasonIssuanceFailed}).RenewDue(notBefore) {
+		t.Error("a failed issuance: RenewDue = false, want true")
+	}
+}

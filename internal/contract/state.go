@@ -80,6 +80,19 @@ func (c CertificateStatus) Valid(now time.Time) bool {
 	return c.Serial != "" && now.After(c.NotBefore) && now.Before(c.NotAfter)
 }
 
+// RenewAt is when a certificate valid from notBefore to notAfter is due for renewal: after two
+// thirds of its lifetime, as Let's Encrypt recommends and tailscaled does. The proxy renews then
+// and the operator's rate-limit guard reserves the renewal then, so both read the rule here.
+func RenewAt(notBefore, notAfter time.Time) time.Time {
+	return notBefore.Add(notAfter.Sub(notBefore) * 2 / 3)
+}
+
+// RenewDue reports whether the proxy will ask the CA for this name at now: it has no valid
+// certificate, or the one it has is due for renewal.
+func (c CertificateStatus) RenewDue(now time.Time) bool {
+	return !c.Valid(now) || !now.Before(RenewAt(c.NotBefore, c.NotAfter))
+}
+
 // FirewallStatus reports the DNAT rules a replica has in place, per mapping name (a Tailscale
 // Service name, or StandaloneMapping). The operator compares it with what it asked for before it
 // lets a replica advertise a service.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -14,9 +15,13 @@ import (
 // fieldOwner is the operator's server-side-apply field manager.
 const fieldOwner = "tsingress-operator"
 
-// apply is the one place that writes child objects. Server-side apply makes it idempotent and
-// lets the operator own exactly the fields it sets: the keys a proxy writes into its state
-// Secret belong to the proxy's field manager and survive every apply.
+// This file holds every write of the reconcilers: children are applied (or, when their content
+// belongs to someone else once they exist, created), shared documents are patched under their
+// resourceVersion, status is patched once per pass, and children are removed.
+
+// apply writes a child object. Server-side apply makes it idempotent and lets the operator own
+// exactly the fields it sets: the keys a proxy writes into its state Secret belong to the
+// proxy's field manager and survive every apply.
 func apply(ctx context.Context, c client.Client, obj client.Object) error {
 	gvk, err := apiutil.GVKForObject(obj, c.Scheme())
 	if err != nil {
@@ -36,6 +41,35 @@ func apply(ctx context.Context, c client.Client, obj client.Object) error {
 		return fmt.Errorf("applying %s %s/%s: %w", gvk.Kind, obj.GetNamespace(), obj.GetName(), err)
 	}
 	return nil
+}
+
+// create writes a child whose content, once it exists, another writer owns: a ProxyGroup's
+// certificate Secret, which its issuing replica fills. An apply would take its fields back.
+func create(ctx context.Context, c client.Client, obj client.Object) error {
+	if err := c.Create(ctx, obj); err != nil {
+		return fmt.Errorf("creating %T %s/%s: %w", obj, obj.GetNamespace(), obj.GetName(), err)
+	}
+	return nil
+}
+
+// patchShared writes obj, changed from before, under before's resourceVersion: an object that
+// several writers change by read-modify-write (a ProxyGroup's ConfigMap, the certificate
+// ledger) never loses a concurrent change; the conflict goes back to the caller to retry.
+func patchShared(ctx context.Context, c client.Client, before, obj client.Object) error {
+	return c.Patch(ctx, obj, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+}
+
+// remove deletes a child; one already gone is not an error.
+func remove(ctx context.Context, c client.Client, obj client.Object, opts ...client.DeleteOption) error {
+	return client.IgnoreNotFound(c.Delete(ctx, obj, opts...))
+}
+
+// patchStatus writes obj's status, changed from before, when it changed.
+func patchStatus(ctx context.Context, c client.Client, before, obj client.Object) error {
+	if equality.Semantic.DeepEqual(before, obj) {
+		return nil
+	}
+	return c.Status().Patch(ctx, obj, client.MergeFrom(before))
 }
 
 func addFinalizer(ctx context.Context, c client.Client, obj client.Object, finalizer string) error {

@@ -25,19 +25,6 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 )
 
-// Reasons about certificates, on Events and in an Ingress's status.loadBalancer port errors.
-const (
-	ReasonTLSSecretNotFound         = "TLSSecretNotFound"
-	ReasonTLSSecretWrongType        = "TLSSecretWrongType"
-	ReasonTLSSecretInvalid          = "TLSSecretInvalid"
-	ReasonCertificateExpired        = "CertificateExpired"
-	ReasonCertificateHostMismatch   = "CertificateHostMismatch"
-	ReasonCertificateRateLimited    = acmebudget.ReasonDomainLimit
-	ReasonDuplicateCertificateLimit = acmebudget.ReasonNameLimit
-	ReasonCertificateIssueFailed    = "CertificateIssuanceFailed"
-	ReasonWaitingForTailnetDomain   = "WaitingForTailnetDomain"
-)
-
 // Secret types (LabelSecretType) of certificate Secrets in the operator's namespace.
 const (
 	secretTypeCertCopy  = "byo-certificate"   // a copy of a user's kubernetes.io/tls Secret
@@ -218,7 +205,7 @@ func pruneCertCopies(ctx context.Context, c client.Client, namespace string, lab
 		if slices.ContainsFunc(keep, func(k *corev1.Secret) bool { return k.Name == s.Name }) {
 			continue
 		}
-		if err := c.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
+		if err := remove(ctx, c, s); err != nil {
 			return err
 		}
 	}
@@ -246,15 +233,6 @@ type certGuard struct {
 	mu        sync.Mutex // one writer per operator; the API's optimistic locking covers others
 }
 
-// renewDue reports whether a certificate is due for renewal at now: after two thirds of its
-// lifetime, when the proxy (or tailscaled) renews.
-func renewDue(c contract.CertificateStatus, now time.Time) bool {
-	if !c.Valid(now) {
-		return true
-	}
-	return !now.Before(c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) * 2 / 3))
-}
-
 // hold decides whether the proxy serving fqdn may ask the CA for a certificate now. cur is
 // what the proxy reports for fqdn (zero when nothing). No hold means go ahead; a certificate
 // that needs no issuance now costs nothing. An empty fqdn (tailnet domain not known yet) holds
@@ -265,7 +243,7 @@ func (g *certGuard) hold(ctx context.Context, fqdn string, cur contract.Certific
 		return &contract.IssuanceHold{Reason: ReasonWaitingForTailnetDomain,
 			Message: "the tailnet's domain is not known yet; the certificate is requested once the proxy has joined"}, nil
 	}
-	if !renewDue(cur, now) {
+	if !cur.RenewDue(now) {
 		return nil, nil
 	}
 	domain, err := acmebudget.Domain(fqdn)
@@ -273,17 +251,27 @@ func (g *certGuard) hold(ctx context.Context, fqdn string, cur contract.Certific
 		return nil, err
 	}
 	var h *acmebudget.Hold
-	err = g.update(ctx, domain, func(l *acmebudget.Ledger) {
+	reserved, err := g.update(ctx, domain, func(l *acmebudget.Ledger) {
 		h = l.Reserve(fqdn, cur.Serial != "", now, g.limits)
 	})
-	if err != nil || h == nil {
+	if err != nil {
 		return nil, err
+	}
+	if reserved && h == nil {
+		log.FromContext(ctx).Info("reserved a certificate issuance", "name", fqdn, "domain", domain, "renewal", cur.Serial != "")
+	}
+	if h == nil {
+		return nil, nil
 	}
 	return &contract.IssuanceHold{Reason: h.Reason, Message: h.Message, Until: h.Until}, nil
 }
 
-// observe records the certificates a proxy reports having obtained from the CA.
-func (g *certGuard) observe(ctx context.Context, certs map[string]contract.CertificateStatus) error {
+// observe records the certificates a proxy reports having obtained from the CA. The staging
+// CA's certificates count against its own limits, not the production CA's this ledger keeps.
+func (g *certGuard) observe(ctx context.Context, certs map[string]contract.CertificateStatus, staging bool) error {
+	if staging {
+		return nil
+	}
 	now := g.now()
 	for name, c := range certs {
 		if c.Source != contract.CertSourceACME || c.Serial == "" {
@@ -293,23 +281,28 @@ func (g *certGuard) observe(ctx context.Context, certs map[string]contract.Certi
 		if err != nil {
 			continue
 		}
-		if err := g.update(ctx, domain, func(l *acmebudget.Ledger) { l.Observe(name, c.Serial, now) }); err != nil {
+		counted, err := g.update(ctx, domain, func(l *acmebudget.Ledger) { l.Observe(name, c.Serial, now) })
+		if err != nil {
 			return err
+		}
+		if counted {
+			log.FromContext(ctx).Info("counted a certificate against the CA's limits", "name", name, "domain", domain, "serial", c.Serial)
 		}
 	}
 	return nil
 }
 
-// update applies change to one domain's ledger and stores it if it changed.
-func (g *certGuard) update(ctx context.Context, domain string, change func(*acmebudget.Ledger)) error {
+// update applies change to one domain's ledger and stores it if it changed, which it reports.
+func (g *certGuard) update(ctx context.Context, domain string, change func(*acmebudget.Ledger)) (changed bool, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	key := domain + ".json"
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		changed = false
 		cm := &corev1.ConfigMap{}
 		err := g.Get(ctx, client.ObjectKey{Namespace: g.namespace, Name: ledgerConfigMap}, cm)
-		create := apierrors.IsNotFound(err)
-		if err != nil && !create {
+		missing := apierrors.IsNotFound(err)
+		if err != nil && !missing {
 			return err
 		}
 		l := &acmebudget.Ledger{}
@@ -329,19 +322,21 @@ func (g *certGuard) update(ctx context.Context, domain string, change func(*acme
 		if cm.Data[key] == string(b) {
 			return nil
 		}
-		if create {
+		changed = true
+		if missing {
 			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ledgerConfigMap, Namespace: g.namespace,
-				Labels: map[string]string{LabelManaged: "true"}}}
+				Labels: map[string]string{LabelManaged: "true"}},
+				Data: map[string]string{key: string(b)}}
+			return create(ctx, g.Client, cm)
 		}
+		before := cm.DeepCopy()
 		if cm.Data == nil {
 			cm.Data = map[string]string{}
 		}
 		cm.Data[key] = string(b)
-		if create {
-			return g.Create(ctx, cm)
-		}
-		return g.Update(ctx, cm)
+		return patchShared(ctx, g.Client, before, cm)
 	})
+	return changed && err == nil, err
 }
 
 // decide sets c.hold for the tailnet name (none when staging: its limits are for testing) and
@@ -356,12 +351,20 @@ func (g *certGuard) decide(ctx context.Context, rep reporter, obj client.Object,
 	}
 	c.hold = hold
 	if hold != nil && hold.Reason != ReasonWaitingForTailnetDomain {
-		rep.eventf(obj, corev1.EventTypeWarning, hold.Reason, "no new certificate for %s: %s", c.fqdn, hold.Message)
+		rep.warning(obj, hold.Reason, "no new certificate for %s: %s", c.fqdn, hold.Message)
 	}
 	if c.cur.Reason == contract.CertReasonIssuanceFailed {
-		rep.eventf(obj, corev1.EventTypeWarning, ReasonCertificateIssueFailed, "certificate for %s: %s", c.fqdn, c.cur.Message)
+		rep.warning(obj, ReasonCertificateIssueFailed, "certificate for %s: %s", c.fqdn, c.cur.Message)
 	}
 	return nil
+}
+
+// certificateIssued reports, once per certificate, the CA's certificate for the tailnet name.
+func (r reporter) certificateIssued(obj client.Object, c tailnetCert, now time.Time) {
+	if c.cur.Source == contract.CertSourceACME && c.cur.Valid(now) {
+		r.progress(obj, "certificate "+c.fqdn, ReasonCertificateIssued, "the CA issued the certificate for %s, valid until %s",
+			c.fqdn, c.cur.NotAfter.UTC().Format(time.RFC3339))
+	}
 }
 
 // certPortError is the status.loadBalancer port error of an HTTPS name: why it is not served

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -18,13 +19,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clientevents "k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/acmebudget"
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
 // selfSigned returns PEM certificate and key for hosts, valid from notBefore to notAfter.
@@ -125,13 +129,10 @@ func TestRouteHosts(t *testing.T) {
 	}
 }
 
-func TestRenewDueAndPortError(t *testing.T) {
+func TestCertPortError(t *testing.T) {
 	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 	fresh := contract.CertificateStatus{Source: contract.CertSourceACME, Serial: "01", NotBefore: now.Add(-24 * time.Hour), NotAfter: now.Add(89 * 24 * time.Hour)}
 	old := contract.CertificateStatus{Source: contract.CertSourceACME, Serial: "02", NotBefore: now.Add(-61 * 24 * time.Hour), NotAfter: now.Add(29 * 24 * time.Hour)}
-	if renewDue(fresh, now) || !renewDue(old, now) || !renewDue(contract.CertificateStatus{}, now) {
-		t.Error("renewDue: a day-old certificate is not due; one past two thirds, or none, is")
-	}
 	hold := &contract.IssuanceHold{Reason: ReasonCertificateRateLimited}
 	failed := contract.CertificateStatus{Reason: contract.CertReasonIssuanceFailed, Message: "connection refused"}
 	for _, c := range []struct {
@@ -372,5 +373,72 @@ var _ = Describe("Certificates", func() {
 			g.Expect(ws.TLS.Certificates).To(Equal([]contract.CertificateRef{{SecretName: copyName, Hosts: []string{"app.example.com"}}}))
 			g.Expect(ledgerOf(g, domain).Entries).To(ContainElement(And(HaveField("Name", fqdn), HaveField("Reserved", true))))
 		}).Should(Succeed())
+	})
+})
+
+var _ = Describe("Certificates from Let's Encrypt's staging directory", func() {
+	It("are not counted against the production CA's limits for a standalone Ingress", func() {
+		const domain = "staging1.example"
+		pc := &tsv1alpha1.ProxyClass{ObjectMeta: metav1.ObjectMeta{Name: "staging-standalone"},
+			Spec: tsv1alpha1.ProxyClassSpec{UseLetsEncryptStagingEnvironment: true}}
+		Expect(k8s.Create(ctx, pc)).To(Succeed())
+		DeferCleanup(k8s.Delete, ctx, pc)
+		ns := newNamespace()
+		newBackendService(ns, "web")
+		ing := newIngress(ns, "trial", func(i *networkingv1.Ingress) { i.Labels = map[string]string{LabelProxyClass: pc.Name} })
+		fqdn := "trial." + domain
+		issued := contract.CertificateStatus{Source: contract.CertSourceACME, Serial: "57a6e0",
+			NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(90 * 24 * time.Hour)}
+		reportState(parentTypeIngress, ing, contract.ProxyState{DeviceID: "nTrial", FQDN: fqdn, HTTPSEndpoint: fqdn,
+			Certificates: map[string]contract.CertificateStatus{fqdn: issued}})
+		// The pass that lists the served name has read the certificate the proxy reported.
+		Eventually(func(g Gomega) []networkingv1.IngressLoadBalancerIngress {
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
+			return ing.Status.LoadBalancer.Ingress
+		}).Should(ContainElement(HaveField("Hostname", fqdn)))
+		cm := &corev1.ConfigMap{}
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: ledgerConfigMap}, cm); err == nil {
+			Expect(cm.Data).NotTo(HaveKey(domain+".json"), "a staging serial in the production ledger")
+		}
+	})
+
+	It("are not counted for a ProxyGroup whose default ProxyClass is staging, and are for production", func() {
+		pc := &tsv1alpha1.ProxyClass{ObjectMeta: metav1.ObjectMeta{Name: "staging-default"},
+			Spec: tsv1alpha1.ProxyClassSpec{UseLetsEncryptStagingEnvironment: true}}
+		Expect(k8s.Create(ctx, pc)).To(Succeed())
+		DeferCleanup(k8s.Delete, ctx, pc)
+		pg := newProxyGroup("staging-default-group", func(p *tsv1alpha1.ProxyGroup) { p.Spec.Replicas = ptr.To[int32](1) })
+		DeferCleanup(k8s.Delete, ctx, pg)
+
+		// A reconciler of an operator whose default ProxyClass is staging-default, with its own
+		// namespace and ledger, called directly.
+		certificate := func(defaultClass string) (tailnetCert, error) {
+			ns := newNamespace()
+			r := &HAIngressReconciler{Client: k8s, reporter: reporter{Recorder: clientevents.NewFakeRecorder(10)},
+				Settings: Settings{Namespace: ns, DefaultProxyClass: defaultClass},
+				guard:    &certGuard{Client: k8s, namespace: ns, limits: acmebudget.LetsEncrypt, now: time.Now},
+				info:     func(context.Context) tailnet.TailnetInfo { return tailnet.TailnetInfo{} }}
+			issued := contract.CertificateStatus{Source: contract.CertSourceACME, Serial: "57a6e1",
+				NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(90 * 24 * time.Hour)}
+			states := []*contract.ProxyState{{FQDN: "staging-default-group-0.staging2.example",
+				Certificates: map[string]contract.CertificateStatus{"app.staging2.example": issued}}}
+			ing := &networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "app"}}
+			c, err := r.certificate(ctx, ing, pg, "app", states)
+			ledger := &corev1.ConfigMap{}
+			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: ledgerConfigMap}, ledger); err == nil {
+				Expect(defaultClass).To(BeEmpty(), "a staging serial in the production ledger: %v", ledger.Data)
+				Expect(ledger.Data["staging2.example.json"]).To(ContainSubstring("57a6e1"))
+			} else {
+				Expect(apierrors.IsNotFound(err)).To(BeTrue())
+				Expect(defaultClass).NotTo(BeEmpty(), "a production serial not counted")
+			}
+			return c, err
+		}
+		c, err := certificate("staging-default")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(c.fqdn).To(Equal("app.staging2.example"))
+		Expect(c.hold).To(BeNil())
+		_, err = certificate("")
+		Expect(err).NotTo(HaveOccurred())
 	})
 })

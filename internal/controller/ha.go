@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
@@ -26,17 +27,10 @@ const (
 	FinalizerServicePG = "tailscale.com/service-pg-finalizer"
 )
 
-// Reasons about objects served by a ProxyGroup.
 const (
-	ReasonProxyGroupNotFound  = "ProxyGroupNotFound"
-	ReasonProxyGroupWrongType = "ProxyGroupWrongType"
-	ReasonDuplicateHostname   = "DuplicateHostname"
-	ReasonInvalidTailscaleSvc = "InvalidTailscaleService"
-	ReasonUnsupportedIPFamily = "UnsupportedIPFamily"
-	ReasonConfigMapFull       = "ProxyGroupConfigFull"
-	annotationOwnerRefs       = "tailscale.com/owner-references"
-	serviceComment            = "managed by the tsingress operator; do not modify"
-	maxGroupDocumentBytes     = 900 << 10 // leaves room in the ConfigMap's 1 MiB for metadata
+	annotationOwnerRefs   = "tailscale.com/owner-references"
+	serviceComment        = "managed by the tsingress operator; do not modify"
+	maxGroupDocumentBytes = 900 << 10 // leaves room in the ConfigMap's 1 MiB for metadata
 )
 
 // groupDocs reads and writes one kind of document in ProxyGroup ConfigMaps. Each object's
@@ -225,7 +219,7 @@ func (d groupDocs) write(ctx context.Context, before, cm *corev1.ConfigMap, data
 	if size > maxGroupDocumentBytes {
 		return errConfigFull
 	}
-	return d.Patch(ctx, cm, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+	return patchShared(ctx, d.Client, before, cm)
 }
 
 // removeElsewhere removes svcName from the documents of every group but keep, so an object
@@ -259,13 +253,13 @@ func resolveGroup(ctx context.Context, c client.Client, name string) (*tsv1alpha
 	pg := &tsv1alpha1.ProxyGroup{}
 	if err := c.Get(ctx, client.ObjectKey{Name: name}, pg); err != nil {
 		if apierrors.IsNotFound(err) {
-			f := warnf(ReasonProxyGroupNotFound, "ProxyGroup %q does not exist", name)
+			f := blockf(ReasonProxyGroupNotFound, "ProxyGroup %q does not exist", name)
 			return nil, &f, nil
 		}
 		return nil, nil, err
 	}
 	if pg.Spec.Type != tsv1alpha1.ProxyGroupTypeIngress {
-		f := warnf(ReasonProxyGroupWrongType, "ProxyGroup %q is of type %s; only ingress ProxyGroups serve Ingresses and Services", name, pg.Spec.Type)
+		f := blockf(ReasonProxyGroupWrongType, "ProxyGroup %q is of type %s; only ingress ProxyGroups serve Ingresses and Services", name, pg.Spec.Type)
 		return nil, &f, nil
 	}
 	return pg, nil, nil
@@ -313,11 +307,12 @@ func (e errNotOurs) Error() string {
 	return fmt.Sprintf("Tailscale Service %s already exists and is not managed by this operator; delete it or choose another hostname", e.name)
 }
 
-// ensure creates or updates the Tailscale Service and returns it with its addresses.
-func (t *tailscaleServices) ensure(ctx context.Context, name string, ports, tags []string) (tailnet.Service, error) {
+// ensure creates or updates the Tailscale Service and returns it with its addresses, and
+// whether it created it.
+func (t *tailscaleServices) ensure(ctx context.Context, name string, ports, tags []string) (tailnet.Service, bool, error) {
 	id, err := t.operatorID(ctx)
 	if err != nil {
-		return tailnet.Service{}, err
+		return tailnet.Service{}, false, err
 	}
 	refs := ownerRefs{}
 	existing, err := t.tailnet.Service(ctx, name)
@@ -325,11 +320,12 @@ func (t *tailscaleServices) ensure(ctx context.Context, name string, ports, tags
 	case err == nil:
 		raw, ok := existing.Annotations[annotationOwnerRefs]
 		if !ok || json.Unmarshal([]byte(raw), &refs) != nil {
-			return tailnet.Service{}, errNotOurs{name}
+			return tailnet.Service{}, false, errNotOurs{name}
 		}
 	case !tailnet.IsNotFound(err):
-		return tailnet.Service{}, err
+		return tailnet.Service{}, false, err
 	}
+	created := err != nil
 	if !slices.ContainsFunc(refs.OwnerRefs, func(r ownerRef) bool { return r.OperatorID == id }) {
 		refs.OwnerRefs = append(refs.OwnerRefs, ownerRef{OperatorID: id})
 	}
@@ -338,11 +334,17 @@ func (t *tailscaleServices) ensure(ctx context.Context, name string, ports, tags
 		Name: name, Ports: ports, Tags: tags, Comment: serviceComment, Addrs: existing.Addrs,
 		Annotations: map[string]string{annotationOwnerRefs: string(raw)},
 	}
-	if err == nil && slices.Equal(existing.Ports, ports) && slices.Equal(existing.Tags, tags) &&
+	if !created && slices.Equal(existing.Ports, ports) && slices.Equal(existing.Tags, tags) &&
 		existing.Annotations[annotationOwnerRefs] == string(raw) && len(existing.Addrs) > 0 {
-		return existing, nil
+		return existing, false, nil
 	}
-	return t.tailnet.PutService(ctx, want)
+	svc, err := t.tailnet.PutService(ctx, want)
+	if err != nil {
+		return svc, false, err
+	}
+	log.FromContext(ctx).Info("put Tailscale Service", "service", name, "created", created, "ports", ports, "tags", tags,
+		"addrs", svc.Addrs, "owners", len(refs.OwnerRefs))
+	return svc, created, nil
 }
 
 // release drops this operator's ownership, deleting the service when no owner is left.
@@ -364,13 +366,20 @@ func (t *tailscaleServices) release(ctx context.Context, name string) error {
 	}
 	rest := slices.DeleteFunc(refs.OwnerRefs, func(r ownerRef) bool { return r.OperatorID == id })
 	if len(rest) == 0 {
-		return t.tailnet.DeleteService(ctx, name)
+		if err := t.tailnet.DeleteService(ctx, name); err != nil {
+			return err
+		}
+		log.FromContext(ctx).Info("deleted Tailscale Service", "service", name)
+		return nil
 	}
 	refs.OwnerRefs = rest
 	raw, _ := json.Marshal(refs)
 	existing.Annotations[annotationOwnerRefs] = string(raw)
-	_, err = t.tailnet.PutService(ctx, existing)
-	return err
+	if _, err := t.tailnet.PutService(ctx, existing); err != nil {
+		return err
+	}
+	log.FromContext(ctx).Info("released Tailscale Service to its other owners", "service", name, "owners", len(rest))
+	return nil
 }
 
 // groupStates reads what each replica's running Pod reports, by ordinal: nil for a replica

@@ -3,8 +3,10 @@ package controller
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -41,9 +43,12 @@ func (r *HAIngressReconciler) serves(ing *networkingv1.Ingress) bool {
 		ing.Annotations[AnnotationProxyGroup] != ""
 }
 
-func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
 	ing := &networkingv1.Ingress{}
 	if err := r.Get(ctx, req.NamespacedName, ing); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	hostname := ingressHostname(ing)
@@ -51,46 +56,42 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if !r.serves(ing) {
 		return r.unserve(ctx, ing, svcName)
 	}
+	defer func() { r.settle(ing, err == nil) }()
 	pg, f, err := resolveGroup(ctx, r.Client, ing.Annotations[AnnotationProxyGroup])
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	findings := []finding{}
+	var findings []finding
 	if f != nil {
 		findings = append(findings, *f)
 	}
-	if !contract.ValidHostname(hostname) {
-		findings = append(findings, warnf(ReasonInvalidHostname, "tailnet hostname %q (from the first TLS host) is not a valid DNS label", hostname))
-	} else if other, err := r.hostnameTakenBy(ctx, ing, hostname); err != nil {
-		return ctrl.Result{}, err
-	} else if other != "" {
-		findings = append(findings, warnf(ReasonDuplicateHostname, "Ingress %s already serves %s on a ProxyGroup; hostnames must be unique", other, hostname))
+	// An invalid hostname is decideIngress's finding; a valid one may be taken.
+	if contract.ValidHostname(hostname) {
+		other, err := r.hostnameTakenBy(ctx, ing, hostname)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if other != "" {
+			findings = append(findings, blockf(ReasonDuplicateHostname, "Ingress %s already serves %s on a ProxyGroup; hostnames must be unique", other, hostname))
+		}
 	}
 	services, err := backendServices(ctx, r.Client, ing)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	ws, routeFindings := buildWebService(ing, services)
-	findings = append(findings, routeFindings...)
 	var byo byoCertificates
 	if pg != nil {
 		if byo, err = r.certs.resolve(ctx, ing, pg.Name, r.Settings.Namespace, byoLabels(pg, ing)); err != nil {
 			return ctrl.Result{}, err
 		}
-		ws.TLS.Certificates = byo.refs
-		findings = append(findings, byo.findings...)
 	}
-	tags, tf := parseTags(ing, r.Settings.DefaultTags)
-	if tf != nil {
-		findings = append(findings, *tf)
-	}
+	d := decideIngress(ing, services, byo, r.Settings.DefaultTags)
+	findings = append(findings, d.findings...)
 	r.findings(ing, findings)
-	if len(ws.Routes) == 0 {
-		r.eventf(ing, corev1.EventTypeWarning, ReasonNoValidBackends, "no path of this Ingress can be served; nothing changed")
-	}
-	if len(ws.Routes) == 0 || tags == nil || hasBlocking(findings) {
+	if hasBlocking(findings) {
 		return ctrl.Result{}, nil
 	}
+	ws, tags := d.ws, d.tags
 
 	if err := addFinalizer(ctx, r.Client, ing, FinalizerIngressPG); err != nil {
 		return ctrl.Result{}, err
@@ -99,13 +100,17 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if ws.HTTP != contract.HTTPOff {
 		ports = append(ports, "tcp:80")
 	}
-	if _, err := r.services.ensure(ctx, svcName, ports, tags); err != nil {
+	ts, created, err := r.services.ensure(ctx, svcName, ports, tags)
+	if err != nil {
 		var notOurs errNotOurs
 		if errors.As(err, &notOurs) {
-			r.eventf(ing, corev1.EventTypeWarning, ReasonInvalidTailscaleSvc, "%v", err)
+			r.warning(ing, ReasonInvalidTailscaleSvc, "%v", err)
 			return ctrl.Result{}, nil
 		}
 		return r.tailnetFailure(ing, err)
+	}
+	if created {
+		r.created(ing, ReasonTailscaleServiceCreated, "created Tailscale Service %s (%s) for ProxyGroup %s", svcName, addrList(ts.Addrs), pg.Name)
 	}
 	for _, c := range byo.copies {
 		// Owned by the group, so that its Role is rebuilt to let replicas read the copy.
@@ -129,6 +134,7 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	r.certificateIssued(ing, cert, r.guard.now())
 	ws.TLS.Hold = cert.hold
 	if err := r.docs.removeElsewhere(ctx, svcName, pg.Name); err != nil {
 		return ctrl.Result{}, err
@@ -139,8 +145,12 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := r.docs.setServe(ctx, pg.Name, svcName, &ws, ownerOf("Ingress", ing)); err != nil {
 		return r.docsFailure(ing, err)
 	}
-	if err := r.updateStatus(ctx, ing, svcName, &ws, cert, states); err != nil {
+	lb, served := haIngressLoadBalancer(svcName, &ws, cert, states, r.guard.now())
+	if err := setIngressLoadBalancer(ctx, r.Client, ing, lb); err != nil {
 		return ctrl.Result{}, err
+	}
+	if served {
+		r.progress(ing, "serving", ReasonServing, "serving https://%s through Tailscale Service %s", cert.fqdn, svcName)
 	}
 	return ctrl.Result{RequeueAfter: cert.recheck(byo.recheck, r.guard.now())}, nil
 }
@@ -157,6 +167,10 @@ func byoLabels(pg *tsv1alpha1.ProxyGroup, ing *networkingv1.Ingress) map[string]
 // what the replicas obtained and decides whether the issuing replica may ask the CA.
 func (r *HAIngressReconciler) certificate(ctx context.Context, ing *networkingv1.Ingress, pg *tsv1alpha1.ProxyGroup, hostname string, states []*contract.ProxyState) (tailnetCert, error) {
 	c := tailnetCert{}
+	staging, err := groupUsesStaging(ctx, r.Client, pg, r.Settings.DefaultProxyClass)
+	if err != nil {
+		return c, err
+	}
 	domain := r.info(ctx).Domain
 	for _, st := range states {
 		if st == nil {
@@ -165,7 +179,7 @@ func (r *HAIngressReconciler) certificate(ctx context.Context, ing *networkingv1
 		if _, d, ok := strings.Cut(st.FQDN, "."); ok {
 			domain = d
 		}
-		if err := r.guard.observe(ctx, st.Certificates); err != nil {
+		if err := r.guard.observe(ctx, st.Certificates, staging); err != nil {
 			return c, err
 		}
 	}
@@ -177,10 +191,6 @@ func (r *HAIngressReconciler) certificate(ctx context.Context, ing *networkingv1
 	}
 	if st := states[0]; st != nil {
 		c.cur = st.Certificates[c.fqdn]
-	}
-	staging, err := groupUsesStaging(ctx, r.Client, pg)
-	if err != nil {
-		return c, err
 	}
 	return c, r.guard.decide(ctx, r.reporter, ing, &c, staging)
 }
@@ -205,38 +215,27 @@ func (r *HAIngressReconciler) ensureGroupCertSecret(ctx context.Context, pg *tsv
 	if err := controllerutil.SetControllerReference(pg, s, r.Scheme()); err != nil {
 		return err
 	}
-	return client.IgnoreAlreadyExists(r.Create(ctx, s))
+	return client.IgnoreAlreadyExists(create(ctx, r.Client, s))
 }
 
-// groupUsesStaging reports whether a group's ProxyClass picks Let's Encrypt's staging
-// directory, whose limits are for testing: no guard then.
-func groupUsesStaging(ctx context.Context, c client.Client, pg *tsv1alpha1.ProxyGroup) (bool, error) {
-	if pg.Spec.ProxyClass == "" {
+// groupUsesStaging reports whether a group's ProxyClass (the one its replicas are configured
+// with) picks Let's Encrypt's staging directory, whose limits are for testing: no guard then.
+func groupUsesStaging(ctx context.Context, c client.Client, pg *tsv1alpha1.ProxyGroup, defaultClass string) (bool, error) {
+	name := groupProxyClassName(pg, defaultClass)
+	if name == "" {
 		return false, nil
 	}
 	pc := &tsv1alpha1.ProxyClass{}
-	if err := c.Get(ctx, client.ObjectKey{Name: pg.Spec.ProxyClass}, pc); err != nil {
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, pc); err != nil {
 		return false, client.IgnoreNotFound(err)
 	}
 	return pc.Spec.UseLetsEncryptStagingEnvironment, nil
 }
 
-// hasBlocking reports whether a finding stops an object from being served, as opposed to a
-// route that is merely skipped.
-func hasBlocking(fs []finding) bool {
-	for _, f := range fs {
-		switch f.reason {
-		case ReasonProxyGroupNotFound, ReasonProxyGroupWrongType, ReasonInvalidHostname, ReasonDuplicateHostname:
-			return true
-		}
-	}
-	return false
-}
-
 // docsFailure reports a group document that cannot be written.
 func (r reporter) docsFailure(obj client.Object, err error) (ctrl.Result, error) {
 	if errors.Is(err, errConfigFull) {
-		r.eventf(obj, corev1.EventTypeWarning, ReasonConfigMapFull, "%v", err)
+		r.warning(obj, ReasonConfigMapFull, "%v", err)
 		return ctrl.Result{}, nil
 	}
 	if apierrors.IsNotFound(err) {
@@ -259,22 +258,23 @@ func (r *HAIngressReconciler) hostnameTakenBy(ctx context.Context, ing *networki
 	return takenBy(ing, others, func(o *networkingv1.Ingress) bool { return r.serves(o) && ingressHostname(o) == hostname }, FinalizerIngressPG), nil
 }
 
-// updateStatus lists the Tailscale Service's name once a replica advertises it (or, with a port
-// error, why its certificate is missing) and the bring-your-own hosts served.
-func (r *HAIngressReconciler) updateStatus(ctx context.Context, ing *networkingv1.Ingress, svcName string, ws *contract.WebService, cert tailnetCert, states []*contract.ProxyState) error {
-	var want []networkingv1.IngressLoadBalancerIngress
-	now := r.guard.now()
+// haIngressLoadBalancer is an Ingress's status.loadBalancer.ingress, which the reconciler owns
+// while it serves the Ingress: the Tailscale Service's name once a replica advertises it (or,
+// with a port error, why its certificate is missing) and the bring-your-own hosts served.
+// served says whether the tailnet name is served.
+func haIngressLoadBalancer(svcName string, ws *contract.WebService, cert tailnetCert, states []*contract.ProxyState, now time.Time) (lb []networkingv1.IngressLoadBalancerIngress, served bool) {
 	advertising := firstAdvertising(states, svcName)
 	if errReason := certPortError(cert.hold, cert.cur, now); errReason != "" && cert.fqdn != "" {
-		want = append(want, networkingv1.IngressLoadBalancerIngress{Hostname: cert.fqdn,
+		lb = append(lb, networkingv1.IngressLoadBalancerIngress{Hostname: cert.fqdn,
 			Ports: []networkingv1.IngressPortStatus{{Port: 443, Protocol: corev1.ProtocolTCP, Error: &errReason}}})
 	} else if advertising != nil && cert.fqdn != "" {
-		want = append(want, networkingv1.IngressLoadBalancerIngress{Hostname: cert.fqdn, Ports: httpsPorts(ws.HTTP != contract.HTTPOff)})
+		lb = append(lb, networkingv1.IngressLoadBalancerIngress{Hostname: cert.fqdn, Ports: httpsPorts(ws.HTTP != contract.HTTPOff)})
+		served = true
 	}
 	if advertising != nil {
-		want = append(want, byoStatus(ws.TLS.Certificates, advertising.Certificates, now)...)
+		lb = append(lb, byoStatus(ws.TLS.Certificates, advertising.Certificates, now)...)
 	}
-	return setIngressLoadBalancer(ctx, r.Client, ing, want)
+	return lb, served
 }
 
 func firstAdvertising(states []*contract.ProxyState, svcName string) *contract.ProxyState {
@@ -289,6 +289,7 @@ func firstAdvertising(states []*contract.ProxyState, svcName string) *contract.P
 // unserve removes an Ingress's entry from every group and releases its Tailscale Service.
 func (r *HAIngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingress, svcName string) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(ing, FinalizerIngressPG) {
+		r.forget(client.ObjectKeyFromObject(ing))
 		return ctrl.Result{}, nil
 	}
 	if err := r.docs.removeElsewhere(ctx, svcName, ""); err != nil {
@@ -310,7 +311,11 @@ func (r *HAIngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ing
 			return ctrl.Result{}, err
 		}
 	}
-	return ctrl.Result{}, removeFinalizer(ctx, r.Client, ing, FinalizerIngressPG)
+	if err := removeFinalizer(ctx, r.Client, ing, FinalizerIngressPG); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.forget(client.ObjectKeyFromObject(ing))
+	return ctrl.Result{}, nil
 }
 
 // SetupWithManager watches Ingresses, backend Services, ProxyGroups and their state Secrets.
@@ -348,6 +353,15 @@ func (r *HAIngressReconciler) forGroup(ctx context.Context, o client.Object) []r
 	})
 }
 
+// addrList formats a Tailscale Service's addresses for a message.
+func addrList(addrs []netip.Addr) string {
+	s := make([]string, len(addrs))
+	for i, a := range addrs {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ", ")
+}
+
 // groupOf names the ProxyGroup of a ProxyGroup object or of one of its children.
 func groupOf(o client.Object) string {
 	if _, ok := o.(*tsv1alpha1.ProxyGroup); ok {
@@ -382,5 +396,5 @@ func setIngressLoadBalancer(ctx context.Context, c client.Client, ing *networkin
 	}
 	before := ing.DeepCopy()
 	ing.Status.LoadBalancer.Ingress = want
-	return c.Status().Patch(ctx, ing, client.MergeFrom(before))
+	return patchStatus(ctx, c, before, ing)
 }

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -23,12 +23,6 @@ import (
 const (
 	ConditionIngressSvcValid      = "TailscaleIngressSvcValid"
 	ConditionIngressSvcConfigured = "TailscaleIngressSvcConfigured"
-
-	ReasonIngressSvcValid        = "IngressSvcValid"
-	ReasonIngressSvcConfigured   = "IngressSvcConfigured"
-	ReasonIngressSvcNoBackends   = "IngressSvcNoBackendsConfigured"
-	ReasonIngressSvcInvalid      = "IngressSvcInvalid"
-	ReasonIngressSvcCreateFailed = "IngressSvcCreationFailed"
 )
 
 // HAServiceReconciler serves Services annotated tailscale.com/proxy-group at L3 through a
@@ -59,9 +53,12 @@ func haServiceHostname(s *corev1.Service) string {
 	return truncateLabel(dnsLabelish(s.Namespace + "-" + s.Name))
 }
 
-func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
 	svc := &corev1.Service{}
 	if err := r.Get(ctx, req.NamespacedName, svc); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	hostname := haServiceHostname(svc)
@@ -69,45 +66,48 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if !r.serves(svc) {
 		return r.unserve(ctx, svc, svcName)
 	}
-	st := haServiceStatus{svc: svc}
-	defer func() { st.write(ctx, r.Client) }()
+	defer func() { r.settle(svc, err == nil) }()
+	var st haServiceOutcome
+	defer func() {
+		before := svc.DeepCopy()
+		svc.Status = st.status(svc.Status, svc.Generation, svc.Spec.Type == corev1.ServiceTypeLoadBalancer)
+		if perr := patchStatus(ctx, r.Client, before, svc); perr != nil && err == nil {
+			err = fmt.Errorf("writing Service status: %w", perr)
+		}
+	}()
 
-	pg, f, err := resolveGroup(ctx, r.Client, svc.Annotations[AnnotationProxyGroup])
+	scope, err := r.gather(ctx, svc, hostname)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	cfg, findings := serviceProxyConfig(svc, r.Settings)
-	if f != nil {
-		findings = append(findings, *f)
-	}
-	if other, err := r.hostnameTakenBy(ctx, svc, hostname); err != nil {
-		return ctrl.Result{}, err
-	} else if other != "" {
-		findings = append(findings, warnf(ReasonDuplicateHostname, "Service %s already serves %s on a ProxyGroup; hostnames must be unique", other, hostname))
-	}
+	cfg, findings := decideHAService(scope, r.Settings)
 	r.findings(svc, findings)
-	if cfg == nil || len(findings) > 0 {
-		st.invalid(findings[0].reason, findingMessages(findings))
+	if hasBlocking(findings) {
+		st.invalid(firstBlocking(findings).reason, findingMessages(findings))
 		return ctrl.Result{}, nil
 	}
+	pg := scope.group
 	if err := addFinalizer(ctx, r.Client, svc, FinalizerServicePG); err != nil {
 		return ctrl.Result{}, err
 	}
-	ts, err := r.services.ensure(ctx, svcName, []string{"do-not-validate"}, cfg.Tags)
+	ts, created, err := r.services.ensure(ctx, svcName, []string{"do-not-validate"}, cfg.Tags)
 	if err != nil {
 		var notOurs errNotOurs
 		if errors.As(err, &notOurs) {
-			r.eventf(svc, corev1.EventTypeWarning, ReasonInvalidTailscaleSvc, "%v", err)
+			r.warning(svc, ReasonInvalidTailscaleSvc, "%v", err)
 			st.invalid(ReasonInvalidTailscaleSvc, err.Error())
 			return ctrl.Result{}, nil
 		}
 		st.failed(ReasonIngressSvcCreateFailed, err.Error())
 		return r.tailnetFailure(svc, err)
 	}
+	if created {
+		r.created(svc, ReasonTailscaleServiceCreated, "created Tailscale Service %s (%s) for ProxyGroup %s", svcName, addrList(ts.Addrs), pg.Name)
+	}
 	vips := vipsFor(ts.Addrs, *cfg.Forward)
 	if len(vips) == 0 {
 		msg := fmt.Sprintf("the Tailscale Service has addresses %v, none of the Service's IP families (%v); make the Service dual-stack, or give the Tailscale Service an address of its family", ts.Addrs, svc.Spec.IPFamilies)
-		r.eventf(svc, corev1.EventTypeWarning, ReasonUnsupportedIPFamily, "%s", msg)
+		r.warning(svc, ReasonUnsupportedIPFamily, "%s", msg)
 		st.invalid(ReasonUnsupportedIPFamily, msg)
 		// The tailnet is not watched: look again for an address the tailnet may have added.
 		return ctrl.Result{RequeueAfter: tailnetRetry}, nil
@@ -120,7 +120,11 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return r.tailnetFailure(svc, err)
 	}
 	if err := r.docs.setDNAT(ctx, pg.Name, svcName, &contract.DNATService{VIPs: vips, Destination: *cfg.Forward}, ownerOf("Service", svc)); err != nil {
-		st.failed(ReasonConfigMapFull, err.Error())
+		if errors.Is(err, errConfigFull) {
+			st.failed(ReasonConfigMapFull, err.Error())
+		}
+		// Otherwise (a conflict, the group's ConfigMap not created yet) the Service stays
+		// waiting for its replicas, and the retry or the ConfigMap's creation brings it back.
 		return r.docsFailure(svc, err)
 	}
 	n, total, domain, dnatErrs, err := advertisers(ctx, r.Client, r.Settings.Namespace, pg, svcName)
@@ -128,7 +132,44 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, err
 	}
 	st.configured(n, total, hostname+"."+domain, vips, dnatErrs)
+	if n > 0 {
+		r.progress(svc, "serving", ReasonServing, "serving %s at %s through ProxyGroup %s", svcName, strings.Join(vips, ", "), pg.Name)
+	}
 	return ctrl.Result{}, nil
+}
+
+// haServiceScope is what a pass reads about a Service on a ProxyGroup before it decides.
+type haServiceScope struct {
+	svc      *corev1.Service
+	hostname string
+	// group is the ProxyGroup named, or nil with groupFinding saying why it cannot serve.
+	group        *tsv1alpha1.ProxyGroup
+	groupFinding *finding
+	// takenBy is another Service that already serves the hostname on a ProxyGroup.
+	takenBy string
+}
+
+func (r *HAServiceReconciler) gather(ctx context.Context, svc *corev1.Service, hostname string) (haServiceScope, error) {
+	s := haServiceScope{svc: svc, hostname: hostname}
+	var err error
+	if s.group, s.groupFinding, err = resolveGroup(ctx, r.Client, svc.Annotations[AnnotationProxyGroup]); err != nil {
+		return s, err
+	}
+	s.takenBy, err = r.hostnameTakenBy(ctx, svc, hostname)
+	return s, err
+}
+
+// decideHAService decides what a Service asks its ProxyGroup to forward, or why it cannot be
+// served (every finding blocks).
+func decideHAService(s haServiceScope, settings Settings) (*contract.ProxyConfig, []finding) {
+	cfg, findings := serviceProxyConfig(s.svc, settings)
+	if s.groupFinding != nil {
+		findings = append(findings, *s.groupFinding)
+	}
+	if s.takenBy != "" {
+		findings = append(findings, blockf(ReasonDuplicateHostname, "Service %s already serves %s on a ProxyGroup; hostnames must be unique", s.takenBy, s.hostname))
+	}
+	return cfg, findings
 }
 
 // hostnameTakenBy returns another HA Service that serves hostname and came first.
@@ -144,70 +185,75 @@ func (r *HAServiceReconciler) hostnameTakenBy(ctx context.Context, svc *corev1.S
 	return takenBy(svc, others, func(o *corev1.Service) bool { return r.serves(o) && haServiceHostname(o) == hostname }, FinalizerServicePG), nil
 }
 
-// haServiceStatus collects a Service's conditions and load-balancer status during a pass.
-type haServiceStatus struct {
-	svc                   *corev1.Service
-	set                   bool
+// haServiceConditions are the conditions the reconciler owns on a Service it serves; it also
+// owns status.loadBalancer of a LoadBalancer Service.
+var haServiceConditions = []string{ConditionIngressSvcValid, ConditionIngressSvcConfigured}
+
+// haServiceOutcome is what a pass found about a Service on a ProxyGroup. A condition whose
+// reason stays empty was not decided in this pass and is left as it was: a control-plane
+// outage says nothing about whether the Service is valid.
+type haServiceOutcome struct {
 	isValid, isConfigured bool
 	validReason, validMsg string
 	confReason, confMsg   string
-	lb                    []corev1.LoadBalancerIngress
+	fqdn                  string
+	vips                  []string
 }
 
-func (s *haServiceStatus) invalid(reason, msg string) {
-	s.set, s.isValid, s.validReason, s.validMsg = true, false, reason, msg
-	s.confReason, s.confMsg = reason, "the Service is not valid for a ProxyGroup"
+func (o *haServiceOutcome) invalid(reason, msg string) {
+	o.isValid, o.validReason, o.validMsg = false, reason, msg
+	o.confReason, o.confMsg = reason, "the Service is not valid for a ProxyGroup"
 }
 
-func (s *haServiceStatus) failed(reason, msg string) {
-	s.set, s.isConfigured, s.confReason, s.confMsg = true, false, reason, msg
+func (o *haServiceOutcome) failed(reason, msg string) {
+	o.isConfigured, o.confReason, o.confMsg = false, reason, msg
 }
 
-func (s *haServiceStatus) valid() {
-	s.set, s.isValid, s.validReason, s.validMsg = true, true, ReasonIngressSvcValid, "the Service can be served by its ProxyGroup"
-	s.confReason, s.confMsg = ReasonIngressSvcNoBackends, "waiting for replicas to advertise the Tailscale Service"
+func (o *haServiceOutcome) valid() {
+	o.isValid, o.validReason, o.validMsg = true, ReasonIngressSvcValid, "the Service can be served by its ProxyGroup"
+	o.confReason, o.confMsg = ReasonIngressSvcNoBackends, "waiting for replicas to advertise the Tailscale Service"
 }
 
 // configured reports how many replicas advertise the Service and, for the others that cannot
 // install its DNAT rules (a family disabled in their Pods, forwarding off), why.
-func (s *haServiceStatus) configured(n, total int, fqdn string, vips, dnatErrs []string) {
-	s.confMsg = fmt.Sprintf("%d/%d proxy replicas ready and advertising", n, total)
+func (o *haServiceOutcome) configured(n, total int, fqdn string, vips, dnatErrs []string) {
+	o.confMsg = fmt.Sprintf("%d/%d proxy replicas ready and advertising", n, total)
 	if len(dnatErrs) > 0 {
-		s.confMsg += "; DNAT rules not in place on " + strings.Join(dnatErrs, "; ")
+		o.confMsg += "; DNAT rules not in place on " + strings.Join(dnatErrs, "; ")
 	}
-	if n == 0 {
-		return
-	}
-	s.isConfigured, s.confReason = true, ReasonIngressSvcConfigured
-	if s.svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
-		s.lb = []corev1.LoadBalancerIngress{{Hostname: fqdn}}
-		for _, ip := range vips {
-			s.lb = append(s.lb, corev1.LoadBalancerIngress{IP: ip, IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)})
-		}
+	if n > 0 {
+		o.isConfigured, o.confReason, o.fqdn, o.vips = true, ReasonIngressSvcConfigured, fqdn, vips
 	}
 }
 
-func (s *haServiceStatus) write(ctx context.Context, c client.Client) {
-	if !s.set {
-		return
+// status computes a Service's status from a pass's outcome: the conditions it decided and, for
+// a LoadBalancer Service, the addresses it is served at once configured.
+func (o haServiceOutcome) status(cur corev1.ServiceStatus, gen int64, loadBalancer bool) corev1.ServiceStatus {
+	st := *cur.DeepCopy()
+	if o.confReason == "" {
+		return st
 	}
-	before := s.svc.DeepCopy()
-	gen := s.svc.Generation
-	setCondition(&s.svc.Status.Conditions, ConditionIngressSvcValid, s.isValid, s.validReason, s.validMsg, gen)
-	setCondition(&s.svc.Status.Conditions, ConditionIngressSvcConfigured, s.isConfigured, s.confReason, s.confMsg, gen)
-	if s.svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
-		s.svc.Status.LoadBalancer.Ingress = s.lb
+	if o.validReason != "" {
+		setCondition(&st.Conditions, ConditionIngressSvcValid, o.isValid, o.validReason, o.validMsg, gen)
 	}
-	if !equality.Semantic.DeepEqual(before.Status, s.svc.Status) {
-		if err := c.Status().Patch(ctx, s.svc, client.MergeFrom(before)); err != nil {
-			ctrl.LoggerFrom(ctx).Error(err, "writing Service status")
+	setCondition(&st.Conditions, ConditionIngressSvcConfigured, o.isConfigured, o.confReason, o.confMsg, gen)
+	if loadBalancer {
+		var lb []corev1.LoadBalancerIngress
+		if o.isConfigured {
+			lb = []corev1.LoadBalancerIngress{{Hostname: o.fqdn}}
+			for _, ip := range o.vips {
+				lb = append(lb, corev1.LoadBalancerIngress{IP: ip, IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)})
+			}
 		}
+		st.LoadBalancer.Ingress = lb
 	}
+	return st
 }
 
 // unserve removes a Service's entry from every group and releases its Tailscale Service.
 func (r *HAServiceReconciler) unserve(ctx context.Context, svc *corev1.Service, svcName string) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(svc, FinalizerServicePG) {
+		r.forget(client.ObjectKeyFromObject(svc))
 		return ctrl.Result{}, nil
 	}
 	if err := r.docs.removeElsewhere(ctx, svcName, ""); err != nil {
@@ -220,11 +266,15 @@ func (r *HAServiceReconciler) unserve(ctx context.Context, svc *corev1.Service, 
 		return r.tailnetFailure(svc, err)
 	}
 	if svc.DeletionTimestamp == nil {
-		if err := clearServiceStatus(ctx, r.Client, svc, ConditionIngressSvcValid, ConditionIngressSvcConfigured); err != nil {
+		if err := clearServiceStatus(ctx, r.Client, svc, haServiceConditions...); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
-	return ctrl.Result{}, removeFinalizer(ctx, r.Client, svc, FinalizerServicePG)
+	if err := removeFinalizer(ctx, r.Client, svc, FinalizerServicePG); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.forget(client.ObjectKeyFromObject(svc))
+	return ctrl.Result{}, nil
 }
 
 // SetupWithManager watches Services, ProxyGroups and their children.

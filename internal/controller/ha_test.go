@@ -16,6 +16,7 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/localtailnet"
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
@@ -276,7 +277,8 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 		for _, svc := range []*corev1.Service{a, b} {
 			Eventually(func(g Gomega) []string { return eventMessages(g, "Service", svc.Name) }).Should(
 				ContainElement(HavePrefix(ReasonUnsupportedIPFamily+": the Tailscale Service has addresses [100.")), svc.Name)
-			Expect(events(Default, "Service", svc.Name)).To(HaveEach(HaveField("Type", corev1.EventTypeWarning)))
+			Expect(events(Default, "Service", svc.Name)).To(ContainElement(And(
+				HaveField("Reason", ReasonUnsupportedIPFamily), HaveField("Type", corev1.EventTypeWarning))))
 			Eventually(serviceCondition(svc, ConditionIngressSvcValid)).Should(And(
 				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonUnsupportedIPFamily)))
 			Expect(serviceCondition(svc, ConditionIngressSvcConfigured)(Default)).To(And(
@@ -397,5 +399,50 @@ var _ = Describe("A renamed object on a ProxyGroup", func() {
 			_, err := tailscaleService("svc:new-name")
 			g.Expect(tailnet.IsNotFound(err)).To(BeTrue())
 		}).Should(Succeed())
+	})
+})
+
+var _ = Describe("A Service on a ProxyGroup when a step fails", func() {
+	It("reports a control-plane outage as not configured, leaving validity undecided, and recovers", func() {
+		pg := newProxyGroup("ha-outage", func(p *tsv1alpha1.ProxyGroup) { p.Spec.Replicas = ptr.To[int32](1) })
+		DeferCleanup(k8s.Delete, ctx, pg)
+		Eventually(func(g Gomega) { replicaConfig(g, "ha-outage", 0) }).Should(Succeed())
+		tsnet.InjectAPIFault(localtailnet.APIFault{Status: 503, Times: 1000})
+		DeferCleanup(tsnet.ClearAPIFaults)
+
+		ns := newNamespace()
+		svc := newService(ns, "outage", func(s *corev1.Service) {
+			s.Annotations = map[string]string{AnnotationProxyGroup: "ha-outage"}
+		})
+		Eventually(serviceCondition(svc, ConditionIngressSvcConfigured)).Should(And(
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonIngressSvcCreateFailed)))
+		Expect(meta.FindStatusCondition(svc.Status.Conditions, ConditionIngressSvcValid)).To(BeNil(),
+			"an outage of the tailnet API says nothing about whether the Service is valid")
+		Eventually(func(g Gomega) []string { return eventReasons(g, "Service", svc.Name) }).Should(ContainElement(ReasonTailnetAPIFailed))
+
+		By("becoming valid once the API answers again")
+		tsnet.ClearAPIFaults()
+		patch := client.MergeFrom(svc.DeepCopy())
+		svc.Annotations["touch"] = "1"
+		Expect(k8s.Patch(ctx, svc, patch)).To(Succeed())
+		Eventually(serviceCondition(svc, ConditionIngressSvcValid)).Should(And(
+			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", ReasonIngressSvcValid)))
+		Expect(dnatEntry("ha-outage", "svc:"+ns+"-outage").Destination.IPs).To(Equal(svc.Spec.ClusterIPs))
+	})
+
+	It("waits for the group's ConfigMap instead of calling the group full", func() {
+		// A group whose ProxyClass does not exist creates no children, its ConfigMap included.
+		pg := newProxyGroup("ha-nocm", func(p *tsv1alpha1.ProxyGroup) { p.Spec.ProxyClass = "ha-nocm-missing" })
+		DeferCleanup(k8s.Delete, ctx, pg)
+		ns := newNamespace()
+		svc := newService(ns, "nocm", func(s *corev1.Service) {
+			s.Annotations = map[string]string{AnnotationProxyGroup: "ha-nocm"}
+		})
+		Eventually(serviceCondition(svc, ConditionIngressSvcValid)).Should(HaveField("Status", metav1.ConditionTrue))
+		Eventually(serviceCondition(svc, ConditionIngressSvcConfigured)).Should(And(
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonIngressSvcNoBackends)))
+		Consistently(func(g Gomega) string { return serviceCondition(svc, ConditionIngressSvcConfigured)(g).Reason }, "1s").
+			ShouldNot(Equal(ReasonConfigMapFull))
+		Expect(eventReasons(Default, "Service", svc.Name)).NotTo(ContainElement(ReasonConfigMapFull))
 	})
 })

@@ -7,6 +7,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -16,15 +17,6 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/tailnet"
-)
-
-// More Ingress Event reasons.
-const (
-	ReasonHTTPSNotEnabled  = "HTTPSNotEnabled"
-	ReasonInvalidHostname  = "InvalidHostname"
-	ReasonProxyCreated     = "ProxyCreated"
-	ReasonCleanupFailed    = "CleanupFailed"
-	ReasonTailnetAPIFailed = "TailnetAPIFailed"
 )
 
 // tailnetRetry is the least time before retrying after a control-plane error: such errors
@@ -68,14 +60,18 @@ func (r *IngressReconciler) serves(ing *networkingv1.Ingress) bool {
 		ing.Annotations[AnnotationProxyGroup] == ""
 }
 
-func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
 	ing := &networkingv1.Ingress{}
 	if err := r.Get(ctx, req.NamespacedName, ing); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !r.serves(ing) {
 		return r.unserve(ctx, ing)
 	}
+	defer func() { r.settle(ing, err == nil) }()
 	if err := addFinalizer(ctx, r.Client, ing, FinalizerName); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -86,7 +82,7 @@ func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	if notReady != "" {
 		// The ProxyClass watch brings the Ingress back once the class is ready.
-		r.eventf(ing, corev1.EventTypeWarning, ReasonProxyClassNotReady, "%s; waiting for it", notReady)
+		r.warning(ing, ReasonProxyClassNotReady, "%s; waiting for it", notReady)
 		return ctrl.Result{}, nil
 	}
 
@@ -96,8 +92,7 @@ func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	info := r.proxies.tailnetInfo(ctx)
 	if !info.CertsAvailable() {
-		r.eventf(ing, corev1.EventTypeWarning, ReasonHTTPSNotEnabled,
-			"HTTPS is not enabled on the tailnet (or MagicDNS is off): the proxy cannot get a certificate until it is")
+		r.warning(ing, ReasonHTTPSNotEnabled, "HTTPS is not enabled on the tailnet (or MagicDNS is off): the proxy cannot get a certificate until it is")
 	}
 	st, _, err := r.proxies.state(ctx, p.parent)
 	if err != nil {
@@ -107,8 +102,15 @@ func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.proxies.ensure(ctx, p); err != nil {
+	created, err := r.proxies.ensure(ctx, p)
+	if err != nil {
 		return r.tailnetFailure(ing, err)
+	}
+	if created {
+		r.created(ing, ReasonProxyDeployed, "created the proxy %s/%s; it joins the tailnet as %s", r.Settings.Namespace, p.name(), p.config.Hostname)
+	}
+	if st != nil && st.FQDN != "" {
+		r.progress(ing, "joined", ReasonDeviceJoined, "the proxy joined the tailnet as %s", st.FQDN)
 	}
 	if err := r.updateStatus(ctx, ing, p, st, cert); err != nil {
 		return ctrl.Result{}, err
@@ -145,16 +147,17 @@ func (r *IngressReconciler) certificate(ctx context.Context, ing *networkingv1.I
 	case domain != "":
 		c.fqdn = p.config.Hostname + "." + domain
 	}
+	staging := p.class != nil && p.class.Spec.UseLetsEncryptStagingEnvironment
 	if st != nil {
-		if err := r.guard.observe(ctx, st.Certificates); err != nil {
+		if err := r.guard.observe(ctx, st.Certificates, staging); err != nil {
 			return c, err
 		}
 		c.cur = st.Certificates[c.fqdn]
 	}
-	staging := p.class != nil && p.class.Spec.UseLetsEncryptStagingEnvironment
 	if err := r.guard.decide(ctx, r.reporter, ing, &c, staging); err != nil {
 		return c, err
 	}
+	r.certificateIssued(ing, c, r.guard.now())
 	p.config.Serve.TLS.Hold = c.hold
 	return c, nil
 }
@@ -172,24 +175,9 @@ func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.
 	if err != nil {
 		return nil, byo, false, err
 	}
-	ws, findings := buildWebService(ing, services)
-	ws.TLS.Certificates = byo.refs
-	findings = append(findings, byo.findings...)
-	tags, f := parseTags(ing, r.Settings.DefaultTags)
-	if f != nil {
-		findings = append(findings, *f)
-	}
-	hostname := ingressHostname(ing)
-	hostOK := contract.ValidHostname(hostname)
-	if !hostOK {
-		findings = append(findings, warnf(ReasonInvalidHostname, "tailnet hostname %q (from the first TLS host) is not a valid DNS label", hostname))
-	}
-	r.findings(ing, findings)
-	if len(ws.Routes) == 0 {
-		r.eventf(ing, corev1.EventTypeWarning, ReasonNoValidBackends, "no path of this Ingress can be served; nothing changed")
-		return nil, byo, false, nil
-	}
-	if tags == nil || !hostOK {
+	d := decideIngress(ing, services, byo, r.Settings.DefaultTags)
+	r.findings(ing, d.findings)
+	if hasBlocking(d.findings) {
 		return nil, byo, false, nil
 	}
 	return &standaloneProxy{
@@ -198,13 +186,44 @@ func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.
 		certSecrets: byo.copies,
 		config: contract.ProxyConfig{
 			Kind:       contract.KindIngress,
-			Hostname:   hostname,
-			Tags:       tags,
+			Hostname:   d.hostname,
+			Tags:       d.tags,
 			ControlURL: r.Settings.ControlURL,
-			Serve:      &ws,
+			Serve:      &d.ws,
 			TLS:        contract.TLSConfig{ACMEDirectoryURL: acmeDirectory(r.Settings, class)},
 		},
 	}, byo, true, nil
+}
+
+// ingressDecision is what an Ingress asks a proxy (standalone or a group's) to serve.
+type ingressDecision struct {
+	ws       contract.WebService
+	tags     []string
+	hostname string
+	findings []finding
+}
+
+// decideIngress decides from what a pass read (the backend Services, the bring-your-own
+// certificates) what an Ingress asks to serve, and what stops it or is left out.
+func decideIngress(ing *networkingv1.Ingress, services map[string]*corev1.Service, byo byoCertificates, defaultTags []string) ingressDecision {
+	d := ingressDecision{hostname: ingressHostname(ing)}
+	if !contract.ValidHostname(d.hostname) {
+		d.findings = append(d.findings, blockf(ReasonInvalidHostname, "tailnet hostname %q (from the first TLS host) is not a valid DNS label", d.hostname))
+	}
+	ws, routeFindings := buildWebService(ing, services)
+	ws.TLS.Certificates = byo.refs
+	d.ws = ws
+	d.findings = append(d.findings, routeFindings...)
+	d.findings = append(d.findings, byo.findings...)
+	tags, f := parseTags(ing, defaultTags)
+	if f != nil {
+		d.findings = append(d.findings, *f)
+	}
+	d.tags = tags
+	if len(ws.Routes) == 0 {
+		d.findings = append(d.findings, blockf(ReasonNoValidBackends, "no path of this Ingress can be served; nothing changed"))
+	}
+	return d
 }
 
 // updateStatus lists the served names: the tailnet name once the proxy serves it (or, with a
@@ -217,6 +236,7 @@ func (r *IngressReconciler) updateStatus(ctx context.Context, ing *networkingv1.
 			Ports: []networkingv1.IngressPortStatus{{Port: 443, Protocol: corev1.ProtocolTCP, Error: &errReason}}})
 	} else if served {
 		want = append(want, networkingv1.IngressLoadBalancerIngress{Hostname: st.HTTPSEndpoint, Ports: httpsPorts(p.config.Serve.HTTP != contract.HTTPOff)})
+		r.progress(ing, "serving", ReasonServing, "serving https://%s", st.HTTPSEndpoint)
 	}
 	if served {
 		want = append(want, byoStatus(p.config.Serve.TLS.Certificates, st.Certificates, r.guard.now())...)
@@ -248,12 +268,13 @@ func byoStatus(refs []contract.CertificateRef, certs map[string]contract.Certifi
 // unserve removes the proxy of an Ingress that is deleted or no longer ours.
 func (r *IngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingress) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(ing, FinalizerName) {
+		r.forget(client.ObjectKeyFromObject(ing))
 		return ctrl.Result{}, nil
 	}
 	done, err := r.proxies.cleanup(ctx, parentOf(parentTypeIngress, ing))
 	if err != nil {
 		if tailnet.ReasonOf(err) != "" {
-			r.eventf(ing, corev1.EventTypeWarning, ReasonCleanupFailed, "removing the proxy: %v", err)
+			r.warning(ing, ReasonCleanupFailed, "removing the proxy: %v", err)
 			return ctrl.Result{RequeueAfter: tailnetRetry}, nil
 		}
 		return ctrl.Result{}, err
@@ -266,7 +287,11 @@ func (r *IngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingre
 			return ctrl.Result{}, err
 		}
 	}
-	return ctrl.Result{}, removeFinalizer(ctx, r.Client, ing, FinalizerName)
+	if err := removeFinalizer(ctx, r.Client, ing, FinalizerName); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.forget(client.ObjectKeyFromObject(ing))
+	return ctrl.Result{}, nil
 }
 
 // SetupWithManager watches Ingresses, their proxies' children, backend Services and

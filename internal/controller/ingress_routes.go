@@ -3,6 +3,7 @@ package controller
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -12,27 +13,35 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 )
 
-// Event reasons about Ingresses. networking.k8s.io/v1 Ingresses have no conditions, so these
-// Events (with stable reasons) and status.loadBalancer are what users see.
-const (
-	ReasonInvalidIngressBackend = "InvalidIngressBackend"
-	ReasonUnsupportedHost       = "UnsupportedIngressHost"
-	ReasonUnsupportedPath       = "UnsupportedIngressPath"
-	ReasonDuplicatePath         = "DuplicateIngressPath"
-	ReasonPathUndefined         = "PathUndefined"
-	ReasonNoValidBackends       = "NoValidBackends"
-	ReasonInvalidAnnotation     = "InvalidAnnotation"
-)
-
-// finding is a problem (or notice) met while building a proxy's config, reported as an Event.
+// finding is a problem (or notice) met while deciding what to serve, reported as an Event. A
+// blocking finding stops the object from being served as it stands (what serves it already is
+// left alone); another leaves out only what it is about (a route, a custom host).
 type finding struct {
-	warning bool
-	reason  string
-	message string
+	warning  bool
+	blocking bool
+	reason   string
+	message  string
 }
 
 func warnf(reason, format string, a ...any) finding {
 	return finding{warning: true, reason: reason, message: fmt.Sprintf(format, a...)}
+}
+
+func blockf(reason, format string, a ...any) finding {
+	f := warnf(reason, format, a...)
+	f.blocking = true
+	return f
+}
+
+// hasBlocking reports whether a finding stops an object from being served.
+func hasBlocking(fs []finding) bool {
+	return slices.ContainsFunc(fs, func(f finding) bool { return f.blocking })
+}
+
+// firstBlocking is the first finding that stops an object from being served.
+func firstBlocking(fs []finding) finding {
+	i := slices.IndexFunc(fs, func(f finding) bool { return f.blocking })
+	return fs[i]
 }
 
 // ingressHostname is the tailnet hostname of an Ingress: the first label of its first TLS host,

@@ -189,3 +189,55 @@ func TestIngressHostnameAndProxyName(t *testing.T) {
 		t.Error("an Ingress and a Service of the same name share a proxy name")
 	}
 }
+
+// What stops an Ingress from being served, and what only leaves a part of it out.
+func TestDecideIngressBlocking(t *testing.T) {
+	services := map[string]*corev1.Service{"web": svc("web", "10.96.0.10", corev1.ServicePort{Name: "http", Port: 80})}
+	ingress := func(mutate func(*networkingv1.Ingress)) *networkingv1.Ingress {
+		ing := &networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "shop"},
+			Spec: networkingv1.IngressSpec{TLS: []networkingv1.IngressTLS{{Hosts: []string{"shop"}}},
+				Rules: []networkingv1.IngressRule{rule("", path("/", networkingv1.PathTypePrefix, backend("web", 80)))}}}
+		if mutate != nil {
+			mutate(ing)
+		}
+		return ing
+	}
+	for name, c := range map[string]struct {
+		ing      *networkingv1.Ingress
+		byo      byoCertificates
+		reasons  []string // of the findings, in order
+		blocking bool
+	}{
+		"served": {ing: ingress(nil)},
+		"a path to a missing Service is left out": {ing: ingress(func(i *networkingv1.Ingress) {
+			i.Spec.Rules[0].HTTP.Paths = append(i.Spec.Rules[0].HTTP.Paths, path("/api", networkingv1.PathTypePrefix, backend("api", 80)))
+		}), reasons: []string{ReasonInvalidIngressBackend}},
+		"a bad bring-your-own Secret is left out": {ing: ingress(nil),
+			byo: byoCertificates{findings: []finding{warnf(ReasonTLSSecretNotFound, "missing")}}, reasons: []string{ReasonTLSSecretNotFound}},
+		"no path left": {ing: ingress(func(i *networkingv1.Ingress) {
+			i.Spec.Rules[0] = rule("", path("/", networkingv1.PathTypePrefix, backend("api", 80)))
+		}),
+			reasons: []string{ReasonInvalidIngressBackend, ReasonNoValidBackends}, blocking: true},
+		"a malformed tag": {ing: ingress(func(i *networkingv1.Ingress) { i.Annotations = map[string]string{AnnotationTags: "k8s"} }),
+			reasons: []string{ReasonInvalidAnnotation}, blocking: true},
+		"a hostname that is no DNS label": {ing: ingress(func(i *networkingv1.Ingress) { i.Spec.TLS[0].Hosts = []string{"*.example.com"} }),
+			reasons: []string{ReasonInvalidHostname}, blocking: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			d := decideIngress(c.ing, services, c.byo, []string{"tag:k8s"})
+			var reasons []string
+			for _, f := range d.findings {
+				reasons = append(reasons, f.reason)
+			}
+			if !reflect.DeepEqual(reasons, c.reasons) {
+				t.Errorf("findings %v, want %v", reasons, c.reasons)
+			}
+			if got := hasBlocking(d.findings); got != c.blocking {
+				t.Errorf("blocking = %v, want %v", got, c.blocking)
+			}
+			if !c.blocking && (len(d.ws.Routes) == 0 || len(d.tags) == 0 || d.hostname != "shop") {
+				t.Errorf("decision %+v: want routes, tags and hostname shop", d)
+			}
+		})
+	}
+}

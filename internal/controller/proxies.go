@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
@@ -27,6 +28,7 @@ const authKeyExpiry = 24 * time.Hour
 // it applies a proxy's children, reads back its state and tears it down.
 type proxies struct {
 	client.Client
+	api      client.Reader // uncached, to tell a new proxy from one the cache has not seen yet
 	settings Settings
 	tailnet  tailnet.Client
 
@@ -54,28 +56,46 @@ func (m *proxies) tailnetInfo(ctx context.Context) tailnet.TailnetInfo {
 	return m.info
 }
 
-// ensure applies every child of p. It mints an auth key only while the proxy has no device
-// yet and holds no unused key.
-func (m *proxies) ensure(ctx context.Context, p *standaloneProxy) error {
+// ensure applies every child of p, and reports whether it created the proxy's StatefulSet. It
+// mints an auth key only while the proxy has no device yet and holds no unused key.
+func (m *proxies) ensure(ctx context.Context, p *standaloneProxy) (created bool, err error) {
 	ns := m.settings.Namespace
 	authKey, err := m.authKeyFor(ctx, p)
 	if err != nil {
-		return err
+		return false, err
 	}
 	secret, err := p.buildSecret(ns, authKey)
 	if err != nil {
-		return err
+		return false, err
+	}
+	sts := p.buildStatefulSet(m.settings)
+	if created, err = m.absent(ctx, sts); err != nil {
+		return false, err
 	}
 	objs := []client.Object{p.buildServiceAccount(ns), p.buildRole(ns), p.buildRoleBinding(ns), secret}
 	for _, c := range p.certSecrets {
 		objs = append(objs, c)
 	}
-	for _, obj := range append(objs, p.buildStatefulSet(m.settings)) {
+	for _, obj := range append(objs, sts) {
 		if err := apply(ctx, m.Client, obj); err != nil {
-			return err
+			return false, err
 		}
 	}
-	return pruneCertCopies(ctx, m.Client, ns, p.parent.labels(), p.certSecrets)
+	return created, pruneCertCopies(ctx, m.Client, ns, p.parent.labels(), p.certSecrets)
+}
+
+// absent reports whether obj does not exist yet. The cache answers when it has it; a miss is
+// confirmed through the API, as the cache may not have seen a creation yet.
+func (m *proxies) absent(ctx context.Context, obj client.Object) (bool, error) {
+	existing := obj.DeepCopyObject().(client.Object)
+	err := m.Get(ctx, client.ObjectKeyFromObject(obj), existing)
+	if apierrors.IsNotFound(err) {
+		err = m.api.Get(ctx, client.ObjectKeyFromObject(obj), existing)
+	}
+	if apierrors.IsNotFound(err) {
+		return true, nil
+	}
+	return false, err
 }
 
 func (m *proxies) authKeyFor(ctx context.Context, p *standaloneProxy) (string, error) {
@@ -93,14 +113,16 @@ func (m *proxies) authKeyFor(ctx context.Context, p *standaloneProxy) (string, e
 			return cfg.AuthKey, nil
 		}
 	}
-	key, err := m.tailnet.CreateAuthKey(ctx, tailnet.AuthKeyRequest{
+	req := tailnet.AuthKeyRequest{
 		Tags:        p.config.Tags,
 		Description: fmt.Sprintf("tsingress %s %s/%s", p.parent.typ, p.parent.namespace, p.parent.name),
 		Expiry:      authKeyExpiry,
-	})
+	}
+	key, err := m.tailnet.CreateAuthKey(ctx, req)
 	if err != nil {
 		return "", err
 	}
+	logAuthKey(ctx, req, key, p.name())
 	return key.Secret.Reveal(), nil
 }
 
@@ -143,7 +165,7 @@ func (m *proxies) cleanup(ctx context.Context, par parent) (done bool, err error
 	switch err := m.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, sts); {
 	case err == nil:
 		if sts.DeletionTimestamp == nil {
-			if err := m.Delete(ctx, sts, client.PropagationPolicy(metav1.DeletePropagationForeground)); client.IgnoreNotFound(err) != nil {
+			if err := remove(ctx, m.Client, sts, client.PropagationPolicy(metav1.DeletePropagationForeground)); err != nil {
 				return false, err
 			}
 		}
@@ -159,6 +181,7 @@ func (m *proxies) cleanup(ctx context.Context, par parent) (done bool, err error
 			if err := m.tailnet.DeleteDevice(ctx, id); err != nil {
 				return false, fmt.Errorf("deleting tailnet device %s: %w", id, err)
 			}
+			log.FromContext(ctx).Info("deleted tailnet device", "deviceID", id, "proxy", name)
 		}
 	case !apierrors.IsNotFound(err):
 		return false, err
@@ -172,15 +195,18 @@ func (m *proxies) cleanup(ctx context.Context, par parent) (done bool, err error
 		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
 	} {
-		if err := m.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+		if err := remove(ctx, m.Client, obj); err != nil {
 			return false, err
 		}
 	}
 	return true, nil
 }
 
-// Reasons for a ProxyClass that cannot be used yet.
-const ReasonProxyClassNotReady = "ProxyClassNotReady"
+// logAuthKey logs a minted auth key by its ID, never its secret.
+func logAuthKey(ctx context.Context, req tailnet.AuthKeyRequest, key tailnet.AuthKey, proxy string) {
+	log.FromContext(ctx).Info("minted auth key", "keyID", key.ID, "proxy", proxy, "tags", req.Tags,
+		"description", req.Description, "expires", key.Expires)
+}
 
 // proxyClassName is the ProxyClass an object asks for: its label, else its annotation, else
 // the operator's default.
@@ -232,7 +258,7 @@ func parseTags(obj client.Object, defaults []string) ([]string, *finding) {
 		tags = append(tags, t)
 	}
 	if len(bad) > 0 || len(tags) == 0 {
-		f := warnf(ReasonInvalidAnnotation, "annotation %s=%q: every tag must look like tag:name (bad: %s)", AnnotationTags, v, strings.Join(bad, ", "))
+		f := blockf(ReasonInvalidAnnotation, "annotation %s=%q: every tag must look like tag:name (bad: %s)", AnnotationTags, v, strings.Join(bad, ", "))
 		return nil, &f
 	}
 	return tags, nil

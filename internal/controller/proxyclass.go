@@ -19,13 +19,6 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 )
 
-// Reasons of the ProxyClassReady condition and ProxyClass Events.
-const (
-	ReasonProxyClassValid   = "ProxyClassValid"
-	ReasonProxyClassInvalid = "ProxyClassInvalid"
-	ReasonCustomTSEnvVar    = "CustomTSEnvVar"
-)
-
 var serviceMonitorKind = schema.GroupKind{Group: "monitoring.coreos.com", Kind: "ServiceMonitor"}
 
 // recheckMissingCRD is how often a ProxyClass that needs the ServiceMonitor CRD looks for it
@@ -61,7 +54,7 @@ func (r *ProxyClassReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		reason, msg = ReasonProxyClassInvalid, "ProxyClass is not valid: "+strings.Join(v.problems, "; ")
 	}
 	if setCondition(&pc.Status.Conditions, tsv1alpha1.ProxyClassReady, ok, reason, msg, pc.Generation) {
-		if err := r.Status().Patch(ctx, pc, client.MergeFrom(before)); err != nil {
+		if err := patchStatus(ctx, r.Client, before, pc); err != nil {
 			return ctrl.Result{}, err
 		}
 		// Events only on a change, so a steady invalid class does not flood the event stream.

@@ -9,13 +9,13 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
@@ -23,20 +23,13 @@ import (
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
-// Reasons of the ProxyGroup conditions.
+// Names of a ProxyGroup's children.
 const (
-	ReasonProxyGroupReady      = "ProxyGroupReady"
-	ReasonProxyGroupAvailable  = "ProxyGroupAvailable"
-	ReasonProxyGroupCreating   = "ProxyGroupCreating"
-	ReasonProxyGroupInvalid    = "ProxyGroupInvalid"
-	ReasonProxyGroupPending    = "ProxyGroupPending"
-	ReasonProxyGroupFailed     = "ProxyGroupCreationFailed"
-	ReasonProxyGroupNoReplicas = "NoReplicasUp"
-	parentTypeProxyGroup       = "proxygroup"
-	secretTypeConfig           = "config"
-	secretTypeState            = "state"
-	labelReplica               = "tailscale.com/replica"
-	groupConfigMapSuffix       = "-ingress-config"
+	parentTypeProxyGroup = "proxygroup"
+	secretTypeConfig     = "config"
+	secretTypeState      = "state"
+	labelReplica         = "tailscale.com/replica"
+	groupConfigMapSuffix = "-ingress-config"
 )
 
 // ProxyGroupReconciler runs the replicas of ingress ProxyGroups.
@@ -61,41 +54,55 @@ func (g group) labels() map[string]string {
 	return map[string]string{LabelManaged: "true", LabelParentName: g.name, LabelParentType: parentTypeProxyGroup}
 }
 
-func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
 	pg := &tsv1alpha1.ProxyGroup{}
 	if err := r.Get(ctx, req.NamespacedName, pg); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	g := group{pg.Name}
 	if pg.DeletionTimestamp != nil {
 		return r.delete(ctx, pg, g)
 	}
+	defer func() { r.settle(pg, err == nil) }()
 	if err := addFinalizer(ctx, r.Client, pg, FinalizerName); err != nil {
 		return ctrl.Result{}, err
 	}
-	st := groupStatus{pg: pg}
-	defer func() { st.write(ctx, r) }()
+	devices, err := r.devices(ctx, g, replicas(pg))
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	scope := groupScope{replicas: replicas(pg), devices: devices}
+	// The status, from what this pass found, is written once whatever it then fails on.
+	defer func() {
+		before := pg.DeepCopy()
+		pg.Status = groupStatus(pg.Status, scope, pg.Generation)
+		if perr := patchStatus(ctx, r.Client, before, pg); perr != nil && err == nil {
+			err = fmt.Errorf("writing ProxyGroup status: %w", perr)
+		}
+	}()
+	for _, d := range devices {
+		r.progress(pg, "joined "+d.Hostname, ReasonDeviceJoined, "a replica joined the tailnet as %s", d.Hostname)
+	}
 
 	if pg.Spec.Type != tsv1alpha1.ProxyGroupTypeIngress {
 		msg := fmt.Sprintf("type %q is not served by this operator; only ingress ProxyGroups are", pg.Spec.Type)
-		r.eventf(pg, corev1.EventTypeWarning, ReasonProxyGroupInvalid, "%s", msg)
-		st.fail(ReasonProxyGroupInvalid, msg)
+		r.warning(pg, ReasonProxyGroupInvalid, "%s", msg)
+		scope.fail(ReasonProxyGroupInvalid, msg)
 		return ctrl.Result{}, nil
 	}
-	className := pg.Spec.ProxyClass
-	if className == "" {
-		className = r.Settings.DefaultProxyClass
-	}
-	class, notReady, err := readyProxyClass(ctx, r.Client, className)
+	class, notReady, err := readyProxyClass(ctx, r.Client, groupProxyClassName(pg, r.Settings.DefaultProxyClass))
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	if notReady != "" {
-		st.fail(ReasonProxyGroupPending, notReady+"; waiting for it")
+		scope.fail(ReasonProxyGroupPending, notReady+"; waiting for it")
 		return ctrl.Result{}, nil
 	}
 	if err := r.ensure(ctx, pg, g, class); err != nil {
-		st.fail(ReasonProxyGroupFailed, err.Error())
+		scope.fail(ReasonProxyGroupFailed, err.Error())
 		if tailnet.ReasonOf(err) != "" {
 			return r.tailnetFailure(pg, err)
 		}
@@ -104,12 +111,18 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err := r.scaleDown(ctx, g, replicas(pg)); err != nil {
 		return r.tailnetFailure(pg, err)
 	}
-	devices, err := r.devices(ctx, g, replicas(pg))
-	if err != nil {
-		return ctrl.Result{}, err
+	if len(devices) == replicas(pg) {
+		r.progress(pg, "ready", ReasonProxyGroupReady, "%d/%d replicas up on the tailnet", len(devices), replicas(pg))
 	}
-	st.observe(devices)
 	return ctrl.Result{}, nil
+}
+
+// groupProxyClassName is the ProxyClass a ProxyGroup uses: its own, else the operator's default.
+func groupProxyClassName(pg *tsv1alpha1.ProxyGroup, def string) string {
+	if pg.Spec.ProxyClass != "" {
+		return pg.Spec.ProxyClass
+	}
+	return def
 }
 
 func replicas(pg *tsv1alpha1.ProxyGroup) int {
@@ -268,12 +281,12 @@ func (r *ProxyGroupReconciler) replicaAuthKey(ctx context.Context, pg *tsv1alpha
 	case !apierrors.IsNotFound(err):
 		return "", err
 	}
-	key, err := r.Tailnet.CreateAuthKey(ctx, tailnet.AuthKeyRequest{
-		Tags: tags, Description: fmt.Sprintf("tsingress proxygroup %s replica %d", pg.Name, i), Expiry: authKeyExpiry,
-	})
+	req := tailnet.AuthKeyRequest{Tags: tags, Description: fmt.Sprintf("tsingress proxygroup %s replica %d", pg.Name, i), Expiry: authKeyExpiry}
+	key, err := r.Tailnet.CreateAuthKey(ctx, req)
 	if err != nil {
 		return "", err
 	}
+	logAuthKey(ctx, req, key, g.stateSecret(i))
 	return key.Secret.Reveal(), nil
 }
 
@@ -378,13 +391,13 @@ func (r *ProxyGroupReconciler) scaleDown(ctx context.Context, g group, n int) er
 		if err := r.deleteDevice(ctx, s); err != nil {
 			return err
 		}
-		if err := r.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
+		if err := remove(ctx, r.Client, s); err != nil {
 			return err
 		}
 	}
 	for i, s := range configs {
 		if i >= n {
-			if err := r.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
+			if err := remove(ctx, r.Client, s); err != nil {
 				return err
 			}
 		}
@@ -400,6 +413,7 @@ func (r *ProxyGroupReconciler) deleteDevice(ctx context.Context, state *corev1.S
 	if err := r.Tailnet.DeleteDevice(ctx, id); err != nil {
 		return fmt.Errorf("deleting tailnet device %s of %s: %w", id, state.Name, err)
 	}
+	log.FromContext(ctx).Info("deleted tailnet device", "deviceID", id, "proxy", state.Name)
 	return nil
 }
 
@@ -407,12 +421,17 @@ func (r *ProxyGroupReconciler) deleteDevice(ctx context.Context, state *corev1.S
 // owner references.
 func (r *ProxyGroupReconciler) delete(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g group) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(pg, FinalizerName) {
+		r.forget(client.ObjectKeyFromObject(pg))
 		return ctrl.Result{}, nil
 	}
 	if err := r.scaleDown(ctx, g, 0); err != nil {
 		return r.tailnetFailure(pg, err)
 	}
-	return ctrl.Result{}, removeFinalizer(ctx, r.Client, pg, FinalizerName)
+	if err := removeFinalizer(ctx, r.Client, pg, FinalizerName); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.forget(client.ObjectKeyFromObject(pg))
+	return ctrl.Result{}, nil
 }
 
 // devices lists the replicas whose running Pod has reported a tailnet device.
@@ -443,54 +462,40 @@ func (r *ProxyGroupReconciler) devices(ctx context.Context, g group, n int) ([]t
 	return devices, nil
 }
 
-// groupStatus collects a ProxyGroup's status during a pass.
-type groupStatus struct {
-	pg              *tsv1alpha1.ProxyGroup
-	failed          bool
-	reason, message string
-	devices         []tsv1alpha1.TailnetDevice
-	observed        bool
+// groupScope is what one pass found about a ProxyGroup: its replicas up on the tailnet, and
+// why the group cannot be ready whatever they do (empty when nothing stops it).
+type groupScope struct {
+	replicas                int
+	devices                 []tsv1alpha1.TailnetDevice
+	failReason, failMessage string
 }
 
-func (s *groupStatus) fail(reason, msg string) {
-	s.failed, s.reason, s.message = true, reason, msg
+func (s *groupScope) fail(reason, msg string) {
+	s.failReason, s.failMessage = reason, msg
 }
 
-func (s *groupStatus) observe(devices []tsv1alpha1.TailnetDevice) {
-	s.devices, s.observed = devices, true
-}
-
-func (s *groupStatus) write(ctx context.Context, r *ProxyGroupReconciler) {
-	if !s.failed && !s.observed {
-		return
-	}
-	pg, gen := s.pg, s.pg.Generation
-	before := pg.DeepCopy()
-	want := replicas(pg)
+// groupStatus computes a ProxyGroup's status from a pass's scope. The reconciler owns all of
+// it: ProxyGroupReady, ProxyGroupAvailable and the devices. Available follows the replicas
+// only, as they keep serving whatever else fails.
+func groupStatus(status tsv1alpha1.ProxyGroupStatus, s groupScope, gen int64) tsv1alpha1.ProxyGroupStatus {
+	status = *status.DeepCopy()
 	up := len(s.devices)
-	counts := fmt.Sprintf("%d/%d replicas up on the tailnet", up, want)
-	if s.failed {
-		setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupReady, false, s.reason, s.message, gen)
-	} else if up == want {
-		setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupReady, true, ReasonProxyGroupReady, counts, gen)
+	counts := fmt.Sprintf("%d/%d replicas up on the tailnet", up, s.replicas)
+	switch {
+	case s.failReason != "":
+		setCondition(&status.Conditions, tsv1alpha1.ProxyGroupReady, false, s.failReason, s.failMessage, gen)
+	case up == s.replicas:
+		setCondition(&status.Conditions, tsv1alpha1.ProxyGroupReady, true, ReasonProxyGroupReady, counts, gen)
+	default:
+		setCondition(&status.Conditions, tsv1alpha1.ProxyGroupReady, false, ReasonProxyGroupCreating, counts, gen)
+	}
+	if up > 0 {
+		setCondition(&status.Conditions, tsv1alpha1.ProxyGroupAvailable, true, ReasonProxyGroupAvailable, counts, gen)
 	} else {
-		setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupReady, false, ReasonProxyGroupCreating, counts, gen)
+		setCondition(&status.Conditions, tsv1alpha1.ProxyGroupAvailable, false, ReasonProxyGroupNoReplicas, counts, gen)
 	}
-	if s.observed {
-		pg.Status.Devices = s.devices
-		if up > 0 {
-			setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupAvailable, true, ReasonProxyGroupAvailable, counts, gen)
-		} else {
-			setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupAvailable, false, ReasonProxyGroupNoReplicas, counts, gen)
-		}
-	} else {
-		setCondition(&pg.Status.Conditions, tsv1alpha1.ProxyGroupAvailable, false, s.reason, s.message, gen)
-	}
-	if !equality.Semantic.DeepEqual(before.Status, pg.Status) {
-		if err := r.Status().Patch(ctx, pg, client.MergeFrom(before)); err != nil {
-			ctrl.LoggerFrom(ctx).Error(err, "writing ProxyGroup status")
-		}
-	}
+	status.Devices = s.devices
+	return status
 }
 
 // SetupWithManager watches ProxyGroups, their children and ProxyClasses.
@@ -520,11 +525,7 @@ func (r *ProxyGroupReconciler) groupsForProxyClass(ctx context.Context, o client
 	}
 	var reqs []reconcile.Request
 	for _, pg := range list.Items {
-		name := pg.Spec.ProxyClass
-		if name == "" {
-			name = r.Settings.DefaultProxyClass
-		}
-		if name == o.GetName() {
+		if groupProxyClassName(&pg, r.Settings.DefaultProxyClass) == o.GetName() {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKey{Name: pg.Name}})
 		}
 	}

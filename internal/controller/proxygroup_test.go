@@ -153,3 +153,29 @@ var _ = Describe("ProxyGroup reconciler", func() {
 			HaveField("Reason", ReasonProxyGroupPending), HaveField("Message", ContainSubstring("missing-class"))))
 	})
 })
+
+var _ = Describe("ProxyGroup availability", func() {
+	It("follows the replicas while its ProxyClass is re-validated", func() {
+		pc := &tsv1alpha1.ProxyClass{ObjectMeta: metav1.ObjectMeta{Name: "avail-class"},
+			Spec: tsv1alpha1.ProxyClassSpec{StatefulSet: &tsv1alpha1.StatefulSet{Labels: map[string]string{"team": "edge"}}}}
+		Expect(k8s.Create(ctx, pc)).To(Succeed())
+		DeferCleanup(k8s.Delete, ctx, pc)
+		pg := newProxyGroup("avail", func(p *tsv1alpha1.ProxyGroup) {
+			p.Spec.Replicas = ptr.To[int32](1)
+			p.Spec.ProxyClass = "avail-class"
+		})
+		DeferCleanup(k8s.Delete, ctx, pg)
+		reportReplica("avail", 0, contract.ProxyState{DeviceID: "nAvail0", FQDN: "avail-0.tailnet.test", TailnetIPs: []string{"100.64.0.30"}})
+		Eventually(groupCondition("avail", tsv1alpha1.ProxyGroupReady)).Should(HaveField("Status", metav1.ConditionTrue))
+		Expect(groupCondition("avail", tsv1alpha1.ProxyGroupAvailable)(Default)).To(HaveField("Status", metav1.ConditionTrue))
+
+		By("breaking the ProxyClass: the group is not ready, but its replica keeps serving")
+		patch := client.MergeFrom(pc.DeepCopy())
+		pc.Spec.StatefulSet.Labels = map[string]string{"bad key!": "x"}
+		Expect(k8s.Patch(ctx, pc, patch)).To(Succeed())
+		Eventually(groupCondition("avail", tsv1alpha1.ProxyGroupReady)).Should(And(
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonProxyGroupPending)))
+		Consistently(groupCondition("avail", tsv1alpha1.ProxyGroupAvailable), "1s").Should(And(
+			HaveField("Status", metav1.ConditionTrue), HaveField("Message", ContainSubstring("1/1"))))
+	})
+})

@@ -1,9 +1,12 @@
 package controller
 
 import (
+	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
@@ -11,13 +14,70 @@ import (
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
-// reporter emits a reconciler's Events.
+// reporter emits a reconciler's Events when what they say changes, not on every pass: a
+// problem (a Warning, or a Normal finding) once while it stands, a step of progress once. Each
+// reconciler has its own memory, as an object may be passed from one to another.
 type reporter struct {
 	Recorder recorder.EventRecorder
+	memory   *eventMemory // nil: every Event is emitted
 }
 
-func (r reporter) eventf(obj client.Object, typ, reason, format string, a ...any) {
-	r.Recorder.Eventf(obj, nil, typ, reason, "Reconcile", format, a...)
+func newReporter(rec recorder.EventRecorder) reporter {
+	return reporter{Recorder: rec, memory: &eventMemory{objects: map[types.NamespacedName]*objectEvents{}}}
+}
+
+// eventMemory is what a reconciler last told about each object, in this process.
+type eventMemory struct {
+	mu      sync.Mutex
+	objects map[types.NamespacedName]*objectEvents
+}
+
+type objectEvents struct {
+	uid types.UID
+	// standing are the problems reported by the last pass that ran to its end; pass, those
+	// reported by the pass under way.
+	standing, pass map[string]bool
+	// progress holds the last message of each step of progress.
+	progress map[string]string
+	// seen is set once a pass has settled. A step first met in this process before then is
+	// remembered silently, so that a restarted operator does not repeat the progress of every
+	// object; the first pass of a new object makes no progress that needs reporting that way.
+	seen bool
+}
+
+// object returns obj's memory, new for an object that was replaced under the same name.
+func (m *eventMemory) object(obj client.Object) *objectEvents {
+	key := client.ObjectKeyFromObject(obj)
+	o := m.objects[key]
+	if o == nil || o.uid != obj.GetUID() {
+		o = &objectEvents{uid: obj.GetUID(), standing: map[string]bool{}, pass: map[string]bool{}, progress: map[string]string{}}
+		m.objects[key] = o
+	}
+	return o
+}
+
+func (r reporter) emit(obj client.Object, typ, reason, msg string) {
+	r.Recorder.Eventf(obj, nil, typ, reason, "Reconcile", "%s", msg)
+}
+
+// problem reports a problem of this pass; it is emitted unless it was already standing.
+func (r reporter) problem(obj client.Object, typ, reason, msg string) {
+	if r.memory != nil {
+		r.memory.mu.Lock()
+		o := r.memory.object(obj)
+		key := typ + "/" + reason + "/" + msg
+		known := o.standing[key] || o.pass[key]
+		o.pass[key] = true
+		r.memory.mu.Unlock()
+		if known {
+			return
+		}
+	}
+	r.emit(obj, typ, reason, msg)
+}
+
+func (r reporter) warning(obj client.Object, reason, format string, a ...any) {
+	r.problem(obj, corev1.EventTypeWarning, reason, fmt.Sprintf(format, a...))
 }
 
 func (r reporter) findings(obj client.Object, fs []finding) {
@@ -26,8 +86,61 @@ func (r reporter) findings(obj client.Object, fs []finding) {
 		if f.warning {
 			typ = corev1.EventTypeWarning
 		}
-		r.eventf(obj, typ, f.reason, "%s", f.message)
+		r.problem(obj, typ, f.reason, f.message)
 	}
+}
+
+// progress reports a step (step names it among the object's steps, e.g. one per replica) as a
+// Normal Event, when its message differs from the one last reported for that step.
+func (r reporter) progress(obj client.Object, step, reason, format string, a ...any) {
+	msg := fmt.Sprintf(format, a...)
+	if r.memory != nil {
+		r.memory.mu.Lock()
+		o := r.memory.object(obj)
+		last, ok := o.progress[step]
+		quiet := (ok && last == msg) || (!ok && !o.seen)
+		o.progress[step] = msg
+		r.memory.mu.Unlock()
+		if quiet {
+			return
+		}
+	}
+	r.emit(obj, corev1.EventTypeNormal, reason, msg)
+}
+
+// created reports a step that happened in this pass (a child created), always.
+func (r reporter) created(obj client.Object, reason, format string, a ...any) {
+	r.emit(obj, corev1.EventTypeNormal, reason, fmt.Sprintf(format, a...))
+}
+
+// settle ends a pass. One that ran to its end (complete) decides which problems stand: one it
+// did not report is over and is reported again if it comes back. One that stopped on an error
+// may not have looked, and forgets nothing.
+func (r reporter) settle(obj client.Object, complete bool) {
+	if r.memory == nil {
+		return
+	}
+	r.memory.mu.Lock()
+	defer r.memory.mu.Unlock()
+	o := r.memory.object(obj)
+	if complete {
+		o.standing = o.pass
+	} else {
+		for k := range o.pass {
+			o.standing[k] = true
+		}
+	}
+	o.pass, o.seen = map[string]bool{}, true
+}
+
+// forget drops what was told about an object that is gone or no longer served.
+func (r reporter) forget(key types.NamespacedName) {
+	if r.memory == nil {
+		return
+	}
+	r.memory.mu.Lock()
+	defer r.memory.mu.Unlock()
+	delete(r.memory.objects, key)
 }
 
 // tailnetFailure turns a control-plane failure into a Warning Event with the API's stable
@@ -37,7 +150,7 @@ func (r reporter) tailnetFailure(obj client.Object, err error) (ctrl.Result, err
 	if reason == "" {
 		return ctrl.Result{}, err
 	}
-	r.eventf(obj, corev1.EventTypeWarning, ReasonTailnetAPIFailed, "control plane: %s: %v", reason, err)
+	r.warning(obj, ReasonTailnetAPIFailed, "control plane: %s: %v", reason, err)
 	return ctrl.Result{RequeueAfter: tailnetRetryAfter(err)}, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -28,21 +29,6 @@ const LoadBalancerClass = "tailscale"
 
 // ConditionProxyReady is the condition a standalone L3 proxy reports on its Service.
 const ConditionProxyReady = "TailscaleProxyReady"
-
-// Reasons of ConditionProxyReady (the original operator's names) and Service Events.
-const (
-	ReasonProxyPending = "ProxyPending" // waiting: for the ProxyClass, the Pod, the tailnet login or the DNAT rules
-	ReasonProxyInvalid = "ProxyInvalid" // the Service or its annotations cannot be served as they are
-	ReasonProxyFailed  = "ProxyFailed"  // the control plane or the proxy reported an error
-	ReasonProxyReady   = "ProxyCreated" // traffic to the tailnet address reaches the Service
-
-	ReasonInvalidService = "InvalidService"
-	// The proxy Pod has IP forwarding off and cannot turn it on: nothing is forwarded.
-	ReasonIPForwardingDisabled = "IPForwardingDisabled"
-	// One address family of the Service is not forwarded (IPv6 disabled in the proxy Pod, say);
-	// the other is.
-	ReasonIPFamilyNotForwarded = "IPFamilyNotForwarded"
-)
 
 // ServiceReconciler exposes Services on the tailnet at L3 through a standalone proxy each.
 type ServiceReconciler struct {
@@ -72,14 +58,18 @@ func (r *ServiceReconciler) serves(s *corev1.Service) bool {
 	return *s.Spec.LoadBalancerClass == LoadBalancerClass
 }
 
-func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
 	svc := &corev1.Service{}
 	if err := r.Get(ctx, req.NamespacedName, svc); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !r.serves(svc) {
 		return r.unserve(ctx, svc)
 	}
+	defer func() { r.settle(svc, err == nil) }()
 	if err := addFinalizer(ctx, r.Client, svc, FinalizerName); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -98,14 +88,18 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, err
 	}
 	if notReady != "" {
-		r.eventf(svc, corev1.EventTypeWarning, ReasonProxyClassNotReady, "%s; waiting for it", notReady)
+		r.warning(svc, ReasonProxyClassNotReady, "%s; waiting for it", notReady)
 		st.set(false, ReasonProxyPending, notReady)
 		return ctrl.Result{}, nil
 	}
 	p := &standaloneProxy{parent: parentOf(parentTypeService, svc), class: class, config: *cfg, kernel: true}
-	if err := r.proxies.ensure(ctx, p); err != nil {
+	created, err := r.proxies.ensure(ctx, p)
+	if err != nil {
 		st.set(false, ReasonProxyFailed, err.Error())
 		return r.tailnetFailure(svc, err)
+	}
+	if created {
+		r.created(svc, ReasonProxyDeployed, "created the proxy %s/%s; it joins the tailnet as %s", r.Settings.Namespace, p.name(), cfg.Hostname)
 	}
 	state, pod, err := r.proxies.state(ctx, p.parent)
 	if err != nil {
@@ -117,6 +111,12 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, nil
 	}
 	st.fromProxy(state)
+	if state != nil && state.FQDN != "" {
+		r.progress(svc, "joined", ReasonDeviceJoined, "the proxy joined the tailnet as %s", state.FQDN)
+	}
+	if st.ready {
+		r.progress(svc, "serving", ReasonServing, "%s", st.message)
+	}
 	return ctrl.Result{}, nil
 }
 
@@ -128,12 +128,12 @@ func serviceProxyConfig(svc *corev1.Service, s Settings) (*contract.ProxyConfig,
 	if hostname == "" {
 		hostname = truncateLabel(dnsLabelish(svc.Namespace + "-" + svc.Name))
 	} else if !contract.ValidHostname(hostname) {
-		findings = append(findings, warnf(ReasonInvalidAnnotation,
+		findings = append(findings, blockf(ReasonInvalidAnnotation,
 			"annotation %s=%q must be a DNS label: lower-case letters, digits and dashes, at most 63", AnnotationHostname, hostname))
 	}
 	if v, ok := svc.Annotations[AnnotationExpose]; ok && v != "true" {
 		if b, err := strconv.ParseBool(v); err != nil || b {
-			findings = append(findings, warnf(ReasonInvalidAnnotation, "annotation %s=%q: only \"true\" exposes a Service", AnnotationExpose, v))
+			findings = append(findings, blockf(ReasonInvalidAnnotation, "annotation %s=%q: only \"true\" exposes a Service", AnnotationExpose, v))
 		}
 	}
 	tags, f := parseTags(svc, s.DefaultTags)
@@ -145,9 +145,9 @@ func serviceProxyConfig(svc *corev1.Service, s Settings) (*contract.ProxyConfig,
 	case svc.Spec.Type == corev1.ServiceTypeExternalName:
 		dest.DNSName = svc.Spec.ExternalName
 	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
-		findings = append(findings, warnf(ReasonInvalidService, "headless Services (clusterIP: None) have no address to forward to; expose a ClusterIP Service"))
+		findings = append(findings, blockf(ReasonInvalidService, "headless Services (clusterIP: None) have no address to forward to; expose a ClusterIP Service"))
 	case svc.Spec.ClusterIP == "":
-		findings = append(findings, warnf(ReasonInvalidService, "the Service has no ClusterIP yet"))
+		findings = append(findings, blockf(ReasonInvalidService, "the Service has no ClusterIP yet"))
 	default:
 		dest.IPs = svc.Spec.ClusterIPs
 		if len(dest.IPs) == 0 {
@@ -292,9 +292,9 @@ func (s *serviceStatus) write(ctx context.Context, r *ServiceReconciler) {
 	}
 	before := s.svc.DeepCopy()
 	changed := setCondition(&s.svc.Status.Conditions, ConditionProxyReady, s.ready, s.reason, s.message, s.svc.Generation)
-	// Once per change of the condition, so that a steady failure does not flood the Events.
-	if changed && s.warning != nil {
-		r.eventf(s.svc, corev1.EventTypeWarning, s.warning.reason, "%s", s.warning.message)
+	// The reporter emits it once while it stands, so a steady failure does not flood the Events.
+	if s.warning != nil {
+		r.warning(s.svc, s.warning.reason, "%s", s.warning.message)
 	}
 	if s.svc.Spec.Type == corev1.ServiceTypeLoadBalancer && !equality.Semantic.DeepEqual(s.svc.Status.LoadBalancer.Ingress, s.lb) {
 		s.svc.Status.LoadBalancer.Ingress = s.lb
@@ -310,6 +310,7 @@ func (s *serviceStatus) write(ctx context.Context, r *ServiceReconciler) {
 // unserve removes the proxy of a Service that is deleted or no longer exposed.
 func (r *ServiceReconciler) unserve(ctx context.Context, svc *corev1.Service) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(svc, FinalizerName) {
+		r.forget(client.ObjectKeyFromObject(svc))
 		return ctrl.Result{}, nil
 	}
 	done, err := r.proxies.cleanup(ctx, parentOf(parentTypeService, svc))
@@ -324,7 +325,11 @@ func (r *ServiceReconciler) unserve(ctx context.Context, svc *corev1.Service) (c
 			return ctrl.Result{}, err
 		}
 	}
-	return ctrl.Result{}, removeFinalizer(ctx, r.Client, svc, FinalizerName)
+	if err := removeFinalizer(ctx, r.Client, svc, FinalizerName); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.forget(client.ObjectKeyFromObject(svc))
+	return ctrl.Result{}, nil
 }
 
 // SetupWithManager watches Services, their proxies' children and ProxyClasses.

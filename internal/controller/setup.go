@@ -46,27 +46,27 @@ func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
 	if err := (&ProxyClassReconciler{Client: mgr.GetClient(), Recorder: rec, Mapper: mgr.GetRESTMapper()}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	p := &proxies{Client: mgr.GetClient(), settings: s, tailnet: tc}
+	p := &proxies{Client: mgr.GetClient(), api: mgr.GetAPIReader(), settings: s, tailnet: tc}
 	certs := certSecrets{cached: mgr.GetClient(), api: mgr.GetAPIReader(), now: time.Now}
 	limits := s.CertificateLimits
 	if limits == (acmebudget.Limits{}) {
 		limits = acmebudget.LetsEncrypt
 	}
 	guard := &certGuard{Client: mgr.GetClient(), namespace: s.Namespace, limits: limits, now: time.Now}
-	if err := (&IngressReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s, certs: certs, guard: guard}).SetupWithManager(mgr, p); err != nil {
+	if err := (&IngressReconciler{Client: mgr.GetClient(), reporter: newReporter(rec), Settings: s, certs: certs, guard: guard}).SetupWithManager(mgr, p); err != nil {
 		return err
 	}
-	if err := (&ServiceReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s}).SetupWithManager(mgr, p); err != nil {
+	if err := (&ServiceReconciler{Client: mgr.GetClient(), reporter: newReporter(rec), Settings: s}).SetupWithManager(mgr, p); err != nil {
 		return err
 	}
-	if err := (&ProxyGroupReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s, Tailnet: tc}).SetupWithManager(mgr); err != nil {
+	if err := (&ProxyGroupReconciler{Client: mgr.GetClient(), reporter: newReporter(rec), Settings: s, Tailnet: tc}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	docs := groupDocs{Client: mgr.GetClient(), namespace: s.Namespace}
 	services := &tailscaleServices{Client: mgr.GetClient(), tailnet: tc, settings: s}
-	if err := (&HAIngressReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s, certs: certs, guard: guard,
+	if err := (&HAIngressReconciler{Client: mgr.GetClient(), reporter: newReporter(rec), Settings: s, certs: certs, guard: guard,
 		info: p.tailnetInfo}).SetupWithManager(mgr, docs, services); err != nil {
 		return err
 	}
-	return (&HAServiceReconciler{Client: mgr.GetClient(), reporter: reporter{rec}, Settings: s}).SetupWithManager(mgr, docs, services)
+	return (&HAServiceReconciler{Client: mgr.GetClient(), reporter: newReporter(rec), Settings: s}).SetupWithManager(mgr, docs, services)
 }

@@ -273,6 +273,13 @@ func (lt *LocalTailnet) InjectAPIFault(f APIFault) {
 	lt.srv.faults = append(lt.srv.faults, f)
 }
 
+// ClearAPIFaults drops the faults not yet served.
+func (lt *LocalTailnet) ClearAPIFaults() {
+	lt.srv.mu.Lock()
+	defer lt.srv.mu.Unlock()
+	lt.srv.faults = nil
+}
+
 // SetServiceAddrFamilies chooses the address families of Tailscale Services: IPv4 and IPv6 by
 // default, as on Tailscale. Existing services lose the address of a family turned off and get
 // one of a family turned on. It stands in for a control plane that cannot give a service an

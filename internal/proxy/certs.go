@@ -178,10 +178,10 @@ func parseCached(certPEM, keyPEM []byte, name string, now time.Time) (*servedCer
 	return nil, err
 }
 
-// renewAt is when a certificate is due for renewal: after two thirds of its lifetime, as Let's
-// Encrypt recommends and tailscaled does.
+// renewAt is when a certificate is due for renewal, by the contract's rule that the operator's
+// guard applies too.
 func renewAt(leaf *x509.Certificate) time.Time {
-	return leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) * 2 / 3)
+	return contract.RenewAt(leaf.NotBefore, leaf.NotAfter)
 }
 
 func certStatus(c *servedCert, source string) contract.CertificateStatus {
