@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -66,11 +67,11 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	} else if other != "" {
 		findings = append(findings, warnf(ReasonDuplicateHostname, "Ingress %s already serves %s on a ProxyGroup; hostnames must be unique", other, hostname))
 	}
-	services, err := backendServices(ctx, r.Client, ing)
+	in, err := gatherRouteInputs(ctx, r.Client, ing, r.info(ctx).Domain)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	ws, routeFindings := buildWebService(ing, services)
+	ws, routeFindings := buildWebService(ing, in)
 	findings = append(findings, routeFindings...)
 	var byo byoCertificates
 	if pg != nil {
@@ -326,6 +327,7 @@ func (r *HAIngressReconciler) SetupWithManager(mgr ctrl.Manager, docs groupDocs,
 			}
 			return ingressRequests(list.Items, r.serves)
 		})).
+		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(ingressesForEndpointSlice(r.Client, r.serves))).
 		Watches(&tsv1alpha1.ProxyGroup{}, handler.EnqueueRequestsFromMapFunc(r.forGroup)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.forGroup)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(ingressesForTLSSecret(r.Client, r.serves))).

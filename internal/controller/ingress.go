@@ -6,6 +6,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -54,6 +55,8 @@ type IngressReconciler struct {
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=ingresses/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=ingressclasses,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch
+// The ready endpoints of backend Services, which the proxies balance across.
+// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
 // Bring-your-own certificates are read from the Ingress's namespace.
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",namespace=system,resources=secrets;serviceaccounts,verbs=get;list;watch;create;update;patch;delete
@@ -90,11 +93,11 @@ func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, nil
 	}
 
-	p, byo, ok, err := r.desiredProxy(ctx, ing, class)
+	info := r.proxies.tailnetInfo(ctx)
+	p, byo, ok, err := r.desiredProxy(ctx, ing, class, info.Domain)
 	if err != nil || !ok {
 		return ctrl.Result{}, err
 	}
-	info := r.proxies.tailnetInfo(ctx)
 	if !info.CertsAvailable() {
 		r.eventf(ing, corev1.EventTypeWarning, ReasonHTTPSNotEnabled,
 			"HTTPS is not enabled on the tailnet (or MagicDNS is off): the proxy cannot get a certificate until it is")
@@ -159,11 +162,11 @@ func (r *IngressReconciler) certificate(ctx context.Context, ing *networkingv1.I
 	return c, nil
 }
 
-// desiredProxy builds the proxy an Ingress asks for. ok is false when the Ingress cannot be
+// desiredProxy builds the proxy an Ingress asks for; domain is the tailnet's ("" if unknown). ok is false when the Ingress cannot be
 // served as it stands; the reasons are reported as Events, and an existing proxy is left
 // untouched rather than torn down over a typo.
-func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.Ingress, class *tsv1alpha1.ProxyClass) (*standaloneProxy, byoCertificates, bool, error) {
-	services, err := backendServices(ctx, r.Client, ing)
+func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.Ingress, class *tsv1alpha1.ProxyClass, domain string) (*standaloneProxy, byoCertificates, bool, error) {
+	in, err := gatherRouteInputs(ctx, r.Client, ing, domain)
 	if err != nil {
 		return nil, byoCertificates{}, false, err
 	}
@@ -172,7 +175,7 @@ func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.
 	if err != nil {
 		return nil, byo, false, err
 	}
-	ws, findings := buildWebService(ing, services)
+	ws, findings := buildWebService(ing, in)
 	ws.TLS.Certificates = byo.refs
 	findings = append(findings, byo.findings...)
 	tags, f := parseTags(ing, r.Settings.DefaultTags)
@@ -268,8 +271,8 @@ func (r *IngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingre
 	return ctrl.Result{}, removeFinalizer(ctx, r.Client, ing, FinalizerName)
 }
 
-// SetupWithManager watches Ingresses, their proxies' children, backend Services and
-// ProxyClasses.
+// SetupWithManager watches Ingresses, their proxies' children, backend Services and their
+// EndpointSlices, and ProxyClasses.
 func (r *IngressReconciler) SetupWithManager(mgr ctrl.Manager, p *proxies) error {
 	r.proxies = p
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &networkingv1.Ingress{}, indexIngressBackends,
@@ -289,6 +292,7 @@ func (r *IngressReconciler) SetupWithManager(mgr ctrl.Manager, p *proxies) error
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(ingressesForTLSSecret(r.Client, r.serves))).
 		Watches(&corev1.Pod{}, children).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.ingressesForService)).
+		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(ingressesForEndpointSlice(r.Client, r.serves))).
 		Watches(&tsv1alpha1.ProxyClass{}, handler.EnqueueRequestsFromMapFunc(r.ingressesForProxyClass)).
 		Complete(r)
 }
