@@ -26,8 +26,9 @@ const (
 // endpointHealth remembers the endpoints that refused connections. It outlives config reloads,
 // which endpoint churn makes frequent.
 type endpointHealth struct {
-	mu   sync.Mutex
-	down map[string]downState // by "ip:port"
+	mu    sync.Mutex
+	down  map[string]downState // by "ip:port"
+	nDown atomic.Int32         // len(down), read without the lock on every request
 }
 
 type downState struct {
@@ -39,6 +40,9 @@ type downState struct {
 func newEndpointHealth() *endpointHealth { return &endpointHealth{down: map[string]downState{}} }
 
 func (h *endpointHealth) usable(addr string, now time.Time) bool {
+	if h.nDown.Load() == 0 {
+		return true
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	d, ok := h.down[addr]
@@ -56,6 +60,7 @@ func (h *endpointHealth) refused(addr string, now time.Time) time.Duration {
 			}
 		}
 	}
+	defer func() { h.nDown.Store(int32(len(h.down))) }()
 	d := h.down[addr]
 	d.backoff = min(max(2*d.backoff, endpointBackoffMin), endpointBackoffMax)
 	d.until = now.Add(d.backoff)
@@ -65,9 +70,13 @@ func (h *endpointHealth) refused(addr string, now time.Time) time.Duration {
 }
 
 func (h *endpointHealth) succeeded(addr string) {
+	if h.nDown.Load() == 0 {
+		return
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	delete(h.down, addr)
+	h.nDown.Store(int32(len(h.down)))
 }
 
 // balancer sends each request to the next of a Service's ready endpoints, round robin, so that
