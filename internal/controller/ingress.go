@@ -234,11 +234,15 @@ func httpsPorts(http bool) []networkingv1.IngressPortStatus {
 	return ports
 }
 
-// byoStatus lists the bring-your-own hosts the proxy serves with a valid certificate.
+// byoStatus lists the bring-your-own hosts the proxy serves with a valid certificate. Wildcards
+// are left out: a status hostname must be a DNS name, and the API refuses "*.example.com".
 func byoStatus(refs []contract.CertificateRef, certs map[string]contract.CertificateStatus, now time.Time) []networkingv1.IngressLoadBalancerIngress {
 	var out []networkingv1.IngressLoadBalancerIngress
 	for _, ref := range refs {
 		for _, h := range ref.Hosts {
+			if contract.IsWildcard(h) {
+				continue
+			}
 			if c, ok := certs[h]; ok && c.Valid(now) {
 				out = append(out, networkingv1.IngressLoadBalancerIngress{Hostname: h, Ports: httpsPorts(false)})
 			}

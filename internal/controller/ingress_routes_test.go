@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -335,4 +336,18 @@ func TestBackendEndpoints(t *testing.T) {
 			t.Errorf("findings %+v, want one Normal %s", findings, ReasonEndpointsNotListed)
 		}
 	})
+}
+
+// The status lists the custom hosts served with a valid certificate, never a wildcard, which the
+// API refuses as a status hostname.
+func TestBYOStatusLeavesOutWildcards(t *testing.T) {
+	now := time.Now()
+	valid := contract.CertificateStatus{Source: contract.CertSourceSecret, Serial: "1", NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour)}
+	got := byoStatus([]contract.CertificateRef{
+		{SecretName: "wild", Hosts: []string{"*.example.com"}},
+		{SecretName: "app", Hosts: []string{"app.example.com", "old.example.com"}},
+	}, map[string]contract.CertificateStatus{"*.example.com": valid, "app.example.com": valid}, now)
+	if len(got) != 1 || got[0].Hostname != "app.example.com" {
+		t.Errorf("status %+v, want app.example.com alone", got)
+	}
 }
