@@ -18,9 +18,6 @@ const (
 	endpointBackoffMax = 30 * time.Second
 	// maxEndpointTries bounds the endpoints one request tries before the ClusterIP.
 	maxEndpointTries = 3
-	// healthPruneAt is the number of remembered endpoints above which expired ones are dropped:
-	// endpoints come and go with every rollout.
-	healthPruneAt = 1024
 )
 
 // endpointHealth remembers the endpoints that refused connections. It outlives config reloads,
@@ -32,9 +29,8 @@ type endpointHealth struct {
 }
 
 type downState struct {
-	until    time.Time
-	backoff  time.Duration
-	failures int
+	until   time.Time
+	backoff time.Duration
 }
 
 func newEndpointHealth() *endpointHealth { return &endpointHealth{down: map[string]downState{}} }
@@ -49,23 +45,21 @@ func (h *endpointHealth) usable(addr string, now time.Time) bool {
 	return !ok || !now.Before(d.until)
 }
 
-// refused marks addr down and returns for how long.
+// refused marks addr down and returns for how long. Endpoints long past their time are
+// forgotten: endpoints come and go with every rollout, and most are never tried again.
 func (h *endpointHealth) refused(addr string, now time.Time) time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.down) >= healthPruneAt {
-		for a, d := range h.down {
-			if now.After(d.until.Add(endpointBackoffMax)) {
-				delete(h.down, a)
-			}
+	for a, d := range h.down {
+		if now.After(d.until.Add(endpointBackoffMax)) {
+			delete(h.down, a)
 		}
 	}
-	defer func() { h.nDown.Store(int32(len(h.down))) }()
 	d := h.down[addr]
 	d.backoff = min(max(2*d.backoff, endpointBackoffMin), endpointBackoffMax)
 	d.until = now.Add(d.backoff)
-	d.failures++
 	h.down[addr] = d
+	h.nDown.Store(int32(len(h.down)))
 	return d.backoff
 }
 
