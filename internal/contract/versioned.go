@@ -164,7 +164,7 @@ func jsonEncoder[T any](version int, setVersion func(*T, int)) func(*T) ([]byte,
 	return func(doc *T) ([]byte, error) {
 		cp := *doc
 		setVersion(&cp, version)
-		return json.MarshalIndent(&cp, "", "  ")
+		return json.Marshal(&cp)
 	}
 }
 
