@@ -184,19 +184,30 @@ func (d *Destination) Validate() error {
 }
 
 // ProxyConfigs stores ProxyConfig documents. The operator writes every version in its encode
-// set; the proxy reads the newest version it understands.
-// Version 2 added the Serve config's certificate settings and route hosts (see ServeConfigs).
+// set that can express the document; the proxy reads the newest version it understands.
+// Version 2 added the Serve config's certificate settings and route hosts, version 3 wildcard
+// hosts (see ServeConfigs).
 var ProxyConfigs = codec[ProxyConfig]{
 	name: "proxy-config",
 	encode: map[int]func(*ProxyConfig) ([]byte, error){
-		1: onlyIf(func(c *ProxyConfig) bool { return c.Serve == nil || !c.Serve.needsV2() },
+		1: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 1 },
 			jsonEncoder(1, func(c *ProxyConfig, v int) { c.Version = v })),
-		2: jsonEncoder(2, func(c *ProxyConfig, v int) { c.Version = v }),
+		2: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 2 },
+			jsonEncoder(2, func(c *ProxyConfig, v int) { c.Version = v })),
+		3: jsonEncoder(3, func(c *ProxyConfig, v int) { c.Version = v }),
 	},
 	decode: map[int]func([]byte) (*ProxyConfig, error){
 		1: jsonDecoder(1, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 		2: jsonDecoder(2, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		3: jsonDecoder(3, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 	},
+}
+
+func (c *ProxyConfig) minVersion() int {
+	if c.Serve == nil {
+		return 1
+	}
+	return c.Serve.minVersion()
 }
 
 // Redacted returns a copy safe to log: the auth key is replaced by a marker.

@@ -51,11 +51,11 @@ func TestProxyConfigRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if v != 2 || got.Version != 2 {
-				t.Errorf("version = %d / %d, want the newest, 2", v, got.Version)
+			if v != 3 || got.Version != 3 {
+				t.Errorf("version = %d / %d, want the newest, 3", v, got.Version)
 			}
 			want := *cfg
-			want.Version = 2
+			want.Version = 3
 			if !reflect.DeepEqual(*got, want) {
 				t.Errorf("round trip changed the config:\n got %+v\nwant %+v", *got, want)
 			}
@@ -73,66 +73,94 @@ func TestEncodeDoesNotMutateInput(t *testing.T) {
 	}
 }
 
-// A newer operator writes v2 and a v3 this proxy has never heard of: the proxy reads v2.
+// A newer operator writes v3 and a v4 this proxy has never heard of: the proxy reads v3.
 func TestOlderReaderTakesNewestVersionItUnderstands(t *testing.T) {
 	data, err := ProxyConfigs.Encode(validIngressConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	data["proxy-config.v3.json"] = []byte(`{"version":3,"listeners":[{"totally":"different"}]}`)
+	data["proxy-config.v4.json"] = []byte(`{"version":4,"listeners":[{"totally":"different"}]}`)
 	data["proxy-config.v10.json"] = []byte(`not even json`)
 	got, v, err := ProxyConfigs.Decode(data)
 	if err != nil {
 		t.Fatalf("older reader failed on a newer writer's output: %v", err)
 	}
-	if v != 2 || got.Hostname != "web" {
-		t.Errorf("got version %d hostname %q, want v2 web", v, got.Hostname)
+	if v != 3 || got.Hostname != "web" {
+		t.Errorf("got version %d hostname %q, want v3 web", v, got.Hostname)
 	}
 }
 
-// v1 is written only while it can express the document: a proxy that reads only v1 serves a
-// plain Serve config, and fails clearly on one with v2 features instead of ignoring them.
+// An older version is written only while it can express the document: a proxy that reads only
+// v1 serves a plain Serve config, one that reads up to v2 a config without wildcard hosts, and
+// each fails clearly on a config that needs more instead of ignoring it. Of the versions that
+// can express it, the oldest and the newest are written, which serves every reader.
 func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
-	v1Reader := codec[ProxyConfig]{name: "proxy-config", decode: map[int]func([]byte) (*ProxyConfig, error){
-		1: ProxyConfigs.decode[1],
-	}}
+	readerUpTo := func(n int) codec[ProxyConfig] {
+		r := codec[ProxyConfig]{name: "proxy-config", decode: map[int]func([]byte) (*ProxyConfig, error){}}
+		for v := 1; v <= n; v++ {
+			r.decode[v] = ProxyConfigs.decode[v]
+		}
+		return r
+	}
 	plain := validIngressConfig()
 	data, err := ProxyConfigs.Encode(plain)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, v, err := v1Reader.Decode(data); err != nil || v != 1 || got.Hostname != "web" {
+	if got, v, err := readerUpTo(1).Decode(data); err != nil || v != 1 || got.Hostname != "web" {
 		t.Fatalf("v1 reader on a plain config: v%d %v", v, err)
 	}
 
-	for name, change := range map[string]func(*WebService){
-		"hold": func(w *WebService) { w.TLS.Hold = &IssuanceHold{Reason: "CertificateRateLimited"} },
-		"byo": func(w *WebService) {
+	for name, tc := range map[string]struct {
+		change func(*WebService)
+		oldest int // the oldest version written
+	}{
+		"hold": {func(w *WebService) { w.TLS.Hold = &IssuanceHold{Reason: "CertificateRateLimited"} }, 2},
+		"byo": {func(w *WebService) {
 			w.TLS.Certificates = []CertificateRef{{SecretName: "app-tls", Hosts: []string{"app.example.com"}}}
-		},
-		"route host": func(w *WebService) { w.Routes[0].Host = "app.example.com" },
+		}, 2},
+		"route host":     {func(w *WebService) { w.Routes[0].Host = "app.example.com" }, 2},
+		"wildcard route": {func(w *WebService) { w.Routes[0].Host = "*.example.com" }, 3},
+		"wildcard certificate": {func(w *WebService) {
+			w.TLS.Certificates = []CertificateRef{{SecretName: "wild-tls", Hosts: []string{"*.example.com"}}}
+		}, 3},
+		// Endpoints are optional: every version carries them, and a reader that does not know
+		// them reaches the ClusterIP.
+		"endpoints": {func(w *WebService) { w.Routes[0].Backend.Endpoints = []string{"10.1.0.5:8080", "[fd00::5]:8080"} }, 1},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := validIngressConfig()
-			change(cfg.Serve)
+			tc.change(cfg.Serve)
 			data, err := ProxyConfigs.Encode(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, ok := data["proxy-config.v1.json"]; ok {
-				t.Errorf("v1 written for a config it cannot express")
-			}
-			if _, _, err := v1Reader.Decode(data); !errors.Is(err, ErrNoSupportedVersion) {
-				t.Errorf("v1 reader: err = %v, want ErrNoSupportedVersion", err)
-			}
-			got, v, err := ProxyConfigs.Decode(data)
-			if err != nil || v != 2 {
-				t.Fatalf("current reader: v%d %v", v, err)
-			}
-			want := *cfg
-			want.Version = 2
-			if !reflect.DeepEqual(*got, want) {
-				t.Errorf("round trip changed the config:\n got %+v\nwant %+v", got.Serve, want.Serve)
+			for v := 1; v <= 3; v++ {
+				// The oldest version that can express it and the newest are written; a reader
+				// that stops between them reads the oldest.
+				_, written := data[ProxyConfigs.key(v)]
+				if written != (v == tc.oldest || v == 3) {
+					t.Errorf("v%d written = %v, want v%d and v3", v, written, tc.oldest)
+				}
+				got, gotV, err := readerUpTo(v).Decode(data)
+				if v < tc.oldest {
+					if !errors.Is(err, ErrNoSupportedVersion) {
+						t.Errorf("v%d reader: err = %v, want ErrNoSupportedVersion", v, err)
+					}
+					continue
+				}
+				wantV := tc.oldest
+				if v == 3 {
+					wantV = 3
+				}
+				if err != nil || gotV != wantV {
+					t.Fatalf("v%d reader: v%d %v, want v%d", v, gotV, err, wantV)
+				}
+				want := *cfg
+				want.Version = wantV
+				if !reflect.DeepEqual(*got, want) {
+					t.Errorf("v%d round trip changed the config:\n got %+v\nwant %+v", v, got.Serve, want.Serve)
+				}
 			}
 		})
 	}
@@ -156,7 +184,7 @@ func TestUnknownFieldsInKnownVersionAreIgnored(t *testing.T) {
 
 func TestNoSupportedVersion(t *testing.T) {
 	cases := map[string]map[string][]byte{
-		"only newer":   {"proxy-config.v3.json": []byte(`{"version":3}`)},
+		"only newer":   {"proxy-config.v4.json": []byte(`{"version":4}`)},
 		"nothing":      {"unrelated": []byte("x")},
 		"wrong prefix": {"proxy-config.v1.yaml": []byte("x")},
 	}
@@ -166,7 +194,7 @@ func TestNoSupportedVersion(t *testing.T) {
 			if !errors.Is(err, ErrNoSupportedVersion) {
 				t.Fatalf("err = %v, want ErrNoSupportedVersion", err)
 			}
-			if !strings.Contains(err.Error(), "this build reads v2, v1") {
+			if !strings.Contains(err.Error(), "this build reads v3, v2, v1") {
 				t.Errorf("error %q does not say which versions this build reads", err)
 			}
 		})
@@ -253,6 +281,14 @@ func TestProxyConfigValidation(t *testing.T) {
 		{"backend scheme", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.URL = "ftp://10.0.0.1" }, "backend URL"},
 		{"backend path", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.URL = "http://10.0.0.1/x" }, "backend URL"},
 		{"duplicate route", func(c *ProxyConfig) { c.Serve.Routes[1] = c.Serve.Routes[0] }, "twice"},
+		{"route host", func(c *ProxyConfig) { c.Serve.Routes[0].Host = "a..b" }, "not a DNS name"},
+		{"wildcard in the middle", func(c *ProxyConfig) { c.Serve.Routes[0].Host = "a.*.example.com" }, "not a DNS name"},
+		{"wildcard of a TLD", func(c *ProxyConfig) { c.Serve.Routes[0].Host = "*.com" }, "not a DNS name"},
+		{"certificate host", func(c *ProxyConfig) {
+			c.Serve.TLS.Certificates = []CertificateRef{{SecretName: "s", Hosts: []string{"**.example.com"}}}
+		}, "not a DNS name"},
+		{"endpoint without port", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.Endpoints = []string{"10.1.0.5"} }, "ip:port"},
+		{"endpoint name", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.Endpoints = []string{"pod-a:8080"} }, "ip:port"},
 		{"http mode", func(c *ProxyConfig) { c.Serve.HTTP = "always" }, "http mode"},
 		{"service without forward", func(c *ProxyConfig) { c.Kind, c.Serve = KindService, nil }, "needs forward"},
 		{"bad destination IP", func(c *ProxyConfig) {

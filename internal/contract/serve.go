@@ -3,7 +3,9 @@ package contract
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 )
@@ -60,24 +62,36 @@ type CertificateRef struct {
 	Hosts      []string `json:"hosts"`
 }
 
-// needsV2 reports whether the web service uses what schema v1 cannot express.
-func (w *WebService) needsV2() bool {
+// minVersion is the oldest schema version that can express the web service: v3 for wildcard
+// hosts, v2 for certificate settings and route hosts. Endpoints are an optional addition that
+// older readers ignore (they reach the Service's ClusterIP instead), so they need no version.
+func (w *WebService) minVersion() int {
+	v := 1
 	if w.TLS.Hold != nil || len(w.TLS.Certificates) > 0 {
-		return true
+		v = 2
 	}
 	for _, r := range w.Routes {
 		if r.Host != "" {
-			return true
+			v = max(v, 2)
+		}
+		if IsWildcard(r.Host) {
+			return 3
 		}
 	}
-	return false
+	for _, c := range w.TLS.Certificates {
+		if slices.ContainsFunc(c.Hosts, IsWildcard) {
+			return 3
+		}
+	}
+	return v
 }
 
 // Route sends requests whose path matches to a backend. The request path is passed on
 // unchanged, as Kubernetes Ingress semantics require.
 type Route struct {
 	// Host limits the route to requests for that host (a bring-your-own certificate's host);
-	// empty matches every host. Schema v2.
+	// empty matches every host. Schema v2. A wildcard, "*.example.com", matches exactly one
+	// label in its place (a.example.com, not example.com or a.b.example.com). Schema v3.
 	Host     string   `json:"host,omitempty"`
 	Path     string   `json:"path"`
 	PathType PathType `json:"pathType"`
@@ -91,6 +105,10 @@ type Backend struct {
 	// InsecureSkipVerify accepts any certificate from an https backend: in-cluster backends
 	// rarely have certificates for their ClusterIP.
 	InsecureSkipVerify bool `json:"insecureSkipVerify,omitempty"`
+	// Endpoints are the Service's ready endpoints, "ip:port": the proxy balances requests across
+	// them and reaches URL's host only when none is usable. Optional, in any version: a reader
+	// that does not know the field sends everything to URL.
+	Endpoints []string `json:"endpoints,omitempty"`
 }
 
 // Validate checks the web service's routes.
@@ -123,8 +141,8 @@ func (w *WebService) Validate() error {
 			errs = append(errs, fmt.Errorf("certificate %q needs a Secret name and hosts", c.SecretName))
 		}
 		for _, h := range c.Hosts {
-			if !ValidDNSName(h) {
-				errs = append(errs, fmt.Errorf("certificate %s: host %q is not a DNS name", c.SecretName, h))
+			if !ValidHost(h) {
+				errs = append(errs, fmt.Errorf("certificate %s: host %q is not a DNS name or a wildcard", c.SecretName, h))
 			}
 		}
 	}
@@ -133,8 +151,8 @@ func (w *WebService) Validate() error {
 
 // Validate checks one route.
 func (r *Route) Validate() error {
-	if r.Host != "" && !ValidDNSName(r.Host) {
-		return fmt.Errorf("route %s: host %q is not a DNS name", r.Path, r.Host)
+	if r.Host != "" && !ValidHost(r.Host) {
+		return fmt.Errorf("route %s: host %q is not a DNS name or a wildcard", r.Path, r.Host)
 	}
 	if !strings.HasPrefix(r.Path, "/") {
 		return fmt.Errorf("route path %q must start with /", r.Path)
@@ -149,7 +167,23 @@ func (r *Route) Validate() error {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
 		return fmt.Errorf("route %s: backend URL %q must be http(s)://host:port", r.Path, r.Backend.URL)
 	}
+	for _, ep := range r.Backend.Endpoints {
+		if _, err := netip.ParseAddrPort(ep); err != nil {
+			return fmt.Errorf("route %s: endpoint %q must be ip:port: %w", r.Path, ep, err)
+		}
+	}
 	return nil
+}
+
+// IsWildcard reports whether a host is a wildcard such as "*.example.com".
+func IsWildcard(host string) bool { return strings.HasPrefix(host, "*.") }
+
+// ValidHost reports whether s is a DNS name or a wildcard of one ("*.example.com").
+func ValidHost(s string) bool {
+	if IsWildcard(s) {
+		return strings.Contains(s[2:], ".") && ValidDNSName(s[2:])
+	}
+	return ValidDNSName(s)
 }
 
 // ServeConfig is a ProxyGroup's L7 document in its ConfigMap: the web services of every
@@ -175,28 +209,31 @@ func (s *ServeConfig) Validate() error {
 }
 
 // ServeConfigs stores ServeConfig documents.
-// Version 2 added certificate settings and route hosts; v1 is written only while no service
-// uses them, so that an older replica fails clearly instead of serving without them.
+// Version 2 added certificate settings and route hosts, version 3 wildcard hosts; an older
+// version is written only while no service needs a newer one, so that an older replica fails
+// clearly instead of serving without them.
 var ServeConfigs = codec[ServeConfig]{
 	name: "serve-config",
 	encode: map[int]func(*ServeConfig) ([]byte, error){
-		1: onlyIf(func(c *ServeConfig) bool { return !c.needsV2() },
+		1: onlyIf(func(c *ServeConfig) bool { return c.minVersion() <= 1 },
 			jsonEncoder(1, func(c *ServeConfig, v int) { c.Version = v })),
-		2: jsonEncoder(2, func(c *ServeConfig, v int) { c.Version = v }),
+		2: onlyIf(func(c *ServeConfig) bool { return c.minVersion() <= 2 },
+			jsonEncoder(2, func(c *ServeConfig, v int) { c.Version = v })),
+		3: jsonEncoder(3, func(c *ServeConfig, v int) { c.Version = v }),
 	},
 	decode: map[int]func([]byte) (*ServeConfig, error){
 		1: jsonDecoder(1, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 		2: jsonDecoder(2, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
+		3: jsonDecoder(3, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 	},
 }
 
-func (s *ServeConfig) needsV2() bool {
+func (s *ServeConfig) minVersion() int {
+	v := 1
 	for _, svc := range s.Services {
-		if svc.needsV2() {
-			return true
-		}
+		v = max(v, svc.minVersion())
 	}
-	return false
+	return v
 }
 
 // GroupCertSecret names the kubernetes.io/tls Secret, in the proxies' namespace, in which a

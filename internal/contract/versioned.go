@@ -45,12 +45,16 @@ func onlyIf[T any](expressible func(*T) bool, enc func(*T) ([]byte, error)) func
 	}
 }
 
-// Encode renders doc in every version this side writes that can express it. A writer that
-// patches rather than replaces must remove the keys of Keys that are not in the result.
+// Encode renders doc in the oldest version this side writes that can express it, and in the
+// newest. The versions between would add nothing: a reader takes the newest version it
+// understands, and one that stops between them reads the oldest, which says the same. A writer
+// that patches rather than replaces must remove the keys of Keys that are not in the result.
 func (c codec[T]) Encode(doc *T) (map[string][]byte, error) {
-	out := make(map[string][]byte, len(c.encode))
-	for v, enc := range c.encode {
-		b, err := enc(doc)
+	out := make(map[string][]byte, 2)
+	versions := sortedDesc(c.encode)
+	slices.Reverse(versions)
+	for i, v := range versions {
+		b, err := c.encode[v](doc)
 		if errors.Is(err, errNotExpressible) {
 			continue
 		}
@@ -58,6 +62,13 @@ func (c codec[T]) Encode(doc *T) (map[string][]byte, error) {
 			return nil, fmt.Errorf("encoding %s: %w", c.key(v), err)
 		}
 		out[c.key(v)] = b
+		if newest := versions[len(versions)-1]; i < len(versions)-1 {
+			if b, err = c.encode[newest](doc); err != nil {
+				return nil, fmt.Errorf("encoding %s: %w", c.key(newest), err)
+			}
+			out[c.key(newest)] = b
+		}
+		break
 	}
 	return out, nil
 }
@@ -153,7 +164,7 @@ func jsonEncoder[T any](version int, setVersion func(*T, int)) func(*T) ([]byte,
 	return func(doc *T) ([]byte, error) {
 		cp := *doc
 		setVersion(&cp, version)
-		return json.MarshalIndent(&cp, "", "  ")
+		return json.Marshal(&cp)
 	}
 }
 

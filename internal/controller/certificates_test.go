@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	"reflect"
 	"testing"
 	"time"
 
@@ -116,12 +117,12 @@ func TestRouteHosts(t *testing.T) {
 		},
 	}}
 	services := map[string]*corev1.Service{"web": svc("web", "10.96.0.10", corev1.ServicePort{Name: "http", Port: 80}, corev1.ServicePort{Name: "admin", Port: 8080})}
-	ws, findings := buildWebService(ing, services)
+	ws, findings := buildWebService(ing, routeInputs{services: services})
 	want := []contract.Route{
 		{Host: "app.example.com", Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://10.96.0.10:8080"}},
 		{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://10.96.0.10:80"}},
 	}
-	if len(ws.Routes) != len(want) || ws.Routes[0] != want[0] || ws.Routes[1] != want[1] {
+	if !reflect.DeepEqual(ws.Routes, want) {
 		t.Errorf("routes = %+v\nwant %+v", ws.Routes, want)
 	}
 	if len(findings) != 1 || findings[0].reason != ReasonUnsupportedHost {

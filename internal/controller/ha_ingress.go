@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -75,7 +76,7 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 			findings = append(findings, blockf(ReasonDuplicateHostname, "Ingress %s already serves %s on a ProxyGroup; hostnames must be unique", other, hostname))
 		}
 	}
-	services, err := backendServices(ctx, r.Client, ing)
+	in, err := gatherRouteInputs(ctx, r.Client, ing, r.info(ctx).Domain)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -85,7 +86,7 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 			return ctrl.Result{}, err
 		}
 	}
-	d := decideIngress(ing, services, byo, r.Settings.DefaultTags)
+	d := decideIngress(ing, in, byo, r.Settings.DefaultTags)
 	findings = append(findings, d.findings...)
 	r.findings(ing, findings)
 	if hasBlocking(findings) {
@@ -331,6 +332,7 @@ func (r *HAIngressReconciler) SetupWithManager(mgr ctrl.Manager, docs groupDocs,
 			}
 			return ingressRequests(list.Items, r.serves)
 		})).
+		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(ingressesForEndpointSlice(r.Client, r.serves))).
 		Watches(&tsv1alpha1.ProxyGroup{}, handler.EnqueueRequestsFromMapFunc(r.forGroup)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.forGroup)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(ingressesForTLSSecret(r.Client, r.serves))).

@@ -6,6 +6,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -46,6 +47,8 @@ type IngressReconciler struct {
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=ingresses/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=ingressclasses,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch
+// The ready endpoints of backend Services, which the proxies balance across.
+// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
 // Bring-your-own certificates are read from the Ingress's namespace.
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",namespace=system,resources=secrets;serviceaccounts,verbs=get;list;watch;create;update;patch;delete
@@ -86,11 +89,11 @@ func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ 
 		return ctrl.Result{}, nil
 	}
 
-	p, byo, ok, err := r.desiredProxy(ctx, ing, class)
+	info := r.proxies.tailnetInfo(ctx)
+	p, byo, ok, err := r.desiredProxy(ctx, ing, class, info.Domain)
 	if err != nil || !ok {
 		return ctrl.Result{}, err
 	}
-	info := r.proxies.tailnetInfo(ctx)
 	if !info.CertsAvailable() {
 		r.warning(ing, ReasonHTTPSNotEnabled, "HTTPS is not enabled on the tailnet (or MagicDNS is off): the proxy cannot get a certificate until it is")
 	}
@@ -162,11 +165,11 @@ func (r *IngressReconciler) certificate(ctx context.Context, ing *networkingv1.I
 	return c, nil
 }
 
-// desiredProxy builds the proxy an Ingress asks for. ok is false when the Ingress cannot be
+// desiredProxy builds the proxy an Ingress asks for; domain is the tailnet's ("" if unknown). ok is false when the Ingress cannot be
 // served as it stands; the reasons are reported as Events, and an existing proxy is left
 // untouched rather than torn down over a typo.
-func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.Ingress, class *tsv1alpha1.ProxyClass) (*standaloneProxy, byoCertificates, bool, error) {
-	services, err := backendServices(ctx, r.Client, ing)
+func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.Ingress, class *tsv1alpha1.ProxyClass, domain string) (*standaloneProxy, byoCertificates, bool, error) {
+	in, err := gatherRouteInputs(ctx, r.Client, ing, domain)
 	if err != nil {
 		return nil, byoCertificates{}, false, err
 	}
@@ -175,7 +178,7 @@ func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.
 	if err != nil {
 		return nil, byo, false, err
 	}
-	d := decideIngress(ing, services, byo, r.Settings.DefaultTags)
+	d := decideIngress(ing, in, byo, r.Settings.DefaultTags)
 	r.findings(ing, d.findings)
 	if hasBlocking(d.findings) {
 		return nil, byo, false, nil
@@ -205,12 +208,12 @@ type ingressDecision struct {
 
 // decideIngress decides from what a pass read (the backend Services, the bring-your-own
 // certificates) what an Ingress asks to serve, and what stops it or is left out.
-func decideIngress(ing *networkingv1.Ingress, services map[string]*corev1.Service, byo byoCertificates, defaultTags []string) ingressDecision {
+func decideIngress(ing *networkingv1.Ingress, in routeInputs, byo byoCertificates, defaultTags []string) ingressDecision {
 	d := ingressDecision{hostname: ingressHostname(ing)}
 	if !contract.ValidHostname(d.hostname) {
 		d.findings = append(d.findings, blockf(ReasonInvalidHostname, "tailnet hostname %q (from the first TLS host) is not a valid DNS label", d.hostname))
 	}
-	ws, routeFindings := buildWebService(ing, services)
+	ws, routeFindings := buildWebService(ing, in)
 	ws.TLS.Certificates = byo.refs
 	d.ws = ws
 	d.findings = append(d.findings, routeFindings...)
@@ -252,11 +255,15 @@ func httpsPorts(http bool) []networkingv1.IngressPortStatus {
 	return ports
 }
 
-// byoStatus lists the bring-your-own hosts the proxy serves with a valid certificate.
+// byoStatus lists the bring-your-own hosts the proxy serves with a valid certificate. Wildcards
+// are left out: a status hostname must be a DNS name, and the API refuses "*.example.com".
 func byoStatus(refs []contract.CertificateRef, certs map[string]contract.CertificateStatus, now time.Time) []networkingv1.IngressLoadBalancerIngress {
 	var out []networkingv1.IngressLoadBalancerIngress
 	for _, ref := range refs {
 		for _, h := range ref.Hosts {
+			if contract.IsWildcard(h) {
+				continue
+			}
 			if c, ok := certs[h]; ok && c.Valid(now) {
 				out = append(out, networkingv1.IngressLoadBalancerIngress{Hostname: h, Ports: httpsPorts(false)})
 			}
@@ -294,8 +301,8 @@ func (r *IngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingre
 	return ctrl.Result{}, nil
 }
 
-// SetupWithManager watches Ingresses, their proxies' children, backend Services and
-// ProxyClasses.
+// SetupWithManager watches Ingresses, their proxies' children, backend Services and their
+// EndpointSlices, and ProxyClasses.
 func (r *IngressReconciler) SetupWithManager(mgr ctrl.Manager, p *proxies) error {
 	r.proxies = p
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &networkingv1.Ingress{}, indexIngressBackends,
@@ -315,6 +322,7 @@ func (r *IngressReconciler) SetupWithManager(mgr ctrl.Manager, p *proxies) error
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(ingressesForTLSSecret(r.Client, r.serves))).
 		Watches(&corev1.Pod{}, children).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.ingressesForService)).
+		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(ingressesForEndpointSlice(r.Client, r.serves))).
 		Watches(&tsv1alpha1.ProxyClass{}, handler.EnqueueRequestsFromMapFunc(r.ingressesForProxyClass)).
 		Complete(r)
 }

@@ -1,11 +1,14 @@
 package controller
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -144,7 +147,7 @@ func TestBuildWebService(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ing := &networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Name: "i", Namespace: "default", Annotations: tc.annotations}, Spec: tc.spec}
-			ws, findings := buildWebService(ing, services)
+			ws, findings := buildWebService(ing, routeInputs{services: services})
 			if !reflect.DeepEqual(ws.Routes, tc.want) {
 				t.Errorf("routes:\n got %+v\nwant %+v", ws.Routes, tc.want)
 			}
@@ -224,7 +227,7 @@ func TestDecideIngressBlocking(t *testing.T) {
 			reasons: []string{ReasonInvalidHostname}, blocking: true},
 	} {
 		t.Run(name, func(t *testing.T) {
-			d := decideIngress(c.ing, services, c.byo, []string{"tag:k8s"})
+			d := decideIngress(c.ing, routeInputs{services: services}, c.byo, []string{"tag:k8s"})
 			var reasons []string
 			for _, f := range d.findings {
 				reasons = append(reasons, f.reason)
@@ -239,5 +242,164 @@ func TestDecideIngressBlocking(t *testing.T) {
 				t.Errorf("decision %+v: want routes, tags and hostname shop", d)
 			}
 		})
+	}
+}
+
+// Rule hosts users write for the tailnet name are served for every name: the TLS host as
+// written, its short form, its full MagicDNS name, or a wildcard covering one of them (the
+// original's issues 9548 and 10910). Custom hosts are served for themselves with a
+// bring-your-own certificate, an exact one or a wildcard covering them; a wildcard rule needs a
+// certificate for that wildcard.
+func TestRuleHosts(t *testing.T) {
+	services := map[string]*corev1.Service{"web": svc("web", "10.96.0.10", corev1.ServicePort{Name: "http", Port: 80})}
+	ok := func(host string) networkingv1.IngressRule {
+		return rule(host, path("/", networkingv1.PathTypePrefix, backend("web", 80)))
+	}
+	for _, tc := range []struct {
+		name      string
+		tls       []networkingv1.IngressTLS
+		domain    string
+		rule      string
+		wantHost  string // the route's host
+		wantFound string // the finding's reason, "" when served
+	}{
+		{"TLS host as written", []networkingv1.IngressTLS{{Hosts: []string{"shop"}}}, "", "shop", "", ""},
+		{"FQDN rule of a short TLS host", []networkingv1.IngressTLS{{Hosts: []string{"shop"}}}, "tail1234.ts.net", "shop.tail1234.ts.net", "", ""},
+		{"FQDN rule before the domain is known", []networkingv1.IngressTLS{{Hosts: []string{"shop"}}}, "", "shop.tail1234.ts.net", "", ReasonUnsupportedHost},
+		{"short rule of an FQDN TLS host", []networkingv1.IngressTLS{{Hosts: []string{"shop.tail1234.ts.net"}}}, "", "shop", "", ""},
+		{"rule case and trailing dot", []networkingv1.IngressTLS{{Hosts: []string{"shop"}}}, "tail1234.ts.net", "Shop.tail1234.ts.net.", "", ""},
+		{"default name without TLS", nil, "tail1234.ts.net", "ns-i-ingress.tail1234.ts.net", "", ""},
+		{"another tailnet name", []networkingv1.IngressTLS{{Hosts: []string{"shop"}}}, "tail1234.ts.net", "cart.tail1234.ts.net", "", ReasonUnsupportedHost},
+		{"wildcard covering the TLS host", []networkingv1.IngressTLS{{Hosts: []string{"bar.foo.com"}}}, "", "*.foo.com", "", ""},
+		{"wildcard covering the MagicDNS name", []networkingv1.IngressTLS{{Hosts: []string{"shop"}}}, "tail1234.ts.net", "*.tail1234.ts.net", "", ""},
+		{"bring-your-own host", []networkingv1.IngressTLS{{Hosts: []string{"app.example.com"}, SecretName: "s"}}, "", "App.Example.com", "app.example.com", ""},
+		{"host under a bring-your-own wildcard", []networkingv1.IngressTLS{{Hosts: []string{"*.example.com"}, SecretName: "s"}}, "", "app.example.com", "app.example.com", ""},
+		{"two labels under a wildcard", []networkingv1.IngressTLS{{Hosts: []string{"*.example.com"}, SecretName: "s"}}, "", "a.b.example.com", "", ReasonUnsupportedHost},
+		{"wildcard with its certificate", []networkingv1.IngressTLS{{Hosts: []string{"*.example.com"}, SecretName: "s"}}, "", "*.example.com", "*.example.com", ""},
+		{"wildcard without a certificate", []networkingv1.IngressTLS{{Hosts: []string{"app.example.com"}, SecretName: "s"}}, "", "*.example.com", "", ReasonUnsupportedHost},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ing := &networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Name: "i", Namespace: "ns"},
+				Spec: networkingv1.IngressSpec{TLS: tc.tls, Rules: []networkingv1.IngressRule{ok(tc.rule)}}}
+			ws, findings := buildWebService(ing, routeInputs{services: services, domain: tc.domain})
+			if tc.wantFound != "" {
+				if len(ws.Routes) != 0 || len(findings) != 1 || findings[0].reason != tc.wantFound {
+					t.Fatalf("routes %+v findings %+v, want no route and a %s", ws.Routes, findings, tc.wantFound)
+				}
+				if strings.HasPrefix(tc.rule, "*.") && !strings.Contains(findings[0].message, "bring-your-own certificate") {
+					t.Errorf("the finding does not say how to serve a wildcard: %s", findings[0].message)
+				}
+				return
+			}
+			if len(findings) != 0 || len(ws.Routes) != 1 || ws.Routes[0].Host != tc.wantHost {
+				t.Fatalf("routes %+v findings %+v, want one route for host %q", ws.Routes, findings, tc.wantHost)
+			}
+			if err := ws.Validate(); err != nil {
+				t.Errorf("built config does not validate: %v", err)
+			}
+		})
+	}
+}
+
+func endpointSlice(service string, family discoveryv1.AddressType, port any, eps ...discoveryv1.Endpoint) discoveryv1.EndpointSlice {
+	p := discoveryv1.EndpointPort{Protocol: ptr.To(corev1.ProtocolTCP)}
+	switch v := port.(type) {
+	case int:
+		p.Port = ptr.To(int32(v))
+	case [2]any:
+		p.Name, p.Port = ptr.To(v[0].(string)), ptr.To(int32(v[1].(int)))
+	}
+	return discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: service + "-x", Namespace: "default",
+		Labels: map[string]string{discoveryv1.LabelServiceName: service}},
+		AddressType: family, Ports: []discoveryv1.EndpointPort{p}, Endpoints: eps}
+}
+
+func ep(ip string, ready *bool) discoveryv1.Endpoint {
+	return discoveryv1.Endpoint{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: ready}}
+}
+
+// A backend lists the ready endpoints behind its Service port, of the ClusterIP's family, with
+// the Pods' port; terminating and unready ones are left out.
+func TestBackendEndpoints(t *testing.T) {
+	services := map[string]*corev1.Service{
+		"web": svc("web", "10.96.0.10", corev1.ServicePort{Name: "http", Port: 80}, corev1.ServicePort{Name: "admin", Port: 9000}),
+		"one": svc("one", "10.96.0.11", corev1.ServicePort{Port: 8080}),
+		"v6":  svc("v6", "fd00::12", corev1.ServicePort{Name: "http", Port: 80}),
+		"ext": {ObjectMeta: metav1.ObjectMeta{Name: "ext"}, Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeExternalName, ExternalName: "db.example.com", Ports: []corev1.ServicePort{{Port: 5000}}}},
+	}
+	yes, no := ptr.To(true), ptr.To(false)
+	slices := map[string][]discoveryv1.EndpointSlice{
+		"web": {
+			endpointSlice("web", discoveryv1.AddressTypeIPv4, [2]any{"http", 8080},
+				ep("10.1.0.2", yes), ep("10.1.0.1", nil), ep("10.1.0.3", no)),
+			endpointSlice("web", discoveryv1.AddressTypeIPv4, [2]any{"admin", 9090}, ep("10.1.0.1", yes)),
+			// During a rollout that changes the target port, two slices with their own ports.
+			endpointSlice("web", discoveryv1.AddressTypeIPv4, [2]any{"http", 8081}, ep("10.1.0.9", yes)),
+			endpointSlice("web", discoveryv1.AddressTypeIPv6, [2]any{"http", 8080}, ep("fd00:1::1", yes)),
+			endpointSlice("web", discoveryv1.AddressTypeFQDN, [2]any{"http", 8080}, ep("pod.example.com", yes)),
+		},
+		"one": {endpointSlice("one", discoveryv1.AddressTypeIPv4, 8443, ep("10.1.1.1", yes))},
+		"v6":  {endpointSlice("v6", discoveryv1.AddressTypeIPv6, [2]any{"http", 80}, ep("fd00:1::5", yes)), endpointSlice("v6", discoveryv1.AddressTypeIPv4, [2]any{"http", 80}, ep("10.1.2.1", yes))},
+		"ext": {endpointSlice("ext", discoveryv1.AddressTypeIPv4, 5000, ep("10.1.3.1", yes))},
+	}
+	ing := &networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Name: "i", Namespace: "default"}, Spec: networkingv1.IngressSpec{
+		Rules: []networkingv1.IngressRule{rule("",
+			path("/web", networkingv1.PathTypePrefix, backend("web", "http")),
+			path("/admin", networkingv1.PathTypePrefix, backend("web", 9000)),
+			path("/one", networkingv1.PathTypePrefix, backend("one", 8080)),
+			path("/v6", networkingv1.PathTypePrefix, backend("v6", 80)),
+			path("/ext", networkingv1.PathTypePrefix, backend("ext", 5000)),
+		)}}}
+	ws, findings := buildWebService(ing, routeInputs{services: services, slices: slices})
+	if len(findings) != 0 {
+		t.Fatalf("findings %+v", findings)
+	}
+	want := map[string][]string{
+		"/web":   {"10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.9:8081"},
+		"/admin": {"10.1.0.1:9090"},
+		"/one":   {"10.1.1.1:8443"},
+		"/v6":    {"[fd00:1::5]:80"},
+		"/ext":   nil,
+	}
+	for _, r := range ws.Routes {
+		if !reflect.DeepEqual(r.Backend.Endpoints, want[r.Path]) {
+			t.Errorf("%s: endpoints %v, want %v", r.Path, r.Backend.Endpoints, want[r.Path])
+		}
+	}
+	if err := ws.Validate(); err != nil {
+		t.Errorf("built config does not validate: %v", err)
+	}
+
+	t.Run("too many", func(t *testing.T) {
+		var many []discoveryv1.Endpoint
+		for i := range maxEndpoints + 1 {
+			many = append(many, ep(fmt.Sprintf("10.2.%d.%d", i/200, i%200+1), yes))
+		}
+		in := routeInputs{services: services, slices: map[string][]discoveryv1.EndpointSlice{
+			"web": {endpointSlice("web", discoveryv1.AddressTypeIPv4, [2]any{"http", 8080}, many...)}}}
+		ing := &networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Name: "i", Namespace: "default"},
+			Spec: networkingv1.IngressSpec{DefaultBackend: ptr.To(backend("web", 80))}}
+		ws, findings := buildWebService(ing, in)
+		if len(ws.Routes) != 1 || ws.Routes[0].Backend.Endpoints != nil || ws.Routes[0].Backend.URL != "http://10.96.0.10:80" {
+			t.Errorf("routes %+v, want the ClusterIP alone", ws.Routes)
+		}
+		if len(findings) != 1 || findings[0].warning || findings[0].reason != ReasonEndpointsNotListed {
+			t.Errorf("findings %+v, want one Normal %s", findings, ReasonEndpointsNotListed)
+		}
+	})
+}
+
+// The status lists the custom hosts served with a valid certificate, never a wildcard, which the
+// API refuses as a status hostname.
+func TestBYOStatusLeavesOutWildcards(t *testing.T) {
+	now := time.Now()
+	valid := contract.CertificateStatus{Source: contract.CertSourceSecret, Serial: "1", NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour)}
+	got := byoStatus([]contract.CertificateRef{
+		{SecretName: "wild", Hosts: []string{"*.example.com"}},
+		{SecretName: "app", Hosts: []string{"app.example.com", "old.example.com"}},
+	}, map[string]contract.CertificateStatus{"*.example.com": valid, "app.example.com": valid}, now)
+	if len(got) != 1 || got[0].Hostname != "app.example.com" {
+		t.Errorf("status %+v, want app.example.com alone", got)
 	}
 }

@@ -21,7 +21,8 @@ const (
 	ReasonUnsupportedHost       = "UnsupportedIngressHost"
 	ReasonUnsupportedPath       = "UnsupportedIngressPath"
 	ReasonDuplicatePath         = "DuplicateIngressPath"
-	ReasonPathUndefined         = "PathUndefined" // Normal: a rule without paths
+	ReasonPathUndefined         = "PathUndefined"      // Normal: a rule without paths
+	ReasonEndpointsNotListed    = "EndpointsNotListed" // Normal: a backend is reached through its ClusterIP only
 	ReasonNoValidBackends       = "NoValidBackends"
 	ReasonInvalidAnnotation     = "InvalidAnnotation"
 	ReasonInvalidHostname       = "InvalidHostname"

@@ -20,7 +20,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"tailscale.com/ipn/store/mem"
 	"tailscale.com/tsnet"
 	"tailscale.com/types/logger"
@@ -171,16 +173,24 @@ func (w *acmeWorld) secret(t *testing.T, sec *corev1.Secret) {
 func (w *acmeWorld) mergeSecret(t *testing.T, name string, data map[string][]byte) {
 	t.Helper()
 	secrets := w.kube.Client.CoreV1().Secrets(ns)
-	sec, err := secrets.Get(t.Context(), name, metav1.GetOptions{})
+	// A proxy that is stopping may still write its state keys: read again on a conflict.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		sec, err := secrets.Get(t.Context(), name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			w.kube.Secret(t, ns, name, data)
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if sec.Data == nil {
+			sec.Data = map[string][]byte{}
+		}
+		maps.Copy(sec.Data, data)
+		_, err = secrets.Update(t.Context(), sec, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
-		w.kube.Secret(t, ns, name, data)
-		return
-	}
-	if sec.Data == nil {
-		sec.Data = map[string][]byte{}
-	}
-	maps.Copy(sec.Data, data)
-	if _, err := secrets.Update(t.Context(), sec, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }

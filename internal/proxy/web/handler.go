@@ -11,6 +11,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"tailscale.com/client/tailscale/apitype"
@@ -31,15 +32,24 @@ const (
 // WhoIsFunc identifies the tailnet caller at remoteAddr (ip:port), like tsnet's LocalClient.WhoIs.
 type WhoIsFunc func(ctx context.Context, remoteAddr string) (*apitype.WhoIsResponse, error)
 
-// transports hold the connections to backends. They outlive config reloads, so that a reload
-// keeps the connection pools.
+// ServerHeader is the Server header of the proxy's responses, and of backend responses that
+// carry none.
+const ServerHeader = "tsingress"
+
+// transports hold the connections to backends, and what is known of the endpoints' health.
+// They outlive config reloads, so that a reload keeps the connection pools.
 type transports struct {
 	verify, insecure *http.Transport
+	health           *endpointHealth
+
+	mu     sync.Mutex
+	byName map[string]*http.Transport // verifying transports of balanced https backends, by server name
 }
 
 // newTransports returns transports with timeouts fit for in-cluster backends.
 func newTransports() *transports {
-	return &transports{verify: newTransport(false), insecure: newTransport(true)}
+	return &transports{verify: newTransport(false), insecure: newTransport(true), health: newEndpointHealth(),
+		byName: map[string]*http.Transport{}}
 }
 
 func newTransport(insecure bool) *http.Transport {
@@ -55,16 +65,42 @@ func newTransport(insecure bool) *http.Transport {
 	}
 }
 
+// forBackend returns the transport of a backend. A verified https backend that is balanced
+// across endpoints still verifies the name of its URL, not the endpoint's IP.
+func (t *transports) forBackend(b contract.Backend, target *url.URL) *http.Transport {
+	switch {
+	case b.InsecureSkipVerify:
+		return t.insecure
+	case target.Scheme != "https" || len(b.Endpoints) == 0:
+		return t.verify
+	}
+	name := target.Hostname()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tr := t.byName[name]
+	if tr == nil {
+		tr = newTransport(false)
+		tr.TLSClientConfig.ServerName = name
+		t.byName[name] = tr
+	}
+	return tr
+}
+
 // CloseIdleConnections closes idle backend connections.
 func (t *transports) CloseIdleConnections() {
 	t.verify.CloseIdleConnections()
 	t.insecure.CloseIdleConnections()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, tr := range t.byName {
+		tr.CloseIdleConnections()
+	}
 }
 
 // handler serves a WebService's routes by reverse proxying to their backends.
 type handler struct {
 	router  *Router
-	proxies map[contract.Backend]*httputil.ReverseProxy
+	proxies []*httputil.ReverseProxy // by route index
 	whois   WhoIsFunc
 	log     *slog.Logger
 }
@@ -74,34 +110,48 @@ type handler struct {
 func newHandler(ws contract.WebService, tr *transports, whois WhoIsFunc, log *slog.Logger) (*handler, error) {
 	h := &handler{
 		router:  NewRouter(ws.Routes),
-		proxies: map[contract.Backend]*httputil.ReverseProxy{},
+		proxies: make([]*httputil.ReverseProxy, len(ws.Routes)),
 		whois:   whois,
 		log:     log,
 	}
-	for _, rt := range ws.Routes {
-		if _, ok := h.proxies[rt.Backend]; ok {
+	byBackend := map[string]*httputil.ReverseProxy{} // routes to one backend share its balancing
+	for i, rt := range ws.Routes {
+		key := fmt.Sprint(rt.Backend.URL, rt.Backend.InsecureSkipVerify, rt.Backend.Endpoints)
+		if p, ok := byBackend[key]; ok {
+			h.proxies[i] = p
 			continue
 		}
 		target, err := url.Parse(rt.Backend.URL)
 		if err != nil {
 			return nil, fmt.Errorf("route %s: backend URL: %w", rt.Path, err)
 		}
-		transport := tr.verify
-		if rt.Backend.InsecureSkipVerify {
-			transport = tr.insecure
+		var transport http.RoundTripper = tr.forBackend(rt.Backend, target)
+		if len(rt.Backend.Endpoints) > 0 {
+			transport = &balancer{transport: transport, endpoints: rt.Backend.Endpoints, clusterIP: target.Host,
+				health: tr.health, log: log.With("backend", target.Host)}
 		}
-		h.proxies[rt.Backend] = &httputil.ReverseProxy{
+		p := &httputil.ReverseProxy{
 			Rewrite: func(pr *httputil.ProxyRequest) {
 				pr.SetURL(target)
 				pr.Out.Host = pr.In.Host
 				pr.SetXForwarded()
 			},
-			Transport:    transport,
-			ErrorHandler: h.backendError(target.Host),
-			ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+			Transport:      transport,
+			ModifyResponse: setServerHeader,
+			ErrorHandler:   h.backendError(target.Host),
+			ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		}
+		byBackend[key], h.proxies[i] = p, p
 	}
 	return h, nil
+}
+
+// setServerHeader names the proxy in a backend response that names no server.
+func setServerHeader(resp *http.Response) error {
+	if resp.Header.Get("Server") == "" {
+		resp.Header.Set("Server", ServerHeader)
+	}
+	return nil
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -109,13 +159,14 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if host == "" && r.TLS != nil { // HTTP/1.0 sends no Host
 		host = r.TLS.ServerName
 	}
-	rt, ok := h.router.Match(HostOf(host), r.URL.Path)
-	if !ok {
+	i := h.router.match(HostOf(host), r.URL.Path)
+	if i < 0 {
+		w.Header().Set("Server", ServerHeader)
 		http.NotFound(w, r)
 		return
 	}
 	h.setIdentity(r)
-	h.proxies[rt.Backend].ServeHTTP(w, r)
+	h.proxies[i].ServeHTTP(w, r)
 }
 
 // setIdentity replaces any identity headers the client sent with the caller's tailnet identity.
@@ -150,6 +201,7 @@ func (h *handler) backendError(backend string) func(http.ResponseWriter, *http.R
 		if r.Context().Err() == nil { // not just a client that went away
 			h.log.Warn("backend request failed", "backend", backend, "path", r.URL.Path, "err", err)
 		}
+		w.Header().Set("Server", ServerHeader)
 		w.WriteHeader(http.StatusBadGateway)
 	}
 }

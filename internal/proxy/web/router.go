@@ -12,36 +12,45 @@ import (
 )
 
 // Router picks a route for a request as networking.k8s.io/v1 Ingress does. A route with a host
-// matches requests for that host only (case-insensitive), one without matches every host; the
-// routes of the request's host are tried first, then those without a host. Among them, Exact
-// matches the path only; Prefix matches whole path elements, so /foo matches /foo, /foo/ and
-// /foo/bar but not /foobar, and "/" matches everything. The longest match wins, and an Exact
-// route beats a Prefix route of the same length.
+// matches requests for that host only (case-insensitive); a wildcard host, "*.example.com",
+// matches one label in place of the "*" (a.example.com, not example.com or a.b.example.com);
+// a route without a host matches every host. The routes of the request's host are tried first,
+// then those of the wildcard covering it, then those without a host. Among them, Exact matches
+// the path only; Prefix matches whole path elements, so /foo matches /foo, /foo/ and /foo/bar
+// but not /foobar, and "/" matches everything. The longest match wins, and an Exact route beats
+// a Prefix route of the same length.
 type Router struct {
-	hosts map[string][]contract.Route // by lower-case host, most specific first
-	any   []contract.Route            // routes without a host, most specific first
+	routes []contract.Route
+	hosts  map[string][]int // route indexes by lower-case host, most specific first
+	wild   map[string][]int // by the lower-case suffix of a wildcard host ("example.com")
+	any    []int            // routes without a host, most specific first
 }
 
 // NewRouter orders the routes for matching. Routes of equal rank keep their order.
 func NewRouter(routes []contract.Route) *Router {
-	r := &Router{hosts: map[string][]contract.Route{}}
-	for _, rt := range routes {
-		if rt.Host == "" {
-			r.any = append(r.any, rt)
-		} else {
-			h := strings.ToLower(rt.Host)
-			r.hosts[h] = append(r.hosts[h], rt)
+	r := &Router{routes: routes, hosts: map[string][]int{}, wild: map[string][]int{}}
+	for i, rt := range routes {
+		h := strings.ToLower(rt.Host)
+		switch {
+		case h == "":
+			r.any = append(r.any, i)
+		case contract.IsWildcard(h):
+			r.wild[h[2:]] = append(r.wild[h[2:]], i)
+		default:
+			r.hosts[h] = append(r.hosts[h], i)
 		}
 	}
-	bySpecificity := func(a, b contract.Route) int {
-		if la, lb := matchLen(a), matchLen(b); la != lb {
+	bySpecificity := func(a, b int) int {
+		if la, lb := matchLen(routes[a]), matchLen(routes[b]); la != lb {
 			return lb - la
 		}
-		return exactRank(a) - exactRank(b)
+		return exactRank(routes[a]) - exactRank(routes[b])
 	}
 	slices.SortStableFunc(r.any, bySpecificity)
-	for _, rs := range r.hosts {
-		slices.SortStableFunc(rs, bySpecificity)
+	for _, m := range []map[string][]int{r.hosts, r.wild} {
+		for _, rs := range m {
+			slices.SortStableFunc(rs, bySpecificity)
+		}
 	}
 	return r
 }
@@ -66,15 +75,28 @@ func exactRank(r contract.Route) int {
 // cleaned (dot segments, doubled slashes) for matching only, so that the route chosen is the
 // one the backend will resolve the path to; the request itself is forwarded unchanged.
 func (r *Router) Match(host, reqPath string) (contract.Route, bool) {
+	i := r.match(host, reqPath)
+	if i < 0 {
+		return contract.Route{}, false
+	}
+	return r.routes[i], true
+}
+
+// match returns the index of the matching route, or -1.
+func (r *Router) match(host, reqPath string) int {
 	p := cleanPath(reqPath)
-	for _, routes := range [][]contract.Route{r.hosts[host], r.any} {
-		for _, rt := range routes {
-			if matches(rt, p) {
-				return rt, true
+	var wild []int
+	if _, parent, ok := strings.Cut(host, "."); ok {
+		wild = r.wild[parent]
+	}
+	for _, routes := range [][]int{r.hosts[host], wild, r.any} {
+		for _, i := range routes {
+			if matches(r.routes[i], p) {
+				return i
 			}
 		}
 	}
-	return contract.Route{}, false
+	return -1
 }
 
 // HostOf normalizes a Host header or a TLS server name for matching: lower case, without a

@@ -127,3 +127,33 @@ func TestRouterHosts(t *testing.T) {
 		t.Errorf("a request for another host matched %+v", rt)
 	}
 }
+
+// A wildcard host covers one label: its routes come after those of the exact host and before
+// those without a host.
+func TestRouterWildcardHosts(t *testing.T) {
+	route := func(host, p, backend string) contract.Route {
+		return contract.Route{Host: host, Path: p, PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + backend}}
+	}
+	r := NewRouter([]contract.Route{
+		route("", "/", "any"),
+		route("*.Foo.com", "/", "wild"), route("*.foo.com", "/api", "wild-api"),
+		route("exact.foo.com", "/exact", "exact"),
+	})
+	for _, tc := range []struct{ host, path, want string }{
+		{"bar.foo.com", "/", "wild"},
+		{"BAR.foo.com.", "/api/x", "wild-api"},
+		{"exact.foo.com", "/exact", "exact"},
+		{"exact.foo.com", "/other", "wild"}, // the exact host's routes first, then the wildcard's
+		{"baz.bar.foo.com", "/", "any"},     // two labels: not covered
+		{"foo.com", "/", "any"},             // none: not covered
+		{"barfoo.com", "/", "any"},
+	} {
+		got := ""
+		if rt, ok := r.Match(HostOf(tc.host), tc.path); ok {
+			got = rt.Backend.URL[len("http://"):]
+		}
+		if got != tc.want {
+			t.Errorf("Match(%q, %q) = %q, want %q", tc.host, tc.path, got, tc.want)
+		}
+	}
+}

@@ -69,7 +69,8 @@ func (s *Server) SetCertificate(cert *tls.Certificate) {
 }
 
 // SetHostCertificates sets the bring-your-own certificates, by host: a handshake whose SNI
-// names one of the hosts gets that certificate, or fails if it is nil.
+// names one of the hosts, or is covered by one that is a wildcard ("*.example.com"), gets that
+// certificate, or fails if it is nil.
 func (s *Server) SetHostCertificates(byHost map[string]*tls.Certificate) {
 	hosts := make(map[string]*tls.Certificate, len(byHost))
 	for h, c := range byHost {
@@ -123,11 +124,19 @@ func (s *Server) servePlain(w http.ResponseWriter, r *http.Request) {
 	cur := s.cur.Load()
 	switch cur.mode {
 	case contract.HTTPRedirect:
-		// To the name the certificate is for, whatever name or IP the request came by.
-		http.Redirect(w, r, "https://"+s.certs.currentName()+r.URL.RequestURI(), http.StatusMovedPermanently)
+		// To the same host when it is a bring-your-own host, else to the tailnet name, whatever
+		// name or IP the request came by. 308 keeps the method and body of requests other than
+		// GET and HEAD, which clients turn into a GET on a 301.
+		code := http.StatusMovedPermanently
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			code = http.StatusPermanentRedirect
+		}
+		w.Header().Set("Server", ServerHeader)
+		http.Redirect(w, r, "https://"+s.certs.redirectHost(HostOf(r.Host))+r.URL.RequestURI(), code)
 	case contract.HTTPServe:
 		cur.routes.ServeHTTP(w, r)
 	default: // port 80 is closing
+		w.Header().Set("Server", ServerHeader)
 		http.NotFound(w, r)
 	}
 }
