@@ -147,8 +147,8 @@ var _ = AfterSuite(func(ctx SpecContext) {
 	}
 })
 
-// On failure: the operator's and the proxies' logs, and the Events of the spec's namespace
-// and of the operator's.
+// On failure: the Events and Pods (as kubectl describe shows their state) of the spec's namespace
+// and of the operator's, and the operator's and the proxies' logs.
 var _ = AfterEach(func() {
 	if !CurrentSpecReport().Failed() || suite.k8s == nil {
 		return
@@ -160,6 +160,8 @@ var _ = AfterEach(func() {
 			dumpEvents(ctx, ns)
 		}
 	}
+	dumpPods(ctx, specNamespace)
+	dumpPods(ctx, suite.opNS)
 	dumpLogs(ctx, "operator", suite.operatorLog, "app.kubernetes.io/component=operator")
 	dumpLogs(ctx, "proxies", suite.proxyLog, "app.kubernetes.io/name=tsingress-proxy")
 })

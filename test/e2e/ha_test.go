@@ -147,11 +147,7 @@ func underReplicaRestart(ctx context.Context, pod string, request func(context.C
 		var p corev1.Pod
 		g.Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: pod}, &p)).To(Succeed())
 		g.Expect(p.UID).NotTo(Equal(old.UID), "the replacement Pod")
-		ready := false
-		for _, c := range p.Status.Conditions {
-			ready = ready || (c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue)
-		}
-		g.Expect(ready).To(BeTrue(), "replacement %s Ready", pod)
+		g.Expect(podReady(&p)).To(BeTrue(), "replacement %s Ready", pod)
 	}).Should(Succeed())
 	back := time.Since(deleted)
 	time.Sleep(10 * time.Second)

@@ -291,3 +291,42 @@ func dumpLogs(ctx context.Context, what, file, selector string) {
 		}
 	}
 }
+
+// dumpPods writes what kubectl describe shows of a namespace's Pods: phase, conditions, and each
+// container's state, last termination and restarts.
+func dumpPods(ctx context.Context, ns string) {
+	if ns == "" {
+		return
+	}
+	pods := &corev1.PodList{}
+	if err := suite.k8s.List(ctx, pods, client.InNamespace(ns)); err != nil {
+		GinkgoWriter.Printf("listing the Pods of %s: %v\n", ns, err)
+		return
+	}
+	GinkgoWriter.Printf("\n----- Pods in namespace %s -----\n", ns)
+	for _, p := range pods.Items {
+		GinkgoWriter.Printf("%s: phase %s, node %s, IP %s\n", p.Name, p.Status.Phase, p.Spec.NodeName, p.Status.PodIP)
+		for _, c := range p.Status.Conditions {
+			GinkgoWriter.Printf("  condition %s=%s %s %s\n", c.Type, c.Status, c.Reason, c.Message)
+		}
+		for _, cs := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+			GinkgoWriter.Printf("  container %s: ready %v, restarts %d, state %s", cs.Name, cs.Ready, cs.RestartCount, containerState(cs.State))
+			if t := cs.LastTerminationState.Terminated; t != nil {
+				GinkgoWriter.Printf(", last terminated %s (exit %d): %s", t.Reason, t.ExitCode, t.Message)
+			}
+			GinkgoWriter.Println()
+		}
+	}
+}
+
+func containerState(s corev1.ContainerState) string {
+	switch {
+	case s.Waiting != nil:
+		return "waiting: " + s.Waiting.Reason + " " + s.Waiting.Message
+	case s.Terminated != nil:
+		return fmt.Sprintf("terminated: %s (exit %d) %s", s.Terminated.Reason, s.Terminated.ExitCode, s.Terminated.Message)
+	case s.Running != nil:
+		return "running since " + s.Running.StartedAt.Format(time.RFC3339)
+	}
+	return "unknown"
+}
