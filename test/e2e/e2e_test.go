@@ -90,7 +90,9 @@ var _ = Describe("A standalone Ingress", func() {
 })
 
 var _ = Describe("A standalone L3 Service", func() {
-	It("forwards TCP and UDP at its tailnet IP to the Service", func(ctx SpecContext) {
+	// Forwarding in the proxy Pod's network namespace is turned on by a privileged init container,
+	// or, for a ProxyClass that sets it, by the Pod's sysctls (which the kubelet must allow).
+	DescribeTable("forwards TCP and UDP at its tailnet IP to the Service", func(ctx SpecContext, podSysctls bool) {
 		if suite.skipL3 != "" {
 			Skip("L3: " + suite.skipL3)
 		}
@@ -98,6 +100,16 @@ var _ = Describe("A standalone L3 Service", func() {
 		newBackend(ctx, ns)
 		svc := backendServiceFor(ns, "db", corev1.ServiceTypeLoadBalancer)
 		svc.Spec.LoadBalancerClass = ptr.To(controller.LoadBalancerClass)
+		if podSysctls {
+			pc := &tsv1alpha1.ProxyClass{
+				ObjectMeta: metav1.ObjectMeta{Name: "e2e-sysctl-" + token()},
+				Spec: tsv1alpha1.ProxyClassSpec{StatefulSet: &tsv1alpha1.StatefulSet{Pod: &tsv1alpha1.Pod{
+					SecurityContext: &corev1.PodSecurityContext{Sysctls: []corev1.Sysctl{{Name: "net.ipv4.ip_forward", Value: "1"}}},
+				}}},
+			}
+			create(ctx, pc)
+			svc.Labels = map[string]string{controller.LabelProxyClass: pc.Name}
+		}
 		create(ctx, svc)
 		var ip netip.Addr
 		Eventually(ctx, func(g Gomega) {
@@ -119,7 +131,24 @@ var _ = Describe("A standalone L3 Service", func() {
 		defer hc.CloseIdleConnections()
 		expectEcho(ctx, hc, "http://"+netip.AddrPortFrom(ip, httpPort).String())
 		expectUDPEcho(ctx, netip.AddrPortFrom(ip, udpPort))
-	})
+
+		if suite.localBackend != "" {
+			return // no kubelet runs init containers or applies sysctls here
+		}
+		pod := proxyPod(ctx, "svc", ns, svc.Name, true)
+		if podSysctls {
+			Expect(pod.Spec.InitContainers).To(BeEmpty(), "an init container although the Pod's sysctls forward")
+			return
+		}
+		Expect(pod.Status.InitContainerStatuses).To(HaveLen(1))
+		st := pod.Status.InitContainerStatuses[0]
+		Expect(st.Name).To(Equal("sysctler"))
+		Expect(st.State.Terminated).NotTo(BeNil(), "the init container's state %+v", st.State)
+		Expect(st.State.Terminated.ExitCode).To(BeZero())
+	},
+		Entry("with the privileged init container", false),
+		Entry("with the Pod's sysctls from its ProxyClass", true),
+	)
 })
 
 var _ = Describe("An Ingress on a ProxyGroup", func() {
