@@ -138,14 +138,14 @@ func TestClose(t *testing.T) {
 func TestNames(t *testing.T) {
 	const dir = "/tmp/devenv-12"
 	for data, want := range map[string]bool{
-		"/tmp/devenv-12":                        true,
+		"/tmp/devenv-12":                         true,
 		"etcd\x00--data-dir=/tmp/devenv-12/etcd": true,
 		"TMPDIR=/tmp/devenv-12\x00HOME=/root":    true,
-		"PATH=/bin:/tmp/devenv-12:/usr/bin":     true,
-		"/tmp/devenv-123\x00/tmp/devenv-12x":    false,
-		"/tmp/devenv-123\x00/tmp/devenv-12/a":   true,
-		"/tmp/devenv-1":                         false,
-		"":                                      false,
+		"PATH=/bin:/tmp/devenv-12:/usr/bin":      true,
+		"/tmp/devenv-123\x00/tmp/devenv-12x":     false,
+		"/tmp/devenv-123\x00/tmp/devenv-12/a":    true,
+		"/tmp/devenv-1":                          false,
+		"":                                       false,
 	} {
 		if got := names([]byte(data), dir); got != want {
 			t.Errorf("names(%q) = %v, want %v", data, got, want)
