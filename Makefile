@@ -19,9 +19,12 @@ all: build
 
 ##@ General
 
+# Variables that help shows by their values.
+HELP_VARS = OVERLAY KIND_CLUSTER
+
 .PHONY: help
 help: ## Show this help.
-	@awk 'BEGIN {FS = ":.*##"; printf "\nUsage:\n  make \033[36m<target>\033[0m\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) } ' $(MAKEFILE_LIST)
+	@awk -v vars='$(foreach v,$(HELP_VARS),$(v)=$($(v)))' 'BEGIN {FS = ":.*##"; n = split(vars, kv, " "); for (i = 1; i <= n; i++) { eq = index(kv[i], "="); val[substr(kv[i], 1, eq - 1)] = substr(kv[i], eq + 1) }; printf "\nUsage:\n  make \033[36m<target>\033[0m\n"} /^[a-zA-Z_0-9-]+:.*?##/ { d = $$2; while (match(d, /\$$\([A-Z_]+\)/)) d = substr(d, 1, RSTART - 1) val[substr(d, RSTART + 2, RLENGTH - 3)] substr(d, RSTART + RLENGTH); printf "  \033[36m%-18s\033[0m %s\n", $$1, d } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) } ' $(MAKEFILE_LIST)
 
 ##@ Development
 
@@ -58,8 +61,10 @@ build: ## Build the operator and proxy binaries into bin/.
 	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o bin/proxy ./cmd/proxy
 
 .PHONY: dev
-dev: manifests envtest ## Run everything locally: control plane, local tailnet with ACME CA, operator, proxies, and a demo Ingress proved over HTTPS.
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go run ./cmd/devenv $(DEV_ARGS)
+dev: manifests envtest ## Run everything locally: control plane, local tailnet with ACME CA, operator, proxies, and the samples proved (L3 needs root, nftables, iproute2).
+	go build -o $(LOCALBIN)/devenv ./cmd/devenv
+	@# Run by make itself (no go run between), so that make's signals reach it and make waits for its cleanup.
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(LOCALBIN)/devenv $(DEV_ARGS)
 
 .PHONY: run
 run: manifests generate ## Run the operator against the cluster of your kubeconfig.
@@ -82,7 +87,7 @@ build-installer: manifests kustomize ## Render $(OVERLAY) with the current image
 ##@ Deployment
 
 .PHONY: install
-install: manifests kustomize ## Install the CRDs and the IngressClass into the cluster.
+install: manifests kustomize ## Install the CRDs into the cluster (deploy installs the IngressClass too).
 	$(KUSTOMIZE) build config/crd | $(KUBECTL) apply --server-side -f -
 
 .PHONY: uninstall
@@ -114,9 +119,10 @@ kind-delete: ## Delete kind cluster $(KIND_CLUSTER).
 	bin/kind delete cluster --name $(KIND_CLUSTER)
 
 .PHONY: test-e2e-local
-test-e2e-local: manifests envtest ## Run the e2e suite against the environment of make dev, after its sample proofs (L3 specs need root).
+test-e2e-local: manifests envtest ## Start an environment of its own as make dev does, prove the samples, run the e2e suite in it, stop it (L3 specs need root).
 	go test -c -tags e2e -o $(LOCALBIN)/e2e.test ./test/e2e/
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go run ./cmd/devenv -- $(LOCALBIN)/e2e.test -test.v -test.timeout 15m $(E2E_ARGS)
+	go build -o $(LOCALBIN)/devenv ./cmd/devenv
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(LOCALBIN)/devenv -logs $(LOCALBIN)/e2e-local-logs -- $(LOCALBIN)/e2e.test -test.v -test.timeout 15m $(E2E_ARGS)
 
 ##@ Tools
 

@@ -4,6 +4,7 @@
 # machines; the Go module proxy can serve the sources.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/hack/go-build-progress.sh"
 out=${1:-$root/bin/envtest}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -14,12 +15,20 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
 done
 cd "$root/hack/envtest-tools"
-build() { # name package
-  if [ -x "$out/$1" ]; then return; fi
-  echo "building $1 ($2) into $out" >&2
-  CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$1.tmp" "$2"
-  mv "$out/$1.tmp" "$out/$1"
-}
-build etcd go.etcd.io/etcd/server/v3
-build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
-build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
+declare -A pkgs=(
+  [etcd]=go.etcd.io/etcd/server/v3
+  [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
+  [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
+)
+missing=()
+for name in etcd kube-apiserver kube-controller-manager; do
+  [ -x "$out/$name" ] || missing+=("$name")
+done
+[ ${#missing[@]} -gt 0 ] || exit 0
+wanted=()
+for name in "${missing[@]}"; do wanted+=("${pkgs[$name]}"); done
+echo "Building ${missing[*]} $k8s_version from source, once: 7-9 minutes on 2 cores with an empty Go build cache (downloads first, if any)." >&2
+total=$(count_packages "${wanted[@]}")
+for name in "${missing[@]}"; do
+  go_build "$name" "$out/$name" "${pkgs[$name]}" "$total" -ldflags "$ldflags"
+done

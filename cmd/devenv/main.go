@@ -25,6 +25,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,6 +40,7 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/lifeline"
 	"github.com/tsingress/tsingress/internal/localtailnet"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testenv"
@@ -47,29 +49,97 @@ import (
 const operatorNamespace = "tailscale"
 
 func main() {
-	once := flag.Bool("once", false, "Prove the samples, then shut down (for CI and smoke tests).")
-	verbose := flag.Bool("v", false, "Show the operator's and the proxies' logs (they always go to files, named at the end).")
-	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), `Usage: devenv [-once] [-v] [-- command [args...]]
+	// Its own flags: the global set holds controller-runtime's -kubeconfig, which devenv does
+	// not read.
+	flags := flag.NewFlagSet("devenv", flag.ContinueOnError)
+	once := flags.Bool("once", false, "Prove the samples, then shut down (for CI and smoke tests).")
+	verbose := flags.Bool("v", false, "Show the operator's and the proxies' logs on stdout too.")
+	logDir := flags.String("logs", filepath.Join("bin", "devenv-logs"), "Directory for the operator's and the proxies' logs, kept after exit and replaced by the next run.")
+	flags.Usage = func() {
+		fmt.Fprintf(flags.Output(), `Usage: devenv [-once] [-v] [-logs dir] [-- command [args...]]
 
 With a command, devenv runs it once the samples are proved, with the environment described in
 its env file (KUBECONFIG, TS_* and E2E_* variables), then stops everything and exits with the
 command's status.
 
+Ctrl-C, SIGTERM, SIGHUP, the end of its parent and the close of the pipe its output goes to all
+stop everything and remove what it made; a watchdog process does the same if devenv itself is
+killed.
+
 `)
-		flag.PrintDefaults()
+		flags.PrintDefaults()
 	}
-	flag.Parse()
+	if err := flags.Parse(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		os.Exit(2)
+	}
 	// Nothing here may leave the machine: tsnet would otherwise upload its logs to Tailscale.
 	os.Setenv("TS_NO_LOGS_NO_SUPPORT", "true")
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := stopContext()
 	defer stop()
-	code, err := run(ctx, *once || flag.NArg() > 0, *verbose, flag.Args())
+	code, err := run(ctx, *once || flags.NArg() > 0, *verbose, *logDir, flags.Args())
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "devenv: %v\n", err)
 		code = max(code, 1)
 	}
 	os.Exit(code)
+}
+
+func init() {
+	// The end of the parent (make, a shell, go run) stops devenv as SIGTERM does. Set here, on
+	// the main thread, which Go keeps for the process's life: the setting is per thread.
+	_ = unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(syscall.SIGTERM), 0, 0, 0)
+}
+
+// stopContext is done when devenv should stop: on SIGINT (Ctrl-C), SIGTERM, SIGHUP (the
+// terminal went), SIGPIPE and the close of stdout's pipe (`make dev | tee log`, tee gone: it
+// may come while devenv writes nothing). Later signals are ignored: shutting down takes a few
+// seconds, and what a SIGKILL leaves the lifeline removes.
+func stopContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGPIPE)
+	go func() {
+		var why error
+		select {
+		case sig := <-sigs:
+			why = fmt.Errorf("got %v", sig)
+		case <-stdoutClosed():
+			why = errors.New("the pipe of its output closed")
+		case <-ctx.Done():
+			return
+		}
+		fmt.Fprintf(os.Stderr, "devenv: stopping (%v)\n", why)
+		cancel(why)
+	}()
+	return ctx, func() { cancel(nil) }
+}
+
+// stdoutClosed is closed when stdout is a pipe and its reader has gone; nil otherwise.
+func stdoutClosed() <-chan struct{} {
+	var st unix.Stat_t
+	if err := unix.Fstat(1, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
+		return nil
+	}
+	closed := make(chan struct{})
+	go func() {
+		// A pipe's write end polls POLLERR once no reader is left; no events are asked for, so
+		// the poll waits for that alone.
+		fds := []unix.PollFd{{Fd: 1}}
+		for {
+			n, err := unix.Poll(fds, -1)
+			if err == unix.EINTR {
+				continue
+			}
+			if err == nil && n > 0 {
+				close(closed)
+			}
+			return
+		}
+	}()
+	return closed
 }
 
 // step prints progress: what is starting, then how long it took.
@@ -99,29 +169,30 @@ func (s shutdown) run() {
 	}
 }
 
-func run(ctx context.Context, once, verbose bool, command []string) (code int, err error) {
+func run(ctx context.Context, once, verbose bool, logDir string, command []string) (code int, err error) {
+	// Everything devenv and its children make goes under runDir, their TMPDIR, which goes at the
+	// end; the lifeline removes it, and kills what names it, if devenv cannot.
 	runDir, err := os.MkdirTemp("", "devenv-")
 	if err != nil {
 		return 1, err
 	}
-	defer os.RemoveAll(runDir)
-	logDir, err := os.MkdirTemp("", "devenv-logs-")
+	life, err := lifeline.Start(runDir)
 	if err != nil {
+		os.RemoveAll(runDir)
 		return 1, err
 	}
+	defer func() { err = errors.Join(err, os.RemoveAll(runDir), life.Close()) }()
+	os.Setenv("TMPDIR", runDir)
 	operatorLog, proxyLog, err := openLogs(logDir, verbose)
 	if err != nil {
 		return 1, err
 	}
-	// The logs outlive a failed run, for finding out why.
 	defer func() {
 		operatorLog.Close()
 		proxyLog.Close()
 		if err != nil || code != 0 {
-			fmt.Printf("Logs kept in %s\n", logDir)
-			return
+			fmt.Printf("Logs: %s, %s\n", operatorLog.Name(), proxyLog.Name())
 		}
-		os.RemoveAll(logDir)
 	}()
 	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.WriteTo(operatorLog)))
 	// The tailnet libraries log through the standard logger.
@@ -299,7 +370,7 @@ Point things at this environment:
   control server: %s   (tsnet ControlURL, or tailscale up --login-server)
   Tailscale API:  %s   (OAuth client in %s and %s)
   CA roots:       %s
-  logs:           %s, %s
+  logs:           %s, %s   (kept after exit; the next run replaces them)
   e2e suite:      (set -a; . %s; go test -tags e2e ./test/e2e/)
 `, cp.Kubeconfig, lt.ControlURL, lt.APIBaseURL, idFile, secretFile, lt.ACME.RootsFile,
 		operatorLog.Name(), proxyLog.Name(), envFile)
@@ -322,11 +393,29 @@ Point things at this environment:
 	return 0, nil
 }
 
-// openLogs creates the operator's and the proxies' log files; with verbose they go to stdout too.
+// openLogs empties or creates the operator's and the proxies' log files in dir, which one run
+// at a time may use; with verbose they go to stdout too. The operator's log holds the lock.
 func openLogs(dir string, verbose bool) (operator, proxies *logFile, err error) {
-	if operator, err = newLogFile(filepath.Join(dir, "operator.log"), verbose); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, nil, err
 	}
+	dir, err = filepath.Abs(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, nil, fmt.Errorf("another devenv writes its logs to %s: give this one -logs <another directory>", dir)
+	}
+	if operator, err = newLogFile(filepath.Join(dir, "operator.log"), verbose); err != nil {
+		lock.Close()
+		return nil, nil, err
+	}
+	operator.lock = lock
 	if proxies, err = newLogFile(filepath.Join(dir, "proxies.log"), verbose); err != nil {
 		operator.Close()
 		return nil, nil, err
@@ -339,10 +428,11 @@ type logFile struct {
 	mu   sync.Mutex
 	f    *os.File
 	echo bool
+	lock *os.File // the log directory's lock, released on Close
 }
 
 func newLogFile(path string, echo bool) (*logFile, error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -359,7 +449,12 @@ func (l *logFile) Write(p []byte) (int, error) {
 }
 
 func (l *logFile) Name() string { return l.f.Name() }
-func (l *logFile) Close() error { return l.f.Close() }
+func (l *logFile) Close() error {
+	if l.lock != nil {
+		defer l.lock.Close()
+	}
+	return l.f.Close()
+}
 
 // each runs f on every demo that is not skipped, at once, and joins the errors.
 func each(demos []*demo, f func(*demo) error) error {

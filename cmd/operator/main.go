@@ -63,32 +63,35 @@ func envInt(name string, def int) int {
 	return def
 }
 
+// withEnv says in a flag's usage which environment variable sets its default.
+func withEnv(usage, env string) string { return usage + " Environment: " + env + "." }
+
 func parseFlags(fs *flag.FlagSet, args []string) (*options, error) {
 	o := &options{}
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "Address of the metrics endpoint; 0 disables it.")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints.")
-	fs.BoolVar(&o.leaderElect, "leader-elect", envBool("OPERATOR_LEADER_ELECT", false), "Elect a leader, so that only one replica reconciles at a time.")
-	fs.StringVar(&o.settings.Namespace, "operator-namespace", envOr("OPERATOR_NAMESPACE", serviceAccountNamespace()), "Namespace of the operator and of every proxy's objects.")
-	fs.StringVar(&o.settings.IngressClassName, "ingress-class-name", envOr("OPERATOR_INGRESS_CLASS_NAME", "tailscale"), "IngressClass this operator serves.")
-	fs.StringVar(&o.settings.DefaultProxyClass, "default-proxy-class", envOr("PROXY_DEFAULT_CLASS", ""), "ProxyClass for objects that name none.")
-	fs.StringVar(&o.tags, "proxy-tags", envOr("PROXY_TAGS", "tag:k8s"), "Comma-separated tailnet tags for proxies that ask for none.")
-	fs.StringVar(&o.settings.ProxyImage, "proxy-image", envOr("PROXY_IMAGE", "ghcr.io/tsingress/proxy:"+version.Version), "Image of the proxies.")
-	fs.StringVar(&o.firewallMode, "proxy-firewall-mode", envOr("PROXY_FIREWALL_MODE", "auto"), "Firewall backend of L3 proxies: auto, nftables or iptables.")
-	fs.BoolVar(&o.settings.DefaultLoadBalancer, "default-load-balancer", envBool("OPERATOR_DEFAULT_LOAD_BALANCER", false), "Also serve LoadBalancer Services without a loadBalancerClass.")
-	fs.StringVar(&o.settings.ControlURL, "control-url", envOr("OPERATOR_LOGIN_SERVER", ""), "Control server the proxies log in to; empty means Tailscale's.")
+	fs.BoolVar(&o.leaderElect, "leader-elect", envBool("OPERATOR_LEADER_ELECT", false), withEnv("Elect a leader, so that only one replica reconciles at a time.", "OPERATOR_LEADER_ELECT"))
+	fs.StringVar(&o.settings.Namespace, "operator-namespace", envOr("OPERATOR_NAMESPACE", serviceAccountNamespace()), withEnv("Namespace of the operator and of every proxy's objects.", "OPERATOR_NAMESPACE"))
+	fs.StringVar(&o.settings.IngressClassName, "ingress-class-name", envOr("OPERATOR_INGRESS_CLASS_NAME", "tailscale"), withEnv("IngressClass this operator serves.", "OPERATOR_INGRESS_CLASS_NAME"))
+	fs.StringVar(&o.settings.DefaultProxyClass, "default-proxy-class", envOr("PROXY_DEFAULT_CLASS", ""), withEnv("ProxyClass for objects that name none.", "PROXY_DEFAULT_CLASS"))
+	fs.StringVar(&o.tags, "proxy-tags", envOr("PROXY_TAGS", "tag:k8s"), withEnv("Comma-separated tailnet tags for proxies that ask for none.", "PROXY_TAGS"))
+	fs.StringVar(&o.settings.ProxyImage, "proxy-image", envOr("PROXY_IMAGE", "ghcr.io/tsingress/proxy:"+version.Version), withEnv("Image of the proxies.", "PROXY_IMAGE"))
+	fs.StringVar(&o.firewallMode, "proxy-firewall-mode", envOr("PROXY_FIREWALL_MODE", "auto"), withEnv("Firewall backend of L3 proxies: auto, nftables or iptables.", "PROXY_FIREWALL_MODE"))
+	fs.BoolVar(&o.settings.DefaultLoadBalancer, "default-load-balancer", envBool("OPERATOR_DEFAULT_LOAD_BALANCER", false), withEnv("Also serve LoadBalancer Services without a loadBalancerClass.", "OPERATOR_DEFAULT_LOAD_BALANCER"))
+	fs.StringVar(&o.settings.ControlURL, "control-url", envOr("OPERATOR_LOGIN_SERVER", ""), withEnv("Control server the proxies log in to; empty means Tailscale's.", "OPERATOR_LOGIN_SERVER"))
+	fs.StringVar(&o.controlPlane.apiBaseURL, "api-base-url", envOr("TS_API_BASE_URL", ""), withEnv("Tailscale API base URL; empty means the control URL when set, else Tailscale's API.", "TS_API_BASE_URL"))
+	fs.StringVar(&o.controlPlane.tailnet, "tailnet", envOr("TS_TAILNET", "-"), withEnv("Tailnet name for API calls; - is the OAuth client's own.", "TS_TAILNET"))
+	fs.StringVar(&o.controlPlane.clientIDFile, "client-id-file", envOr("CLIENT_ID_FILE", "/oauth/client_id"), withEnv("File holding the OAuth client ID.", "CLIENT_ID_FILE"))
+	fs.StringVar(&o.controlPlane.clientSecretFile, "client-secret-file", envOr("CLIENT_SECRET_FILE", "/oauth/client_secret"), withEnv("File holding the OAuth client secret.", "CLIENT_SECRET_FILE"))
 	fs.BoolVar(&o.settings.ProxyNoLogs, "proxy-no-logs", envBool("PROXY_NO_LOGS_NO_SUPPORT", false),
-		"Forbid every proxy to upload its logs to Tailscale (TS_NO_LOGS_NO_SUPPORT). Proxies of a control server other than Tailscale's never do.")
-	fs.StringVar(&o.controlPlane.apiBaseURL, "api-base-url", envOr("TS_API_BASE_URL", ""), "Tailscale API base URL; empty means the control URL when set, else Tailscale's API.")
-	fs.StringVar(&o.controlPlane.tailnet, "tailnet", envOr("TS_TAILNET", "-"), "Tailnet name for API calls; - is the OAuth client's own.")
-	fs.StringVar(&o.controlPlane.clientIDFile, "client-id-file", envOr("CLIENT_ID_FILE", "/oauth/client_id"), "File holding the OAuth client ID.")
-	fs.StringVar(&o.controlPlane.clientSecretFile, "client-secret-file", envOr("CLIENT_SECRET_FILE", "/oauth/client_secret"), "File holding the OAuth client secret.")
-	fs.StringVar(&o.settings.ACMEDirectoryURL, "acme-directory-url", envOr("ACME_DIRECTORY_URL", ""), "ACME directory the proxies get certificates from unless their ProxyClass picks Let's Encrypt staging (a private CA); empty means Let's Encrypt.")
-	fs.StringVar(&o.settings.ProxyCAConfigMap, "proxy-ca-configmap", envOr("PROXY_CA_CONFIGMAP", ""), "ConfigMap in the operator namespace whose PEM certificates the proxies trust besides the system roots (a private ACME CA or control server).")
+		withEnv("Forbid every proxy to upload its logs to Tailscale (TS_NO_LOGS_NO_SUPPORT). Proxies of a control server other than Tailscale's never do.", "PROXY_NO_LOGS_NO_SUPPORT"))
+	fs.StringVar(&o.settings.ACMEDirectoryURL, "acme-directory-url", envOr("ACME_DIRECTORY_URL", ""), withEnv("ACME directory the proxies get certificates from unless their ProxyClass picks Let's Encrypt staging (a private CA); empty means Let's Encrypt.", "ACME_DIRECTORY_URL"))
+	fs.StringVar(&o.settings.ProxyCAConfigMap, "proxy-ca-configmap", envOr("PROXY_CA_CONFIGMAP", ""), withEnv("ConfigMap in the operator namespace whose PEM certificates the proxies trust besides the system roots (a private ACME CA or control server).", "PROXY_CA_CONFIGMAP"))
 	o.settings.CertificateLimits = acmebudget.LetsEncrypt
 	fs.IntVar(&o.settings.CertificateLimits.PerDomain, "acme-new-certificates-per-week", envInt("ACME_NEW_CERTIFICATES_PER_WEEK", acmebudget.LetsEncrypt.PerDomain),
-		"New certificates the tailnet's domain may get in any 7 days (Let's Encrypt: 50); lower it when other issuers share the domain.")
+		withEnv("New certificates the tailnet's domain may get in any 7 days (Let's Encrypt: 50); lower it when other issuers share the domain.", "ACME_NEW_CERTIFICATES_PER_WEEK"))
 	fs.IntVar(&o.settings.CertificateLimits.PerName, "acme-certificates-per-name-per-week", envInt("ACME_CERTIFICATES_PER_NAME_PER_WEEK", acmebudget.LetsEncrypt.PerName),
-		"Certificates one name may get in any 7 days, renewals included (Let's Encrypt: 5).")
+		withEnv("Certificates one name may get in any 7 days, renewals included (Let's Encrypt: 5).", "ACME_CERTIFICATES_PER_NAME_PER_WEEK"))
 	fs.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -105,6 +108,17 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, error) {
 	return o, o.settings.Validate()
 }
 
+func usage(fs *flag.FlagSet) {
+	fmt.Fprint(fs.Output(), `Usage: operator [flags]
+
+Runs the controllers against the cluster of KUBECONFIG, else of the Pod it runs in, else of
+~/.kube/config. A setting that names an environment variable takes its default from it; a flag
+given wins.
+
+`)
+	fs.PrintDefaults()
+}
+
 // serviceAccountNamespace is the namespace the operator's Pod runs in, when it runs in one.
 func serviceAccountNamespace() string {
 	b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -116,7 +130,8 @@ func serviceAccountNamespace() string {
 
 func main() {
 	zapOpts := zap.Options{}
-	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+	fs := flag.NewFlagSet("operator", flag.ExitOnError)
+	fs.Usage = func() { usage(fs) }
 	zapOpts.BindFlags(fs)
 	o, err := parseFlags(fs, os.Args[1:])
 	if o != nil && o.showVersion {

@@ -50,18 +50,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	configSecret := fs.String("config-secret", os.Getenv("TS_PROXY_CONFIG_SECRET"), "Secret holding the proxy config, read and watched through the Kubernetes API (in-cluster, or KUBECONFIG).")
-	configDir := fs.String("config-dir", os.Getenv("TS_PROXY_CONFIG_DIR"), "Directory holding the proxy config, polled for changes; "+defaultConfigDir+" when no config Secret is set.")
-	groupConfigMap := fs.String("group-configmap", os.Getenv("TS_PROXY_GROUP_CONFIGMAP"), "ConfigMap with a ProxyGroup's Serve and DNAT documents, watched by a proxygroup replica through the Kubernetes API.")
-	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the config and state Secrets; by default the Pod's, or the kubeconfig context's.")
+	configSecret := fs.String("config-secret", os.Getenv("TS_PROXY_CONFIG_SECRET"), "Secret holding the proxy config, read and watched through the Kubernetes API (in-cluster, or KUBECONFIG). Environment: TS_PROXY_CONFIG_SECRET.")
+	configDir := fs.String("config-dir", os.Getenv("TS_PROXY_CONFIG_DIR"), "Directory holding the proxy config, polled for changes; "+defaultConfigDir+" when no config Secret is set. Environment: TS_PROXY_CONFIG_DIR.")
+	groupConfigMap := fs.String("group-configmap", os.Getenv("TS_PROXY_GROUP_CONFIGMAP"), "ConfigMap with a ProxyGroup's Serve and DNAT documents, watched by a proxygroup replica through the Kubernetes API. Environment: TS_PROXY_GROUP_CONFIGMAP.")
+	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the config and state Secrets; by default the Pod's, or the kubeconfig context's. Environment: POD_NAMESPACE.")
 	healthAddr := fs.String("health-addr", ":9002", "Address of /healthz and /readyz; empty for none.")
-	stateDir := fs.String("state-dir", envOr("TS_PROXY_STATE_DIR", filepath.Join(os.TempDir(), "tsingress-proxy")), "Directory for the tailnet client's files (and its state outside Kubernetes).")
+	stateDir := fs.String("state-dir", envOr("TS_PROXY_STATE_DIR", filepath.Join(os.TempDir(), "tsingress-proxy")), "Directory for the tailnet client's files (and its state outside Kubernetes). Environment: TS_PROXY_STATE_DIR.")
 	debugAddr := fs.String("debug-addr", "", "Address of the pprof endpoints (/debug/pprof/); empty for none.")
-	tailnetPort := fs.Uint("tailnet-port", uint(envInt("PORT", 41641)), "UDP port for WireGuard; fixed, so that peers reach a restarted proxy at the address they knew. 0 picks one at random.")
+	tailnetPort := fs.Uint("tailnet-port", uint(envInt("PORT", 41641)), "UDP port for WireGuard; fixed, so that peers reach a restarted proxy at the address they knew. 0 picks one at random. Environment: PORT.")
 	verbose := fs.Bool("verbose", false, "Log at debug level, with the tailnet client's own logs.")
 	checkOnly := fs.Bool("check-config", false, "Validate the config, print a summary and exit.")
 	showVersion := fs.Bool("version", false, "Print the version and exit.")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
 	if *showVersion {

@@ -59,6 +59,7 @@ func TestRun(t *testing.T) {
 		{name: "invalid config", files: map[string][]byte{"proxy-config.v1.json": []byte(`{"version":1,"kind":"service","hostname":"Bad Name","stateSecret":"s","forward":{"ips":["x"]}}`)},
 			args: func(d string) []string { return []string{"--config-dir", d} }, wantCode: 1, wantErr: "hostname \"Bad Name\" is not a valid DNS label"},
 		{name: "bad flag", args: func(string) []string { return []string{"--nope"} }, wantCode: 2},
+		{name: "help", args: func(string) []string { return []string{"--help"} }, wantErr: "Environment: TS_PROXY_CONFIG_SECRET"},
 		{name: "two config sources", args: func(d string) []string { return []string{"--config-dir", d, "--config-secret", "web-0"} },
 			wantCode: 2, wantErr: "not both"},
 		{name: "config secret outside Kubernetes", args: func(string) []string { return []string{"--config-secret", "web-0"} },

@@ -215,6 +215,21 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 	}
 }
 
+// waitCert waits for proxy web-0 to report host's certificate as ok wants it, and fails with
+// the last report otherwise. A proxy serves a certificate before it reports it, so a client may
+// see it first.
+func (w *acmeWorld) waitCert(t *testing.T, host string, ok func(contract.CertificateStatus) bool) {
+	t.Helper()
+	var cs contract.CertificateStatus
+	deadline := time.Now().Add(10 * time.Second)
+	for cs = w.state(t, "web-0").Certificates[host]; !ok(cs); cs = w.state(t, "web-0").Certificates[host] {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: reported %+v after 10s", host, cs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func secretRule(verbs []string, names ...string) rbacv1.PolicyRule {
 	return rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: names, Verbs: verbs}
 }
@@ -458,10 +473,18 @@ func TestIssuanceHoldAndOwnCertificates(t *testing.T) {
 	client := w.clients(t, 1)[0]
 	ownRoots := other.Pool()
 
-	waitFor(t, "the hold reported", 30*time.Second, func() bool {
-		return w.state(t, "web-0").Certificates[fqdn].Reason == contract.CertReasonIssuanceHeld
+	// The hold and the bring-your-own hosts are judged apart (the hosts once their Secrets are
+	// seen): wait for every one to be reported.
+	var st *contract.ProxyState
+	waitFor(t, "the hold and every bring-your-own host reported", 30*time.Second, func() bool {
+		st = w.state(t, "web-0")
+		for _, host := range []string{"app.example.com", "old.example.com", "plain.example.com", "gone.example.com"} {
+			if _, ok := st.Certificates[host]; !ok {
+				return false
+			}
+		}
+		return st.Certificates[fqdn].Reason == contract.CertReasonIssuanceHeld
 	})
-	st := w.state(t, "web-0")
 	if cs := st.Certificates[fqdn]; cs.Message != hold.Message || cs.Serial != "" {
 		t.Errorf("held: %+v", cs)
 	}
@@ -524,9 +547,10 @@ func TestIssuanceHoldAndOwnCertificates(t *testing.T) {
 			_, got, err := fetch(t.Context(), client, "https://app.example.com/", ownRoots)
 			return err == nil && got == serial
 		})
-		if cs := w.state(t, "web-0").Certificates["app.example.com"]; cs.Serial != serial {
-			t.Errorf("reported %+v, want serial %s", cs, serial)
-		}
+		// Reported after it is served, so possibly after the client saw it.
+		w.waitCert(t, "app.example.com", func(cs contract.CertificateStatus) bool {
+			return cs.Source == contract.CertSourceSecret && cs.Serial == serial
+		})
 		// A Secret made valid is served from then on.
 		w.tlsSecret(t, "gone", mustCert(t, other, "gone.example.com"))
 		waitFor(t, "gone.example.com served", 10*time.Second, func() bool {
@@ -549,9 +573,9 @@ func TestIssuanceHoldAndOwnCertificates(t *testing.T) {
 			_, _, err := fetch(t.Context(), client, "https://"+fqdn+"/", w.ca.Roots())
 			return err == nil
 		})
-		if cs := w.state(t, "web-0").Certificates[fqdn]; cs.Source != contract.CertSourceACME || cs.Serial != issued {
-			t.Errorf("reported %+v, want the cached serial %s", cs, issued)
-		}
+		w.waitCert(t, fqdn, func(cs contract.CertificateStatus) bool {
+			return cs.Source == contract.CertSourceACME && cs.Serial == issued
+		})
 		if o := w.ca.Orders(fqdn); o != 1 {
 			t.Errorf("%d orders, want still 1", o)
 		}

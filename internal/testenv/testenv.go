@@ -9,9 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/tsingress/tsingress/internal/lifeline"
 )
 
 // ControlPlane is a running API server, etcd and controller manager.
@@ -20,28 +23,53 @@ type ControlPlane struct {
 	// Kubeconfig is a file with admin credentials, for processes such as a proxy.
 	Kubeconfig string
 
-	env *envtest.Environment
-	kcm *exec.Cmd
-	dir string
+	env  *envtest.Environment
+	kcm  *exec.Cmd
+	dir  string // everything the control plane writes
+	life *lifeline.Lifeline
 }
 
-// Start runs the control plane with the CRDs in crdDirs installed.
+// Start runs the control plane with the CRDs in crdDirs installed. Its processes and files go
+// with Stop, or with this process however it ends.
 func Start(crdDirs ...string) (*ControlPlane, error) {
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if assets == "" {
 		return nil, errors.New("KUBEBUILDER_ASSETS must point at kube-apiserver, etcd and kube-controller-manager: run the tests with `make test`")
 	}
-	env := &envtest.Environment{CRDDirectoryPaths: crdDirs, ErrorIfCRDPathMissing: len(crdDirs) > 0}
-	// Dual-stack, as clusters may be: Services stay IPv4 unless they ask for IPv6.
-	env.ControlPlane.GetAPIServer().Configure().Set("service-cluster-ip-range", "10.0.0.0/24,fd00:10:96::/112")
-	cfg, err := env.Start()
+	dir, err := os.MkdirTemp("", "testenv-")
 	if err != nil {
 		return nil, err
 	}
-	cp := &ControlPlane{Config: cfg, env: env}
-	if err := cp.startControllerManager(assets); err != nil {
-		_ = cp.Stop()
+	life, err := lifeline.Start(dir)
+	if err != nil {
+		os.RemoveAll(dir)
 		return nil, err
+	}
+	env := &envtest.Environment{CRDDirectoryPaths: crdDirs, ErrorIfCRDPathMissing: len(crdDirs) > 0}
+	cp := &ControlPlane{env: env, dir: dir, life: life}
+	// In dir, so that the lifeline finds the processes by their flags, and removes the files.
+	env.ControlPlane.Etcd = &envtest.Etcd{DataDir: filepath.Join(dir, "etcd")}
+	api := env.ControlPlane.GetAPIServer()
+	api.CertDir = filepath.Join(dir, "apiserver")
+	for _, d := range []string{env.ControlPlane.Etcd.DataDir, api.CertDir} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return nil, errors.Join(err, cp.Stop())
+		}
+	}
+	// Dual-stack, as clusters may be: Services stay IPv4 unless they ask for IPv6.
+	api.Configure().Set("service-cluster-ip-range", "10.0.0.0/24,fd00:10:96::/112")
+	cfg, err := env.Start()
+	// envtest always writes webhook serving certificates to a directory of its own; there are
+	// no webhooks here, and the directory would outlive a process killed before Stop.
+	if d := env.WebhookInstallOptions.LocalServingCertDir; d != "" {
+		os.RemoveAll(d)
+	}
+	if err != nil {
+		return nil, errors.Join(err, cp.Stop())
+	}
+	cp.Config = cfg
+	if err := cp.startControllerManager(assets); err != nil {
+		return nil, errors.Join(err, cp.Stop())
 	}
 	return cp, nil
 }
@@ -55,20 +83,18 @@ func (cp *ControlPlane) startControllerManager(assets string) error {
 	if err != nil {
 		return err
 	}
-	if cp.dir, err = os.MkdirTemp("", "testenv-"); err != nil {
-		return err
-	}
 	cp.Kubeconfig = filepath.Join(cp.dir, "kubeconfig")
 	if err := os.WriteFile(cp.Kubeconfig, kubeconfig, 0o600); err != nil {
 		return err
 	}
-	// Only the controllers the operator's objects depend on; no service-account tokens
-	// controller, which would need a signing key.
+	// The controllers the operator's objects depend on, and the namespace controller, without
+	// which a deleted namespace stays Terminating; no service-account tokens controller, which
+	// would need a signing key.
 	cp.kcm = exec.Command(filepath.Join(assets, "kube-controller-manager"),
 		"--kubeconfig="+cp.Kubeconfig,
 		"--authentication-kubeconfig="+cp.Kubeconfig,
 		"--authorization-kubeconfig="+cp.Kubeconfig,
-		"--controllers=statefulset,garbagecollector,endpointslice",
+		"--controllers=statefulset,garbagecollector,endpointslice,namespace",
 		"--leader-elect=false",
 		"--bind-address=127.0.0.1",
 		"--secure-port=0",
@@ -79,21 +105,22 @@ func (cp *ControlPlane) startControllerManager(assets string) error {
 		return err
 	}
 	cp.kcm.Stdout, cp.kcm.Stderr = log, log
-	if err := cp.kcm.Start(); err != nil {
+	// Stopped by Stop alone, after what depends on it, as envtest does with its processes.
+	cp.kcm.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err = cp.kcm.Start()
+	log.Close()
+	if err != nil {
 		return fmt.Errorf("starting kube-controller-manager: %w", err)
 	}
 	return nil
 }
 
-// Stop ends every process and removes temporary files.
+// Stop ends every process and removes what the control plane wrote.
 func (cp *ControlPlane) Stop() error {
 	if cp.kcm != nil && cp.kcm.Process != nil {
 		_ = cp.kcm.Process.Kill()
 		_ = cp.kcm.Wait()
 	}
 	err := cp.env.Stop()
-	if cp.dir != "" {
-		os.RemoveAll(cp.dir)
-	}
-	return err
+	return errors.Join(err, os.RemoveAll(cp.dir), cp.life.Close())
 }

@@ -46,14 +46,13 @@ var specNamespace string
 func token() string { return strings.ToLower(rand.Text()[:8]) }
 
 // newNamespace creates the spec's namespace and deletes it after the spec, once the objects the
-// spec deleted are gone.
+// spec deleted are gone, and waits until it is gone too: a namespace left Terminating (no
+// namespace controller, a finalizer nobody removes) fails the spec.
 func newNamespace(ctx context.Context) string {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}
 	Expect(suite.k8s.Create(ctx, ns)).To(Succeed())
 	specNamespace = ns.Name
-	DeferCleanup(func(ctx SpecContext) {
-		Expect(client.IgnoreNotFound(suite.k8s.Delete(ctx, ns))).To(Succeed())
-	})
+	deleteAfter(ns)
 	return ns.Name
 }
 
