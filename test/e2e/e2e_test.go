@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"crypto/tls"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -37,8 +36,7 @@ var _ = Describe("A standalone Ingress", func() {
 
 		// The backend learns who called from the proxy alone: the caller's tailnet address, and no
 		// identity header the caller made up (a tagged device has no user identity to pass on).
-		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
-			DialContext: suite.client.Dial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}}}
+		hc := tailnetHTTPClient(15 * time.Second)
 		defer hc.CloseIdleConnections()
 		header := func(key string, sent http.Header) string {
 			v, err := get(ctx, hc, "https://"+fqdn+"/header?key="+key, sent)

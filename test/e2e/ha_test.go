@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -54,8 +53,7 @@ var _ = Describe("A ProxyGroup under a replica restart", Ordered, func() {
 		fqdn := servedName(ctx, ing, host)
 		expectHTTPSEcho(ctx, fqdn)
 
-		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-			DialContext: suite.client.Dial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}}}
+		hc := tailnetHTTPClient(5 * time.Second)
 		defer hc.CloseIdleConnections()
 		loss := underReplicaRestart(ctx, pg.Name+"-0", func(ctx context.Context) error {
 			return echoOnce(ctx, hc, "https://"+fqdn)

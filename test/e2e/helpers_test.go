@@ -162,10 +162,15 @@ func servedName(ctx context.Context, ing *networkingv1.Ingress, host string) str
 // certificate the suite trusts for that name.
 func expectHTTPSEcho(ctx context.Context, fqdn string) {
 	GinkgoHelper()
-	hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
-		DialContext: suite.client.Dial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}}}
+	hc := tailnetHTTPClient(15 * time.Second)
 	defer hc.CloseIdleConnections()
 	expectEcho(ctx, hc, "https://"+fqdn)
+}
+
+// tailnetHTTPClient makes requests over the tailnet, trusting the suite's roots for HTTPS.
+func tailnetHTTPClient(timeout time.Duration) *http.Client {
+	return &http.Client{Timeout: timeout, Transport: &http.Transport{
+		DialContext: suite.client.Dial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}}}
 }
 
 func expectEcho(ctx context.Context, hc *http.Client, base string) {
