@@ -762,6 +762,9 @@ func (r *replica) shutdown() {
 		was := r.advertised
 		r.advertise(ctx)
 		r.sync(ctx) //nolint:errcheck // logged; the operator then sees the Pod go
+		for _, e := range r.web {
+			e.srv.StopKeepAlives()
+		}
 		r.log.Info("stopped advertising; serving on while clients move to other replicas", "services", was, "for", r.opts.GroupWithdrawWait)
 		time.Sleep(r.opts.GroupWithdrawWait)
 	}

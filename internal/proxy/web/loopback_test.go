@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -435,5 +436,34 @@ func TestWildcardCertificateBySNI(t *testing.T) {
 		if presented != tc.wantCert || resp.StatusCode != tc.wantCode {
 			t.Errorf("SNI %s: certificate for %q, status %d; want %q, %d", tc.sni, presented, resp.StatusCode, tc.wantCert, tc.wantCode)
 		}
+	}
+}
+
+// After StopKeepAlives the server still answers, but a kept-alive connection is not reused: the
+// client's next request opens a new one, which a leaving replica's clients need.
+func TestStopKeepAlives(t *testing.T) {
+	ps := pods(t, "echo", 1)
+	lb := startLoopback(t, balanced("http://"+ps[0].Addr, nil), nil)
+	var dials atomic.Int32
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}}}
+	for range 3 {
+		if _, code, err := send(t, c, "GET", "http://"+lb.http+"/", ""); err != nil || code != 200 {
+			t.Fatalf("GET: %d %v", code, err)
+		}
+	}
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("%d connections for 3 requests before, want 1 kept alive", n)
+	}
+	lb.srv.StopKeepAlives()
+	for range 3 {
+		if _, code, err := send(t, c, "GET", "http://"+lb.http+"/", ""); err != nil || code != 200 {
+			t.Fatalf("GET after StopKeepAlives: %d %v", code, err)
+		}
+	}
+	if n := dials.Load(); n != 4 {
+		t.Errorf("%d connections after 3 more requests, want 4 (a new one for each)", n)
 	}
 }

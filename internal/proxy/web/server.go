@@ -168,6 +168,18 @@ func (s *Server) drain(srv *http.Server) {
 	srv.Shutdown(ctx)
 }
 
+// StopKeepAlives closes idle connections and makes every later response close its connection,
+// while the server goes on serving. A replica that stopped advertising calls it, so that its
+// clients' next requests open new connections, which go where the tailnet routes the name now,
+// instead of waiting on a kept-alive one to a replica that is about to go.
+func (s *Server) StopKeepAlives() {
+	for _, srv := range []*http.Server{s.https, s.plain} {
+		if srv != nil {
+			srv.SetKeepAlivesEnabled(false)
+		}
+	}
+}
+
 // Shutdown stops accepting connections and waits, until ctx ends, for requests in flight.
 func (s *Server) Shutdown(ctx context.Context) error {
 	var errs []error
