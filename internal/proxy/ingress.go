@@ -72,8 +72,9 @@ func runIngress(ctx context.Context, opts Options, kube kubernetes.Interface, sr
 	if p.lc, err = node.LocalClient(); err != nil {
 		return err
 	}
+	opts.metrics.setTailnet(p.lc)
 	p.flow = newFlow(opts, p.lc, store, dir)
-	p.web = web.NewServer(web.Config{Listen: node.Listen, WhoIs: p.lc.WhoIs, Logger: p.log})
+	p.web = web.NewServer(web.Config{Listen: node.Listen, WhoIs: p.lc.WhoIs, Logger: p.log, Metrics: opts.metrics.web})
 
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -118,10 +119,10 @@ func runIngress(ctx context.Context, opts Options, kube kubernetes.Interface, sr
 // options' stand-in.
 func newFlow(opts Options, lc *local.Client, store ipn.StateStore, dir string) acmeFlow {
 	if opts.CertSource != nil {
-		return sourceFlow{opts.CertSource}
+		return countingFlow{sourceFlow{opts.CertSource}, opts.metrics}
 	}
 	st, _ := store.(*secretstore.Store)
-	return tailnetFlow{lc: lc, store: st, dir: dir}
+	return countingFlow{tailnetFlow{lc: lc, store: st, dir: dir}, opts.metrics}
 }
 
 // offersCert reports whether the tailnet lets the node get a certificate for name.

@@ -76,6 +76,7 @@ func runService(ctx context.Context, opts Options, kube kubernetes.Interface, sr
 	if err != nil {
 		return err
 	}
+	opts.metrics.setTailnet(lc)
 
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -121,13 +122,13 @@ func nodeStorage(ctx context.Context, opts Options, kube kubernetes.Interface, c
 		return "", nil, nil, err
 	}
 	if kube == nil {
-		return dir, nil, fileReporter{path: filepath.Join(dir, "proxy-state.json")}, nil
+		return dir, nil, observingReporter{fileReporter{path: filepath.Join(dir, "proxy-state.json")}, opts.metrics}, nil
 	}
 	st, err := secretstore.New(ctx, kube.CoreV1().Secrets(opts.Namespace), cfg.StateSecret)
 	if err != nil {
 		return "", nil, nil, err
 	}
-	return dir, st, st, nil
+	return dir, st, observingReporter{st, opts.metrics}, nil
 }
 
 // newNode is the proxy's tailnet node as the config describes it.
