@@ -69,6 +69,7 @@ func (p *standaloneProxy) proxyConfig(authKey string) *contract.ProxyConfig {
 			cfg.AcceptRoutes = pc.Spec.Tailscale.AcceptRoutes
 		}
 	}
+	cfg.Metrics = metricsEnabled(p.class)
 	return &cfg
 }
 
@@ -115,12 +116,17 @@ func (p *standaloneProxy) buildRoleBinding(namespace string) *rbacv1.RoleBinding
 	return rb
 }
 
+// selector selects the proxy's Pod.
+func (p *standaloneProxy) selector() map[string]string {
+	return map[string]string{LabelParentType: p.parent.typ, LabelParentNS: p.parent.namespace, LabelParentName: p.parent.name}
+}
+
 func (p *standaloneProxy) buildStatefulSet(s Settings) *appsv1.StatefulSet {
 	return proxyPods{
 		name:      p.name(),
 		namespace: s.Namespace,
 		labels:    p.parent.labels(),
-		selector:  map[string]string{LabelParentType: p.parent.typ, LabelParentNS: p.parent.namespace, LabelParentName: p.parent.name},
+		selector:  p.selector(),
 		replicas:  1,
 		args:      []string{"--config-secret=" + p.secretName()},
 		kernel:    p.kernel,
@@ -176,6 +182,11 @@ func forwardingInitContainer(image string) corev1.Container {
 			corev1.ResourceCPU: mustQuantity("1m"), corev1.ResourceMemory: mustQuantity("1Mi"),
 		}},
 	}
+}
+
+// metricsEnabled reports whether a ProxyClass has its proxies serve metrics.
+func metricsEnabled(pc *tsv1alpha1.ProxyClass) bool {
+	return pc != nil && pc.Spec.Metrics != nil && pc.Spec.Metrics.Enable
 }
 
 // podSysctlForwarding reports whether a ProxyClass turns IPv4 forwarding on through the Pod's
