@@ -104,6 +104,9 @@ func validateProxyClass(spec *tsv1alpha1.ProxyClassSpec, serviceMonitorCRD bool)
 			if c := p.TailscaleInitContainer; c != nil && c.Debug != nil && c.Debug.Enable {
 				v.problems = append(v.problems, "tailscaleInitContainer.debug cannot be enabled: the init container runs no server")
 			}
+			if p.TailscaleInitContainer != nil && podSysctlForwarding(spec) {
+				v.problems = append(v.problems, "tailscaleInitContainer cannot apply: securityContext.sysctls turns IP forwarding on, so the proxies have no init container")
+			}
 		}
 	}
 	if m := spec.Metrics; m != nil && m.ServiceMonitor != nil && m.ServiceMonitor.Enable {

@@ -145,7 +145,9 @@ func runGroup(ctx context.Context, opts Options, kube kubernetes.Interface, src 
 	if r.lc, err = r.node.LocalClient(); err != nil {
 		return err
 	}
-	opts.metrics.setTailnet(r.lc)
+	if err := nodeStarted(ctx, opts, cfg, r.lc); err != nil {
+		return err
+	}
 	r.flow = newFlow(opts, r.lc, store, dir)
 	r.store, _ = store.(*secretstore.Store)
 

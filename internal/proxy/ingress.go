@@ -72,7 +72,9 @@ func runIngress(ctx context.Context, opts Options, kube kubernetes.Interface, sr
 	if p.lc, err = node.LocalClient(); err != nil {
 		return err
 	}
-	opts.metrics.setTailnet(p.lc)
+	if err := nodeStarted(ctx, opts, cfg, p.lc); err != nil {
+		return err
+	}
 	p.flow = newFlow(opts, p.lc, store, dir)
 	p.web = web.NewServer(web.Config{Listen: node.Listen, WhoIs: p.lc.WhoIs, Logger: p.log, Metrics: opts.metrics.web})
 
@@ -156,6 +158,9 @@ func restartReason(old, cfg *contract.ProxyConfig, loggedIn bool) string {
 		return fmt.Sprintf("state Secret changed from %q to %q", old.StateSecret, cfg.StateSecret)
 	case !loggedIn && cfg.AuthKey != "" && cfg.AuthKey != old.AuthKey:
 		return "a new auth key arrived while the device is not logged in"
+	case old.AcceptRoutes != cfg.AcceptRoutes:
+		// Set once, as the node starts (nodeStarted).
+		return fmt.Sprintf("acceptRoutes changed to %t", cfg.AcceptRoutes)
 	}
 	return ""
 }

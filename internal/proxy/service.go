@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+	"tailscale.com/client/local"
 	"tailscale.com/ipn"
 	"tailscale.com/tsnet"
 	"tailscale.com/types/logger"
@@ -76,7 +77,9 @@ func runService(ctx context.Context, opts Options, kube kubernetes.Interface, sr
 	if err != nil {
 		return err
 	}
-	opts.metrics.setTailnet(lc)
+	if err := nodeStarted(ctx, opts, cfg, lc); err != nil {
+		return err
+	}
 
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -129,6 +132,17 @@ func nodeStorage(ctx context.Context, opts Options, kube kubernetes.Interface, c
 		return "", nil, nil, err
 	}
 	return dir, st, observingReporter{st, opts.metrics}, nil
+}
+
+// nodeStarted finishes setting up a started node as the config says: whether it accepts the
+// subnet routes other nodes advertise (tailscale's --accept-routes, off by default on Linux),
+// and its metrics.
+func nodeStarted(ctx context.Context, opts Options, cfg *contract.ProxyConfig, lc *local.Client) error {
+	if _, err := lc.EditPrefs(ctx, &ipn.MaskedPrefs{RouteAllSet: true, Prefs: ipn.Prefs{RouteAll: cfg.AcceptRoutes}}); err != nil {
+		return fmt.Errorf("setting acceptRoutes: %w", err)
+	}
+	opts.metrics.setTailnet(lc)
+	return nil
 }
 
 // newNode is the proxy's tailnet node as the config describes it.
