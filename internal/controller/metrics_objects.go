@@ -125,12 +125,14 @@ func applyMetricsObjects(ctx context.Context, c client.Client, owner client.Obje
 		}
 		return nil
 	}
+	objs := []client.Object{svc}
 	if sm != nil {
 		svc.Annotations = map[string]string{annotationServiceMonitor: "true"}
+		objs = append(objs, sm)
 	}
-	for _, obj := range []client.Object{svc, sm} {
-		if obj == nil || owner == nil {
-			continue
+	for _, obj := range objs {
+		if owner == nil {
+			break
 		}
 		if err := controllerutil.SetControllerReference(owner, obj, c.Scheme()); err != nil {
 			return err
