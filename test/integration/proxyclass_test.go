@@ -45,7 +45,9 @@ func TestProxyClassAndGroupFieldsWholeFlow(t *testing.T) {
 	if err := w.k8s.Create(w.ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "proxy-critical"}, Value: 1000}); err != nil {
 		t.Fatal(err)
 	}
-	mem := func(s string) corev1.ResourceList { return corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(s)} }
+	mem := func(s string) corev1.ResourceList {
+		return corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(s)}
+	}
 	tuned := &tsv1alpha1.ProxyClass{
 		ObjectMeta: metav1.ObjectMeta{Name: "tuned"},
 		Spec: tsv1alpha1.ProxyClassSpec{
