@@ -130,7 +130,9 @@ type Pod struct {
 
 	// TailscaleInitContainer customises the init container that enables IP forwarding for
 	// kernel-mode (L3) proxies: a privileged container named sysctler that runs the proxy image's
-	// `proxy sysctl`. L7 proxies, and L3 proxies whose Pod sysctls turn forwarding on, have none.
+	// `proxy sysctl` (those of Services and ProxyGroups). L7 proxies have none: an Ingress's
+	// proxy ignores the field, with a Warning Event (ProxyClassFieldIgnored). A class whose Pod
+	// sysctls turn forwarding on has none either, and is refused with this field set.
 	// +optional
 	TailscaleInitContainer *Container `json:"tailscaleInitContainer,omitempty"`
 }
@@ -189,7 +191,7 @@ type Debug struct {
 // Metrics configures the proxies' metrics.
 type Metrics struct {
 	// Enable serves Prometheus metrics on port 9002 of the Pod IP, path /metrics, and creates a
-	// Service named `<proxy>-metrics` in front of it.
+	// Service named `<proxy>-metrics` in front of it. Turning it on or off restarts no proxy.
 	// +required
 	Enable bool `json:"enable"`
 
@@ -212,7 +214,11 @@ type ServiceMonitor struct {
 
 // TailscaleConfig sets options of a proxy's tailnet node.
 type TailscaleConfig struct {
-	// AcceptRoutes makes the proxies accept subnet routes advertised by other tailnet nodes.
+	// AcceptRoutes makes the proxies accept subnet routes advertised by other tailnet nodes
+	// (tailscale's --accept-routes): their tailnet node sends traffic for those subnets to the
+	// routers, so that an L7 proxy answers clients behind a subnet router that keeps their
+	// addresses. L3 proxies route only tailnet addresses into their tunnel. Changing it restarts
+	// the proxies.
 	// +optional
 	AcceptRoutes bool `json:"acceptRoutes,omitempty"`
 }

@@ -158,3 +158,19 @@ func nthOldest(ts []time.Time, i int) time.Time {
 	slices.SortFunc(s, func(a, b time.Time) int { return a.Compare(b) })
 	return s[i]
 }
+
+// Usage is what the ledger counts at now against each limit, as Reserve counts it
+// (reservations included): new certificates of the domain, and certificates per name.
+func (l *Ledger) Usage(now time.Time, lim Limits) (newForDomain int, perName map[string]int) {
+	perName = map[string]int{}
+	for _, e := range l.Entries {
+		if !now.Before(e.At.Add(lim.Window)) {
+			continue
+		}
+		perName[e.Name]++
+		if !e.Renewal {
+			newForDomain++
+		}
+	}
+	return newForDomain, perName
+}

@@ -134,3 +134,31 @@ func TestDomain(t *testing.T) {
 		t.Error("a public suffix has no registered domain")
 	}
 }
+
+// Usage counts what Reserve counts: a name at its limit shows the limit, the domain its new
+// certificates (renewals and entries past the window left out).
+func TestUsageAgreesWithReserve(t *testing.T) {
+	l := &Ledger{}
+	lim := LetsEncrypt
+	now := t0
+	issue(t, l, "old.tail1.ts.net", now, lim)
+	now = now.Add(lim.Window) // the first leaves the window
+	for range 5 {
+		issue(t, l, "web.tail1.ts.net", now, lim)
+		now = now.Add(time.Minute)
+	}
+	if h := l.Reserve("api.tail1.ts.net", false, now, lim); h != nil { // open: counted too
+		t.Fatal(h.Message)
+	}
+	domain, names := l.Usage(now, lim)
+	// web's first is new; its four later ones are renewals of a name already known.
+	if domain != 2 {
+		t.Errorf("new certificates of the domain = %d, want 2 (web's first and api's reservation)", domain)
+	}
+	if names["web.tail1.ts.net"] != lim.PerName || names["api.tail1.ts.net"] != 1 || names["old.tail1.ts.net"] != 0 {
+		t.Errorf("per name = %v", names)
+	}
+	if h := l.Reserve("web.tail1.ts.net", true, now, lim); h == nil || h.Reason != ReasonNameLimit {
+		t.Errorf("a name Usage shows at its limit is not held: %+v", h)
+	}
+}

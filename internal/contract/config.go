@@ -70,6 +70,10 @@ type ProxyConfig struct {
 	// AdvertiseServices lists the Tailscale Services a ProxyGroup replica may advertise. The
 	// replica advertises each one only once it can serve it.
 	AdvertiseServices []string `json:"advertiseServices,omitempty"`
+	// Metrics makes the proxy serve Prometheus metrics at /metrics on its health address (a
+	// ProxyClass's metrics.enable). Optional in any version: an older proxy ignores it and serves
+	// none, and turning it on or off needs no restart.
+	Metrics bool `json:"metrics,omitempty"`
 }
 
 // TLSConfig configures certificate issuance.

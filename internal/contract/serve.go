@@ -37,6 +37,9 @@ type WebService struct {
 	Routes []Route `json:"routes"`
 	// TLS says where certificates come from besides ACME for the tailnet name. Schema v2.
 	TLS WebTLS `json:"tls,omitzero"`
+	// Ingress is the namespace/name of the Ingress served, which labels the proxy's request
+	// metrics. Optional in any version: an older proxy ignores it.
+	Ingress string `json:"ingress,omitempty"`
 }
 
 // WebTLS configures the certificates of a web service.

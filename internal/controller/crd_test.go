@@ -57,15 +57,10 @@ var _ = Describe("CRD validation", func() {
 		p := pg("crd-immutable", nil)
 		Expect(k8s.Create(ctx, p)).To(Succeed())
 		DeferCleanup(k8s.Delete, ctx, p)
-		// The ProxyGroup reconciler may write the object (its finalizer) meanwhile: a conflict says
-		// nothing of validation, so the change is tried again on the latest version.
-		var err error
-		Eventually(func() bool {
-			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(p), p)).To(Succeed())
-			p.Spec.Type = tsv1alpha1.ProxyGroupTypeEgress
-			err = k8s.Update(ctx, p)
-			return apierrors.IsConflict(err)
-		}).Should(BeFalse())
+		// A merge patch: the operator may have added its finalizer since the create.
+		patch := client.MergeFrom(p.DeepCopy())
+		p.Spec.Type = tsv1alpha1.ProxyGroupTypeEgress
+		err := k8s.Patch(ctx, p, patch)
 		Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want Invalid, got %v", err)
 		Expect(err.Error()).To(ContainSubstring("type is immutable"))
 	})

@@ -113,7 +113,7 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 		Eventually(func(g Gomega) map[string]contract.WebService {
 			serve, _ := groupDocuments(g, "ha")
 			return serve.Services
-		}).Should(HaveKeyWithValue("svc:ha-shop", contract.WebService{HTTP: contract.HTTPRedirect, Routes: []contract.Route{
+		}).Should(HaveKeyWithValue("svc:ha-shop", contract.WebService{HTTP: contract.HTTPRedirect, Ingress: ns + "/ha-shop", Routes: []contract.Route{
 			{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"}}},
 			// No replica runs here, so the tailnet's domain is unknown: issuance waits for it.
 			TLS: contract.WebTLS{Hold: &contract.IssuanceHold{Reason: ReasonWaitingForTailnetDomain,

@@ -179,6 +179,9 @@ func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.
 		return nil, byo, false, err
 	}
 	d := decideIngress(ing, in, byo, r.Settings.DefaultTags)
+	if f := initContainerIgnored(class); f != nil {
+		d.findings = append(d.findings, *f)
+	}
 	r.findings(ing, d.findings)
 	if hasBlocking(d.findings) {
 		return nil, byo, false, nil

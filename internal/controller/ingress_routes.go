@@ -101,12 +101,27 @@ func buildWebService(ing *networkingv1.Ingress, in routeInputs) (contract.WebSer
 			"annotation %s=%q must be http, https or https-insecure; detecting the protocol from the port instead", AnnotationBackendProtocol, protocol))
 		protocol = ""
 	}
+	ws.Ingress = ing.Namespace + "/" + ing.Name
 	if v, ok := ing.Annotations[AnnotationHTTPRedirect]; ok {
 		if on, err := strconv.ParseBool(v); err != nil {
 			findings = append(findings, warnf(ReasonInvalidAnnotation, "annotation %s=%q is not a boolean; no redirect", AnnotationHTTPRedirect, v))
 		} else if on {
 			ws.HTTP = contract.HTTPRedirect
 		}
+	}
+	// Plain HTTP beside HTTPS, as the original operator serves it; it takes port 80 from the
+	// redirect.
+	switch v := ing.Annotations[AnnotationHTTPEndpoint]; v {
+	case "", httpEndpointDisabled:
+	case httpEndpointEnabled:
+		if ws.HTTP == contract.HTTPRedirect {
+			findings = append(findings, finding{reason: ReasonHTTPRedirectIgnored, message: fmt.Sprintf(
+				"annotation %s=%s serves plain HTTP on port 80, so %s is not applied", AnnotationHTTPEndpoint, v, AnnotationHTTPRedirect)})
+		}
+		ws.HTTP = contract.HTTPServe
+	default:
+		findings = append(findings, warnf(ReasonInvalidAnnotation, "annotation %s=%q must be %q or %q; port 80 is not served plainly",
+			AnnotationHTTPEndpoint, v, httpEndpointEnabled, httpEndpointDisabled))
 	}
 
 	seen := map[string]bool{}
@@ -218,7 +233,6 @@ func parentDomain(host string) string {
 // the proxy config (a ProxyGroup's ConfigMap holds every Ingress of the group): beyond it the
 // proxy reaches the ClusterIP and kube-proxy balances.
 const maxEndpoints = 128
-
 
 // resolveBackend finds the address of an Ingress backend: the Service's ClusterIP (or, for
 // an ExternalName Service, its DNS name) and the Service port, with the ready endpoints behind

@@ -114,6 +114,35 @@ func TestBuildWebService(t *testing.T) {
 			wantHTTP:    contract.HTTPRedirect,
 		},
 		{
+			name:        "http endpoint annotation serves plain HTTP",
+			annotations: map[string]string{AnnotationHTTPEndpoint: "enabled"},
+			spec:        networkingv1.IngressSpec{DefaultBackend: ptr.To(backend("web", 80))},
+			want:        []contract.Route{route("/", contract.PathPrefix, "http://10.96.0.10:80", false)},
+			wantHTTP:    contract.HTTPServe,
+		},
+		{
+			name:         "http endpoint takes priority over the redirect, with a notice",
+			annotations:  map[string]string{AnnotationHTTPEndpoint: "enabled", AnnotationHTTPRedirect: "true"},
+			spec:         networkingv1.IngressSpec{DefaultBackend: ptr.To(backend("web", 80))},
+			want:         []contract.Route{route("/", contract.PathPrefix, "http://10.96.0.10:80", false)},
+			wantHTTP:     contract.HTTPServe,
+			wantFindings: []string{ReasonHTTPRedirectIgnored},
+		},
+		{
+			name:        "http endpoint disabled leaves the redirect",
+			annotations: map[string]string{AnnotationHTTPEndpoint: "disabled", AnnotationHTTPRedirect: "true"},
+			spec:        networkingv1.IngressSpec{DefaultBackend: ptr.To(backend("web", 80))},
+			want:        []contract.Route{route("/", contract.PathPrefix, "http://10.96.0.10:80", false)},
+			wantHTTP:    contract.HTTPRedirect,
+		},
+		{
+			name:         "a bad http endpoint value is reported and serves no plain HTTP",
+			annotations:  map[string]string{AnnotationHTTPEndpoint: "true"},
+			spec:         networkingv1.IngressSpec{DefaultBackend: ptr.To(backend("web", 80))},
+			want:         []contract.Route{route("/", contract.PathPrefix, "http://10.96.0.10:80", false)},
+			wantFindings: []string{ReasonInvalidAnnotation},
+		},
+		{
 			name: "external name backend",
 			spec: networkingv1.IngressSpec{DefaultBackend: ptr.To(backend("ext", 5000))},
 			want: []contract.Route{route("/", contract.PathPrefix, "http://db.example.com:5000", false)},
@@ -153,6 +182,9 @@ func TestBuildWebService(t *testing.T) {
 			}
 			if ws.HTTP != tc.wantHTTP {
 				t.Errorf("http = %q, want %q", ws.HTTP, tc.wantHTTP)
+			}
+			if ws.Ingress != "default/i" {
+				t.Errorf("ingress = %q, want the Ingress's namespace/name", ws.Ingress)
 			}
 			var reasons []string
 			for _, f := range findings {

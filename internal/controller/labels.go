@@ -17,6 +17,11 @@ const (
 	AnnotationTags         = "tailscale.com/tags"
 	AnnotationProxyGroup   = "tailscale.com/proxy-group"
 	AnnotationHTTPRedirect = "tailscale.com/http-redirect"
+	// AnnotationHTTPEndpoint "enabled" serves an Ingress over plain HTTP on port 80 too, with
+	// the same routes; it takes priority over AnnotationHTTPRedirect.
+	AnnotationHTTPEndpoint = "tailscale.com/http-endpoint"
+	httpEndpointEnabled    = "enabled"
+	httpEndpointDisabled   = "disabled"
 	// AnnotationBackendProtocol forces the scheme of every backend of an Ingress: "http",
 	// "https" or "https-insecure" (https without certificate verification). Without it a
 	// backend on port 443 or a port named https is https-insecure, anything else http.

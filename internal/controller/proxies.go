@@ -81,6 +81,9 @@ func (m *proxies) ensure(ctx context.Context, p *standaloneProxy) (created bool,
 			return false, err
 		}
 	}
+	if err := applyMetricsObjects(ctx, m.Client, nil, p.name(), ns, p.parent.labels(), p.selector(), p.class); err != nil {
+		return false, err
+	}
 	return created, pruneCertCopies(ctx, m.Client, ns, p.parent.labels(), p.certSecrets)
 }
 
@@ -187,6 +190,9 @@ func (m *proxies) cleanup(ctx context.Context, par parent) (done bool, err error
 		return false, err
 	}
 	if err := pruneCertCopies(ctx, m.Client, ns, par.labels(), nil); err != nil {
+		return false, err
+	}
+	if err := applyMetricsObjects(ctx, m.Client, nil, name, ns, nil, nil, nil); err != nil {
 		return false, err
 	}
 	for _, obj := range []client.Object{

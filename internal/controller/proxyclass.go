@@ -30,6 +30,7 @@ type ProxyClassReconciler struct {
 	client.Client
 	Recorder recorder.EventRecorder
 	Mapper   meta.RESTMapper
+	metrics  *operatorMetrics
 }
 
 // +kubebuilder:rbac:groups=tailscale.com,resources=proxyclasses,verbs=get;list;watch
@@ -52,6 +53,9 @@ func (r *ProxyClassReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	reason, msg := ReasonProxyClassValid, "ProxyClass is valid"
 	if !ok {
 		reason, msg = ReasonProxyClassInvalid, "ProxyClass is not valid: "+strings.Join(v.problems, "; ")
+		r.metrics.outcome("proxyclass", []string{ReasonProxyClassInvalid}, true)
+	} else {
+		r.metrics.outcome("proxyclass", nil, true)
 	}
 	if setCondition(&pc.Status.Conditions, tsv1alpha1.ProxyClassReady, ok, reason, msg, pc.Generation) {
 		if err := patchStatus(ctx, r.Client, before, pc); err != nil {
@@ -99,6 +103,9 @@ func validateProxyClass(spec *tsv1alpha1.ProxyClassSpec, serviceMonitorCRD bool)
 			v.container("tailscaleInitContainer", p.TailscaleInitContainer)
 			if c := p.TailscaleInitContainer; c != nil && c.Debug != nil && c.Debug.Enable {
 				v.problems = append(v.problems, "tailscaleInitContainer.debug cannot be enabled: the init container runs no server")
+			}
+			if p.TailscaleInitContainer != nil && podSysctlForwarding(spec) {
+				v.problems = append(v.problems, "tailscaleInitContainer cannot apply: securityContext.sysctls turns IP forwarding on, so the proxies have no init container")
 			}
 		}
 	}

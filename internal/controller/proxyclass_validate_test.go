@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 )
 
@@ -27,6 +29,10 @@ func TestValidateProxyClass(t *testing.T) {
 		{name: "bad node selector", spec: pod(tsv1alpha1.Pod{NodeSelector: map[string]string{"-x": "y"}}), wantProblem: "nodeSelector"},
 		{name: "image with space", spec: pod(tsv1alpha1.Pod{TailscaleContainer: &tsv1alpha1.Container{Image: "proxy :v1"}}), wantProblem: "white space"},
 		{name: "init debug", spec: pod(tsv1alpha1.Pod{TailscaleInitContainer: &tsv1alpha1.Container{Debug: &tsv1alpha1.Debug{Enable: true}}}), wantProblem: "tailscaleInitContainer.debug"},
+		{name: "init container with sysctl forwarding", spec: pod(tsv1alpha1.Pod{
+			SecurityContext:        &corev1.PodSecurityContext{Sysctls: []corev1.Sysctl{{Name: "net.ipv4.ip_forward", Value: "1"}}},
+			TailscaleInitContainer: &tsv1alpha1.Container{Image: "proxy:v1"}}), wantProblem: "tailscaleInitContainer cannot apply"},
+		{name: "init container without sysctl forwarding", spec: pod(tsv1alpha1.Pod{TailscaleInitContainer: &tsv1alpha1.Container{Image: "proxy:v1"}})},
 		{name: "TS env override", spec: pod(tsv1alpha1.Pod{TailscaleContainer: &tsv1alpha1.Container{Env: []tsv1alpha1.Env{{Name: "TS_X"}}}}), wantWarning: "TS_X"},
 		{name: "service monitor without CRD", spec: sm, wantProblem: "ServiceMonitor CRD", wantRecheck: true},
 		{name: "service monitor with CRD", spec: sm, crd: true},

@@ -180,7 +180,7 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 			return err
 		}
 	}
-	return nil
+	return applyMetricsObjects(ctx, r.Client, pg, g.name, ns, g.labels(), g.labels(), class)
 }
 
 // groupConfigMap returns the group's ConfigMap as the reconciler owns it (metadata only: the
@@ -253,6 +253,7 @@ func (r *ProxyGroupReconciler) replicaConfig(ctx context.Context, pg *tsv1alpha1
 			cfg.AcceptRoutes = class.Spec.Tailscale.AcceptRoutes
 		}
 	}
+	cfg.Metrics = metricsEnabled(class)
 	key, err := r.replicaAuthKey(ctx, pg, g, i, tags)
 	if err != nil {
 		return nil, err

@@ -21,8 +21,9 @@ const (
 	ReasonUnsupportedHost       = "UnsupportedIngressHost"
 	ReasonUnsupportedPath       = "UnsupportedIngressPath"
 	ReasonDuplicatePath         = "DuplicateIngressPath"
-	ReasonPathUndefined         = "PathUndefined"      // Normal: a rule without paths
-	ReasonEndpointsNotListed    = "EndpointsNotListed" // Normal: a backend is reached through its ClusterIP only
+	ReasonPathUndefined         = "PathUndefined"       // Normal: a rule without paths
+	ReasonHTTPRedirectIgnored   = "HTTPRedirectIgnored" // Normal: http-endpoint takes port 80 from http-redirect
+	ReasonEndpointsNotListed    = "EndpointsNotListed"  // Normal: a backend is reached through its ClusterIP only
 	ReasonNoValidBackends       = "NoValidBackends"
 	ReasonInvalidAnnotation     = "InvalidAnnotation"
 	ReasonInvalidHostname       = "InvalidHostname"
@@ -32,8 +33,11 @@ const (
 // Any object with a proxy.
 const (
 	ReasonProxyClassNotReady = "ProxyClassNotReady"
-	ReasonTailnetAPIFailed   = "TailnetAPIFailed" // the message carries the control plane's reason
-	ReasonCleanupFailed      = "CleanupFailed"
+	// A ProxyClass field that this object's proxy does not have (tailscaleInitContainer on an
+	// Ingress's L7 proxy); the rest of the class applies.
+	ReasonProxyClassFieldIgnored = "ProxyClassFieldIgnored"
+	ReasonTailnetAPIFailed       = "TailnetAPIFailed" // the message carries the control plane's reason
+	ReasonCleanupFailed          = "CleanupFailed"
 )
 
 // Certificates, on Events and in an Ingress's status.loadBalancer port errors.

@@ -20,6 +20,9 @@ import (
 type reporter struct {
 	Recorder recorder.EventRecorder
 	memory   *eventMemory // nil: every Event is emitted
+	// controller names the reconciler in the metrics, which count its passes (nil: none).
+	controller string
+	metrics    *operatorMetrics
 }
 
 func newReporter(rec recorder.EventRecorder) reporter {
@@ -123,6 +126,7 @@ func (r reporter) settle(obj client.Object, complete bool) {
 	r.memory.mu.Lock()
 	defer r.memory.mu.Unlock()
 	o := r.memory.object(obj)
+	r.metrics.outcome(r.controller, warningReasons(o.pass), complete)
 	if complete {
 		o.standing = o.pass
 	} else {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/tsingress/tsingress/internal/acmebudget"
@@ -43,6 +44,9 @@ type Settings struct {
 	// CertificateLimits are the ACME CA's rate limits the operator keeps proxies within; zero
 	// means Let's Encrypt's.
 	CertificateLimits acmebudget.Limits
+	// Metrics receives the operator's metrics; nil means controller-runtime's registry, which
+	// the manager's metrics endpoint serves.
+	Metrics prometheus.Registerer
 }
 
 // Validate checks the settings at start-up, so a misconfigured operator fails at once.

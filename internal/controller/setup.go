@@ -2,6 +2,7 @@
 package controller
 
 import (
+	"fmt"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -11,6 +12,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/tsingress/tsingress/internal/acmebudget"
 	"github.com/tsingress/tsingress/internal/tailnet"
@@ -43,30 +45,38 @@ func CacheOptions(s Settings) cache.Options {
 // Setup registers every reconciler with the manager. tc is the tailnet's control plane.
 func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
 	rec := mgr.GetEventRecorder(recorderName)
-	if err := (&ProxyClassReconciler{Client: mgr.GetClient(), Recorder: rec, Mapper: mgr.GetRESTMapper()}).SetupWithManager(mgr); err != nil {
-		return err
-	}
-	p := &proxies{Client: mgr.GetClient(), api: mgr.GetAPIReader(), settings: s, tailnet: tc}
-	certs := certSecrets{cached: mgr.GetClient(), api: mgr.GetAPIReader(), now: time.Now}
 	limits := s.CertificateLimits
 	if limits == (acmebudget.Limits{}) {
 		limits = acmebudget.LetsEncrypt
 	}
+	reg := s.Metrics
+	if reg == nil {
+		reg = ctrlmetrics.Registry
+	}
+	m, err := registerOperatorMetrics(reg, mgr.GetClient(), s.Namespace, limits)
+	if err != nil {
+		return fmt.Errorf("registering the operator's metrics: %w", err)
+	}
+	if err := (&ProxyClassReconciler{Client: mgr.GetClient(), Recorder: rec, Mapper: mgr.GetRESTMapper(), metrics: m}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	p := &proxies{Client: mgr.GetClient(), api: mgr.GetAPIReader(), settings: s, tailnet: tc}
+	certs := certSecrets{cached: mgr.GetClient(), api: mgr.GetAPIReader(), now: time.Now}
 	guard := &certGuard{Client: mgr.GetClient(), namespace: s.Namespace, limits: limits, now: time.Now}
-	if err := (&IngressReconciler{Client: mgr.GetClient(), reporter: newReporter(rec), Settings: s, certs: certs, guard: guard}).SetupWithManager(mgr, p); err != nil {
+	if err := (&IngressReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "ingress"), Settings: s, certs: certs, guard: guard}).SetupWithManager(mgr, p); err != nil {
 		return err
 	}
-	if err := (&ServiceReconciler{Client: mgr.GetClient(), reporter: newReporter(rec), Settings: s}).SetupWithManager(mgr, p); err != nil {
+	if err := (&ServiceReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "service"), Settings: s}).SetupWithManager(mgr, p); err != nil {
 		return err
 	}
-	if err := (&ProxyGroupReconciler{Client: mgr.GetClient(), reporter: newReporter(rec), Settings: s, Tailnet: tc}).SetupWithManager(mgr); err != nil {
+	if err := (&ProxyGroupReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "proxygroup"), Settings: s, Tailnet: tc}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	docs := groupDocs{Client: mgr.GetClient(), namespace: s.Namespace}
 	services := &tailscaleServices{Client: mgr.GetClient(), tailnet: tc, settings: s}
-	if err := (&HAIngressReconciler{Client: mgr.GetClient(), reporter: newReporter(rec), Settings: s, certs: certs, guard: guard,
+	if err := (&HAIngressReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "ingress-proxygroup"), Settings: s, certs: certs, guard: guard,
 		info: p.tailnetInfo}).SetupWithManager(mgr, docs, services); err != nil {
 		return err
 	}
-	return (&HAServiceReconciler{Client: mgr.GetClient(), reporter: newReporter(rec), Settings: s}).SetupWithManager(mgr, docs, services)
+	return (&HAServiceReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "service-proxygroup"), Settings: s}).SetupWithManager(mgr, docs, services)
 }

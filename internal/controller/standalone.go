@@ -69,6 +69,7 @@ func (p *standaloneProxy) proxyConfig(authKey string) *contract.ProxyConfig {
 			cfg.AcceptRoutes = pc.Spec.Tailscale.AcceptRoutes
 		}
 	}
+	cfg.Metrics = metricsEnabled(p.class)
 	return &cfg
 }
 
@@ -115,12 +116,17 @@ func (p *standaloneProxy) buildRoleBinding(namespace string) *rbacv1.RoleBinding
 	return rb
 }
 
+// selector selects the proxy's Pod.
+func (p *standaloneProxy) selector() map[string]string {
+	return map[string]string{LabelParentType: p.parent.typ, LabelParentNS: p.parent.namespace, LabelParentName: p.parent.name}
+}
+
 func (p *standaloneProxy) buildStatefulSet(s Settings) *appsv1.StatefulSet {
 	return proxyPods{
 		name:      p.name(),
 		namespace: s.Namespace,
 		labels:    p.parent.labels(),
-		selector:  map[string]string{LabelParentType: p.parent.typ, LabelParentNS: p.parent.namespace, LabelParentName: p.parent.name},
+		selector:  p.selector(),
 		replicas:  1,
 		args:      []string{"--config-secret=" + p.secretName()},
 		kernel:    p.kernel,
@@ -178,14 +184,29 @@ func forwardingInitContainer(image string) corev1.Container {
 	}
 }
 
+// initContainerIgnored is the finding of an Ingress's (L7) proxy whose class customises an init
+// container it does not have: nothing breaks, so it only says so.
+func initContainerIgnored(pc *tsv1alpha1.ProxyClass) *finding {
+	if pc == nil || pc.Spec.StatefulSet == nil || pc.Spec.StatefulSet.Pod == nil || pc.Spec.StatefulSet.Pod.TailscaleInitContainer == nil {
+		return nil
+	}
+	f := warnf(ReasonProxyClassFieldIgnored, "ProxyClass %q sets tailscaleInitContainer, which an Ingress's proxy does not have (it needs no IP forwarding); the field is ignored here", pc.Name)
+	return &f
+}
+
+// metricsEnabled reports whether a ProxyClass has its proxies serve metrics.
+func metricsEnabled(pc *tsv1alpha1.ProxyClass) bool {
+	return pc != nil && pc.Spec.Metrics != nil && pc.Spec.Metrics.Enable
+}
+
 // podSysctlForwarding reports whether a ProxyClass turns IPv4 forwarding on through the Pod's
 // sysctls (the kubelet must allow the unsafe sysctl: --allowed-unsafe-sysctls), in which case
 // its proxies need no privileged init container.
-func podSysctlForwarding(pc *tsv1alpha1.ProxyClass) bool {
-	if pc == nil || pc.Spec.StatefulSet == nil || pc.Spec.StatefulSet.Pod == nil || pc.Spec.StatefulSet.Pod.SecurityContext == nil {
+func podSysctlForwarding(spec *tsv1alpha1.ProxyClassSpec) bool {
+	if spec == nil || spec.StatefulSet == nil || spec.StatefulSet.Pod == nil || spec.StatefulSet.Pod.SecurityContext == nil {
 		return false
 	}
-	for _, sc := range pc.Spec.StatefulSet.Pod.SecurityContext.Sysctls {
+	for _, sc := range spec.StatefulSet.Pod.SecurityContext.Sysctls {
 		if sc.Name == sysctlIPv4Forward && sc.Value == "1" {
 			return true
 		}
@@ -256,7 +277,7 @@ func (pp proxyPods) build() *appsv1.StatefulSet {
 	if pp.kernel {
 		volumes = append(volumes, corev1.Volume{Name: "dev-net-tun", VolumeSource: corev1.VolumeSource{
 			HostPath: &corev1.HostPathVolumeSource{Path: "/dev/net/tun", Type: ptr.To(corev1.HostPathCharDev)}}})
-		if !podSysctlForwarding(pp.class) {
+		if pp.class == nil || !podSysctlForwarding(&pp.class.Spec) {
 			initContainers = append(initContainers, forwardingInitContainer(pp.image))
 		}
 	}

@@ -145,6 +145,9 @@ func runGroup(ctx context.Context, opts Options, kube kubernetes.Interface, src 
 	if r.lc, err = r.node.LocalClient(); err != nil {
 		return err
 	}
+	if err := nodeStarted(ctx, opts, cfg, r.lc); err != nil {
+		return err
+	}
 	r.flow = newFlow(opts, r.lc, store, dir)
 	r.store, _ = store.(*secretstore.Store)
 
@@ -307,15 +310,19 @@ func (r *replica) onStatus(ctx context.Context, st nodeStatus) error {
 // reported and the last good one stays in force.
 func (r *replica) onDocs(data map[string][]byte) {
 	if doc, err := decodeDoc(contract.ServeConfigs, "serve-config", data); err != nil {
+		r.opts.metrics.rejected(docServeConfig)
 		r.log.Error("the group's Serve config is not applied; serving the last good one", "configmap", r.opts.GroupConfigMap, "err", err)
 	} else if !reflect.DeepEqual(*doc, r.serve) {
 		r.serve = *doc
+		r.opts.metrics.applied(docServeConfig)
 		r.log.Info("Serve config applied", "services", slices.Sorted(maps.Keys(doc.Services)))
 	}
 	if doc, err := decodeDoc(contract.DNATConfigs, "dnat-config", data); err != nil {
+		r.opts.metrics.rejected(docDNATConfig)
 		r.log.Error("the group's DNAT config is not applied; serving the last good one", "configmap", r.opts.GroupConfigMap, "err", err)
 	} else if !reflect.DeepEqual(*doc, r.dnat) {
 		r.dnat = *doc
+		r.opts.metrics.applied(docDNATConfig)
 		r.log.Info("DNAT config applied", "services", slices.Sorted(maps.Keys(doc.Services)))
 	}
 }
@@ -503,7 +510,7 @@ func (e *webService) certReady() bool {
 func (r *replica) startWeb(ctx context.Context, name string) *webService {
 	e := &webService{name: name, fqdn: r.fqdn(name), role: r.role()}
 	log := r.log.With("service", name)
-	e.srv = web.NewServer(web.Config{Listen: e.listen(r.node), WhoIs: r.lc.WhoIs, Logger: log})
+	e.srv = web.NewServer(web.Config{Listen: e.listen(r.node), WhoIs: r.lc.WhoIs, Logger: log, Metrics: r.opts.metrics.web})
 	e.srv.SetName(e.fqdn)
 	ectx, stop := context.WithCancel(ctx)
 	e.stop = stop

@@ -11,14 +11,16 @@ import (
 	"time"
 )
 
-// health serves /healthz (the process is alive and answering) and /readyz (logged in, config
-// applied and serving HTTPS with a certificate); /readyz says what it is still waiting for.
+// health serves /healthz (the process is alive and answering), /readyz (logged in, config
+// applied and serving HTTPS with a certificate; it says what it is still waiting for) and
+// /metrics (while the config enables them).
 type health struct {
 	notReady atomic.Pointer[string] // why the proxy is not ready; empty when it is
+	metrics  *proxyMetrics
 }
 
-func newHealth() *health {
-	h := &health{}
+func newHealth(m *proxyMetrics) *health {
+	h := &health{metrics: m}
 	h.set("starting")
 	return h
 }
@@ -49,6 +51,7 @@ func (h *health) serve(opts Options) (stop func(), err error) {
 		}
 		io.WriteString(w, "ok\n")
 	})
+	mux.Handle("GET /metrics", h.metrics.handler())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {

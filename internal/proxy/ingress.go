@@ -72,8 +72,11 @@ func runIngress(ctx context.Context, opts Options, kube kubernetes.Interface, sr
 	if p.lc, err = node.LocalClient(); err != nil {
 		return err
 	}
+	if err := nodeStarted(ctx, opts, cfg, p.lc); err != nil {
+		return err
+	}
 	p.flow = newFlow(opts, p.lc, store, dir)
-	p.web = web.NewServer(web.Config{Listen: node.Listen, WhoIs: p.lc.WhoIs, Logger: p.log})
+	p.web = web.NewServer(web.Config{Listen: node.Listen, WhoIs: p.lc.WhoIs, Logger: p.log, Metrics: opts.metrics.web})
 
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -118,10 +121,10 @@ func runIngress(ctx context.Context, opts Options, kube kubernetes.Interface, sr
 // options' stand-in.
 func newFlow(opts Options, lc *local.Client, store ipn.StateStore, dir string) acmeFlow {
 	if opts.CertSource != nil {
-		return sourceFlow{opts.CertSource}
+		return countingFlow{sourceFlow{opts.CertSource}, opts.metrics}
 	}
 	st, _ := store.(*secretstore.Store)
-	return tailnetFlow{lc: lc, store: st, dir: dir}
+	return countingFlow{tailnetFlow{lc: lc, store: st, dir: dir}, opts.metrics}
 }
 
 // offersCert reports whether the tailnet lets the node get a certificate for name.
@@ -155,6 +158,9 @@ func restartReason(old, cfg *contract.ProxyConfig, loggedIn bool) string {
 		return fmt.Sprintf("state Secret changed from %q to %q", old.StateSecret, cfg.StateSecret)
 	case !loggedIn && cfg.AuthKey != "" && cfg.AuthKey != old.AuthKey:
 		return "a new auth key arrived while the device is not logged in"
+	case old.AcceptRoutes != cfg.AcceptRoutes:
+		// Set once, as the node starts (nodeStarted).
+		return fmt.Sprintf("acceptRoutes changed to %t", cfg.AcceptRoutes)
 	}
 	return ""
 }

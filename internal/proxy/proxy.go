@@ -87,7 +87,8 @@ type Options struct {
 	// subdirectory per proxy.
 	StateDir string
 
-	// HealthAddr is where /healthz and /readyz are served; empty serves nothing.
+	// HealthAddr is where /healthz and /readyz are served, and /metrics when the config enables
+	// them; empty serves nothing.
 	// HealthListener, if set, is used instead.
 	HealthAddr     string
 	HealthListener net.Listener
@@ -122,6 +123,8 @@ type Options struct {
 	// GroupWithdrawWait is how long a proxygroup replica keeps serving at shutdown after it
 	// stopped advertising, so that clients move to other replicas first; 5s by default.
 	GroupWithdrawWait time.Duration
+
+	metrics *proxyMetrics // Run's
 }
 
 // Run runs the proxy until ctx ends (then it shuts down gracefully and returns nil), the config
@@ -143,6 +146,8 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	opts.metrics = newProxyMetrics()
+	src = countingSource{src, opts.metrics}
 	cfg, version, err := src.load(ctx)
 	if err != nil {
 		return &ConfigError{err}
@@ -162,7 +167,7 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("proxy kind %q is not supported by this proxy build yet", cfg.Kind)
 	}
 
-	hl := newHealth()
+	hl := newHealth(opts.metrics)
 	stopHealth, err := hl.serve(opts)
 	if err != nil {
 		return err

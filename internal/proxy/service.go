@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+	"tailscale.com/client/local"
 	"tailscale.com/ipn"
 	"tailscale.com/tsnet"
 	"tailscale.com/types/logger"
@@ -76,6 +77,9 @@ func runService(ctx context.Context, opts Options, kube kubernetes.Interface, sr
 	if err != nil {
 		return err
 	}
+	if err := nodeStarted(ctx, opts, cfg, lc); err != nil {
+		return err
+	}
 
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -121,13 +125,24 @@ func nodeStorage(ctx context.Context, opts Options, kube kubernetes.Interface, c
 		return "", nil, nil, err
 	}
 	if kube == nil {
-		return dir, nil, fileReporter{path: filepath.Join(dir, "proxy-state.json")}, nil
+		return dir, nil, observingReporter{fileReporter{path: filepath.Join(dir, "proxy-state.json")}, opts.metrics}, nil
 	}
 	st, err := secretstore.New(ctx, kube.CoreV1().Secrets(opts.Namespace), cfg.StateSecret)
 	if err != nil {
 		return "", nil, nil, err
 	}
-	return dir, st, st, nil
+	return dir, st, observingReporter{st, opts.metrics}, nil
+}
+
+// nodeStarted finishes setting up a started node as the config says: whether it accepts the
+// subnet routes other nodes advertise (tailscale's --accept-routes, off by default on Linux),
+// and its metrics.
+func nodeStarted(ctx context.Context, opts Options, cfg *contract.ProxyConfig, lc *local.Client) error {
+	if _, err := lc.EditPrefs(ctx, &ipn.MaskedPrefs{RouteAllSet: true, Prefs: ipn.Prefs{RouteAll: cfg.AcceptRoutes}}); err != nil {
+		return fmt.Errorf("setting acceptRoutes: %w", err)
+	}
+	opts.metrics.setTailnet(lc)
+	return nil
 }
 
 // newNode is the proxy's tailnet node as the config describes it.

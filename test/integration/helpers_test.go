@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -37,13 +38,14 @@ import (
 // world is a whole flow's environment: a real control plane (kube-apiserver, etcd,
 // kube-controller-manager) running the operator's reconcilers, and a local tailnet.
 type world struct {
-	k8s    client.Client
-	cp     *testenv.ControlPlane
-	lt     *localtailnet.LocalTailnet
-	api    *tailnet.APIClient
-	opNS   string
-	ctx    context.Context
-	cancel context.CancelFunc
+	k8s     client.Client
+	metrics *prometheus.Registry // the operator's
+	cp      *testenv.ControlPlane
+	lt      *localtailnet.LocalTailnet
+	api     *tailnet.APIClient
+	opNS    string
+	ctx     context.Context
+	cancel  context.CancelFunc
 }
 
 func startWorld(t *testing.T) *world {
@@ -86,9 +88,11 @@ func startWorldWith(t *testing.T, tailnetOpts localtailnet.Options, mode contrac
 	if w.api, err = tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: w.lt.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile}); err != nil {
 		t.Fatal(err)
 	}
+	// Each test runs its own operator in this process, with metrics of its own.
+	w.metrics = prometheus.NewRegistry()
 	settings := controller.Settings{
 		Namespace: w.opNS, IngressClassName: "tailscale", DefaultTags: []string{"tag:k8s"},
-		ProxyImage: "unused", FirewallMode: mode, ControlURL: w.lt.ControlURL,
+		ProxyImage: "unused", FirewallMode: mode, ControlURL: w.lt.ControlURL, Metrics: w.metrics,
 	}
 	mgr, err := ctrl.NewManager(w.cp.Config, ctrl.Options{
 		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, Cache: controller.CacheOptions(settings),

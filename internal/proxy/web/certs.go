@@ -67,3 +67,10 @@ func (c *certificates) redirectHost(host string) string {
 	}
 	return c.name
 }
+
+// nameServed is the tailnet name served.
+func (c *certificates) nameServed() string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.name
+}

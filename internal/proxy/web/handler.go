@@ -160,6 +160,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		host = r.TLS.ServerName
 	}
 	i := h.router.match(HostOf(host), r.URL.Path)
+	if info := infoOf(r.Context()); info != nil && i >= 0 {
+		info.route = RouteLabel(h.router.routes[i])
+	}
 	if i < 0 {
 		w.Header().Set("Server", ServerHeader)
 		http.NotFound(w, r)
@@ -200,6 +203,9 @@ func (h *handler) backendError(backend string) func(http.ResponseWriter, *http.R
 	return func(w http.ResponseWriter, r *http.Request, err error) {
 		if r.Context().Err() == nil { // not just a client that went away
 			h.log.Warn("backend request failed", "backend", backend, "path", r.URL.Path, "err", err)
+			if info := infoOf(r.Context()); info != nil {
+				info.upstreamError = true
+			}
 		}
 		w.Header().Set("Server", ServerHeader)
 		w.WriteHeader(http.StatusBadGateway)

@@ -32,6 +32,12 @@ type loopback struct {
 
 func startLoopback(t testing.TB, ws contract.WebService, log *slog.Logger) *loopback {
 	t.Helper()
+	return startLoopbackWith(t, ws, log, nil)
+}
+
+// startLoopbackWith starts a loopback server counting its requests in m.
+func startLoopbackWith(t testing.TB, ws contract.WebService, log *slog.Logger, m *web.Metrics) *loopback {
+	t.Helper()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -55,7 +61,7 @@ func startLoopback(t testing.TB, ws contract.WebService, log *slog.Logger) *loop
 	noIdentity := func(context.Context, string) (*apitype.WhoIsResponse, error) {
 		return nil, errors.New("not a tailnet peer")
 	}
-	lb.srv = web.NewServer(web.Config{Listen: listen, WhoIs: noIdentity, Logger: log})
+	lb.srv = web.NewServer(web.Config{Listen: listen, WhoIs: noIdentity, Logger: log, Metrics: m})
 	if err := lb.srv.Apply(ws); err != nil {
 		t.Fatal(err)
 	}

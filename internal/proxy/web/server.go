@@ -20,6 +20,8 @@ type Config struct {
 	Listen func(network, addr string) (net.Listener, error)
 	WhoIs  WhoIsFunc
 	Logger *slog.Logger
+	// Metrics count the requests; nil counts none.
+	Metrics *Metrics
 }
 
 // Server serves a WebService on the proxy's tailnet name, and on the hosts of its
@@ -40,8 +42,9 @@ type Server struct {
 }
 
 type snapshot struct {
-	routes *handler
-	mode   contract.HTTPMode
+	routes  *handler
+	mode    contract.HTTPMode
+	ingress string // the metrics' ingress label
 }
 
 // NewServer returns a server that listens once Apply is first called.
@@ -88,7 +91,7 @@ func (s *Server) Apply(ws contract.WebService) error {
 	if err != nil {
 		return err
 	}
-	s.cur.Store(&snapshot{routes: h, mode: ws.HTTP})
+	s.cur.Store(&snapshot{routes: h, mode: ws.HTTP, ingress: ws.Ingress})
 	if s.https == nil {
 		ln, err := s.cfg.Listen("tcp", ":443")
 		if err != nil {
@@ -117,11 +120,25 @@ func (s *Server) Apply(ws contract.WebService) error {
 
 // serveRoutes serves a request with the routes current when it arrived.
 func (s *Server) serveRoutes(w http.ResponseWriter, r *http.Request) {
-	s.cur.Load().routes.ServeHTTP(w, r)
+	cur := s.cur.Load()
+	s.cfg.Metrics.instrument(s.ingressLabel(cur), w, r, cur.routes.ServeHTTP)
+}
+
+// ingressLabel names the web service in metrics: its Ingress, or its tailnet name when the
+// operator did not say (an older one).
+func (s *Server) ingressLabel(cur *snapshot) string {
+	if cur.ingress != "" {
+		return cur.ingress
+	}
+	return s.certs.nameServed()
 }
 
 func (s *Server) servePlain(w http.ResponseWriter, r *http.Request) {
 	cur := s.cur.Load()
+	s.cfg.Metrics.instrument(s.ingressLabel(cur), w, r, func(w http.ResponseWriter, r *http.Request) { s.plainHTTP(cur, w, r) })
+}
+
+func (s *Server) plainHTTP(cur *snapshot, w http.ResponseWriter, r *http.Request) {
 	switch cur.mode {
 	case contract.HTTPRedirect:
 		// To the same host when it is a bring-your-own host, else to the tailnet name, whatever

@@ -1,0 +1,209 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	"github.com/tsingress/tsingress/internal/acmebudget"
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+// Outcomes of a reconcile pass that reported no Warning, besides the reasons of those it did.
+const (
+	outcomeReconciled = "Reconciled"     // no Warning, no error
+	outcomeError      = "ReconcileError" // ended on an error, retried with backoff
+)
+
+// operatorMetrics are the operator's own metrics, besides controller-runtime's: how reconcile
+// passes end, the Warnings that stand, the certificate ledger's use of the CA's weekly limits,
+// and the proxies and devices the operator manages. All but the outcomes are read from the
+// cache at each scrape.
+type operatorMetrics struct {
+	outcomes *prometheus.CounterVec
+
+	mu       sync.Mutex
+	memories map[string]*eventMemory // by controller
+}
+
+// registerOperatorMetrics registers the operator's metrics with reg. c reads the operator's
+// namespace (the cache).
+func registerOperatorMetrics(reg prometheus.Registerer, c client.Reader, namespace string, limits acmebudget.Limits) (*operatorMetrics, error) {
+	m := &operatorMetrics{
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tsingress_operator_reconcile_outcomes_total",
+			Help: "Reconcile passes by controller and outcome: each Warning reason a pass reported (standing or new), " +
+				outcomeError + " for a pass that ended on an error, " + outcomeReconciled + " for a pass with neither.",
+		}, []string{"controller", "reason"}),
+		memories: map[string]*eventMemory{},
+	}
+	if err := reg.Register(m.outcomes); err != nil {
+		return nil, err
+	}
+	if err := reg.Register(&stateCollector{c: c, namespace: namespace, limits: limits, now: time.Now, m: m}); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// reporter returns the Event reporter of a controller, whose passes these metrics count.
+func (m *operatorMetrics) reporter(rec recorder.EventRecorder, controller string) reporter {
+	r := newReporter(rec)
+	r.controller, r.metrics = controller, m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.memories[controller] = r.memory
+	return r
+}
+
+// outcome counts a pass: the Warning reasons it reported, or how it ended without any.
+func (m *operatorMetrics) outcome(controller string, warnings []string, complete bool) {
+	if m == nil {
+		return
+	}
+	for _, reason := range warnings {
+		m.outcomes.WithLabelValues(controller, reason).Inc()
+	}
+	switch {
+	case !complete:
+		m.outcomes.WithLabelValues(controller, outcomeError).Inc()
+	case len(warnings) == 0:
+		m.outcomes.WithLabelValues(controller, outcomeReconciled).Inc()
+	}
+}
+
+// warningReasons lists the distinct Warning reasons among an object's problem keys
+// (type/reason/message).
+func warningReasons(keys map[string]bool) []string {
+	seen := map[string]bool{}
+	var out []string
+	for k := range keys {
+		parts := strings.SplitN(k, "/", 3)
+		if len(parts) == 3 && parts[0] == corev1.EventTypeWarning && !seen[parts[1]] {
+			seen[parts[1]] = true
+			out = append(out, parts[1])
+		}
+	}
+	return out
+}
+
+var (
+	descManagedProxies = prometheus.NewDesc("tsingress_operator_managed_proxies",
+		"Proxy StatefulSets the operator runs, by the type of object they serve (ingress, svc, proxygroup).", []string{"type"}, nil)
+	descDevices = prometheus.NewDesc("tsingress_operator_tailnet_devices",
+		"Tailnet devices of the operator's proxies (proxies and ProxyGroup replicas whose state names a device), by type.", []string{"type"}, nil)
+	descWarnings = prometheus.NewDesc("tsingress_operator_warnings",
+		"Objects on which a Warning stands now, by controller and reason.", []string{"controller", "reason"}, nil)
+	descDomainCerts = prometheus.NewDesc("tsingress_operator_acme_new_certificates",
+		"New certificates of a registered domain in the CA's window (reservations included), counted against the weekly new-certificates-per-domain limit.", []string{"domain"}, nil)
+	descNameCerts = prometheus.NewDesc("tsingress_operator_acme_name_certificates",
+		"Certificates of one name in the CA's window, renewals and reservations included, counted against the weekly per-name limit.", []string{"name"}, nil)
+	descLimits = prometheus.NewDesc("tsingress_operator_acme_limit",
+		"The CA's weekly limits the operator keeps proxies within: new_per_domain and per_name.", []string{"limit"}, nil)
+)
+
+// stateCollector reads what the metrics describe at each scrape.
+type stateCollector struct {
+	c         client.Reader
+	namespace string
+	limits    acmebudget.Limits
+	now       func() time.Time
+	m         *operatorMetrics
+}
+
+func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descManagedProxies, descDevices, descWarnings, descDomainCerts, descNameCerts, descLimits} {
+		ch <- d
+	}
+}
+
+func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s.collectProxies(ctx, ch)
+	s.collectLedger(ctx, ch)
+	s.m.mu.Lock()
+	defer s.m.mu.Unlock()
+	for controller, mem := range s.m.memories {
+		for reason, n := range mem.standingWarnings() {
+			ch <- prometheus.MustNewConstMetric(descWarnings, prometheus.GaugeValue, float64(n), controller, reason)
+		}
+	}
+}
+
+func (s *stateCollector) collectProxies(ctx context.Context, ch chan<- prometheus.Metric) {
+	managed := client.MatchingLabels{LabelManaged: "true"}
+	proxies := map[string]int{parentTypeIngress: 0, parentTypeService: 0, parentTypeProxyGroup: 0}
+	devices := map[string]int{parentTypeIngress: 0, parentTypeService: 0, parentTypeProxyGroup: 0}
+	sts := &appsv1.StatefulSetList{}
+	secrets := &corev1.SecretList{}
+	if err := s.c.List(ctx, sts, client.InNamespace(s.namespace), managed); err != nil {
+		log.FromContext(ctx).Error(err, "metrics: listing proxies")
+		return
+	}
+	if err := s.c.List(ctx, secrets, client.InNamespace(s.namespace), managed); err != nil {
+		log.FromContext(ctx).Error(err, "metrics: listing proxy state")
+		return
+	}
+	for _, o := range sts.Items {
+		proxies[o.Labels[LabelParentType]]++
+	}
+	for _, o := range secrets.Items {
+		switch o.Labels[LabelSecretType] {
+		case secretTypeConfState, secretTypeState:
+			if len(o.Data[contract.StateDeviceID]) > 0 {
+				devices[o.Labels[LabelParentType]]++
+			}
+		}
+	}
+	for typ, n := range proxies {
+		ch <- prometheus.MustNewConstMetric(descManagedProxies, prometheus.GaugeValue, float64(n), typ)
+	}
+	for typ, n := range devices {
+		ch <- prometheus.MustNewConstMetric(descDevices, prometheus.GaugeValue, float64(n), typ)
+	}
+}
+
+func (s *stateCollector) collectLedger(ctx context.Context, ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(descLimits, prometheus.GaugeValue, float64(s.limits.PerDomain), "new_per_domain")
+	ch <- prometheus.MustNewConstMetric(descLimits, prometheus.GaugeValue, float64(s.limits.PerName), "per_name")
+	cm := &corev1.ConfigMap{}
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: s.namespace, Name: ledgerConfigMap}, cm); err != nil {
+		return // none yet: no certificate counted
+	}
+	now := s.now()
+	for key, v := range cm.Data {
+		domain, ok := strings.CutSuffix(key, ".json")
+		l := &acmebudget.Ledger{}
+		if !ok || json.Unmarshal([]byte(v), l) != nil {
+			continue
+		}
+		n, perName := l.Usage(now, s.limits)
+		ch <- prometheus.MustNewConstMetric(descDomainCerts, prometheus.GaugeValue, float64(n), domain)
+		for name, n := range perName {
+			ch <- prometheus.MustNewConstMetric(descNameCerts, prometheus.GaugeValue, float64(n), name)
+		}
+	}
+}
+
+// standingWarnings counts, per reason, the objects on which a Warning of that reason stands.
+func (m *eventMemory) standingWarnings() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]int{}
+	for _, o := range m.objects {
+		for _, reason := range warningReasons(o.standing) {
+			out[reason]++
+		}
+	}
+	return out
+}

@@ -1,0 +1,124 @@
+package controller
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	clientevents "k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/acmebudget"
+)
+
+// emptyReader answers every read with nothing, for metrics that need no cluster.
+type emptyReader struct{ client.Reader }
+
+func (emptyReader) Get(_ context.Context, key client.ObjectKey, _ client.Object, _ ...client.GetOption) error {
+	return apierrors.NewNotFound(corev1.Resource("configmaps"), key.Name)
+}
+
+func (emptyReader) List(context.Context, client.ObjectList, ...client.ListOption) error { return nil }
+
+// A pass counts once per Warning reason it reported, standing or new; a pass without any as
+// Reconciled, one that ended on an error as ReconcileError. Objects on which a Warning stands
+// are a gauge per reason. The names pass Prometheus's lint.
+func TestReconcileOutcomes(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m, err := registerOperatorMetrics(reg, emptyReader{}, "tailscale", acmebudget.LetsEncrypt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := m.reporter(clientevents.NewFakeRecorder(100), "ingress")
+	web := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "1"}}
+	api := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "api", UID: "2"}}
+	r.warning(web, ReasonInvalidAnnotation, "bad")
+	r.warning(web, ReasonInvalidAnnotation, "worse")
+	r.warning(web, ReasonTLSSecretNotFound, "missing")
+	r.settle(web, true)
+	r.warning(web, ReasonInvalidAnnotation, "bad") // standing: emitted once, counted again
+	r.settle(web, true)
+	r.settle(api, true)
+	r.settle(api, false)
+
+	want := `
+# HELP tsingress_operator_reconcile_outcomes_total Reconcile passes by controller and outcome: each Warning reason a pass reported (standing or new), ReconcileError for a pass that ended on an error, Reconciled for a pass with neither.
+# TYPE tsingress_operator_reconcile_outcomes_total counter
+tsingress_operator_reconcile_outcomes_total{controller="ingress",reason="InvalidAnnotation"} 2
+tsingress_operator_reconcile_outcomes_total{controller="ingress",reason="ReconcileError"} 1
+tsingress_operator_reconcile_outcomes_total{controller="ingress",reason="Reconciled"} 1
+tsingress_operator_reconcile_outcomes_total{controller="ingress",reason="TLSSecretNotFound"} 1
+# HELP tsingress_operator_warnings Objects on which a Warning stands now, by controller and reason.
+# TYPE tsingress_operator_warnings gauge
+tsingress_operator_warnings{controller="ingress",reason="InvalidAnnotation"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tsingress_operator_reconcile_outcomes_total", "tsingress_operator_warnings"); err != nil {
+		t.Error(err)
+	}
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+}
+
+// A ProxyClass with metrics gets a Service on the proxies' health port selecting exactly their
+// Pods; with a ServiceMonitor too, one selecting that Service, with the user's labels beside the
+// operator's (which win) and the parent's identity as ts_proxy_* labels.
+func TestProxyMetricsObjects(t *testing.T) {
+	par := parent{typ: parentTypeIngress, namespace: "shop", name: "store"}
+	p := &standaloneProxy{parent: par}
+	class := func(m *tsv1alpha1.Metrics) *tsv1alpha1.ProxyClass {
+		return &tsv1alpha1.ProxyClass{Spec: tsv1alpha1.ProxyClassSpec{Metrics: m}}
+	}
+	for _, c := range []*tsv1alpha1.ProxyClass{nil, class(nil), class(&tsv1alpha1.Metrics{Enable: false})} {
+		if svc, sm := proxyMetricsObjects(p.name(), "tailscale", par.labels(), p.selector(), c); svc != nil || sm != nil {
+			t.Errorf("metrics objects without metrics enabled (%+v)", c)
+		}
+	}
+	svc, sm := proxyMetricsObjects(p.name(), "tailscale", par.labels(), p.selector(), class(&tsv1alpha1.Metrics{Enable: true}))
+	if svc == nil || sm != nil {
+		t.Fatalf("metrics only: Service %v, ServiceMonitor %v", svc != nil, sm != nil)
+	}
+	if svc.Name != p.name()+"-metrics" || svc.Spec.Ports[0].Port != healthPort || svc.Spec.Ports[0].TargetPort.StrVal != "health" || svc.Spec.Ports[0].Name != "metrics" {
+		t.Errorf("Service %s ports %+v", svc.Name, svc.Spec.Ports)
+	}
+	pod := p.buildStatefulSet(Settings{Namespace: "tailscale", ProxyImage: "proxy"}).Spec.Template
+	if !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(pod.Labels)) {
+		t.Errorf("the Service's selector %v does not select the proxy Pod %v", svc.Spec.Selector, pod.Labels)
+	}
+
+	svc, sm = proxyMetricsObjects(p.name(), "tailscale", par.labels(), p.selector(), class(&tsv1alpha1.Metrics{Enable: true,
+		ServiceMonitor: &tsv1alpha1.ServiceMonitor{Enable: true, Labels: map[string]string{"release": "prom", LabelManaged: "false"}}}))
+	if sm == nil {
+		t.Fatal("no ServiceMonitor")
+	}
+	if sm.GetKind() != "ServiceMonitor" || sm.GetAPIVersion() != "monitoring.coreos.com/v1" || sm.GetName() != svc.Name {
+		t.Errorf("ServiceMonitor %s %s %s", sm.GetAPIVersion(), sm.GetKind(), sm.GetName())
+	}
+	if l := sm.GetLabels(); l["release"] != "prom" || l[LabelManaged] != "true" {
+		t.Errorf("ServiceMonitor labels %v: want the user's and the operator's, the operator's winning", l)
+	}
+	sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
+	if !labels.SelectorFromSet(sel).Matches(labels.Set(svc.Labels)) || sel[labelMetrics] != "true" {
+		t.Errorf("ServiceMonitor selector %v does not select the metrics Service %v", sel, svc.Labels)
+	}
+	eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+	ep := eps[0].(map[string]any)
+	relabelings := ep["relabelings"].([]any)
+	first := relabelings[0].(map[string]any)
+	if ep["port"] != "metrics" || ep["path"] != "/metrics" || len(relabelings) != 3 ||
+		first["sourceLabels"].([]any)[0] != "__meta_kubernetes_service_label_tailscale_com_parent_resource_type" || first["targetLabel"] != "ts_proxy_type" {
+		t.Errorf("ServiceMonitor endpoint %v", ep)
+	}
+}

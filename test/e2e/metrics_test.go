@@ -1,0 +1,99 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"net/http"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/controller"
+)
+
+var _ = Describe("Proxy metrics", func() {
+	It("are served through the <proxy>-metrics Service once the ProxyClass enables them, counting the Ingress's requests", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		newBackend(ctx, ns)
+		pc := &tsv1alpha1.ProxyClass{
+			ObjectMeta: metav1.ObjectMeta{Name: "e2e-metrics-" + token()},
+			Spec:       tsv1alpha1.ProxyClassSpec{Metrics: &tsv1alpha1.Metrics{Enable: true}},
+		}
+		create(ctx, pc)
+		host := "e2e-metrics-" + token()
+		ing := newIngress(ns, "measured", host, "")
+		ing.Labels = map[string]string{controller.LabelProxyClass: pc.Name}
+		create(ctx, ing)
+		expectHTTPSEcho(ctx, servedName(ctx, ing, host))
+
+		pod := proxyPod(ctx, "ingress", ns, ing.Name, true)
+		svc := strings.TrimSuffix(pod.Name, "-0") + "-metrics"
+		// Through the API server's Service proxy: the Service must select the proxy's Pod.
+		Eventually(ctx, func(g Gomega) {
+			body, err := suite.clientset.CoreV1().Services(suite.opNS).ProxyGet("http", svc, "metrics", "/metrics", nil).DoRaw(ctx)
+			g.Expect(err).NotTo(HaveOccurred(), "GET /metrics through Service %s", svc)
+			p := expfmt.NewTextParser(model.UTF8Validation)
+			families, err := p.TextToMetricFamilies(bytes.NewReader(body))
+			g.Expect(err).NotTo(HaveOccurred())
+			f := families["tsingress_proxy_http_requests_total"]
+			g.Expect(f).NotTo(BeNil(), "no request counter")
+			var served float64
+			for _, m := range f.Metric {
+				labels := map[string]string{}
+				for _, l := range m.Label {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if labels["ingress"] == ns+"/"+ing.Name && labels["code"] == "200" {
+					served += m.Counter.GetValue()
+				}
+			}
+			g.Expect(served).To(BeNumerically(">=", 1), "requests counted for %s/%s", ns, ing.Name)
+			g.Expect(families).To(HaveKey("tsingress_proxy_certificate_expiry_timestamp_seconds"))
+			g.Expect(families).To(HaveKey("tailscaled_inbound_packets_total"))
+		}).Should(Succeed())
+	})
+})
+
+var _ = Describe("An HA Ingress with tailscale.com/http-endpoint: enabled", func() {
+	It("is served over plain HTTP on port 80 beside HTTPS, and its status lists port 80", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		newBackend(ctx, ns)
+		pg := &tsv1alpha1.ProxyGroup{
+			ObjectMeta: metav1.ObjectMeta{Name: "e2e-http-" + token()},
+			Spec:       tsv1alpha1.ProxyGroupSpec{Type: tsv1alpha1.ProxyGroupTypeIngress, Replicas: ptr.To[int32](1)},
+		}
+		create(ctx, pg)
+		Eventually(ctx, func(g Gomega) {
+			g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(pg), pg)).To(Succeed())
+			g.Expect(meta.IsStatusConditionTrue(pg.Status.Conditions, tsv1alpha1.ProxyGroupReady)).To(BeTrue(), "conditions %v", pg.Status.Conditions)
+		}).Should(Succeed(), "ProxyGroup ready")
+		host := "e2e-http-" + token()
+		ing := newIngress(ns, "plain", host, pg.Name)
+		ing.Annotations[controller.AnnotationHTTPEndpoint] = "enabled"
+		create(ctx, ing)
+		fqdn := servedName(ctx, ing, host)
+		Eventually(ctx, func(g Gomega) {
+			g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
+			var ports []int32
+			for _, p := range ing.Status.LoadBalancer.Ingress[0].Ports {
+				ports = append(ports, p.Port)
+			}
+			g.Expect(ports).To(Equal([]int32{443, 80}))
+		}).Should(Succeed(), "status ports")
+		expectHTTPSEcho(ctx, fqdn)
+		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: suite.client.Dial},
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		defer hc.CloseIdleConnections()
+		expectEcho(ctx, hc, "http://"+fqdn)
+	})
+})
