@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -111,6 +112,9 @@ func underReplicaRestart(ctx context.Context, pod string, request func(context.C
 	GinkgoHelper()
 	var sent, failed atomic.Int64
 	var firstErr atomic.Value
+	var deletedAt atomic.Int64 // unix nanoseconds; 0 before the deletion
+	var mu sync.Mutex
+	var failedAt []string // when each failure was sent, relative to the deletion
 	loadCtx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -124,6 +128,7 @@ func underReplicaRestart(ctx context.Context, pod string, request func(context.C
 			case <-tick.C:
 			}
 			rctx, cancel := context.WithTimeout(loadCtx, 5*time.Second)
+			at := time.Now()
 			err := request(rctx)
 			cancel()
 			if loadCtx.Err() != nil {
@@ -133,6 +138,9 @@ func underReplicaRestart(ctx context.Context, pod string, request func(context.C
 			if err != nil {
 				failed.Add(1)
 				firstErr.CompareAndSwap(nil, err.Error())
+				mu.Lock()
+				failedAt = append(failedAt, at.Sub(time.Unix(0, deletedAt.Load())).Round(100*time.Millisecond).String())
+				mu.Unlock()
 			}
 		}
 	}()
@@ -140,6 +148,7 @@ func underReplicaRestart(ctx context.Context, pod string, request func(context.C
 	var old corev1.Pod
 	Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: pod}, &old)).To(Succeed())
 	deleted := time.Now()
+	deletedAt.Store(deleted.UnixNano())
 	Expect(suite.k8s.Delete(ctx, &old)).To(Succeed())
 	Eventually(ctx, func(g Gomega) {
 		var p corev1.Pod
@@ -154,7 +163,7 @@ func underReplicaRestart(ctx context.Context, pod string, request func(context.C
 	n, f := sent.Load(), failed.Load()
 	msg := fmt.Sprintf("%s deleted: replacement Ready after %s; %d of %d requests failed", pod, back.Round(100*time.Millisecond), f, n)
 	if e := firstErr.Load(); e != nil {
-		msg += fmt.Sprintf(" (first: %s)", strings.TrimSpace(e.(string)))
+		msg += fmt.Sprintf(" (sent at %s after the deletion; first: %s)", strings.Join(failedAt, ", "), strings.TrimSpace(e.(string)))
 	}
 	GinkgoWriter.Println(msg)
 	AddReportEntry("failover "+pod, msg)
