@@ -38,7 +38,7 @@ var _ = Describe("A standalone Ingress", func() {
 		// The backend learns who called from the proxy alone: the caller's tailnet address, and no
 		// identity header the caller made up (a tagged device has no user identity to pass on).
 		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
-			DialContext: suite.client.Dial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}}}
+			DialContext: suite.dial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}}}
 		defer hc.CloseIdleConnections()
 		header := func(key string, sent http.Header) string {
 			v, err := get(ctx, hc, "https://"+fqdn+"/header?key="+key, sent)
@@ -127,7 +127,7 @@ var _ = Describe("A standalone L3 Service", func() {
 			}
 			g.Expect(ip.IsValid()).To(BeTrue(), "a tailnet IPv4 in %v", lb)
 		}).Should(Succeed(), "Service ready")
-		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: suite.client.Dial}}
+		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: suite.dial}}
 		defer hc.CloseIdleConnections()
 		expectEcho(ctx, hc, "http://"+netip.AddrPortFrom(ip, httpPort).String())
 		expectUDPEcho(ctx, netip.AddrPortFrom(ip, udpPort))

@@ -55,7 +55,7 @@ var _ = Describe("A ProxyGroup under a replica restart", Ordered, func() {
 		expectHTTPSEcho(ctx, fqdn)
 
 		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-			DialContext: suite.client.Dial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}}}
+			DialContext: suite.dial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}}}
 		defer hc.CloseIdleConnections()
 		loss := underReplicaRestart(ctx, pg.Name+"-0", func(ctx context.Context) error {
 			return echoOnce(ctx, hc, "https://"+fqdn)
@@ -92,7 +92,7 @@ var _ = Describe("A ProxyGroup under a replica restart", Ordered, func() {
 			g.Expect(vip.IsValid()).To(BeTrue(), "an IPv4 VIP in %v", svc.Status.LoadBalancer.Ingress)
 		}).Should(Succeed(), "HA Service configured on both replicas")
 
-		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: suite.client.Dial}}
+		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: suite.dial}}
 		defer hc.CloseIdleConnections()
 		base := "http://" + netip.AddrPortFrom(vip, httpPort).String()
 		expectEcho(ctx, hc, base)

@@ -163,7 +163,7 @@ func servedName(ctx context.Context, ing *networkingv1.Ingress, host string) str
 func expectHTTPSEcho(ctx context.Context, fqdn string) {
 	GinkgoHelper()
 	hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
-		DialContext: suite.client.Dial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}}}
+		DialContext: suite.dial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}}}
 	defer hc.CloseIdleConnections()
 	expectEcho(ctx, hc, "https://"+fqdn)
 }
@@ -209,7 +209,7 @@ func expectUDPEcho(ctx context.Context, dst netip.AddrPort) {
 	GinkgoHelper()
 	want := token()
 	Eventually(ctx, func() (string, error) {
-		c, err := suite.client.Dial(ctx, "udp", dst.String())
+		c, err := suite.dial(ctx, "udp", dst.String())
 		if err != nil {
 			return "", err
 		}
