@@ -1,4 +1,4 @@
-// Package tailnetdial dials from a tsnet node over the tailnet only, for test and demo clients.
+// Package tailnetdial dials from a tsnet node over the tailnet only, for test clients.
 //
 // tsnet.Server.Dial sends a destination that no peer routes yet, a Tailscale Service VIP before
 // a host advertises it included, through the host's own network. There, something else may
