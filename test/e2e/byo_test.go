@@ -117,7 +117,7 @@ func peerIPv4(ctx context.Context, fqdn string) netip.Addr {
 func handshake(ctx context.Context, g Gomega, addr string, cfg *tls.Config) (tls.ConnectionState, error) {
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	conn, err := suite.client.Dial(dctx, "tcp", addr)
+	conn, err := suite.dial(dctx, "tcp", addr)
 	g.Expect(err).NotTo(HaveOccurred(), "connecting to %s over the tailnet", addr)
 	defer conn.Close()
 	tc := tls.Client(conn, cfg)
@@ -137,7 +137,7 @@ func peerNames(cs tls.ConnectionState) []string {
 func customHostClient(addr string, roots *x509.CertPool) *http.Client {
 	hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return suite.client.Dial(ctx, network, addr)
+			return suite.dial(ctx, network, addr)
 		},
 		TLSClientConfig: &tls.Config{RootCAs: roots},
 	}}

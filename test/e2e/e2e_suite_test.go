@@ -22,6 +22,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/x509"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -39,6 +40,7 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/tailnetdial"
 )
 
 // suite is what every spec uses: the cluster, the tailnet's API and a client on the tailnet.
@@ -47,10 +49,14 @@ var suite struct {
 	clientset kubernetes.Interface
 	api       *tailnet.APIClient
 	client    *tsnet.Server
-	clientID  string // the client's device, deleted at the end
-	roots     *x509.CertPool
-	opNS      string
-	timeout   time.Duration
+	// dial connects through the client over the tailnet only: tsnet's own Dial sends what the
+	// tailnet does not route yet (a Tailscale Service's VIP before its host is known) through
+	// this machine's network, and an HTTP client would keep whatever answers there.
+	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
+	clientID string // the client's device, deleted at the end
+	roots    *x509.CertPool
+	opNS     string
+	timeout  time.Duration
 
 	operatorLog, proxyLog string
 	localBackend          string
@@ -124,6 +130,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	defer cancel()
 	st, err := suite.client.Up(upCtx)
 	Expect(err).NotTo(HaveOccurred(), "the client joining the tailnet")
+	suite.dial = tailnetdial.For(suite.client)
 	suite.clientID = string(st.Self.ID)
 })
 

@@ -125,7 +125,7 @@ var _ = Describe("A standalone L3 Service", func() {
 			}
 			g.Expect(ip.IsValid()).To(BeTrue(), "a tailnet IPv4 in %v", lb)
 		}).Should(Succeed(), "Service ready")
-		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: suite.client.Dial}}
+		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: suite.dial}}
 		defer hc.CloseIdleConnections()
 		expectEcho(ctx, hc, "http://"+netip.AddrPortFrom(ip, httpPort).String())
 		expectUDPEcho(ctx, netip.AddrPortFrom(ip, udpPort))

@@ -91,7 +91,7 @@ var _ = Describe("A ProxyGroup under a replica restart", Ordered, func() {
 			g.Expect(vip.IsValid()).To(BeTrue(), "an IPv4 VIP in %v", svc.Status.LoadBalancer.Ingress)
 		}).Should(Succeed(), "HA Service configured on both replicas")
 
-		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: suite.client.Dial}}
+		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: suite.dial}}
 		defer hc.CloseIdleConnections()
 		base := "http://" + netip.AddrPortFrom(vip, httpPort).String()
 		expectEcho(ctx, hc, base)

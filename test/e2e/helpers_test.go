@@ -35,8 +35,8 @@ import (
 const (
 	defaultBackendImage = "registry.k8s.io/e2e-test-images/agnhost:2.53"
 	backendService      = "echo"
-	httpPort       = 80
-	udpPort        = 8081
+	httpPort            = 80
+	udpPort             = 8081
 )
 
 // specNamespace is the current spec's namespace, for the dump on failure.
@@ -170,7 +170,7 @@ func expectHTTPSEcho(ctx context.Context, fqdn string) {
 // tailnetHTTPClient makes requests over the tailnet, trusting the suite's roots for HTTPS.
 func tailnetHTTPClient(timeout time.Duration) *http.Client {
 	return &http.Client{Timeout: timeout, Transport: &http.Transport{
-		DialContext: suite.client.Dial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}}}
+		DialContext: suite.dial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}}}
 }
 
 func expectEcho(ctx context.Context, hc *http.Client, base string) {
@@ -214,7 +214,7 @@ func expectUDPEcho(ctx context.Context, dst netip.AddrPort) {
 	GinkgoHelper()
 	want := token()
 	Eventually(ctx, func() (string, error) {
-		c, err := suite.client.Dial(ctx, "udp", dst.String())
+		c, err := suite.dial(ctx, "udp", dst.String())
 		if err != nil {
 			return "", err
 		}

@@ -91,7 +91,7 @@ var _ = Describe("An HA Ingress with tailscale.com/http-endpoint: enabled", func
 			g.Expect(ports).To(Equal([]int32{443, 80}))
 		}).Should(Succeed(), "status ports")
 		expectHTTPSEcho(ctx, fqdn)
-		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: suite.client.Dial},
+		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: suite.dial},
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 		defer hc.CloseIdleConnections()
 		expectEcho(ctx, hc, "http://"+fqdn)

@@ -24,6 +24,7 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
+	"github.com/tsingress/tsingress/internal/tailnetdial"
 )
 
 // haReplica is one ProxyGroup replica run in-process, as its Pod would run it; it can be
@@ -255,9 +256,9 @@ func (tl *haTimeline) nearMove(r haRequest) bool {
 
 func (tl *haTimeline) String() string { return strings.Join(tl.lines, "\n  ") }
 
-// haHTTPClient makes each request on a new connection through c.
+// haHTTPClient makes each request on a new connection through c, over the tailnet only.
 func haHTTPClient(c *tsnet.Server, pool *x509.CertPool) *http.Client {
-	return &http.Client{Transport: &http.Transport{DialContext: c.Dial, TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}}
+	return &http.Client{Transport: &http.Transport{DialContext: tailnetdial.For(c), TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}}
 }
 
 func haGet(ctx context.Context, c *http.Client, url, want string) error {

@@ -28,6 +28,7 @@ import (
 	"github.com/tsingress/tsingress/internal/localtailnet"
 	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
+	"github.com/tsingress/tsingress/internal/tailnetdial"
 )
 
 // A dual-stack HA Service on a ProxyGroup of two replicas, each a real proxy whose kernel, in a
@@ -290,9 +291,9 @@ func serveNamedEcho(t *testing.T, top proxytest.Topology, ip netip.Addr, name st
 }
 
 // namedEcho sends a payload to addr (host:port) over network through the client, on a new
-// connection, and returns the name of the backend that echoed it.
+// connection over the tailnet only, and returns the name of the backend that echoed it.
 func namedEcho(ctx context.Context, c *tsnet.Server, network, addr string) (string, error) {
-	conn, err := c.Dial(ctx, network, addr)
+	conn, err := tailnetdial.Dial(ctx, c, network, addr)
 	if err != nil {
 		return "", err
 	}
