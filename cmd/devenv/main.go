@@ -94,13 +94,16 @@ func init() {
 }
 
 // stopContext is done when devenv should stop: on SIGINT (Ctrl-C), SIGTERM, SIGHUP (the
-// terminal went), SIGPIPE and the close of stdout's pipe (`make dev | tee log`, tee gone: it
-// may come while devenv writes nothing). Later signals are ignored: shutting down takes a few
-// seconds, and what a SIGKILL leaves the lifeline removes.
+// terminal went) and the close of stdout's pipe (`make dev | tee log`, tee gone: it may come
+// while devenv writes nothing). SIGPIPE is ignored rather than watched: once watched, Go sends
+// it for a broken pipe on any descriptor, so a proxy's closed connection would stop everything;
+// a write to the closed stdout then just fails. Later signals are ignored: shutting down takes
+// a few seconds, and what a SIGKILL leaves the lifeline removes.
 func stopContext() (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGPIPE)
+	signal.Ignore(syscall.SIGPIPE)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	go func() {
 		var why error
 		select {
