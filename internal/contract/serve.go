@@ -37,6 +37,11 @@ type WebService struct {
 	Routes []Route `json:"routes"`
 	// TLS says where certificates come from besides ACME for the tailnet name. Schema v2.
 	TLS WebTLS `json:"tls,omitzero"`
+	// Funnel also serves the tailnet name (the proxy's, or the Tailscale Service's) to the
+	// internet through Tailscale Funnel, on port 443, once the tailnet's policy lets the proxy.
+	// Optional in any version: a proxy that does not know it serves the tailnet only, and
+	// reports no StateFunnel, which the operator shows as Funnel not on yet.
+	Funnel bool `json:"funnel,omitempty"`
 }
 
 // WebTLS configures the certificates of a web service.
