@@ -142,7 +142,9 @@ func TestFunnel(t *testing.T) {
 func TestFunnelRelayRefuses(t *testing.T) {
 	lt := startTailnet(t, localtailnet.Options{HTTPS: true, Funnel: true})
 	for _, hello := range []func(net.Conn) error{
-		func(c net.Conn) error { return tls.Client(c, &tls.Config{ServerName: "nobody.tailnet.test"}).Handshake() },
+		func(c net.Conn) error {
+			return tls.Client(c, &tls.Config{ServerName: "nobody.tailnet.test"}).Handshake()
+		},
 		func(c net.Conn) error { _, err := io.WriteString(c, "GET / HTTP/1.0\r\n\r\n"); return err },
 	} {
 		c, err := net.Dial("tcp", lt.FunnelAddr)
