@@ -147,6 +147,11 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return r.docsFailure(ing, err)
 	}
 	lb, served := haIngressLoadBalancer(svcName, &ws, cert, states, r.guard.now())
+	if ws.Funnel && served {
+		if reason := r.funnel(ing, cert.fqdn, groupTags(pg, r.Settings.DefaultTags), states); reason != "" {
+			setPortError(lb, cert.fqdn, reason)
+		}
+	}
 	if err := setIngressLoadBalancer(ctx, r.Client, ing, lb); err != nil {
 		return ctrl.Result{}, err
 	}

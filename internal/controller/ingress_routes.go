@@ -108,6 +108,13 @@ func buildWebService(ing *networkingv1.Ingress, in routeInputs) (contract.WebSer
 			ws.HTTP = contract.HTTPRedirect
 		}
 	}
+	if v, ok := ing.Annotations[AnnotationFunnel]; ok {
+		if on, err := strconv.ParseBool(v); err != nil {
+			findings = append(findings, warnf(ReasonInvalidAnnotation, "annotation %s=%q is not a boolean; not served over Funnel", AnnotationFunnel, v))
+		} else {
+			ws.Funnel = on
+		}
+	}
 
 	seen := map[string]bool{}
 	add := func(host, path string, pathType contract.PathType, b networkingv1.IngressBackend, where string) {

@@ -1,20 +1,26 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
-	"maps"
 	"net"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
+	"github.com/pires/go-proxyproto"
 	"tailscale.com/client/local"
 	"tailscale.com/ipn"
 	"tailscale.com/ipn/ipnstate"
 	"tailscale.com/tsnet"
+	"tailscale.com/util/mak"
 )
 
 // funnelPort is the port Funnel serves the tailnet names on: HTTPS's.
@@ -33,56 +39,99 @@ func funnelAccess(self *ipnstate.PeerStatus) string {
 }
 
 // funnel takes the node's Funnel connections and hands each to the listener of the name it is
-// for. tsnet's ListenFunnel (Funnel only) gets them from tailscaled, which takes them from
-// Tailscale's relays once the Serve config allows Funnel for <name>:443; funnel keeps that
-// list (AllowFunnel) to the names it has listeners for. Its methods are called from one
-// goroutine.
+// for. They come from Tailscale's relays through tailscaled, once the Serve config allows
+// Funnel for <name>:443 (AllowFunnel, which funnel keeps to the names it has listeners for),
+// by one of two paths:
+//   - tsnet's ListenFunnel (Funnel only), for a node without a TUN device (standalone proxies);
+//   - with a TUN, tsnet's listeners take connections from its own network stack and never
+//     those tsnet is handed for Funnel, so the node's Serve config forwards port 443 to a
+//     loopback listener instead, with a PROXY header naming the client, as `tailscale funnel
+//     --tcp` does; the name comes from the TLS ClientHello (ProxyGroup replicas, which serve
+//     nothing else on the node's own address).
+//
+// Its methods are called from one goroutine.
 type funnel struct {
-	lc  *local.Client
-	ln  net.Listener
-	log *slog.Logger
+	lc      *local.Client
+	ln      net.Listener
+	forward string // the loopback address port 443 is forwarded to; "" with ListenFunnel
+	log     *slog.Logger
 
 	mu      sync.Mutex
 	names   map[string]*connQueue // by lowercase name
-	allowed []string              // the AllowFunnel host:ports last set, sorted
+	allowed []string              // the AllowFunnel host:ports last set, sorted; nil before
 }
 
-// openFunnel starts taking the node's Funnel connections. It fails when the tailnet does not
-// let the node use Funnel.
+// openFunnel starts taking the node's Funnel connections through tsnet's ListenFunnel. It
+// fails when the tailnet does not let the node use Funnel.
 func openFunnel(node *tsnet.Server, lc *local.Client, log *slog.Logger) (*funnel, error) {
 	ln, err := node.ListenFunnel("tcp", fmt.Sprintf(":%d", funnelPort), tsnet.FunnelOnly())
 	if err != nil {
 		return nil, err
 	}
 	f := &funnel{lc: lc, ln: ln, log: log, names: map[string]*connQueue{}}
-	go f.accept()
+	go f.accept(f.fromTSNet)
 	return f, nil
 }
 
-func (f *funnel) accept() {
+// openFunnelForward starts taking the node's Funnel connections through a loopback listener
+// its Serve config forwards port 443 to (see allow).
+func openFunnelForward(lc *local.Client, log *slog.Logger) (*funnel, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	f := &funnel{lc: lc, ln: &proxyproto.Listener{Listener: ln, ConnPolicy: requireHeader}, forward: ln.Addr().String(),
+		log: log, names: map[string]*connQueue{}}
+	go f.accept(f.fromForward)
+	return f, nil
+}
+
+// accept hands each connection to the listener of its name, as route finds it.
+func (f *funnel) accept(route func(net.Conn) (string, net.Conn, error)) {
 	for {
 		c, err := f.ln.Accept()
 		if err != nil {
 			return
 		}
-		// ListenFunnel wraps the connection in TLS of its own, not started yet; the name's web
-		// server does TLS with its certificates instead.
-		fc, ok := c.(*tls.Conn).NetConn().(*ipn.FunnelConn)
-		if !ok {
-			c.Close()
-			continue
-		}
-		host, _, _ := net.SplitHostPort(string(fc.Target))
-		f.mu.Lock()
-		q := f.names[strings.ToLower(host)]
-		f.mu.Unlock()
 		go func() {
-			if q == nil || !q.push(&publicConn{FunnelConn: fc}) {
-				f.log.Debug("a Funnel connection for a name not served over Funnel", "target", fc.Target)
-				fc.Close()
+			name, pc, err := route(c)
+			if err != nil {
+				f.log.Debug("a Funnel connection without a name", "err", err)
+				c.Close()
+				return
+			}
+			f.mu.Lock()
+			q := f.names[name]
+			f.mu.Unlock()
+			if q == nil || !q.push(pc) {
+				f.log.Debug("a Funnel connection for a name not served over Funnel", "name", name)
+				c.Close()
 			}
 		}()
 	}
+}
+
+// fromTSNet unwraps a connection from ListenFunnel: it wraps it in TLS of its own, not started
+// yet; the name's web server does TLS with its certificates instead.
+func (f *funnel) fromTSNet(c net.Conn) (string, net.Conn, error) {
+	fc, ok := c.(*tls.Conn).NetConn().(*ipn.FunnelConn)
+	if !ok {
+		return "", nil, fmt.Errorf("a %T from ListenFunnel", c.(*tls.Conn).NetConn())
+	}
+	host, _, _ := net.SplitHostPort(string(fc.Target))
+	return strings.ToLower(host), &publicConn{FunnelConn: fc}, nil
+}
+
+// fromForward reads the name from the ClientHello of a forwarded connection; its remote
+// address is the client's, from the PROXY header.
+func (f *funnel) fromForward(c net.Conn) (string, net.Conn, error) {
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	name, hello, err := readServerName(c)
+	c.SetReadDeadline(time.Time{})
+	if err != nil {
+		return "", nil, err
+	}
+	return name, &replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(hello), c)}, nil
 }
 
 // listen returns the listener of name's Funnel connections, replacing any earlier one.
@@ -109,7 +158,8 @@ func (f *funnel) only(keep []string) {
 	}
 }
 
-// allow makes the Serve config allow Funnel for exactly the names with listeners.
+// allow makes the Serve config allow Funnel for exactly the names with listeners, and forward
+// port 443 to the loopback listener while there are any, in that mode.
 func (f *funnel) allow(ctx context.Context) error {
 	f.mu.Lock()
 	want := make([]string, 0, len(f.names))
@@ -118,7 +168,7 @@ func (f *funnel) allow(ctx context.Context) error {
 	}
 	f.mu.Unlock()
 	slices.Sort(want)
-	if slices.Equal(want, f.allowed) && f.allowed != nil {
+	if f.allowed != nil && slices.Equal(want, f.allowed) {
 		return nil
 	}
 	sc, err := f.lc.GetServeConfig(ctx)
@@ -128,15 +178,21 @@ func (f *funnel) allow(ctx context.Context) error {
 	if sc == nil {
 		sc = &ipn.ServeConfig{}
 	}
-	allow := map[ipn.HostPort]bool{}
+	before := sc.Clone()
+	sc.AllowFunnel = nil
 	for _, hp := range want {
-		allow[ipn.HostPort(hp)] = true
+		mak.Set(&sc.AllowFunnel, ipn.HostPort(hp), true)
 	}
-	if !maps.Equal(sc.AllowFunnel, allow) {
-		sc.AllowFunnel = allow
-		if len(allow) == 0 {
-			sc.AllowFunnel = nil
+	if f.forward != "" {
+		delete(sc.TCP, funnelPort)
+		if len(want) > 0 {
+			sc.SetTCPForwarding(funnelPort, f.forward, false, 2, "")
 		}
+		if len(sc.TCP) == 0 {
+			sc.TCP = nil
+		}
+	}
+	if !reflect.DeepEqual(before, sc) {
 		if err := f.lc.SetServeConfig(ctx, sc); err != nil {
 			return err
 		}
@@ -160,6 +216,43 @@ func (f *funnel) close(ctx context.Context) {
 type publicConn struct{ *ipn.FunnelConn }
 
 func (c *publicConn) RemoteAddr() net.Addr { return net.TCPAddrFromAddrPort(c.Src) }
+
+// replayConn reads what was read ahead (the ClientHello) first.
+type replayConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *replayConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// errHelloRead ends the handshake readServerName starts, once the ClientHello is read.
+var errHelloRead = errors.New("ClientHello read")
+
+// readServerName reads a TLS ClientHello from c and returns its server name, lowercase, and
+// the bytes read.
+func readServerName(c net.Conn) (string, []byte, error) {
+	var hello bytes.Buffer
+	var name string
+	err := tls.Server(readOnlyConn{Conn: c, r: io.TeeReader(c, &hello)}, &tls.Config{
+		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			name = h.ServerName
+			return nil, errHelloRead
+		},
+	}).Handshake()
+	if !errors.Is(err, errHelloRead) {
+		return "", nil, err
+	}
+	return strings.ToLower(strings.TrimSuffix(name, ".")), hello.Bytes(), nil
+}
+
+// readOnlyConn lets the TLS stack read a ClientHello without writing anything to the client.
+type readOnlyConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c readOnlyConn) Read(p []byte) (int, error)  { return c.r.Read(p) }
+func (c readOnlyConn) Write(p []byte) (int, error) { return 0, io.ErrClosedPipe }
 
 // connQueue is a listener fed with connections from elsewhere.
 type connQueue struct {

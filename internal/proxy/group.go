@@ -522,7 +522,7 @@ func (r *replica) reconcileFunnel(ctx context.Context) {
 		return
 	}
 	if r.fun == nil {
-		f, err := openFunnel(r.node, r.lc, r.log)
+		f, err := openFunnelForward(r.lc, r.log)
 		if err != nil {
 			if msg := err.Error(); msg != r.funnelErr {
 				r.log.Error("setting up Funnel failed; the services are served on the tailnet only", "err", err)
