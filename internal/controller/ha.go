@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -342,12 +343,17 @@ type serviceClaim struct {
 // once, each from its own read, the second write drops the first one's record. Such a write
 // comes within about an API round trip of the first, so the writer reads the service again a
 // little later (ownershipVerify) and records itself again if it has to; and, while the service
-// is shared, every operator checks its record now and then (sharedResync, as the original
-// operator does), which restores whatever slipped through.
+// is shared, every operator checks its record now and then (Settings.SharedServiceResync,
+// every 5 to 10 minutes by default, as the original operator does), which restores whatever
+// slipped through before another owner's release would delete the service.
 const (
-	ownershipVerify = 2 * time.Second
-	sharedResync    = 5 * time.Minute
+	ownershipVerify     = 2 * time.Second
+	defaultSharedResync = 5 * time.Minute
 )
+
+func (t *tailscaleServices) sharedResync() time.Duration {
+	return cmp.Or(t.settings.SharedServiceResync, defaultSharedResync)
+}
 
 // jitter spreads rechecks over [d, 2d), so that operators do not write in step.
 func jitter(d time.Duration) time.Duration { return d + rand.N(d) }
@@ -386,7 +392,7 @@ func (t *tailscaleServices) ensure(ctx context.Context, name string, ports, tags
 		existing.Annotations[annotationOwnerRefs] == string(raw) && len(existing.Addrs) > 0 {
 		claim := serviceClaim{Service: existing}
 		if len(refs.OwnerRefs) > 1 {
-			claim.recheck = jitter(sharedResync)
+			claim.recheck = jitter(t.sharedResync())
 		}
 		return claim, nil
 	}

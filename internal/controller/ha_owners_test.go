@@ -68,8 +68,8 @@ func TestSharedTailscaleService(t *testing.T) {
 	}
 	// Nothing to change: no write, and a check now and then since the service is shared.
 	claim, err = east.ensure(ctx, name, []string{"tcp:443"}, []string{"tag:k8s"})
-	if err != nil || claim.recheck < sharedResync {
-		t.Errorf("east's check of a shared service: recheck %s, %v; want %s or more", claim.recheck, err, sharedResync)
+	if err != nil || claim.recheck < defaultSharedResync {
+		t.Errorf("east's check of a shared service: recheck %s, %v; want %s or more", claim.recheck, err, defaultSharedResync)
 	}
 
 	// West writes from a read made before east's claim: east's record is gone.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -43,6 +44,10 @@ type Settings struct {
 	// CertificateLimits are the ACME CA's rate limits the operator keeps proxies within; zero
 	// means Let's Encrypt's.
 	CertificateLimits acmebudget.Limits
+	// SharedServiceResync is how often the operator checks that it is still recorded among the
+	// owners of a Tailscale Service that other operators (clusters) share, at least (it waits up
+	// to twice as long); zero means five minutes.
+	SharedServiceResync time.Duration
 }
 
 // Validate checks the settings at start-up, so a misconfigured operator fails at once.
