@@ -63,7 +63,8 @@ else
     || die "the kind network has no IPv4 gateway"
   go build -o "$root/bin/localtailnet" ./cmd/localtailnet
   tailnet_dir=$(mktemp -d /tmp/e2e-tailnet.XXXXXX)
-  "$root/bin/localtailnet" -addr "$gateway:0" -dir "$tailnet_dir" -env-file "$tailnet_dir/env" >"$tailnet_dir/log" 2>&1 &
+  "$root/bin/localtailnet" -addr "$gateway:0" -dir "$tailnet_dir" -env-file "$tailnet_dir/env" \
+    -funnel -funnel-tags tag:k8s >"$tailnet_dir/log" 2>&1 &
   tailnet_pid=$!
   trap 'kill $tailnet_pid 2>/dev/null; wait $tailnet_pid 2>/dev/null; rm -rf "$tailnet_dir"' EXIT
   for _ in $(seq 300); do [ -f "$tailnet_dir/env" ] && break; kill -0 $tailnet_pid 2>/dev/null || break; sleep 0.1; done
@@ -85,6 +86,8 @@ else
   files: [local-acme-api-root.pem]
   options: {disableNameSuffixHash: true}"
   export E2E_CA_FILE=$ACME_ROOTS_FILE
+  # The suite's client on the internet reaches the names served over Funnel here.
+  export E2E_FUNNEL_ADDR=$FUNNEL_ADDR
   unset TS_DEBUG_ACME_DIRECTORY_URL
   done_stage
 fi

@@ -219,8 +219,11 @@ func run(ctx context.Context, once, verbose bool, logDir string, command []strin
 		}
 	}()
 
-	done := step("local tailnet: control server, DERP, DNS, API and ACME CA on 127.0.0.1")
-	lt, err := localtailnet.Start(context.Background(), localtailnet.Options{ACME: true})
+	done := step("local tailnet: control server, DERP, DNS, API, ACME CA and Funnel relay on 127.0.0.1")
+	// The policy grants the proxies' tag Funnel, so that Ingresses annotated for it are public
+	// (to this machine: E2E_FUNNEL_ADDR stands for the relays' port 443).
+	lt, err := localtailnet.Start(context.Background(), localtailnet.Options{ACME: true, Funnel: true,
+		NodeAttrs: []localtailnet.NodeAttr{{Target: []string{"tag:k8s"}, Attr: []string{"funnel"}}}})
 	if err != nil {
 		return 1, err
 	}
@@ -498,6 +501,7 @@ func e2eEnv(cp *testenv.ControlPlane, lt *localtailnet.LocalTailnet, operatorLog
 		// No workload Pods run here: Ingress backends are ExternalName Services for this
 		// loopback backend, and every ClusterIP of an L3 proxy's cluster network answers.
 		fmt.Sprintf("E2E_LOCAL_BACKEND=localhost:%d", backendPort),
+		"E2E_FUNNEL_ADDR=" + lt.FunnelAddr,
 	}
 	if noL3 != "" {
 		env = append(env, "E2E_SKIP_L3=the local environment runs no L3 proxies: "+noL3)

@@ -2,13 +2,17 @@
 // MagicDNS, the Tailscale API subset the operator uses and, unless -acme=false, an ACME CA
 // that issues the nodes' certificates) until interrupted.
 //
-//	localtailnet [-addr 127.0.0.1:0] [-domain tailnet.test] [-dir DIR] [-tags tag:k8s,tag:k8s-operator] [-acme] [-v]
+//	localtailnet [-addr 127.0.0.1:0] [-domain tailnet.test] [-dir DIR] [-tags tag:k8s,tag:k8s-operator] [-acme]
+//	             [-funnel [-funnel-addr IP:PORT] [-funnel-tags tag:k8s]] [-v]
 //
 // It prints the control URL (for `tailscale up --login-server` or tsnet's ControlURL), the API
 // base URL and the paths of the files holding the OAuth client ID and secret, the layout the
 // operator's -client-id-file and -client-secret-file expect. With the CA it also prints its
 // directory URL, the file with the roots that verify the certificates it issues, and the
-// environment a tailscaled or proxy process needs to get certificates from it.
+// environment a tailscaled or proxy process needs to get certificates from it. With -funnel it
+// also plays Tailscale Funnel's relays (a public listener that hands TLS connections to the
+// devices serving their names over Funnel) and prints the listener's address; -funnel-tags
+// grants the tags the policy's "funnel" node attribute.
 package main
 
 import (
@@ -22,6 +26,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"tailscale.com/net/netns"
 
 	"github.com/tsingress/tsingress/internal/localtailnet"
 )
@@ -41,25 +47,36 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	dir := fs.String("dir", "", "Directory for the OAuth client files; a temporary one, removed on exit, by default.")
 	tags := fs.String("tags", "tag:k8s,tag:k8s-operator", "Comma-separated tags the OAuth client may mint keys for.")
 	withACME := fs.Bool("acme", true, "Run an ACME CA (Pebble) that issues the nodes' certificates through DNS-01; implies HTTPS.")
+	funnel := fs.Bool("funnel", false, "Play Tailscale Funnel's relays: a public listener for https://<name>/ of the names devices serve over Funnel; implies HTTPS.")
+	funnelAddr := fs.String("funnel-addr", "", "Address of the Funnel listener (standing for port 443); a port of its own on -addr's IP by default.")
+	funnelTags := fs.String("funnel-tags", "", "Comma-separated tags the policy grants the \"funnel\" node attribute (nodeAttrs).")
 	verbose := fs.Bool("v", false, "Log control server, API and CA activity to stderr.")
 	envFile := fs.String("env-file", "", "Once up, write the tailnet's settings to this file (mode 0600) as shell variables, for scripts: "+
 		"TS_CONTROL_URL, TS_API_BASE_URL, TS_API_CLIENT_ID, TS_API_CLIENT_SECRET and, with the CA, TS_DEBUG_ACME_DIRECTORY_URL, "+
-		"ACME_ROOTS_FILE (roots of the certificates it issues) and ACME_API_ROOT_FILE (root of its directory's HTTPS certificate).")
+		"ACME_ROOTS_FILE (roots of the certificates it issues) and ACME_API_ROOT_FILE (root of its directory's HTTPS certificate), "+
+		"and with -funnel FUNNEL_ADDR (the Funnel listener) and PUBLIC_DNS_ADDR (the DNS server with the names served over Funnel).")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 
-	opts := localtailnet.Options{Addr: *addr, Domain: *domain, ACME: *withACME}
-	for _, t := range strings.Split(*tags, ",") {
-		if t = strings.TrimSpace(t); t != "" {
-			opts.AllowedTags = append(opts.AllowedTags, t)
+	opts := localtailnet.Options{Addr: *addr, Domain: *domain, ACME: *withACME, Funnel: *funnel, FunnelAddr: *funnelAddr}
+	if tags := splitList(*funnelTags); len(tags) > 0 {
+		if !*funnel {
+			return errors.New("-funnel-tags needs -funnel")
 		}
+		opts.NodeAttrs = []localtailnet.NodeAttr{{Target: tags, Attr: []string{"funnel"}}}
 	}
+	opts.AllowedTags = splitList(*tags)
 	if len(opts.AllowedTags) == 0 {
 		return errors.New("-tags must name at least one tag")
 	}
 	if *verbose {
 		opts.Logf = log.Printf
+	}
+	if *funnel {
+		// The relay's tailnet node runs in this process, often unprivileged: no socket marks or
+		// device binding, which its traffic to this machine's addresses does not need.
+		netns.SetEnabled(false)
 	}
 	if *dir == "" {
 		d, err := os.MkdirTemp("", "localtailnet-")
@@ -108,6 +125,18 @@ A tailscaled or proxy process gets certificates from it when started with:
   %s
 `, ca.DirectoryURL, ca.RootsFile, ca.APIRootFile, lt.DNSAddr, strings.Join(ca.Env(), " "))
 	}
+	if lt.FunnelAddr != "" {
+		granted := "no device yet (-funnel-tags)"
+		if len(opts.NodeAttrs) > 0 {
+			granted = strings.Join(opts.NodeAttrs[0].Target, ",")
+		}
+		fmt.Fprintf(stdout, `
+Funnel (public access to https://<name>/ for the names devices serve over Funnel)
+  listener (port 443): %s
+  public DNS:          %s
+  "funnel" granted to: %s
+`, lt.FunnelAddr, lt.DNSAddr, granted)
+	}
 	fmt.Fprintln(stdout, "\nCtrl-C stops it.")
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "shutting down")
@@ -130,6 +159,9 @@ func writeEnvFile(path string, lt *localtailnet.LocalTailnet) error {
 			[2]string{"ACME_ROOTS_FILE", ca.RootsFile},
 			[2]string{"ACME_API_ROOT_FILE", ca.APIRootFile})
 	}
+	if lt.FunnelAddr != "" {
+		vars = append(vars, [2]string{"FUNNEL_ADDR", lt.FunnelAddr}, [2]string{"PUBLIC_DNS_ADDR", lt.DNSAddr})
+	}
 	var b strings.Builder
 	for _, kv := range vars {
 		fmt.Fprintf(&b, "%s='%s'\n", kv[0], strings.ReplaceAll(kv[1], "'", `'\''`))
@@ -139,4 +171,15 @@ func writeEnvFile(path string, lt *localtailnet.LocalTailnet) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(v string) []string {
+	var out []string
+	for _, t := range strings.Split(v, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			out = append(out, t)
+		}
+	}
+	return out
 }

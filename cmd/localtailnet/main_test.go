@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -142,6 +143,46 @@ func TestEnvFile(t *testing.T) {
 	}
 	if pem, err := os.ReadFile(vars["ACME_API_ROOT_FILE"]); err != nil || !x509.NewCertPool().AppendCertsFromPEM(pem) {
 		t.Errorf("ACME_API_ROOT_FILE holds no certificate: %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run: %v", err)
+	}
+}
+
+// With -funnel the env file names the Funnel listener and the public DNS, which answer.
+func TestFunnelFlags(t *testing.T) {
+	if err := run(t.Context(), []string{"-funnel-tags", "tag:k8s"}, io.Discard); err == nil {
+		t.Error("-funnel-tags without -funnel was accepted")
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	envFile := filepath.Join(t.TempDir(), "tailnet.env")
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-dir", t.TempDir(), "-acme=false", "-funnel", "-funnel-tags", "tag:k8s", "-env-file", envFile}, io.Discard)
+	}()
+	var data []byte
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		var err error
+		if data, err = os.ReadFile(envFile); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no env file after a minute: %v", err)
+		}
+	}
+	vars := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^([A-Z_]+)='([^']*)'$`).FindAllStringSubmatch(string(data), -1) {
+		vars[m[1]] = m[2]
+	}
+	for _, name := range []string{"FUNNEL_ADDR", "PUBLIC_DNS_ADDR"} {
+		c, err := net.DialTimeout("tcp", vars[name], 5*time.Second)
+		if err != nil {
+			t.Errorf("%s=%q: %v", name, vars[name], err)
+			continue
+		}
+		c.Close()
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -127,6 +127,8 @@ func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
 		// Endpoints are optional: every version carries them, and a reader that does not know
 		// them reaches the ClusterIP.
 		"endpoints": {func(w *WebService) { w.Routes[0].Backend.Endpoints = []string{"10.1.0.5:8080", "[fd00::5]:8080"} }, 1},
+		// So is Funnel: a reader that does not know it serves the tailnet only, the safe side.
+		"funnel": {func(w *WebService) { w.Funnel = true }, 1},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := validIngressConfig()
@@ -376,6 +378,10 @@ func TestStateRoundTrip(t *testing.T) {
 				NotAfter: time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC)},
 			"app.example.com": {Reason: CertReasonSecretInvalid, Message: "expired"},
 		},
+		Funnel: map[string]FunnelStatus{
+			"web.tailnet.test": {Public: true},
+			"api.tailnet.test": {Reason: FunnelNotPermitted, Message: `"funnel" node attribute not set`},
+		},
 	}
 	data, err := st.Data()
 	if err != nil {
@@ -398,7 +404,7 @@ func TestStateRoundTrip(t *testing.T) {
 
 	// A fresh Pod's state clears every key the previous Pod set.
 	fresh, _ := (&ProxyState{PodUID: "uid-2"}).Data()
-	for _, k := range []string{StateDeviceIPs, StateFirewall, StateAdvertised, StateHTTPSEndpoint, StateConfigVersion, StateCertificates} {
+	for _, k := range []string{StateDeviceIPs, StateFirewall, StateAdvertised, StateHTTPSEndpoint, StateConfigVersion, StateCertificates, StateFunnel} {
 		if v, ok := fresh[k]; !ok || len(v) != 0 {
 			t.Errorf("fresh state key %s = %q, present %v; want present and empty", k, v, ok)
 		}

@@ -40,6 +40,11 @@ type WebService struct {
 	// Ingress is the namespace/name of the Ingress served, which labels the proxy's request
 	// metrics. Optional in any version: an older proxy ignores it.
 	Ingress string `json:"ingress,omitempty"`
+	// Funnel also serves the tailnet name (the proxy's, or the Tailscale Service's) to the
+	// internet through Tailscale Funnel, on port 443, once the tailnet's policy lets the proxy.
+	// Optional in any version: a proxy that does not know it serves the tailnet only, and
+	// reports no StateFunnel, which the operator shows as Funnel not on yet.
+	Funnel bool `json:"funnel,omitempty"`
 }
 
 // WebTLS configures the certificates of a web service.

@@ -21,6 +21,7 @@ const (
 	StateAdvertised    = "advertised_services" // JSON array of Tailscale Services now advertised
 	StateProxyVersion  = "proxy_version"
 	StateCertificates  = "certificates" // JSON: served name → CertificateStatus
+	StateFunnel        = "funnel"       // JSON: name served with Funnel asked for → FunnelStatus
 )
 
 // StateTailnetProfile is the tailnet client's current-profile key as the proxy stores it (the
@@ -47,7 +48,26 @@ type ProxyState struct {
 	ProxyVersion  string
 	// Certificates, per served name (tailnet names and bring-your-own hosts).
 	Certificates map[string]CertificateStatus
+	// Funnel, per tailnet name whose web service asks for Funnel.
+	Funnel map[string]FunnelStatus
 }
+
+// FunnelStatus says whether a tailnet name takes connections from the internet, or why not.
+type FunnelStatus struct {
+	// Public is set while the proxy takes Funnel connections for the name.
+	Public  bool   `json:"public,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+// Stable reasons a proxy reports for a name not served over Funnel.
+const (
+	// FunnelNotPermitted: the tailnet does not let the proxy use Funnel: its policy grants the
+	// proxy's tags no "funnel" node attribute, or HTTPS is off. The message is tailscaled's.
+	FunnelNotPermitted = "NotPermitted"
+	// FunnelFailed: the proxy could not set Funnel up.
+	FunnelFailed = "Failed"
+)
 
 // Certificate sources reported in CertificateStatus.
 const (
@@ -161,11 +181,12 @@ func (s *ProxyState) Data() (map[string][]byte, error) {
 		StateFirewall:      nil,
 		StateAdvertised:    nil,
 		StateCertificates:  nil,
+		StateFunnel:        nil,
 	}
 	if s.ConfigVersion > 0 {
 		d[StateConfigVersion] = []byte(strconv.Itoa(s.ConfigVersion))
 	}
-	for key, v := range map[string]any{StateDeviceIPs: s.TailnetIPs, StateAdvertised: s.Advertised, StateFirewall: s.Firewall, StateCertificates: s.Certificates} {
+	for key, v := range map[string]any{StateDeviceIPs: s.TailnetIPs, StateAdvertised: s.Advertised, StateFirewall: s.Firewall, StateCertificates: s.Certificates, StateFunnel: s.Funnel} {
 		if isEmpty(v) {
 			continue
 		}
@@ -185,6 +206,8 @@ func isEmpty(v any) bool {
 	case *FirewallStatus:
 		return v == nil
 	case map[string]CertificateStatus:
+		return len(v) == 0
+	case map[string]FunnelStatus:
 		return len(v) == 0
 	}
 	return false
@@ -207,7 +230,7 @@ func ParseState(data map[string][]byte) (*ProxyState, error) {
 		}
 		s.ConfigVersion = n
 	}
-	for key, dst := range map[string]any{StateDeviceIPs: &s.TailnetIPs, StateAdvertised: &s.Advertised, StateFirewall: &s.Firewall, StateCertificates: &s.Certificates} {
+	for key, dst := range map[string]any{StateDeviceIPs: &s.TailnetIPs, StateAdvertised: &s.Advertised, StateFirewall: &s.Firewall, StateCertificates: &s.Certificates, StateFunnel: &s.Funnel} {
 		if v := data[key]; len(v) > 0 {
 			if err := json.Unmarshal(v, dst); err != nil {
 				return nil, fmt.Errorf("state key %s: %w", key, err)

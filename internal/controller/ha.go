@@ -1,14 +1,17 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -273,6 +276,26 @@ type ownerRefs struct {
 
 type ownerRef struct {
 	OperatorID string `json:"operatorID"`
+	// Ports and Tags are what the owner's object asks of the service. The service gets the
+	// union over its owners, so that clusters whose objects differ do not overwrite each other
+	// in turn, and an owner that leaves takes its own away.
+	Ports []string `json:"ports,omitempty"`
+	Tags  []string `json:"tags,omitempty"`
+}
+
+// union is the ports and tags the owners ask for, sorted. An owner whose record says neither
+// (written by another implementation) keeps what the service has.
+func (refs ownerRefs) union(existing tailnet.Service) (ports, tags []string) {
+	for _, r := range refs.OwnerRefs {
+		if r.Ports == nil && r.Tags == nil {
+			ports, tags = append(ports, existing.Ports...), append(tags, existing.Tags...)
+			continue
+		}
+		ports, tags = append(ports, r.Ports...), append(tags, r.Tags...)
+	}
+	slices.Sort(ports)
+	slices.Sort(tags)
+	return slices.Compact(ports), slices.Compact(tags)
 }
 
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
@@ -307,12 +330,39 @@ func (e errNotOurs) Error() string {
 	return fmt.Sprintf("Tailscale Service %s already exists and is not managed by this operator; delete it or choose another hostname", e.name)
 }
 
-// ensure creates or updates the Tailscale Service and returns it with its addresses, and
-// whether it created it.
-func (t *tailscaleServices) ensure(ctx context.Context, name string, ports, tags []string) (tailnet.Service, bool, error) {
+// serviceClaim is a Tailscale Service as ensure left it.
+type serviceClaim struct {
+	tailnet.Service
+	created bool
+	// recheck is when to run ensure again without a watch event (0: no need): soon after a
+	// write, and now and then while other operators own the service too.
+	recheck time.Duration
+}
+
+// Ownership checks. The API has no conditional writes: when two operators write a service at
+// once, each from its own read, the second write drops the first one's record. Such a write
+// comes within about an API round trip of the first, so the writer reads the service again a
+// little later (ownershipVerify) and records itself again if it has to; and, while the service
+// is shared, every operator checks its record now and then (Settings.SharedServiceResync,
+// every 5 to 10 minutes by default, as the original operator does), which restores whatever
+// slipped through before another owner's release would delete the service.
+const (
+	ownershipVerify     = 2 * time.Second
+	defaultSharedResync = 5 * time.Minute
+)
+
+func (t *tailscaleServices) sharedResync() time.Duration {
+	return cmp.Or(t.settings.SharedServiceResync, defaultSharedResync)
+}
+
+// jitter spreads rechecks over [d, 2d), so that operators do not write in step.
+func jitter(d time.Duration) time.Duration { return d + rand.N(d) }
+
+// ensure creates or updates the Tailscale Service, with this operator among its owners.
+func (t *tailscaleServices) ensure(ctx context.Context, name string, ports, tags []string) (serviceClaim, error) {
 	id, err := t.operatorID(ctx)
 	if err != nil {
-		return tailnet.Service{}, false, err
+		return serviceClaim{}, err
 	}
 	refs := ownerRefs{}
 	existing, err := t.tailnet.Service(ctx, name)
@@ -320,15 +370,19 @@ func (t *tailscaleServices) ensure(ctx context.Context, name string, ports, tags
 	case err == nil:
 		raw, ok := existing.Annotations[annotationOwnerRefs]
 		if !ok || json.Unmarshal([]byte(raw), &refs) != nil {
-			return tailnet.Service{}, false, errNotOurs{name}
+			return serviceClaim{}, errNotOurs{name}
 		}
 	case !tailnet.IsNotFound(err):
-		return tailnet.Service{}, false, err
+		return serviceClaim{}, err
 	}
 	created := err != nil
-	if !slices.ContainsFunc(refs.OwnerRefs, func(r ownerRef) bool { return r.OperatorID == id }) {
-		refs.OwnerRefs = append(refs.OwnerRefs, ownerRef{OperatorID: id})
+	mine := ownerRef{OperatorID: id, Ports: slices.Sorted(slices.Values(ports)), Tags: slices.Sorted(slices.Values(tags))}
+	if i := slices.IndexFunc(refs.OwnerRefs, func(r ownerRef) bool { return r.OperatorID == id }); i >= 0 {
+		refs.OwnerRefs[i] = mine
+	} else {
+		refs.OwnerRefs = append(refs.OwnerRefs, mine)
 	}
+	ports, tags = refs.union(existing)
 	raw, _ := json.Marshal(refs)
 	want := tailnet.Service{
 		Name: name, Ports: ports, Tags: tags, Comment: serviceComment, Addrs: existing.Addrs,
@@ -336,15 +390,27 @@ func (t *tailscaleServices) ensure(ctx context.Context, name string, ports, tags
 	}
 	if !created && slices.Equal(existing.Ports, ports) && slices.Equal(existing.Tags, tags) &&
 		existing.Annotations[annotationOwnerRefs] == string(raw) && len(existing.Addrs) > 0 {
-		return existing, false, nil
+		claim := serviceClaim{Service: existing}
+		if len(refs.OwnerRefs) > 1 {
+			claim.recheck = jitter(t.sharedResync())
+		}
+		return claim, nil
 	}
 	svc, err := t.tailnet.PutService(ctx, want)
 	if err != nil {
-		return svc, false, err
+		return serviceClaim{Service: svc}, err
 	}
 	log.FromContext(ctx).Info("put Tailscale Service", "service", name, "created", created, "ports", ports, "tags", tags,
 		"addrs", svc.Addrs, "owners", len(refs.OwnerRefs))
-	return svc, created, nil
+	return serviceClaim{Service: svc, created: created, recheck: jitter(ownershipVerify)}, nil
+}
+
+// sooner is the earlier of two rechecks, 0 meaning none.
+func sooner(a, b time.Duration) time.Duration {
+	if a == 0 || (b != 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // release drops this operator's ownership, deleting the service when no owner is left.
@@ -364,7 +430,12 @@ func (t *tailscaleServices) release(ctx context.Context, name string) error {
 	if json.Unmarshal([]byte(existing.Annotations[annotationOwnerRefs]), &refs) != nil {
 		return nil // not ours: leave it alone
 	}
-	rest := slices.DeleteFunc(refs.OwnerRefs, func(r ownerRef) bool { return r.OperatorID == id })
+	rest := slices.DeleteFunc(slices.Clone(refs.OwnerRefs), func(r ownerRef) bool { return r.OperatorID == id })
+	if len(rest) == len(refs.OwnerRefs) {
+		return nil // released before, or never ours
+	}
+	// Deleted with its last owner. Another operator claiming it at this very moment may lose
+	// it; it creates it again at its next check (sharedResync, or any change of its object).
 	if len(rest) == 0 {
 		if err := t.tailnet.DeleteService(ctx, name); err != nil {
 			return err
@@ -375,6 +446,7 @@ func (t *tailscaleServices) release(ctx context.Context, name string) error {
 	refs.OwnerRefs = rest
 	raw, _ := json.Marshal(refs)
 	existing.Annotations[annotationOwnerRefs] = string(raw)
+	existing.Ports, existing.Tags = refs.union(existing)
 	if _, err := t.tailnet.PutService(ctx, existing); err != nil {
 		return err
 	}

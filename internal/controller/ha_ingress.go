@@ -101,7 +101,7 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if ws.HTTP != contract.HTTPOff {
 		ports = append(ports, "tcp:80")
 	}
-	ts, created, err := r.services.ensure(ctx, svcName, ports, tags)
+	ts, err := r.services.ensure(ctx, svcName, ports, tags)
 	if err != nil {
 		var notOurs errNotOurs
 		if errors.As(err, &notOurs) {
@@ -110,7 +110,7 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		}
 		return r.tailnetFailure(ing, err)
 	}
-	if created {
+	if ts.created {
 		r.created(ing, ReasonTailscaleServiceCreated, "created Tailscale Service %s (%s) for ProxyGroup %s", svcName, addrList(ts.Addrs), pg.Name)
 	}
 	for _, c := range byo.copies {
@@ -147,13 +147,18 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return r.docsFailure(ing, err)
 	}
 	lb, served := haIngressLoadBalancer(svcName, &ws, cert, states, r.guard.now())
+	if ws.Funnel && served {
+		if reason := r.funnel(ing, cert.fqdn, groupTags(pg, r.Settings.DefaultTags), states); reason != "" {
+			setPortError(lb, cert.fqdn, reason)
+		}
+	}
 	if err := setIngressLoadBalancer(ctx, r.Client, ing, lb); err != nil {
 		return ctrl.Result{}, err
 	}
 	if served {
 		r.progress(ing, "serving", ReasonServing, "serving https://%s through Tailscale Service %s", cert.fqdn, svcName)
 	}
-	return ctrl.Result{RequeueAfter: cert.recheck(byo.recheck, r.guard.now())}, nil
+	return ctrl.Result{RequeueAfter: sooner(cert.recheck(byo.recheck, r.guard.now()), ts.recheck)}, nil
 }
 
 // byoLabels mark the copies of one Ingress's certificates on a ProxyGroup: the group's labels,

@@ -90,7 +90,7 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := addFinalizer(ctx, r.Client, svc, FinalizerServicePG); err != nil {
 		return ctrl.Result{}, err
 	}
-	ts, created, err := r.services.ensure(ctx, svcName, []string{"do-not-validate"}, cfg.Tags)
+	ts, err := r.services.ensure(ctx, svcName, []string{"do-not-validate"}, cfg.Tags)
 	if err != nil {
 		var notOurs errNotOurs
 		if errors.As(err, &notOurs) {
@@ -101,7 +101,7 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		st.failed(ReasonIngressSvcCreateFailed, err.Error())
 		return r.tailnetFailure(svc, err)
 	}
-	if created {
+	if ts.created {
 		r.created(svc, ReasonTailscaleServiceCreated, "created Tailscale Service %s (%s) for ProxyGroup %s", svcName, addrList(ts.Addrs), pg.Name)
 	}
 	vips := vipsFor(ts.Addrs, *cfg.Forward)
@@ -135,7 +135,7 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if n > 0 {
 		r.progress(svc, "serving", ReasonServing, "serving %s at %s through ProxyGroup %s", svcName, strings.Join(vips, ", "), pg.Name)
 	}
-	return ctrl.Result{}, nil
+	return ctrl.Result{RequeueAfter: ts.recheck}, nil
 }
 
 // haServiceScope is what a pass reads about a Service on a ProxyGroup before it decides.

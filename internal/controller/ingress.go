@@ -246,6 +246,11 @@ func (r *IngressReconciler) updateStatus(ctx context.Context, ing *networkingv1.
 	}
 	if served {
 		want = append(want, byoStatus(p.config.Serve.TLS.Certificates, st.Certificates, r.guard.now())...)
+		if p.config.Serve.Funnel {
+			if reason := r.funnel(ing, st.HTTPSEndpoint, p.config.Tags, []*contract.ProxyState{st}); reason != "" {
+				setPortError(want, st.HTTPSEndpoint, reason)
+			}
+		}
 	}
 	return setIngressLoadBalancer(ctx, r.Client, ing, want)
 }

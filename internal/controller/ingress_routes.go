@@ -123,6 +123,13 @@ func buildWebService(ing *networkingv1.Ingress, in routeInputs) (contract.WebSer
 		findings = append(findings, warnf(ReasonInvalidAnnotation, "annotation %s=%q must be %q or %q; port 80 is not served plainly",
 			AnnotationHTTPEndpoint, v, httpEndpointEnabled, httpEndpointDisabled))
 	}
+	if v, ok := ing.Annotations[AnnotationFunnel]; ok {
+		if on, err := strconv.ParseBool(v); err != nil {
+			findings = append(findings, warnf(ReasonInvalidAnnotation, "annotation %s=%q is not a boolean; not served over Funnel", AnnotationFunnel, v))
+		} else {
+			ws.Funnel = on
+		}
+	}
 
 	seen := map[string]bool{}
 	add := func(host, path string, pathType contract.PathType, b networkingv1.IngressBackend, where string) {

@@ -22,6 +22,9 @@ const (
 	AnnotationHTTPEndpoint = "tailscale.com/http-endpoint"
 	httpEndpointEnabled    = "enabled"
 	httpEndpointDisabled   = "disabled"
+	// AnnotationFunnel ("true") also serves an Ingress's tailnet name to the internet through
+	// Tailscale Funnel, once the tailnet's policy grants the proxies' tags the funnel attribute.
+	AnnotationFunnel = "tailscale.com/funnel"
 	// AnnotationBackendProtocol forces the scheme of every backend of an Ingress: "http",
 	// "https" or "https-insecure" (https without certificate verification). Without it a
 	// backend on port 443 or a port named https is https-insecure, anything else http.

@@ -12,6 +12,7 @@ const (
 	ReasonCertificateIssued       = "CertificateIssued"       // the CA issued the tailnet name's certificate
 	ReasonServing                 = "Serving"                 // traffic to the tailnet name or address reaches the object
 	ReasonTailscaleServiceCreated = "TailscaleServiceCreated" // the Tailscale Service of an object on a ProxyGroup was created
+	ReasonFunnelEnabled           = "FunnelEnabled"           // an Ingress's tailnet name is served to the internet through Funnel
 )
 
 // Ingress routes and annotations. networking.k8s.io/v1 Ingresses have no conditions, so Events
@@ -28,6 +29,9 @@ const (
 	ReasonInvalidAnnotation     = "InvalidAnnotation"
 	ReasonInvalidHostname       = "InvalidHostname"
 	ReasonHTTPSNotEnabled       = "HTTPSNotEnabled"
+	// Funnel asked for and not on; also the error of port 443 in status.loadBalancer.
+	ReasonFunnelNotPermitted = "FunnelNotPermitted" // the tailnet's policy does not grant the proxies' tags the funnel attribute
+	ReasonFunnelFailed       = "FunnelFailed"       // the proxy could not set Funnel up
 )
 
 // Any object with a proxy.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -47,6 +48,10 @@ type Settings struct {
 	// Metrics receives the operator's metrics; nil means controller-runtime's registry, which
 	// the manager's metrics endpoint serves.
 	Metrics prometheus.Registerer
+	// SharedServiceResync is how often the operator checks that it is still recorded among the
+	// owners of a Tailscale Service that other operators (clusters) share, at least (it waits up
+	// to twice as long); zero means five minutes.
+	SharedServiceResync time.Duration
 }
 
 // Validate checks the settings at start-up, so a misconfigured operator fails at once.

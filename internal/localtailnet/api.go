@@ -259,7 +259,9 @@ func (s *server) apiListDevices(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	devices := []tsapi.Device{}
 	for _, n := range s.sortedNodesLocked() {
-		devices = append(devices, s.apiDeviceLocked(n))
+		if !n.funnelRelay { // Tailscale's relays are no devices of the tailnet
+			devices = append(devices, s.apiDeviceLocked(n))
+		}
 	}
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, map[string][]tsapi.Device{"devices": devices})
@@ -269,7 +271,7 @@ func (s *server) apiGetDevice(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := s.nodeByIDLocked(r.PathValue("id"))
-	if n == nil {
+	if n == nil || n.funnelRelay {
 		apiError(w, http.StatusNotFound, "device not found")
 		return
 	}
@@ -280,7 +282,7 @@ func (s *server) apiDeleteDevice(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := s.nodeByIDLocked(r.PathValue("id"))
-	if n == nil {
+	if n == nil || n.funnelRelay {
 		apiError(w, http.StatusNotFound, "device not found")
 		return
 	}

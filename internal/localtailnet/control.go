@@ -49,6 +49,13 @@ type server struct {
 
 	// Address families Tailscale Services lack (SetServiceAddrFamilies); none by default.
 	noServiceIPv4, noServiceIPv6 bool
+
+	// nodeAttrs are the policy's node attributes (SetNodeAttrs).
+	nodeAttrs []NodeAttr
+	// funnel is the Funnel relay, with Options.Funnel.
+	funnel *funnelRelay
+	// funnelTurn spreads Funnel connections to a Tailscale Service over its hosts.
+	funnelTurn int
 }
 
 const (

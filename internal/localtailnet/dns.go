@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,6 +29,9 @@ type dnsServer struct {
 
 	mu  sync.Mutex
 	txt map[string][]string // by lowercase name without the final dot; newest last
+	// public answers A queries for the names served over Funnel: the relay's address. nil
+	// without Funnel.
+	public func(name string) (netip.Addr, bool)
 }
 
 // startDNS serves UDP and TCP on one port of ip: Pebble asks over TCP, most resolvers over UDP.
@@ -65,6 +69,12 @@ func (d *dnsServer) close() error {
 	return errors.Join(d.tcp.Shutdown(), d.udp.Shutdown())
 }
 
+func (d *dnsServer) setPublic(f func(name string) (netip.Addr, bool)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.public = f
+}
+
 func (d *dnsServer) addTXT(name, value string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -74,7 +84,8 @@ func (d *dnsServer) addTXT(name, value string) {
 }
 
 // ServeDNS answers from the published records: their TXT values, no data for other types,
-// and NXDOMAIN for names without records.
+// and NXDOMAIN for names without records. A name served over Funnel has an A record, the
+// relay's address, while it is, as Tailscale publishes the names of funnel nodes.
 func (d *dnsServer) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	res := new(dns.Msg)
 	res.SetReply(req)
@@ -85,11 +96,24 @@ func (d *dnsServer) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		return
 	}
 	q := req.Question[0]
+	name := strings.TrimSuffix(strings.ToLower(q.Name), ".")
 	d.mu.Lock()
-	vals, ok := d.txt[strings.TrimSuffix(strings.ToLower(q.Name), ".")]
+	vals, ok := d.txt[name]
 	vals = slices.Clone(vals)
+	public := d.public
 	d.mu.Unlock()
+	var relay netip.Addr // set for a name served over Funnel
+	if public != nil {
+		if addr, served := public(name); served {
+			relay, ok = addr, true
+		}
+	}
 	switch {
+	case relay.IsValid() && q.Qtype == dns.TypeA:
+		res.Answer = append(res.Answer, &dns.A{
+			Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET},
+			A:   relay.AsSlice(),
+		})
 	case !ok:
 		res.Rcode = dns.RcodeNameError
 	case q.Qtype == dns.TypeTXT:

@@ -42,9 +42,11 @@
 // # What it does not do
 //
 //   - No wildcard certificates (the node attribute for subdomains is never granted), no
-//     TLS-ALPN-01 (it serves Funnel only), no rate limit on set-dns.
-//   - No ACL policy: every node may reach every other on every port; tags are labels only.
-//   - No interactive login, node key expiry or rotation, device approval, Funnel or Tailnet Lock.
+//     TLS-ALPN-01 (Funnel hosts renew through DNS-01 too), no rate limit on set-dns.
+//   - No ACL policy beyond node attributes (NodeAttr): every node may reach every other on
+//     every port; tags are labels and NodeAttr targets only.
+//   - No interactive login, node key expiry or rotation, device approval or Tailnet Lock.
+//   - Funnel takes TLS on one port only (FunnelAddr, standing for 443), not 8443 or 10000.
 //   - Clients must be of capability version 68 or later (August 2023), which report endpoints
 //     and Hostinfo in non-streaming map requests only.
 //   - Ephemeral nodes are not removed when they go offline, only when deleted or logged out.
@@ -58,6 +60,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -91,6 +94,22 @@ type Options struct {
 	// validating DNS-01 against DNSAddr (package localacme). A node's process uses it when it
 	// runs with the environment LocalTailnet.ACME.Env().
 	ACME bool
+	// Funnel implies HTTPS and plays Tailscale Funnel's public side: a listener at FunnelAddr
+	// (LocalTailnet.FunnelAddr) that takes TLS connections from anywhere and hands each to the
+	// device that serves the ClientHello's server name over Funnel, through the device's peer
+	// API as Tailscale's funnel relays do; and, in the DNS server at DNSAddr, an A record with
+	// the listener's IP for each name served over Funnel, while it is. A device serves a name
+	// over Funnel when the policy grants it the "funnel" node attribute (NodeAttrs) and its
+	// Serve config allows Funnel for <name>:443 (tsnet's ListenFunnel, `tailscale funnel`).
+	// The name is the device's MagicDNS name or that of a Tailscale Service it hosts; a
+	// service's connections are spread over its hosts that allow Funnel for it.
+	Funnel bool
+	// FunnelAddr is where the Funnel listener listens; a port of its own on Addr's IP by
+	// default. It stands for port 443 of Tailscale's relays: a client connects to it for
+	// https://<name>/, with <name> in the ClientHello.
+	FunnelAddr string
+	// NodeAttrs are the policy's node attributes at start; SetNodeAttrs changes them.
+	NodeAttrs []NodeAttr
 	// Logf receives the local tailnet's logs; nil discards them. Credentials are never logged.
 	Logf logger.Logf
 }
@@ -113,6 +132,10 @@ type LocalTailnet struct {
 	DNSAddr string
 	// ACME is the certificate authority, with Options.ACME.
 	ACME *localacme.CA
+	// FunnelAddr is the Funnel listener's address (ip:port), with Options.Funnel: what a
+	// client on the internet reaches port 443 of a name served over Funnel at. PublicDialer
+	// dials it as such a client.
+	FunnelAddr string
 
 	srv       *server
 	http      *http.Server
@@ -152,7 +175,7 @@ func Start(ctx context.Context, opts Options) (*LocalTailnet, error) {
 		return fail(err)
 	}
 	lt.relay = relay
-	https := opts.HTTPS || opts.ACME
+	https := opts.HTTPS || opts.ACME || opts.Funnel
 	if https {
 		if lt.dns, err = startDNS(ip.String()); err != nil {
 			return fail(err)
@@ -186,6 +209,7 @@ func Start(ctx context.Context, opts Options) (*LocalTailnet, error) {
 		c2n:         make(map[string]tailcfg.NodeID),
 		tokens:      make(map[string]time.Time),
 		noiseConns:  make(map[net.Conn]bool),
+		nodeAttrs:   cloneNodeAttrs(opts.NodeAttrs),
 	}
 	s.oauthSecret = "tskey-client-" + s.oauthID + "-" + randomText(26)
 	if len(s.allowedTags) == 0 {
@@ -210,6 +234,19 @@ func Start(ctx context.Context, opts Options) (*LocalTailnet, error) {
 	lt.DERPMap, lt.Domain = derpMap, s.domain
 	lt.srv, lt.http, lt.cancel = s, hs, cancel
 	lt.stopOnCtx = context.AfterFunc(ctx, func() { lt.Close() })
+	if opts.Funnel {
+		relayIP, _ := netip.AddrFromSlice(ip)
+		lt.dns.setPublic(func(name string) (netip.Addr, bool) { return relayIP.Unmap(), s.funnelName(name) })
+		f, err := startFunnel(ctx, s, url, cmp.Or(opts.FunnelAddr, net.JoinHostPort(ip.String(), "0")), logf)
+		if err != nil {
+			return nil, errors.Join(err, lt.Close())
+		}
+		s.mu.Lock()
+		s.funnel = f
+		s.mu.Unlock()
+		lt.FunnelAddr = f.addr()
+		logf("localtailnet: Funnel relay at %s", lt.FunnelAddr)
+	}
 	logf("localtailnet: control server and API at %s, DERP at %s:%d, domain %s",
 		url, ip, derpMap.Regions[1].Nodes[0].DERPPort, s.domain)
 	return lt, nil
@@ -221,9 +258,16 @@ func (lt *LocalTailnet) Close() error {
 		lt.stopOnCtx()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
+		var funnelErr error
+		lt.srv.mu.Lock()
+		f := lt.srv.funnel
+		lt.srv.mu.Unlock()
+		if f != nil {
+			funnelErr = f.close() // first: its node still has a control server to leave
+		}
 		lt.cancel() // ends map polls and refuses new Noise connections
 		lt.srv.closeNoiseConns()
-		lt.closeErr = errors.Join(lt.http.Shutdown(ctx), lt.closeParts())
+		lt.closeErr = errors.Join(funnelErr, lt.http.Shutdown(ctx), lt.closeParts())
 	})
 	return lt.closeErr
 }
@@ -314,4 +358,34 @@ func (lt *LocalTailnet) MintUserKey(login, displayName string) tailnet.Secret {
 		description: "device of " + login, created: now, expires: now.Add(defaultKeyExpiry)}
 	s.keys[k.secret] = k
 	return tailnet.NewSecret(k.secret)
+}
+
+// PublicDialer dials as a client on the internet does, for a test's or a script's
+// http.Transport: it looks names up in the tailnet's public DNS (DNSAddr), which has the names
+// served over Funnel while they are, and reaches port 443 at the Funnel listener. Any other
+// port is refused. It needs Options.Funnel.
+func (lt *LocalTailnet) PublicDialer() func(ctx context.Context, network, addr string) (net.Conn, error) {
+	resolver := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, lt.DNSAddr)
+	}}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if lt.FunnelAddr == "" {
+			return nil, errors.New("localtailnet: no Funnel listener (Options.Funnel)")
+		}
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		if port != "443" {
+			return nil, fmt.Errorf("localtailnet: Funnel takes port 443 only, not %s", port)
+		}
+		ips, err := resolver.LookupNetIP(ctx, "ip4", host)
+		if err != nil {
+			return nil, err
+		}
+		_, relayPort, _ := net.SplitHostPort(lt.FunnelAddr)
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", net.JoinHostPort(ips[0].String(), relayPort))
+	}
 }

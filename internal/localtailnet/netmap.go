@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"tailscale.com/net/tsaddr"
 	"tailscale.com/tailcfg"
 	"tailscale.com/types/opt"
 )
@@ -15,6 +16,9 @@ import (
 func (s *server) mapResponseLocked(self *node, prev map[tailcfg.NodeID]bool) (*tailcfg.MapResponse, map[tailcfg.NodeID]bool) {
 	hosts := s.serviceHostsLocked()
 	selfNode := s.tailcfgNodeLocked(self)
+	for _, attr := range s.attrsLocked(self) {
+		selfNode.CapMap[attr] = nil
+	}
 	mapping := tailcfg.ServiceIPMappings{}
 	for name, hs := range hosts {
 		if slices.Contains(hs, self) {
@@ -34,13 +38,13 @@ func (s *server) mapResponseLocked(self *node, prev map[tailcfg.NodeID]bool) (*t
 		DERPMap:         s.derpMap,
 		Domain:          s.domain,
 		DNSConfig:       s.dnsConfigLocked(self),
-		PacketFilter:    tailcfg.FilterAllowAll,
+		PacketFilter:    s.packetFilterLocked(self),
 		UserProfiles:    s.userProfilesLocked(),
 		CollectServices: opt.False,
 	}
 	sent := make(map[tailcfg.NodeID]bool)
 	for _, p := range s.sortedNodesLocked() {
-		if p == self {
+		if p == self || (p.funnelRelay && !s.mayFunnelLocked(self)) {
 			continue
 		}
 		tn := s.tailcfgNodeLocked(p)
@@ -61,6 +65,34 @@ func (s *server) mapResponseLocked(self *node, prev map[tailcfg.NodeID]bool) (*t
 		slices.Sort(res.PeersRemoved)
 	}
 	return res, sent
+}
+
+// packetFilterLocked lets every device reach every other on every port. A device that may take
+// Funnel traffic also has the relay among its peers, which may reach nothing (tailscaled
+// ignores a filter that lets such a peer in, so the sources are the devices' addresses rather
+// than "*") but is granted the ingress capability: the right to hand over connections through
+// the device's peer API, as Tailscale's control plane grants its funnel ingress nodes.
+func (s *server) packetFilterLocked(self *node) []tailcfg.FilterRule {
+	if !s.mayFunnelLocked(self) || s.funnel == nil {
+		return tailcfg.FilterAllowAll
+	}
+	devices := []string{nodePrefix.String(), netip.PrefixFrom(tsaddr.Tailscale4To6(nodePrefix.Addr()), 112).String()}
+	var relays []string
+	for _, n := range s.sortedNodesLocked() {
+		if n.funnelRelay {
+			for _, a := range n.addrs {
+				relays = append(relays, a.String())
+			}
+		}
+	}
+	rules := []tailcfg.FilterRule{{SrcIPs: devices, DstPorts: []tailcfg.NetPortRange{{IP: "*", Ports: tailcfg.PortRangeAny}}}}
+	if len(relays) > 0 {
+		rules = append(rules, tailcfg.FilterRule{SrcIPs: relays, CapGrant: []tailcfg.CapGrant{{
+			Dsts:   slices.Clone(self.addrs),
+			CapMap: tailcfg.PeerCapMap{tailcfg.PeerCapabilityIngress: nil},
+		}}})
+	}
+	return rules
 }
 
 // serviceHostsLocked returns, per service, the connected nodes that advertise it, by node ID.
@@ -118,6 +150,8 @@ func (s *server) tailcfgNodeLocked(n *node) *tailcfg.Node {
 	if s.https {
 		tn.CapMap[tailcfg.CapabilityHTTPS] = nil
 	}
+	// A relay is no device: it carries no tailnet lock signature and gets no network access.
+	tn.UnsignedPeerAPIOnly = n.funnelRelay
 	return tn
 }
 

@@ -47,6 +47,11 @@ type node struct {
 	servicesHash string
 	// servicesAsked is the hash a c2n fetch is in flight for.
 	servicesAsked string
+
+	// funnelRelay marks the local tailnet's own Funnel relay node: no device of the tailnet, it
+	// is a peer only of the devices that may take Funnel traffic, and reaches nothing but their
+	// peer API.
+	funnelRelay bool
 }
 
 // authKey is a minted auth key. Whether it is pre-authorized does not matter: the local
@@ -62,6 +67,8 @@ type authKey struct {
 	used        bool
 	// owner is the person whose devices log in with the key; nil for tagged devices.
 	owner *tailcfg.UserProfile
+	// funnelRelay is set on the key of the Funnel relay node.
+	funnelRelay bool
 }
 
 // service is a Tailscale Service (VIP service).
@@ -84,8 +91,13 @@ var (
 	taggedProfile = tailcfg.UserProfile{ID: taggedUserID, LoginName: "tagged-devices", DisplayName: "tagged-devices"}
 )
 
-// vipPrefix is where Tailscale Services get their IPv4 addresses; devices get 100.64.x.y.
-var vipPrefix = netip.MustParsePrefix("100.80.0.0/16")
+// vipPrefix is where Tailscale Services get their IPv4 addresses; devices get 100.64.x.y
+// (nodePrefix), the Funnel relay 100.96.x.y (relayPrefix).
+var (
+	vipPrefix   = netip.MustParsePrefix("100.80.0.0/16")
+	nodePrefix  = netip.MustParsePrefix("100.64.0.0/16")
+	relayPrefix = netip.MustParsePrefix("100.96.0.0/16")
+)
 
 func (n *node) fqdn(domain string) string { return n.label + "." + domain }
 
@@ -125,7 +137,11 @@ func (s *server) sortedNodesLocked() []*node {
 func (s *server) addNodeLocked(mkey key.MachinePublic, req *tailcfg.RegisterRequest, k *authKey) *node {
 	s.lastNodeID++
 	id := s.lastNodeID
-	v4 := netip.AddrFrom4([4]byte{100, 64, byte(id >> 8), byte(id)})
+	prefix := nodePrefix.Addr().As4()
+	if k.funnelRelay {
+		prefix = relayPrefix.Addr().As4()
+	}
+	v4 := netip.AddrFrom4([4]byte{prefix[0], prefix[1], byte(id >> 8), byte(id)})
 	hi := req.Hostinfo
 	if hi == nil {
 		hi = new(tailcfg.Hostinfo)
@@ -145,6 +161,7 @@ func (s *server) addNodeLocked(mkey key.MachinePublic, req *tailcfg.RegisterRequ
 		created:   now,
 		lastSeen:  now,
 	}
+	n.funnelRelay = k.funnelRelay
 	s.nodes[id] = n
 	s.changedLocked()
 	return n

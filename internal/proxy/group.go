@@ -83,6 +83,9 @@ type replica struct {
 
 	advertised []string          // as the node's prefs say, sorted
 	reported   map[string][]byte // the state last written; nil after a failed write
+
+	fun       *funnel // taking Funnel connections; nil while no service is served over Funnel
+	funnelErr string  // why Funnel could not be set up, at the last attempt
 }
 
 // webService is one L7 service, from certificates to listeners on the service's name.
@@ -95,6 +98,7 @@ type webService struct {
 	applied    *contract.WebService // nil until it listens
 	listeners  []*tsnet.ServiceListener
 	stop       context.CancelFunc // ends its certificate and error goroutines
+	funnel     bool               // its server takes the name's Funnel connections
 }
 
 func runGroup(ctx context.Context, opts Options, kube kubernetes.Interface, src configSource, hl *health, first configUpdate) (err error) {
@@ -493,6 +497,83 @@ func (r *replica) reconcileWeb(ctx context.Context) {
 	if !next.IsZero() {
 		r.hostsTimer = time.AfterFunc(time.Until(next), func() { r.send(ctx, func() {}) })
 	}
+	r.reconcileFunnel(ctx)
+}
+
+// reconcileFunnel serves to the internet too the services this replica serves whose config
+// asks for Funnel, while the tailnet lets the node use Funnel. Tailscale's relays send a
+// service's Funnel connections to its hosts, the replicas that advertise it.
+func (r *replica) reconcileFunnel(ctx context.Context) {
+	var want []string
+	if r.status.noFunnel == "" && !r.closing {
+		for _, e := range r.web {
+			if e.applied != nil && e.applied.Funnel {
+				want = append(want, e.fqdn)
+			}
+		}
+	}
+	slices.Sort(want)
+	for _, e := range r.web {
+		if e.funnel && !slices.Contains(want, e.fqdn) {
+			e.srv.SetFunnel(nil)
+			e.funnel = false
+		}
+	}
+	if len(want) == 0 {
+		if r.fun != nil {
+			r.fun.close(ctx)
+			r.fun = nil
+			r.log.Info("Funnel off")
+		}
+		r.funnelErr = ""
+		return
+	}
+	if r.fun == nil {
+		f, err := openFunnelForward(r.lc, r.log)
+		if err != nil {
+			if msg := err.Error(); msg != r.funnelErr {
+				r.log.Error("setting up Funnel failed; the services are served on the tailnet only", "err", err)
+				r.funnelErr = msg
+			}
+			return
+		}
+		r.fun, r.funnelErr = f, ""
+	}
+	r.fun.only(want)
+	for _, e := range r.web {
+		if slices.Contains(want, e.fqdn) && !e.funnel {
+			e.srv.SetFunnel(r.fun.listen(e.fqdn))
+			e.funnel = true
+			r.log.Info("serving over Funnel too", "service", e.name, "name", e.fqdn)
+		}
+	}
+	if err := r.fun.allow(ctx); err != nil {
+		r.funnelErr = err.Error()
+		r.log.Error("allowing Funnel for the services failed", "err", err)
+		return
+	}
+	r.funnelErr = ""
+}
+
+// funnelStatus reports Funnel for each service this replica may serve whose config asks for it.
+func (r *replica) funnelStatus() map[string]contract.FunnelStatus {
+	out := map[string]contract.FunnelStatus{}
+	for name, ws := range r.serve.Services {
+		fqdn := r.fqdn(name)
+		if !ws.Funnel || !r.allowed(name) || fqdn == "" {
+			continue
+		}
+		e := r.web[name]
+		switch {
+		case r.status.noFunnel != "":
+			out[fqdn] = contract.FunnelStatus{Reason: contract.FunnelNotPermitted, Message: r.status.noFunnel}
+		case r.funnelErr != "":
+			out[fqdn] = contract.FunnelStatus{Reason: contract.FunnelFailed, Message: r.funnelErr}
+		case e != nil && e.funnel && r.fun != nil && slices.Contains(r.fun.allowed, fmt.Sprintf("%s:%d", fqdn, funnelPort)):
+			out[fqdn] = contract.FunnelStatus{Public: true}
+		}
+	}
+	return out
 }
 
 // role is how this replica takes part in sharing certificates: issuer, reader, or "" when
@@ -696,6 +777,7 @@ func (r *replica) sync(ctx context.Context) error {
 				mak.Set(&state.Certificates, h, cs)
 			}
 		}
+		state.Funnel = r.funnelStatus()
 	}
 	data, err := state.Data()
 	if err != nil {
@@ -765,6 +847,11 @@ func (r *replica) shutdown() {
 	r.health.set("shutting down")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if r.fun != nil {
+		// With the advertisements: the relays send Funnel connections to the hosts that remain.
+		r.fun.close(ctx)
+		r.fun = nil
+	}
 	if r.lc != nil && len(r.advertised) > 0 {
 		was := r.advertised
 		r.advertise(ctx)

@@ -15,6 +15,7 @@ import (
 	"tailscale.com/client/local"
 	"tailscale.com/ipn"
 	"tailscale.com/ipn/ipnstate"
+	"tailscale.com/tsnet"
 	"tailscale.com/util/mak"
 
 	"github.com/tsingress/tsingress/internal/contract"
@@ -45,6 +46,11 @@ type ingress struct {
 	hostsTimer *time.Timer
 	events     chan func()
 
+	node       *tsnet.Server
+	fun        *funnel // taking Funnel connections for funnelName; nil while Funnel is off
+	funnelName string
+	funnelErr  string // why Funnel could not be set up, at the last attempt
+
 	reported map[string][]byte // the state last written; nil after a failed write
 }
 
@@ -69,6 +75,7 @@ func runIngress(ctx context.Context, opts Options, kube kubernetes.Interface, sr
 		return err
 	}
 	defer node.Close()
+	p.node = node
 	if p.lc, err = node.LocalClient(); err != nil {
 		return err
 	}
@@ -109,6 +116,7 @@ func runIngress(ctx context.Context, opts Options, kube kubernetes.Interface, sr
 			p.shutdown()
 			return err
 		}
+		p.reconcileFunnel(wctx)
 		p.judgeHosts(wctx)
 		retry = nil
 		if p.sync(ctx) != nil {
@@ -239,6 +247,62 @@ func (p *ingress) startACME(ctx context.Context, name string) {
 	go a.run(actx)
 }
 
+// reconcileFunnel serves the tailnet name to the internet too while the config asks for Funnel
+// and the tailnet lets the node use it; it stops when either no longer holds.
+func (p *ingress) reconcileFunnel(ctx context.Context) {
+	name := p.status.certDomain
+	want := p.applied && p.cfg.cfg.Serve.Funnel && name != "" && p.status.noFunnel == ""
+	if p.fun != nil && (!want || name != p.funnelName) {
+		p.web.SetFunnel(nil)
+		p.fun.close(ctx)
+		p.fun, p.funnelName = nil, ""
+		p.log.Info("Funnel off", "name", name)
+	}
+	if !want {
+		p.funnelErr = ""
+		return
+	}
+	if p.fun == nil {
+		f, err := openFunnel(p.node, p.lc, p.log)
+		if err != nil {
+			if msg := err.Error(); msg != p.funnelErr {
+				p.log.Error("setting up Funnel failed; the name is served on the tailnet only", "name", name, "err", err)
+				p.funnelErr = msg
+			}
+			return
+		}
+		p.fun, p.funnelName, p.funnelErr = f, name, ""
+		p.web.SetFunnel(f.listen(name))
+		p.log.Info("serving over Funnel too", "name", name)
+	}
+	if err := p.fun.allow(ctx); err != nil {
+		p.funnelErr = err.Error()
+		p.log.Error("allowing Funnel for the name failed", "name", name, "err", err)
+		return
+	}
+	p.funnelErr = ""
+}
+
+// funnelStatus reports Funnel for the tailnet name, when the config asks for it.
+func (p *ingress) funnelStatus() map[string]contract.FunnelStatus {
+	name := p.status.certDomain
+	if !p.cfg.cfg.Serve.Funnel || !p.status.running || name == "" {
+		return nil
+	}
+	var fs contract.FunnelStatus
+	switch {
+	case p.status.noFunnel != "":
+		fs = contract.FunnelStatus{Reason: contract.FunnelNotPermitted, Message: p.status.noFunnel}
+	case p.funnelErr != "":
+		fs = contract.FunnelStatus{Reason: contract.FunnelFailed, Message: p.funnelErr}
+	case p.fun != nil && p.fun.allowed != nil:
+		fs.Public = true
+	default:
+		return nil
+	}
+	return map[string]contract.FunnelStatus{name: fs}
+}
+
 // judgeHosts gives the server the bring-your-own certificates as they are now, and judges them
 // again when one becomes valid or expires.
 func (p *ingress) judgeHosts(ctx context.Context) {
@@ -268,6 +332,7 @@ func (p *ingress) sync(ctx context.Context) error {
 	if st.running {
 		state.DeviceID, state.FQDN, state.TailnetIPs = st.deviceID, st.fqdn, st.ips
 		state.Certificates = maps.Clone(p.hosts.status)
+		state.Funnel = p.funnelStatus()
 		if p.acme != nil && p.acme.name == st.certDomain {
 			served, cs := p.acme.state()
 			if served {
@@ -309,6 +374,12 @@ func (p *ingress) sync(ctx context.Context) error {
 
 func (p *ingress) shutdown() {
 	p.health.set("shutting down")
+	if p.fun != nil {
+		// First, so that the relays stop sending connections while requests drain.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		p.fun.close(ctx)
+		cancel()
+	}
 	if p.acmeStop != nil {
 		p.acmeStop()
 	}
@@ -329,11 +400,12 @@ type nodeStatus struct {
 	fqdn       string
 	ips        []string
 	certDomain string
+	noFunnel   string // why the tailnet does not let the node use Funnel; "" if it does
 }
 
 func (a nodeStatus) equal(b nodeStatus) bool {
 	return a.running == b.running && a.deviceID == b.deviceID && a.fqdn == b.fqdn &&
-		a.certDomain == b.certDomain && slices.Equal(a.ips, b.ips)
+		a.certDomain == b.certDomain && slices.Equal(a.ips, b.ips) && a.noFunnel == b.noFunnel
 }
 
 func statusOf(st *ipnstate.Status) nodeStatus {
@@ -349,6 +421,7 @@ func statusOf(st *ipnstate.Status) nodeStatus {
 	if len(st.CertDomains) > 0 {
 		ns.certDomain = st.CertDomains[0]
 	}
+	ns.noFunnel = funnelAccess(st.Self)
 	return ns
 }
 

@@ -70,7 +70,12 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	lt, err := localtailnet.Start(t.Context(), localtailnet.Options{HTTPS: true})
+	return newWorldWith(t, localtailnet.Options{HTTPS: true})
+}
+
+func newWorldWith(t *testing.T, opts localtailnet.Options) *world {
+	t.Helper()
+	lt, err := localtailnet.Start(t.Context(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

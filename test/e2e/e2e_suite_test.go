@@ -15,6 +15,7 @@
 //	E2E_LOCAL_BACKEND                         host:port of a backend for Ingresses where no workload Pods run
 //	E2E_SKIP_L3                               why L3 Services cannot be served here
 //	E2E_BACKEND_IMAGE                         agnhost image of the backend Deployment; agnhost:2.53 by default
+//	E2E_FUNNEL_ADDR                           the local tailnet's Funnel listener (port 443 of its relays); the internet otherwise
 //	E2E_TIMEOUT                               how long a spec waits for the operator and proxies; 5m by default
 package e2e
 

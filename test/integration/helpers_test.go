@@ -56,9 +56,21 @@ func startWorld(t *testing.T) *world {
 // L3 proxies the given firewall mode.
 func startWorldWith(t *testing.T, tailnetOpts localtailnet.Options, mode contract.FirewallMode) *world {
 	t.Helper()
+	lt, err := localtailnet.Start(context.Background(), tailnetOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lt.Close() })
+	return startCluster(t, lt, mode)
+}
+
+// startCluster starts a control plane running an operator that uses the tailnet lt: a world
+// of its own, or one of several clusters on one tailnet. tune changes the operator's settings.
+func startCluster(t *testing.T, lt *localtailnet.LocalTailnet, mode contract.FirewallMode, tune ...func(*controller.Settings)) *world {
+	t.Helper()
 	netns.SetEnabled(false)
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &world{opNS: "tailscale", ctx: ctx, cancel: cancel}
+	w := &world{opNS: "tailscale", ctx: ctx, cancel: cancel, lt: lt}
 	var err error
 	if w.cp, err = testenv.Start(filepath.Join("..", "..", "config", "crd", "bases")); err != nil {
 		t.Fatal(err)
@@ -77,10 +89,6 @@ func startWorldWith(t *testing.T, tailnetOpts localtailnet.Options, mode contrac
 	if err := w.k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.opNS}}); err != nil {
 		t.Fatal(err)
 	}
-	if w.lt, err = localtailnet.Start(context.Background(), tailnetOpts); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.lt.Close() })
 	idFile, secretFile, err := w.lt.WriteOAuthFiles(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -93,6 +101,9 @@ func startWorldWith(t *testing.T, tailnetOpts localtailnet.Options, mode contrac
 	settings := controller.Settings{
 		Namespace: w.opNS, IngressClassName: "tailscale", DefaultTags: []string{"tag:k8s"},
 		ProxyImage: "unused", FirewallMode: mode, ControlURL: w.lt.ControlURL, Metrics: w.metrics,
+	}
+	for _, f := range tune {
+		f(&settings)
 	}
 	mgr, err := ctrl.NewManager(w.cp.Config, ctrl.Options{
 		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, Cache: controller.CacheOptions(settings),

@@ -25,6 +25,9 @@ const (
 	HeaderUserLogin      = "Tailscale-User-Login"
 	HeaderUserName       = "Tailscale-User-Name"
 	HeaderUserProfilePic = "Tailscale-User-Profile-Pic"
+	// HeaderFunnelRequest ("?1") marks a request from the internet, through Tailscale Funnel:
+	// it has no tailnet identity.
+	HeaderFunnelRequest = "Tailscale-Funnel-Request"
 
 	identityHeaderPrefix = "Tailscale-User-"
 )
@@ -173,12 +176,17 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // setIdentity replaces any identity headers the client sent with the caller's tailnet identity.
-// Tagged devices have no user, so they get none.
+// Tagged devices have no user, so they get none; a caller from the internet is marked as such.
 func (h *handler) setIdentity(r *http.Request) {
 	for name := range r.Header {
 		if strings.HasPrefix(name, identityHeaderPrefix) {
 			delete(r.Header, name)
 		}
+	}
+	r.Header.Del(HeaderFunnelRequest)
+	if isFunnel(r) {
+		r.Header.Set(HeaderFunnelRequest, "?1")
+		return
 	}
 	who, err := h.whois(r.Context(), r.RemoteAddr)
 	if err != nil {

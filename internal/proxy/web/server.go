@@ -35,10 +35,11 @@ type Server struct {
 	certs      certificates
 	cur        atomic.Pointer[snapshot]
 
-	https *http.Server
-	plain *http.Server // port 80; nil while the HTTP mode is off
-	plnLn net.Listener
-	errs  chan error
+	https  *http.Server
+	plain  *http.Server // port 80; nil while the HTTP mode is off
+	plnLn  net.Listener
+	funnel *http.Server // connections from the internet; nil while Funnel is off
+	errs   chan error
 }
 
 type snapshot struct {
@@ -116,6 +117,33 @@ func (s *Server) Apply(ws contract.WebService) error {
 		s.plain, s.plnLn = nil, nil
 	}
 	return nil
+}
+
+// SetFunnel serves the routes to the connections ln accepts from the internet (Tailscale
+// Funnel), with the same certificates; nil stops. Their requests carry the header
+// Tailscale-Funnel-Request and no tailnet identity, as Tailscale Serve's do. Funnel
+// connections in flight when it stops finish in the background.
+func (s *Server) SetFunnel(ln net.Listener) {
+	if s.funnel != nil {
+		go s.drain(s.funnel) // closes its listener
+		s.funnel = nil
+	}
+	if ln == nil {
+		return
+	}
+	srv := s.newHTTPServer(http.HandlerFunc(s.serveRoutes))
+	srv.TLSConfig = &tls.Config{GetCertificate: s.certs.get}
+	srv.BaseContext = func(net.Listener) context.Context { return context.WithValue(context.Background(), funnelKey{}, true) }
+	s.funnel = srv
+	go s.serve("Funnel", func() error { return srv.ServeTLS(ln, "", "") })
+}
+
+// funnelKey marks the context of requests that came from the internet through Funnel.
+type funnelKey struct{}
+
+func isFunnel(r *http.Request) bool {
+	on, _ := r.Context().Value(funnelKey{}).(bool)
+	return on
 }
 
 // serveRoutes serves a request with the routes current when it arrived.
@@ -200,7 +228,7 @@ func (s *Server) StopKeepAlives() {
 // Shutdown stops accepting connections and waits, until ctx ends, for requests in flight.
 func (s *Server) Shutdown(ctx context.Context) error {
 	var errs []error
-	for _, srv := range []*http.Server{s.https, s.plain} {
+	for _, srv := range []*http.Server{s.https, s.plain, s.funnel} {
 		if srv != nil {
 			errs = append(errs, srv.Shutdown(ctx))
 		}

@@ -1,0 +1,112 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"testing"
+
+	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/tailnet"
+)
+
+// operatorOn is one operator's view of the Tailscale Services of a tailnet, with a fixed ID.
+func operatorOn(api tailnet.Client, id string) *tailscaleServices {
+	t := &tailscaleServices{tailnet: api}
+	t.idOnce.Do(func() { t.id = id })
+	return t
+}
+
+func serviceOwners(t *testing.T, api tailnet.Client, name string) []string {
+	t.Helper()
+	svc, err := api.Service(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refs ownerRefs
+	if err := json.Unmarshal([]byte(svc.Annotations[annotationOwnerRefs]), &refs); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range refs.OwnerRefs {
+		ids = append(ids, r.OperatorID)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// Two operators (clusters) share a Tailscale Service: both are recorded, the service carries what
+// either asks for, a record dropped by a concurrent write is restored at the next check, and the
+// service is deleted with its last owner only.
+func TestSharedTailscaleService(t *testing.T) {
+	lt, err := localtailnet.Start(t.Context(), localtailnet.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lt.Close() })
+	api, err := lt.APIClient(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	const name = "svc:web"
+	east, west := operatorOn(api, "east"), operatorOn(api, "west")
+
+	claim, err := east.ensure(ctx, name, []string{"tcp:443"}, []string{"tag:k8s"})
+	if err != nil || !claim.created || claim.recheck < ownershipVerify {
+		t.Fatalf("east's first claim: %+v, %v; want created, checked again soon", claim, err)
+	}
+	claim, err = west.ensure(ctx, name, []string{"tcp:443", "tcp:80"}, []string{"tag:web"})
+	if err != nil || claim.created {
+		t.Fatalf("west's claim: %+v, %v", claim, err)
+	}
+	if got := serviceOwners(t, api, name); !slices.Equal(got, []string{"east", "west"}) {
+		t.Fatalf("owners %v", got)
+	}
+	if !slices.Equal(claim.Ports, []string{"tcp:443", "tcp:80"}) || !slices.Equal(claim.Tags, []string{"tag:k8s", "tag:web"}) {
+		t.Errorf("shared service: ports %v, tags %v; want what either owner asks for", claim.Ports, claim.Tags)
+	}
+	// Nothing to change: no write, and a check now and then since the service is shared.
+	claim, err = east.ensure(ctx, name, []string{"tcp:443"}, []string{"tag:k8s"})
+	if err != nil || claim.recheck < defaultSharedResync {
+		t.Errorf("east's check of a shared service: recheck %s, %v; want %s or more", claim.recheck, err, defaultSharedResync)
+	}
+
+	// West writes from a read made before east's claim: east's record is gone.
+	svc, _ := api.Service(ctx, name)
+	svc.Annotations = map[string]string{annotationOwnerRefs: `{"ownerRefs":[{"operatorID":"west","ports":["tcp:443","tcp:80"],"tags":["tag:web"]}]}`}
+	if _, err := api.PutService(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := east.ensure(ctx, name, []string{"tcp:443"}, []string{"tag:k8s"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := serviceOwners(t, api, name); !slices.Equal(got, []string{"east", "west"}) {
+		t.Fatalf("owners after east's check %v; want east restored", got)
+	}
+
+	// West leaves: the service stays, with east's ports and tags only.
+	if err := west.release(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	svc, err = api.Service(ctx, name)
+	if err != nil {
+		t.Fatalf("west's release deleted the service east owns: %v", err)
+	}
+	if !slices.Equal(svc.Ports, []string{"tcp:443"}) || !slices.Equal(svc.Tags, []string{"tag:k8s"}) || !slices.Equal(serviceOwners(t, api, name), []string{"east"}) {
+		t.Errorf("after west left: ports %v, tags %v, owners %v", svc.Ports, svc.Tags, serviceOwners(t, api, name))
+	}
+	// Releasing again, or by an operator that never owned it, changes nothing.
+	if err := west.release(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := api.Service(ctx, name); err != nil {
+		t.Fatalf("a second release by west deleted the service: %v", err)
+	}
+	if err := east.release(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := api.Service(ctx, name); !tailnet.IsNotFound(err) {
+		t.Errorf("the service outlived its last owner: %v", err)
+	}
+}
