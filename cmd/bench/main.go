@@ -1,5 +1,5 @@
-// Command bench measures the project against the original's data path and against itself as
-// the number of objects grows, and writes docs/performance.md. See `make bench`.
+// Command bench measures the project side by side with the original's data path, and against
+// itself as the number of objects grows, and writes docs/performance.md. See `make bench`.
 package main
 
 import (
@@ -8,10 +8,11 @@ import (
 	"fmt"
 	"log"
 	"net/url"
-	"strings"
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"strconv"
+	"strings"
 	"time"
 
 	"tailscale.com/envknob"
@@ -33,17 +34,39 @@ func stayLocal() {
 	}
 }
 
+func sizesFlag(s string) []int {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil {
+			log.Fatalf("bad size %q: %v", f, err)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
 func main() {
 	var (
-		only       = flag.String("only", "", "run one part: datapath, controlplane or memory")
-		samples    = flag.Int("samples", 6, "data path: samples per scenario and target")
+		parts      = flag.String("parts", "datapath,controlplane,memory", "what to measure")
+		samples    = flag.Int("samples", 6, "data path: samples per scenario and path")
 		sampleDur  = flag.Duration("sample", 1500*time.Millisecond, "data path: length of a sample")
-		cpuProfile = flag.String("cpuprofile", "", "write a CPU profile of the whole run")
+		operator   = flag.String("operator", "", "control plane and memory: the operator binary; built from ./cmd/operator when empty")
+		baseline   = flag.String("baseline", "", "control plane and memory: an operator binary to measure side by side (an earlier build)")
+		sizes      = flag.String("n", "100,1000,5000", "control plane: numbers of Ingresses (and as many Services) on one ProxyGroup")
+		baseSizes  = flag.String("baseline-n", "100", "control plane: the sizes the baseline is measured at")
+		out        = flag.String("out", "docs/performance.md", "where to write the report; empty prints it")
+		pprofAddr  = flag.String("operator-pprof", "", "control plane: have the operator serve its profiles at this address")
+		cpuProfile = flag.String("cpuprofile", "", "write a CPU profile of the bench's own process")
 	)
 	flag.Parse()
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
 	netns.SetEnabled(false)
 	stayLocal()
+	operatorPprof = *pprofAddr
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if *cpuProfile != "" {
@@ -54,16 +77,74 @@ func main() {
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
-	if *only == "" || *only == "datapath" {
+	want := map[string]bool{}
+	for _, p := range strings.Split(*parts, ",") {
+		want[strings.TrimSpace(p)] = true
+	}
+	rep := &report{started: time.Now(), loadBefore: loadAverage(), command: "go run ./cmd/bench " + strings.Join(os.Args[1:], " "),
+		samples: *samples, sampleDur: *sampleDur, scale: map[string][]scaleResult{}}
+
+	if want["datapath"] {
 		d, err := startDataPath(ctx)
 		if err != nil {
 			log.Fatal(err)
 		}
-		res, err := d.measure(ctx, *samples, *sampleDur, log.Printf)
+		rep.targets = d.targets
+		rep.dataPath, err = d.measure(ctx, *samples, *sampleDur, log.Printf)
 		d.close()
 		if err != nil {
 			log.Fatal(err)
 		}
-		fmt.Println(len(res))
 	}
+	if want["controlplane"] || want["memory"] {
+		dir, err := os.MkdirTemp("", "bench-bin-")
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+		bin := *operator
+		if bin == "" {
+			if bin, err = buildOperator(dir); err != nil {
+				log.Fatal(err)
+			}
+		}
+		bins := map[string]string{"this build": bin}
+		if *baseline != "" {
+			bins["baseline"] = *baseline
+		}
+		if want["controlplane"] {
+			base := map[int]bool{}
+			for _, n := range sizesFlag(*baseSizes) {
+				base[n] = true
+			}
+			for _, n := range sizesFlag(*sizes) {
+				for _, name := range sortedKeys(bins) {
+					if name == "baseline" && !base[n] {
+						continue
+					}
+					res, err := measureScale(ctx, bins[name], n, func(f string, a ...any) { log.Printf(name+": "+f, a...) })
+					if err != nil {
+						log.Printf("%s, N=%d: %v", name, n, err)
+					}
+					rep.scale[name] = append(rep.scale[name], res)
+				}
+			}
+		}
+		if want["memory"] {
+			rep.memory, err = measureMemory(ctx, bins, log.Printf)
+			if err != nil {
+				log.Fatal(err)
+			}
+		}
+	}
+	rep.finished, rep.loadAfter = time.Now(), loadAverage()
+	md := rep.markdown()
+	if *out == "" {
+		os.Stdout.Write(md)
+		return
+	}
+	if err := os.WriteFile(*out, md, 0o644); err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("wrote %s", *out)
 }
