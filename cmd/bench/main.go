@@ -51,7 +51,7 @@ func sizesFlag(s string) []int {
 
 func main() {
 	var (
-		parts      = flag.String("parts", "datapath,controlplane,memory", "what to measure")
+		parts      = flag.String("parts", "datapath,first200,controlplane,memory", "what to measure")
 		samples    = flag.Int("samples", 6, "data path: samples per scenario and path")
 		sampleDur  = flag.Duration("sample", 1500*time.Millisecond, "data path: length of a sample")
 		operator   = flag.String("operator", "", "control plane and memory: the operator binary; built from ./cmd/operator when empty")
@@ -84,17 +84,28 @@ func main() {
 	rep := &report{started: time.Now(), loadBefore: loadAverage(), command: "go run ./cmd/bench " + strings.Join(os.Args[1:], " "),
 		samples: *samples, sampleDur: *sampleDur, scale: map[string][]scaleResult{}}
 
-	if want["datapath"] {
+	if want["datapath"] || want["first200"] {
 		d, err := startDataPath(ctx)
 		if err != nil {
 			log.Fatal(err)
 		}
 		rep.targets = d.targets
-		rep.dataPath, err = d.measure(ctx, *samples, *sampleDur, log.Printf)
-		d.close()
-		if err != nil {
-			log.Fatal(err)
+		if want["datapath"] {
+			if rep.dataPath, err = d.measure(ctx, *samples, *sampleDur, log.Printf); err != nil {
+				log.Fatal(err)
+			}
 		}
+		if want["first200"] {
+			for i := range *samples {
+				r, err := d.measureFirst200(ctx, i)
+				if err != nil {
+					log.Fatal(err)
+				}
+				log.Printf("first 200: up %s, certificate %s, in the client's netmap %s, first 200 %s: %s", r.up, r.cert, r.peerSeen, r.first200, strings.Join(r.attempts, "; "))
+				rep.first200 = append(rep.first200, r)
+			}
+		}
+		d.close()
 	}
 	if want["controlplane"] || want["memory"] {
 		dir, err := os.MkdirTemp("", "bench-bin-")

@@ -22,15 +22,8 @@ import (
 
 // memoryResult is an operator's resident memory as unrelated objects are added to the cluster.
 type memoryResult struct {
-	name                     string
+	name                      string
 	empty, unrelated, withTLS int64 // bytes
-}
-
-// memoryStage is what the cluster holds when memory is sampled.
-type memoryStage struct {
-	name  string
-	add   func(ctx context.Context, c *cluster) error
-	label string
 }
 
 // measureMemory runs the operators (the one under test and, if given, a baseline) side by side

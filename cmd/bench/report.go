@@ -17,6 +17,7 @@ type report struct {
 	loadAfter         string
 	command           string
 	dataPath          []dataPathResult
+	first200          []firstResult
 	targets           []target
 	samples           int
 	sampleDur         time.Duration
@@ -112,6 +113,32 @@ func (r *report) markdown() []byte {
 				row += " " + res.value(t.name) + " |"
 			}
 			p("%s **%.2f×** |", row, res.ratio())
+		}
+	}
+	if len(r.first200) > 0 {
+		var up, cert, seen, first []time.Duration
+		for _, f := range r.first200 {
+			up, cert, seen, first = append(up, f.up), append(cert, f.cert), append(seen, f.peerSeen), append(first, f.first200)
+		}
+		p("")
+		p("## A new proxy's first HTTPS 200")
+		p("")
+		p("A new node starts and serves the backend through the proxy's web server, as a standalone Ingress proxy")
+		p("does once its config is read; the client, already on the tailnet, tries every 250 ms (each try bounded")
+		p("to 2 s) from the moment the node starts. Medians of %d, from the node's start:", len(r.first200))
+		p("")
+		p("| node up | certificate | node in the client's netmap | first 200 |")
+		p("|---|---|---|---|")
+		p("| %s | %s | %s | %s |", ms(medianDur(up)), ms(medianDur(cert)), ms(medianDur(seen)), ms(medianDur(first)))
+		p("")
+		p("The client's tries in the run with the median first 200 (start, outcome, duration):")
+		p("")
+		mid := medianDur(first)
+		for _, f := range r.first200 {
+			if f.first200 == mid {
+				p("    %s", strings.Join(f.attempts, "\n    "))
+				break
+			}
 		}
 	}
 	if len(r.scale) > 0 {
