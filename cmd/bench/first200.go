@@ -38,7 +38,7 @@ func (d *dataPath) measureFirst200(ctx context.Context, i int) (firstResult, err
 	defer os.RemoveAll(dir)
 	name := fmt.Sprintf("fresh-%d", i)
 	start := time.Now()
-	n := &tsnet.Server{Dir: dir, Hostname: name, ControlURL: d.lt.ControlURL, Ephemeral: true, Store: new(mem.Store),
+	n := &tsnet.Server{Dir: dir, Hostname: name, ControlURL: d.lt.ControlURL, Ephemeral: true, Store: new(mem.Store), Port: firstPort,
 		AuthKey: d.lt.MintUserKey("ops@example.com", "Ops").Reveal(), Logf: func(string, ...any) {}}
 	defer n.Close()
 	fqdn := name + "." + d.lt.Domain
@@ -129,3 +129,7 @@ func medianDur(ds []time.Duration) time.Duration {
 	slices.Sort(s)
 	return s[len(s)/2]
 }
+
+// firstPort is the WireGuard port of the new nodes; 0 picks one at random. Proxies listen on a
+// fixed one (--tailnet-port), which a new proxy then shares with the one it replaces.
+var firstPort uint16

@@ -60,6 +60,7 @@ func main() {
 		baseSizes  = flag.String("baseline-n", "100", "control plane: the sizes the baseline is measured at")
 		out        = flag.String("out", "docs/performance.md", "where to write the report; empty prints it")
 		pprofAddr  = flag.String("operator-pprof", "", "control plane: have the operator serve its profiles at this address")
+		port       = flag.Uint("first200-port", 0, "first 200: the new nodes' WireGuard port (0: random)")
 		cpuProfile = flag.String("cpuprofile", "", "write a CPU profile of the bench's own process")
 	)
 	flag.Parse()
@@ -67,6 +68,7 @@ func main() {
 	netns.SetEnabled(false)
 	stayLocal()
 	operatorPprof = *pprofAddr
+	firstPort = uint16(*port)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if *cpuProfile != "" {
