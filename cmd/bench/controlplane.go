@@ -38,7 +38,9 @@ type scaleResult struct {
 	cpu            time.Duration // the operator's CPU time from the first apply to the last status
 	largestObject  int           // bytes of data of the largest ConfigMap or Secret in the operator's namespace
 	largestName    string
-	groupDocuments int // bytes of every group document together
+	groupDocuments int    // bytes of every group document together
+	failure        string // why it did not converge, if it did not
+	limit          time.Duration
 }
 
 func (r scaleResult) cpuPerObject() time.Duration { return r.cpu / time.Duration(2*r.n) }
@@ -116,6 +118,7 @@ func measureScale(ctx context.Context, operatorBin string, n int, logf func(stri
 	logf("N=%d: applied %d objects in %s", n, 2*n, res.applyTook.Round(time.Millisecond))
 
 	timeout := 2*time.Minute + time.Duration(n)*300*time.Millisecond
+	res.limit = timeout
 	var docsDone time.Time
 	err = waitFor(ctx, timeout, 250*time.Millisecond, "every object configured", func() error {
 		if docsDone.IsZero() {
@@ -140,6 +143,7 @@ func measureScale(ctx context.Context, operatorBin string, n int, logf func(stri
 	})
 	done := time.Now()
 	if err != nil {
+		res.failure = err.Error()
 		return res, err
 	}
 	cpu1, err := c.cpuTime()

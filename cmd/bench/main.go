@@ -57,6 +57,7 @@ func main() {
 		operator   = flag.String("operator", "", "control plane and memory: the operator binary; built from ./cmd/operator when empty")
 		baseline   = flag.String("baseline", "", "control plane and memory: an operator binary to measure side by side (an earlier build)")
 		sizes      = flag.String("n", "100,1000,5000", "control plane: numbers of Ingresses (and as many Services) on one ProxyGroup")
+		baseName   = flag.String("baseline-name", "baseline", "control plane and memory: what to call the baseline in the report")
 		baseSizes  = flag.String("baseline-n", "100", "control plane: the sizes the baseline is measured at")
 		out        = flag.String("out", "docs/performance.md", "where to write the report; empty prints it")
 		pprofAddr  = flag.String("operator-pprof", "", "control plane: have the operator serve its profiles at this address")
@@ -123,7 +124,7 @@ func main() {
 		}
 		bins := map[string]string{"this build": bin}
 		if *baseline != "" {
-			bins["baseline"] = *baseline
+			bins[*baseName] = *baseline
 		}
 		if want["controlplane"] {
 			base := map[int]bool{}
@@ -132,7 +133,7 @@ func main() {
 			}
 			for _, n := range sizesFlag(*sizes) {
 				for _, name := range sortedKeys(bins) {
-					if name == "baseline" && !base[n] {
+					if name == *baseName && !base[n] {
 						continue
 					}
 					res, err := measureScale(ctx, bins[name], n, func(f string, a ...any) { log.Printf(name+": "+f, a...) })

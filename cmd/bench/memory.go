@@ -124,7 +124,7 @@ func measureMemory(ctx context.Context, bins map[string]string, logf func(string
 		return nil, err
 	}
 	var out []memoryResult
-	for _, name := range slices.Sorted(mapsKeys(res)) {
+	for _, name := range sortedKeys(res) {
 		out = append(out, *res[name])
 	}
 	return out, nil

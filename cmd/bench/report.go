@@ -158,7 +158,7 @@ func (r *report) markdown() []byte {
 		for _, name := range sortedKeys(r.scale) {
 			for _, s := range r.scale[name] {
 				if s.status == 0 {
-					p("| %s | %d | %s | did not converge within the bench's limit | | | | |", name, s.n, secs(s.applyTook))
+					p("| %s | %d | %s | not within the bench's limit of %s: %s | | | | |", name, s.n, secs(s.applyTook), secs(s.limit), s.failure)
 					continue
 				}
 				p("| %s | %d | %s | %s | %s | %s | %.1f ms | %s, %d KiB |", name, s.n, secs(s.applyTook), secs(s.docs), secs(s.status),
