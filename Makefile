@@ -49,6 +49,13 @@ test: manifests generate vet envtest headscale ## Run every test: unit, envtest 
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" HEADSCALE_BIN="$(HEADSCALE)" KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=120s \
 		go test ./... -coverprofile cover.out -timeout 20m
 
+# Flags for the benchmark, e.g. BENCH_ARGS='-n 100,1000 -baseline /path/to/an/older/operator'.
+BENCH_ARGS ?=
+
+.PHONY: bench
+bench: envtest ## Measure the data path side by side with tailscale's Serve, the control plane at N = 100/1,000/5,000 and the operator's memory; writes docs/performance.md.
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go run ./cmd/bench $(BENCH_ARGS)
+
 .PHONY: verify
 verify: manifests generate ## Fail when generated files are out of date.
 	@git diff --exit-code -- api config || { echo "generated files are stale: run make manifests generate"; exit 1; }

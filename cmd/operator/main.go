@@ -30,6 +30,7 @@ import (
 // operator used, so existing deployments' env keeps working.
 type options struct {
 	metricsAddr, probeAddr string
+	pprofAddr              string
 	leaderElect            bool
 	settings               controller.Settings
 	tags, firewallMode     string
@@ -92,6 +93,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, error) {
 		withEnv("New certificates the tailnet's domain may get in any 7 days (Let's Encrypt: 50); lower it when other issuers share the domain.", "ACME_NEW_CERTIFICATES_PER_WEEK"))
 	fs.IntVar(&o.settings.CertificateLimits.PerName, "acme-certificates-per-name-per-week", envInt("ACME_CERTIFICATES_PER_NAME_PER_WEEK", acmebudget.LetsEncrypt.PerName),
 		withEnv("Certificates one name may get in any 7 days, renewals included (Let's Encrypt: 5).", "ACME_CERTIFICATES_PER_NAME_PER_WEEK"))
+	fs.StringVar(&o.pprofAddr, "pprof-bind-address", envOr("OPERATOR_PPROF_BIND_ADDRESS", ""), withEnv("Address of the Go profiler's endpoints (/debug/pprof); empty disables them.", "OPERATOR_PPROF_BIND_ADDRESS"))
 	fs.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -163,6 +165,7 @@ func run(o *options) error {
 			FilterProvider: filters.WithAuthenticationAndAuthorization,
 		},
 		HealthProbeBindAddress:  o.probeAddr,
+		PprofBindAddress:        o.pprofAddr,
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "tsingress-operator.tailscale.com",
 		LeaderElectionNamespace: o.settings.Namespace,

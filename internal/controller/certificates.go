@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -17,7 +18,6 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -129,21 +129,17 @@ type byoCertificates struct {
 	recheck time.Duration
 }
 
-// certSecrets reads users' certificate Secrets: the cache holds kubernetes.io/tls Secrets only
-// (see CacheOptions), so a miss is confirmed through the API to tell "missing" from "wrong type".
+// certSecrets reads users' certificate Secrets through the API, by name: the operator caches
+// no Secret outside its namespace, only sees the kubernetes.io/tls ones change (metadata only,
+// tlsSecretWatch), so its memory does not grow with the certificates of the cluster.
 type certSecrets struct {
-	cached client.Reader
-	api    client.Reader
-	now    func() time.Time
+	api client.Reader
+	now func() time.Time
 }
 
 func (c certSecrets) get(ctx context.Context, key client.ObjectKey) (*corev1.Secret, error) {
 	s := &corev1.Secret{}
-	err := c.cached.Get(ctx, key, s)
-	if apierrors.IsNotFound(err) {
-		err = c.api.Get(ctx, key, s)
-	}
-	return s, err
+	return s, c.api.Get(ctx, key, s)
 }
 
 // resolve validates an Ingress's bring-your-own Secrets and builds their copies, named with
@@ -230,7 +226,31 @@ type certGuard struct {
 	namespace string
 	limits    acmebudget.Limits
 	now       func() time.Time
-	mu        sync.Mutex // one writer per operator; the API's optimistic locking covers others
+	// api reads the ledger after a conflict, when the cache may lag; nil means the cache.
+	api       client.Reader
+	batch     batcher[ledgerChange] // one writer per operator; the API's optimistic locking covers others
+	batchOnce sync.Once
+	last      lastWritten[*corev1.ConfigMap]
+
+	// observed is the serial last counted per name: replicas report every certificate of the
+	// group in every report, and each reconcile of an object on the group passes them all here.
+	observedMu sync.Mutex
+	observed   map[string]string
+}
+
+func (g *certGuard) alreadyObserved(name, serial string) bool {
+	g.observedMu.Lock()
+	defer g.observedMu.Unlock()
+	return g.observed[name] == serial
+}
+
+func (g *certGuard) markObserved(name, serial string) {
+	g.observedMu.Lock()
+	defer g.observedMu.Unlock()
+	if g.observed == nil {
+		g.observed = map[string]string{}
+	}
+	g.observed[name] = serial
 }
 
 // hold decides whether the proxy serving fqdn may ask the CA for a certificate now. cur is
@@ -251,8 +271,11 @@ func (g *certGuard) hold(ctx context.Context, fqdn string, cur contract.Certific
 		return nil, err
 	}
 	var h *acmebudget.Hold
-	reserved, err := g.update(ctx, domain, func(l *acmebudget.Ledger) {
+	var reserved bool
+	err = g.update(ctx, domain, func(l *acmebudget.Ledger) {
+		n := len(l.Entries)
 		h = l.Reserve(fqdn, cur.Serial != "", now, g.limits)
+		reserved = len(l.Entries) > n
 	})
 	if err != nil {
 		return nil, err
@@ -274,17 +297,19 @@ func (g *certGuard) observe(ctx context.Context, certs map[string]contract.Certi
 	}
 	now := g.now()
 	for name, c := range certs {
-		if c.Source != contract.CertSourceACME || c.Serial == "" {
+		if c.Source != contract.CertSourceACME || c.Serial == "" || g.alreadyObserved(name, c.Serial) {
 			continue
 		}
 		domain, err := acmebudget.Domain(name)
 		if err != nil {
 			continue
 		}
-		counted, err := g.update(ctx, domain, func(l *acmebudget.Ledger) { l.Observe(name, c.Serial, now) })
+		var counted bool
+		err = g.update(ctx, domain, func(l *acmebudget.Ledger) { counted = l.Observe(name, c.Serial, now) })
 		if err != nil {
 			return err
 		}
+		g.markObserved(name, c.Serial)
 		if counted {
 			log.FromContext(ctx).Info("counted a certificate against the CA's limits", "name", name, "domain", domain, "serial", c.Serial)
 		}
@@ -292,51 +317,95 @@ func (g *certGuard) observe(ctx context.Context, certs map[string]contract.Certi
 	return nil
 }
 
-// update applies change to one domain's ledger and stores it if it changed, which it reports.
-func (g *certGuard) update(ctx context.Context, domain string, change func(*acmebudget.Ledger)) (changed bool, err error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	key := domain + ".json"
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		changed = false
+// ledgerChange is a change of one domain's ledger.
+type ledgerChange struct {
+	domain string
+	change func(*acmebudget.Ledger)
+}
+
+// update applies change to one domain's ledger, in one write with the changes other
+// reconcilers make meanwhile. The ledger grows with the names of the tailnet's domain, which
+// every new name reserves in.
+func (g *certGuard) update(ctx context.Context, domain string, change func(*acmebudget.Ledger)) error {
+	g.batchOnce.Do(func() { g.batch.flush = g.flushLedger })
+	return g.batch.do(ctx, ledgerConfigMap, ledgerChange{domain: domain, change: change})
+}
+
+// flushLedger applies a batch of changes to the ledger ConfigMap.
+func (g *certGuard) flushLedger(_ string, batch []ledgerChange) []error {
+	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+	defer cancel()
+	errs := make([]error, len(batch))
+	err := g.writeLedger(ctx, batch)
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
+}
+
+func (g *certGuard) writeLedger(ctx context.Context, batch []ledgerChange) error {
+	var reader client.Reader = g.Client
+	for attempt := 1; ; attempt++ {
 		cm := &corev1.ConfigMap{}
-		err := g.Get(ctx, client.ObjectKey{Namespace: g.namespace, Name: ledgerConfigMap}, cm)
+		err := reader.Get(ctx, client.ObjectKey{Namespace: g.namespace, Name: ledgerConfigMap}, cm)
 		missing := apierrors.IsNotFound(err)
 		if err != nil && !missing {
 			return err
 		}
-		l := &acmebudget.Ledger{}
-		if v := cm.Data[key]; v != "" {
-			if err := json.Unmarshal([]byte(v), l); err != nil {
-				// A damaged ledger must not stop certificates: start a new account.
-				log.FromContext(ctx).Error(err, "the certificate ledger is damaged; starting it again", "domain", domain)
+		if last, ok := g.last.get(ledgerConfigMap); ok && !missing && attempt == 1 {
+			cm = freshest(cm, last)
+		}
+		ledgers := map[string]*acmebudget.Ledger{}
+		for _, c := range batch {
+			l := ledgers[c.domain]
+			if l == nil {
 				l = &acmebudget.Ledger{}
+				if v := cm.Data[c.domain+".json"]; v != "" {
+					if err := json.Unmarshal([]byte(v), l); err != nil {
+						// A damaged ledger must not stop certificates: start a new account.
+						log.FromContext(ctx).Error(err, "the certificate ledger is damaged; starting it again", "domain", c.domain)
+						l = &acmebudget.Ledger{}
+					}
+				}
+				ledgers[c.domain] = l
 			}
-		}
-		change(l)
-		l.Prune(g.now(), g.limits)
-		b, err := json.Marshal(l)
-		if err != nil {
-			return err
-		}
-		if cm.Data[key] == string(b) {
-			return nil
-		}
-		changed = true
-		if missing {
-			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ledgerConfigMap, Namespace: g.namespace,
-				Labels: map[string]string{LabelManaged: "true"}},
-				Data: map[string]string{key: string(b)}}
-			return create(ctx, g.Client, cm)
+			c.change(l)
 		}
 		before := cm.DeepCopy()
 		if cm.Data == nil {
 			cm.Data = map[string]string{}
 		}
-		cm.Data[key] = string(b)
-		return patchShared(ctx, g.Client, before, cm)
-	})
-	return changed && err == nil, err
+		for domain, l := range ledgers {
+			l.Prune(g.now(), g.limits)
+			b, err := json.Marshal(l)
+			if err != nil {
+				return err
+			}
+			cm.Data[domain+".json"] = string(b)
+		}
+		if !missing && maps.Equal(before.Data, cm.Data) {
+			return nil
+		}
+		if missing {
+			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ledgerConfigMap, Namespace: g.namespace,
+				Labels: map[string]string{LabelManaged: "true"}}, Data: cm.Data}
+			err = create(ctx, g.Client, cm)
+		} else {
+			err = patchShared(ctx, g.Client, before, cm)
+		}
+		if (apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err)) && attempt < maxFlushAttempts {
+			if g.api != nil {
+				reader = g.api
+			}
+			continue
+		}
+		if err != nil {
+			g.last.forget(ledgerConfigMap)
+			return err
+		}
+		g.last.set(ledgerConfigMap, cm)
+		return nil
+	}
 }
 
 // decide sets c.hold for the tailnet name (none when staging: its limits are for testing) and

@@ -167,7 +167,7 @@ func runConformanceCase(t *testing.T, c conformanceCase, ips *loopbackIPs) {
 		}
 	}
 	ws, findings := buildWebService(ing, in)
-	byo, err := certSecrets{cached: secretsOf(t, c), api: secretsOf(t, c), now: time.Now}.
+	byo, err := certSecrets{api: secretsOf(t, c), now: time.Now}.
 		resolve(t.Context(), ing, "conformance", "tailscale", nil)
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -15,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -36,18 +36,21 @@ const (
 	maxGroupDocumentBytes = 900 << 10 // leaves room in the ConfigMap's 1 MiB for metadata
 )
 
-// groupDocs reads and writes one kind of document in ProxyGroup ConfigMaps. Each object's
-// entry is changed by read-modify-write under the ConfigMap's resourceVersion, so concurrent
-// writers never lose each other's entries; a conflict is retried by the controller.
+// groupDocs reads and writes the documents of ProxyGroup ConfigMaps. Writes go through the
+// group's writer, which batches the changes of concurrent reconcilers (ha_docs.go).
 type groupDocs struct {
 	client.Client
 	namespace string
+	w         *groupWriter
 }
 
-func (d groupDocs) configMap(ctx context.Context, pg string) (*corev1.ConfigMap, error) {
-	cm := &corev1.ConfigMap{}
-	err := d.Get(ctx, client.ObjectKey{Namespace: d.namespace, Name: group{pg}.configMap()}, cm)
-	return cm, err
+// groupConfigMaps lists the group ConfigMaps from the cache, shared: read them, never change
+// them.
+func (d groupDocs) groupConfigMaps(ctx context.Context) ([]corev1.ConfigMap, error) {
+	list := &corev1.ConfigMapList{}
+	err := d.List(ctx, list, client.InNamespace(d.namespace), client.UnsafeDisableDeepCopy,
+		client.MatchingLabels{LabelManaged: "true", LabelParentType: parentTypeProxyGroup})
+	return list.Items, err
 }
 
 func cmData(cm *corev1.ConfigMap) map[string][]byte {
@@ -68,30 +71,15 @@ func owners(cm *corev1.ConfigMap) map[string]string {
 	return o
 }
 
-// setOwner records (owner "" removes) whose entry svcName is, in the same write as the entry.
-func setOwner(cm *corev1.ConfigMap, svcName, owner string) {
-	o := owners(cm)
-	if owner == "" {
-		delete(o, svcName)
-	} else {
-		o[svcName] = owner
-	}
-	b, _ := json.Marshal(o)
-	if cm.Data == nil {
-		cm.Data = map[string]string{}
-	}
-	cm.Data[ownersKey] = string(b)
-}
-
 // ownedBy lists the Tailscale Services whose group entries were written for owner.
 func (d groupDocs) ownedBy(ctx context.Context, owner string) ([]string, error) {
-	list := &corev1.ConfigMapList{}
-	if err := d.List(ctx, list, client.InNamespace(d.namespace), client.MatchingLabels{LabelManaged: "true", LabelParentType: parentTypeProxyGroup}); err != nil {
+	cms, err := d.groupConfigMaps(ctx)
+	if err != nil {
 		return nil, err
 	}
 	var names []string
-	for i := range list.Items {
-		for name, o := range owners(&list.Items[i]) {
+	for i := range cms {
+		for name, o := range d.w.content(&cms[i]).owners {
 			if o == owner {
 				names = append(names, name)
 			}
@@ -134,117 +122,33 @@ func ownerOf(kind string, obj client.Object) string {
 
 // setServe sets (or, with ws nil, removes) one service's entry in a group's Serve config.
 func (d groupDocs) setServe(ctx context.Context, pg, svcName string, ws *contract.WebService, owner string) error {
-	cm, err := d.configMap(ctx, pg)
-	if err != nil {
-		return err
-	}
-	before := cm.DeepCopy()
-	doc, _, err := contract.ServeConfigs.Decode(cmData(cm))
-	if err != nil {
-		doc = &contract.ServeConfig{}
-	}
-	if doc.Services == nil {
-		doc.Services = map[string]contract.WebService{}
-	}
-	if ws == nil {
-		delete(doc.Services, svcName)
-		if dnat, _, err := contract.DNATConfigs.Decode(cmData(cm)); err == nil && hasService(dnat.Services, svcName) {
-			owner = owners(cm)[svcName] // still owned through its other entry
-		} else {
-			owner = ""
-		}
-	} else {
-		doc.Services[svcName] = *ws
-	}
-	setOwner(cm, svcName, owner)
-	data, err := contract.ServeConfigs.Encode(doc)
-	if err != nil {
-		return err
-	}
-	return d.write(ctx, before, cm, data, contract.ServeConfigs.Keys())
+	return d.w.change(ctx, pg, func(g *groupContent) { g.setServe(svcName, ws, owner) })
 }
 
 // setDNAT sets (or, with m nil, removes) one service's entry in a group's DNAT mappings.
 func (d groupDocs) setDNAT(ctx context.Context, pg, svcName string, m *contract.DNATService, owner string) error {
-	cm, err := d.configMap(ctx, pg)
-	if err != nil {
-		return err
-	}
-	before := cm.DeepCopy()
-	doc, _, err := contract.DNATConfigs.Decode(cmData(cm))
-	if err != nil {
-		doc = &contract.DNATConfig{}
-	}
-	if doc.Services == nil {
-		doc.Services = map[string]contract.DNATService{}
-	}
-	if m == nil {
-		delete(doc.Services, svcName)
-		if serve, _, err := contract.ServeConfigs.Decode(cmData(cm)); err == nil && hasService(serve.Services, svcName) {
-			owner = owners(cm)[svcName] // still owned through its other entry
-		} else {
-			owner = ""
-		}
-	} else {
-		doc.Services[svcName] = *m
-	}
-	setOwner(cm, svcName, owner)
-	data, err := contract.DNATConfigs.Encode(doc)
-	if err != nil {
-		return err
-	}
-	return d.write(ctx, before, cm, data, contract.DNATConfigs.Keys())
+	return d.w.change(ctx, pg, func(g *groupContent) { g.setDNAT(svcName, m, owner) })
 }
 
 // errConfigFull says a group's documents would outgrow the ConfigMap.
 var errConfigFull = fmt.Errorf("the ProxyGroup's configuration would exceed %d KiB; spread objects over more ProxyGroups", maxGroupDocumentBytes>>10)
 
-// write stores a document's keys, and the owner index as setOwner left it in cm; keys of
-// versions that cannot express the document are removed. before is cm as read.
-func (d groupDocs) write(ctx context.Context, before, cm *corev1.ConfigMap, data map[string][]byte, keys []string) error {
-	if cm.Data == nil {
-		cm.Data = map[string]string{}
-	}
-	for _, k := range keys {
-		if v, ok := data[k]; ok {
-			cm.Data[k] = string(v)
-		} else {
-			delete(cm.Data, k)
-		}
-	}
-	if maps.Equal(before.Data, cm.Data) {
-		return nil
-	}
-	size := 0
-	for _, v := range cm.Data {
-		size += len(v)
-	}
-	if size > maxGroupDocumentBytes {
-		return errConfigFull
-	}
-	return patchShared(ctx, d.Client, before, cm)
-}
-
 // removeElsewhere removes svcName from the documents of every group but keep, so an object
 // that moved to another group, or left groups, is served only where it is now.
 func (d groupDocs) removeElsewhere(ctx context.Context, svcName, keep string) error {
-	list := &corev1.ConfigMapList{}
-	if err := d.List(ctx, list, client.InNamespace(d.namespace), client.MatchingLabels{LabelManaged: "true", LabelParentType: parentTypeProxyGroup}); err != nil {
+	cms, err := d.groupConfigMaps(ctx)
+	if err != nil {
 		return err
 	}
-	for _, cm := range list.Items {
-		pg := cm.Labels[LabelParentName]
-		if pg == keep {
+	for i := range cms {
+		pg := cms[i].Labels[LabelParentName]
+		if pg == keep || !d.w.content(&cms[i]).has(svcName) {
 			continue
 		}
-		names := groupServices(&cm)
-		if !slices.Contains(names, svcName) {
-			continue
-		}
-		if err := d.setServe(ctx, pg, svcName, nil, ""); err != nil {
-			return err
-		}
-		if err := d.setDNAT(ctx, pg, svcName, nil, ""); err != nil {
+		if err := d.w.change(ctx, pg, func(g *groupContent) {
+			g.setServe(svcName, nil, "")
+			g.setDNAT(svcName, nil, "")
+		}); err != nil {
 			return err
 		}
 	}
@@ -474,13 +378,48 @@ func groupStates(ctx context.Context, c client.Client, namespace string, pg *tsv
 			}
 			return nil, err
 		}
-		st, err := contract.ParseState(s.Data)
+		st, err := parsedStates.parse(s)
 		if err != nil || !st.CurrentFor(string(pod.UID)) {
 			continue
 		}
 		states[i] = st
 	}
 	return states, nil
+}
+
+// stateCache keeps the last parse of each state Secret: a replica's report grows with the
+// objects on its group, and every reconcile of one of them reads it.
+type stateCache struct {
+	mu     sync.Mutex
+	parsed map[types.UID]parsedState
+}
+
+type parsedState struct {
+	resourceVersion string
+	state           *contract.ProxyState
+}
+
+var parsedStates = &stateCache{parsed: map[types.UID]parsedState{}}
+
+// parse returns the state s reports. The result is shared: callers must not change it.
+func (c *stateCache) parse(s *corev1.Secret) (*contract.ProxyState, error) {
+	c.mu.Lock()
+	p, ok := c.parsed[s.UID]
+	c.mu.Unlock()
+	if ok && p.resourceVersion == s.ResourceVersion && s.ResourceVersion != "" {
+		return p.state, nil
+	}
+	st, err := contract.ParseState(s.Data)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.parsed) > 1024 { // Secrets of deleted groups: start over rather than track deletions
+		clear(c.parsed)
+	}
+	c.parsed[s.UID] = parsedState{resourceVersion: s.ResourceVersion, state: st}
+	return st, nil
 }
 
 // advertisers counts the group's replicas whose running Pod advertises svcName, and returns

@@ -35,7 +35,9 @@ type HAIngressReconciler struct {
 	services *tailscaleServices
 	certs    certSecrets
 	guard    *certGuard
-	info     func(context.Context) tailnet.TailnetInfo
+	// tlsSecrets sees users' TLS Secrets change.
+	tlsSecrets *tlsSecretWatch
+	info       func(context.Context) tailnet.TailnetInfo
 }
 
 func (r *HAIngressReconciler) serves(ing *networkingv1.Ingress) bool {
@@ -254,7 +256,7 @@ func (r reporter) docsFailure(obj client.Object, err error) (ctrl.Result, error)
 // hostnameTakenBy returns another HA Ingress that serves hostname and came first.
 func (r *HAIngressReconciler) hostnameTakenBy(ctx context.Context, ing *networkingv1.Ingress, hostname string) (string, error) {
 	list := &networkingv1.IngressList{}
-	if err := r.List(ctx, list); err != nil {
+	if err := r.List(ctx, list, client.MatchingFields{indexIngressHostname: hostname}); err != nil {
 		return "", err
 	}
 	others := make([]*networkingv1.Ingress, len(list.Items))
@@ -327,9 +329,11 @@ func (r *HAIngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ing
 // SetupWithManager watches Ingresses, backend Services, ProxyGroups and their state Secrets.
 func (r *HAIngressReconciler) SetupWithManager(mgr ctrl.Manager, docs groupDocs, services *tailscaleServices) error {
 	r.docs, r.services = docs, services
+	group := groupEvents{c: r.Client, docs: docs, kind: "Ingress", all: r.onGroup}.handler()
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&networkingv1.Ingress{}).
 		Named("ingress-proxygroup").
+		WithOptions(haControllerOptions).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			list := &networkingv1.IngressList{}
 			if err := r.List(ctx, list, client.InNamespace(o.GetNamespace()), client.MatchingFields{indexIngressBackends: o.GetName()}); err != nil {
@@ -338,26 +342,20 @@ func (r *HAIngressReconciler) SetupWithManager(mgr ctrl.Manager, docs groupDocs,
 			return ingressRequests(list.Items, r.serves)
 		})).
 		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(ingressesForEndpointSlice(r.Client, r.serves))).
-		Watches(&tsv1alpha1.ProxyGroup{}, handler.EnqueueRequestsFromMapFunc(r.forGroup)).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.forGroup)).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(ingressesForTLSSecret(r.Client, r.serves))).
-		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.forGroup)).
+		Watches(&tsv1alpha1.ProxyGroup{}, group).
+		Watches(&corev1.Secret{}, group).
+		WatchesRawSource(r.tlsSecrets.source(ingressesForTLSSecret(r.Client, r.serves))).
+		Watches(&corev1.ConfigMap{}, group).
 		Complete(r)
 }
 
-// forGroup maps a ProxyGroup, or one of its Secrets or ConfigMaps, to the group's Ingresses.
-func (r *HAIngressReconciler) forGroup(ctx context.Context, o client.Object) []reconcile.Request {
-	name := groupOf(o)
-	if name == "" {
-		return nil
-	}
+// onGroup lists the Ingresses served on a ProxyGroup.
+func (r *HAIngressReconciler) onGroup(ctx context.Context, name string) []reconcile.Request {
 	list := &networkingv1.IngressList{}
-	if err := r.List(ctx, list); err != nil {
+	if err := r.List(ctx, list, client.MatchingFields{indexIngressGroup: name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
-	return ingressRequests(list.Items, func(ing *networkingv1.Ingress) bool {
-		return r.serves(ing) && ing.Annotations[AnnotationProxyGroup] == name
-	})
+	return ingressRequests(list.Items, r.serves)
 }
 
 // addrList formats a Tailscale Service's addresses for a message.

@@ -12,7 +12,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
@@ -175,7 +174,7 @@ func decideHAService(s haServiceScope, settings Settings) (*contract.ProxyConfig
 // hostnameTakenBy returns another HA Service that serves hostname and came first.
 func (r *HAServiceReconciler) hostnameTakenBy(ctx context.Context, svc *corev1.Service, hostname string) (string, error) {
 	list := &corev1.ServiceList{}
-	if err := r.List(ctx, list); err != nil {
+	if err := r.List(ctx, list, client.MatchingFields{indexServiceHostname: hostname}); err != nil {
 		return "", err
 	}
 	others := make([]*corev1.Service, len(list.Items))
@@ -277,33 +276,32 @@ func (r *HAServiceReconciler) unserve(ctx context.Context, svc *corev1.Service, 
 	return ctrl.Result{}, nil
 }
 
+// onGroup lists the Services served on a ProxyGroup.
+func (r *HAServiceReconciler) onGroup(ctx context.Context, name string) []reconcile.Request {
+	list := &corev1.ServiceList{}
+	if err := r.List(ctx, list, client.MatchingFields{indexServiceGroup: name}); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		if r.serves(&list.Items[i]) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+	}
+	return reqs
+}
+
 // SetupWithManager watches Services, ProxyGroups and their children.
 func (r *HAServiceReconciler) SetupWithManager(mgr ctrl.Manager, docs groupDocs, services *tailscaleServices) error {
 	r.docs, r.services = docs, services
 	r.standalone = ServiceReconciler{Settings: r.Settings}
-	forGroup := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-		name := groupOf(o)
-		if name == "" {
-			return nil
-		}
-		list := &corev1.ServiceList{}
-		if err := r.List(ctx, list); err != nil {
-			return nil
-		}
-		var reqs []reconcile.Request
-		for i := range list.Items {
-			s := &list.Items[i]
-			if s.Annotations[AnnotationProxyGroup] == name && r.serves(s) {
-				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(s)})
-			}
-		}
-		return reqs
-	})
+	group := groupEvents{c: r.Client, docs: docs, kind: "Service", all: r.onGroup}.handler()
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&corev1.Service{}).
 		Named("service-proxygroup").
-		Watches(&tsv1alpha1.ProxyGroup{}, forGroup).
-		Watches(&corev1.Secret{}, forGroup).
-		Watches(&corev1.ConfigMap{}, forGroup).
+		WithOptions(haControllerOptions).
+		Watches(&tsv1alpha1.ProxyGroup{}, group).
+		Watches(&corev1.Secret{}, group).
+		Watches(&corev1.ConfigMap{}, group).
 		Complete(r)
 }

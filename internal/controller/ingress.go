@@ -41,6 +41,8 @@ type IngressReconciler struct {
 	proxies  *proxies
 	certs    certSecrets
 	guard    *certGuard
+	// tlsSecrets sees users' TLS Secrets change.
+	tlsSecrets *tlsSecretWatch
 }
 
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=ingresses,verbs=get;list;watch;update;patch
@@ -327,7 +329,7 @@ func (r *IngressReconciler) SetupWithManager(mgr ctrl.Manager, p *proxies) error
 		Named("ingress").
 		Watches(&appsv1.StatefulSet{}, children).
 		Watches(&corev1.Secret{}, children).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(ingressesForTLSSecret(r.Client, r.serves))).
+		WatchesRawSource(r.tlsSecrets.source(ingressesForTLSSecret(r.Client, r.serves))).
 		Watches(&corev1.Pod{}, children).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.ingressesForService)).
 		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(ingressesForEndpointSlice(r.Client, r.serves))).

@@ -8,7 +8,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -21,18 +20,15 @@ import (
 // recorderName is the reporting controller of every Event the operator emits.
 const recorderName = "tsingress-operator"
 
-// CacheOptions keeps the operator's own children (Secrets, Pods, StatefulSets, RBAC) cached for
-// its namespace only: caching every Secret of a large cluster would waste memory. Elsewhere only
-// kubernetes.io/tls Secrets are cached, for bring-your-own certificates. Ingresses, Services and
-// the CRDs are watched cluster-wide.
+// CacheOptions keeps the operator's own children (Secrets, ConfigMaps, Pods, StatefulSets,
+// RBAC) cached for its namespace only: caching every Secret of a large cluster would waste
+// memory. Users' kubernetes.io/tls Secrets are seen by name only (tlsSecretWatch) and read when
+// an Ingress names them. Ingresses, Services and the CRDs are watched cluster-wide, without
+// what the operator never reads (managed fields, kubectl's last applied configuration).
 func CacheOptions(s Settings) cache.Options {
 	own := cache.ByObject{Namespaces: map[string]cache.Config{s.Namespace: {}}}
-	secrets := cache.ByObject{Namespaces: map[string]cache.Config{
-		s.Namespace:         {},
-		cache.AllNamespaces: {FieldSelector: fields.OneTermEqualSelector("type", string(corev1.SecretTypeTLS))},
-	}}
-	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&corev1.Secret{}:         secrets,
+	return cache.Options{DefaultTransform: stripUnread, ByObject: map[client.Object]cache.ByObject{
+		&corev1.Secret{}:         own,
 		&corev1.ConfigMap{}:      own,
 		&corev1.Pod{}:            own,
 		&corev1.ServiceAccount{}: own,
@@ -45,6 +41,10 @@ func CacheOptions(s Settings) cache.Options {
 // Setup registers every reconciler with the manager. tc is the tailnet's control plane.
 func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
 	rec := mgr.GetEventRecorder(recorderName)
+	tlsSecrets, err := newTLSSecretWatch(mgr)
+	if err != nil {
+		return err
+	}
 	limits := s.CertificateLimits
 	if limits == (acmebudget.Limits{}) {
 		limits = acmebudget.LetsEncrypt
@@ -61,9 +61,9 @@ func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
 		return err
 	}
 	p := &proxies{Client: mgr.GetClient(), api: mgr.GetAPIReader(), settings: s, tailnet: tc}
-	certs := certSecrets{cached: mgr.GetClient(), api: mgr.GetAPIReader(), now: time.Now}
-	guard := &certGuard{Client: mgr.GetClient(), namespace: s.Namespace, limits: limits, now: time.Now}
-	if err := (&IngressReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "ingress"), Settings: s, certs: certs, guard: guard}).SetupWithManager(mgr, p); err != nil {
+	certs := certSecrets{api: mgr.GetAPIReader(), now: time.Now}
+	guard := &certGuard{Client: mgr.GetClient(), api: mgr.GetAPIReader(), namespace: s.Namespace, limits: limits, now: time.Now}
+	if err := (&IngressReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "ingress"), Settings: s, certs: certs, guard: guard, tlsSecrets: tlsSecrets}).SetupWithManager(mgr, p); err != nil {
 		return err
 	}
 	if err := (&ServiceReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "service"), Settings: s}).SetupWithManager(mgr, p); err != nil {
@@ -72,10 +72,13 @@ func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
 	if err := (&ProxyGroupReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "proxygroup"), Settings: s, Tailnet: tc}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	docs := groupDocs{Client: mgr.GetClient(), namespace: s.Namespace}
+	if err := indexGroupObjects(mgr); err != nil {
+		return err
+	}
+	docs := groupDocs{Client: mgr.GetClient(), namespace: s.Namespace, w: newGroupWriter(mgr.GetClient(), mgr.GetAPIReader(), s.Namespace)}
 	services := &tailscaleServices{Client: mgr.GetClient(), tailnet: tc, settings: s}
 	if err := (&HAIngressReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "ingress-proxygroup"), Settings: s, certs: certs, guard: guard,
-		info: p.tailnetInfo}).SetupWithManager(mgr, docs, services); err != nil {
+		tlsSecrets: tlsSecrets, info: p.tailnetInfo}).SetupWithManager(mgr, docs, services); err != nil {
 		return err
 	}
 	return (&HAServiceReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "service-proxygroup"), Settings: s}).SetupWithManager(mgr, docs, services)

@@ -276,6 +276,14 @@ func (s *server) serveMap(w http.ResponseWriter, r *http.Request, mkey key.Machi
 				return
 			}
 		}
+		if req.Stream {
+			s.mu.Lock()
+			if !n.mapped {
+				n.mapped = true
+				s.changedLocked() // its peers may now be told of it
+			}
+			s.mu.Unlock()
+		}
 		sent = peers
 		if !req.Stream {
 			return

@@ -44,7 +44,7 @@ func (s *server) mapResponseLocked(self *node, prev map[tailcfg.NodeID]bool) (*t
 	}
 	sent := make(map[tailcfg.NodeID]bool)
 	for _, p := range s.sortedNodesLocked() {
-		if p == self || (p.funnelRelay && !s.mayFunnelLocked(self)) {
+		if p == self || !p.reachable() || (p.funnelRelay && !s.mayFunnelLocked(self)) {
 			continue
 		}
 		tn := s.tailcfgNodeLocked(p)
@@ -93,6 +93,15 @@ func (s *server) packetFilterLocked(self *node) []tailcfg.FilterRule {
 		}}})
 	}
 	return rules
+}
+
+// reachable reports whether a node may be shown to its peers: it knows them (it has had its
+// netmap) and has said where it can be reached (endpoints or a home DERP region). A peer shown
+// earlier is sent a WireGuard handshake that goes nowhere, or that the node drops as from an
+// unknown peer, and WireGuard tries again only after 5 s (REKEY_TIMEOUT): a client's first
+// requests to a new proxy hung for 5 s that way.
+func (n *node) reachable() bool {
+	return n.mapped && (len(n.endpoints) > 0 || n.homeDERP != 0)
 }
 
 // serviceHostsLocked returns, per service, the connected nodes that advertise it, by node ID.

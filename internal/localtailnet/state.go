@@ -39,6 +39,8 @@ type node struct {
 
 	// stream wakes the node's streaming map poll; nil while the node is not connected.
 	stream chan struct{}
+	// mapped says the node has been sent its netmap at least once, so that it knows its peers.
+	mapped bool
 	// pings wait for the stream to carry them (c2n requests).
 	pings []*tailcfg.PingRequest
 

@@ -104,17 +104,17 @@ func (t *transports) CloseIdleConnections() {
 type handler struct {
 	router  *Router
 	proxies []*httputil.ReverseProxy // by route index
-	whois   WhoIsFunc
+	callers *identities
 	log     *slog.Logger
 }
 
 // newHandler returns the handler for ws. The request path reaches the backend unchanged; the
 // original Host is kept, with X-Forwarded-For, -Host and -Proto set by the proxy alone.
-func newHandler(ws contract.WebService, tr *transports, whois WhoIsFunc, log *slog.Logger) (*handler, error) {
+func newHandler(ws contract.WebService, tr *transports, callers *identities, log *slog.Logger) (*handler, error) {
 	h := &handler{
 		router:  NewRouter(ws.Routes),
 		proxies: make([]*httputil.ReverseProxy, len(ws.Routes)),
-		whois:   whois,
+		callers: callers,
 		log:     log,
 	}
 	byBackend := map[string]*httputil.ReverseProxy{} // routes to one backend share its balancing
@@ -140,6 +140,7 @@ func newHandler(ws contract.WebService, tr *transports, whois WhoIsFunc, log *sl
 				pr.SetXForwarded()
 			},
 			Transport:      transport,
+			BufferPool:     copyBuffers,
 			ModifyResponse: setServerHeader,
 			ErrorHandler:   h.backendError(target.Host),
 			ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -147,6 +148,20 @@ func newHandler(ws contract.WebService, tr *transports, whois WhoIsFunc, log *sl
 		byBackend[key], h.proxies[i] = p, p
 	}
 	return h, nil
+}
+
+// copyBuffers are the buffers bodies are copied through: ReverseProxy otherwise allocates and
+// clears 32 KiB for every response, which showed in the profile of small requests.
+var copyBuffers httputil.BufferPool = &bufferPool{sync.Pool{New: func() any { return new([32 << 10]byte) }}}
+
+type bufferPool struct{ sync.Pool }
+
+func (p *bufferPool) Get() []byte { return p.Pool.Get().(*[32 << 10]byte)[:] }
+
+func (p *bufferPool) Put(b []byte) {
+	if len(b) == 32<<10 {
+		p.Pool.Put((*[32 << 10]byte)(b))
+	}
 }
 
 // setServerHeader names the proxy in a backend response that names no server.
@@ -188,7 +203,7 @@ func (h *handler) setIdentity(r *http.Request) {
 		r.Header.Set(HeaderFunnelRequest, "?1")
 		return
 	}
-	who, err := h.whois(r.Context(), r.RemoteAddr)
+	who, err := h.callers.lookup(r.Context(), r.RemoteAddr)
 	if err != nil {
 		h.log.Debug("caller not identified", "remote", r.RemoteAddr, "err", err)
 		return

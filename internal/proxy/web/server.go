@@ -32,6 +32,7 @@ type Config struct {
 type Server struct {
 	cfg        Config
 	transports *transports
+	callers    *identities // outlive config reloads, as the transports do
 	certs      certificates
 	cur        atomic.Pointer[snapshot]
 
@@ -53,6 +54,7 @@ func NewServer(cfg Config) *Server {
 	return &Server{
 		cfg:        cfg,
 		transports: newTransports(),
+		callers:    newIdentities(cfg.WhoIs),
 		errs:       make(chan error, 2),
 	}
 }
@@ -88,7 +90,7 @@ func (s *Server) SetHostCertificates(byHost map[string]*tls.Certificate) {
 // Apply serves ws from now on: new requests take its routes, and port 80 follows its HTTP mode.
 // The first call opens the HTTPS listener.
 func (s *Server) Apply(ws contract.WebService) error {
-	h, err := newHandler(ws, s.transports, s.cfg.WhoIs, s.cfg.Logger)
+	h, err := newHandler(ws, s.transports, s.callers, s.cfg.Logger)
 	if err != nil {
 		return err
 	}

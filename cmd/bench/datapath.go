@@ -1,0 +1,426 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"tailscale.com/ipn"
+	"tailscale.com/ipn/store/mem"
+	"tailscale.com/tsnet"
+
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/proxy/web"
+)
+
+// target is one way to reach the backend: through our proxy, the original's Serve, a plain
+// tsnet listener, or directly.
+type target struct {
+	name string
+	base string // scheme://host, to which the scenario's path is appended
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// scenario is one kind of load.
+type scenario struct {
+	name      string
+	path      string
+	clients   int
+	keepAlive bool
+	bytes     bool // report MB/s rather than req/s
+}
+
+var scenarios = []scenario{
+	{"small GET, keep-alive, 1 client", "/small", 1, true, false},
+	{"small GET, keep-alive, 16 clients", "/small", 16, true, false},
+	{"1 MiB GET, 1 client", "/1m", 1, true, true},
+	{"small GET, new connection each", "/small", 1, false, false},
+}
+
+// sample is one timed run of a scenario against a target.
+type sample struct {
+	reqs, failed int
+	bytes        int64
+	dur          time.Duration
+	p99          time.Duration
+}
+
+func (s sample) rate() float64     { return float64(s.reqs) / s.dur.Seconds() }
+func (s sample) mbPerSec() float64 { return float64(s.bytes) / 1e6 / s.dur.Seconds() }
+
+// quiet drops what servers log about clients cut off at the end of a sample.
+var quiet = log.New(io.Discard, "", 0)
+
+// dataPath is the tailnet, the backend and the four ways to it.
+type dataPath struct {
+	lt      *localtailnet.LocalTailnet
+	backend *http.Server
+	nodes   []*tsnet.Server
+	targets []target
+	ours    *web.Server
+	roots   *tls.Config
+}
+
+func smallBackend() http.Handler {
+	big := make([]byte, 1<<20)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/small", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("/1m", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "1048576")
+		w.Write(big)
+	})
+	return mux
+}
+
+// startDataPath starts everything on loopback: a local tailnet with its ACME CA, a backend, a
+// client node, and the nodes serving the backend.
+func startDataPath(ctx context.Context) (*dataPath, error) {
+	lt, err := localtailnet.Start(ctx, localtailnet.Options{ACME: true})
+	if err != nil {
+		return nil, err
+	}
+	d := &dataPath{lt: lt}
+	if err := lt.ACME.UseInProcess(func(k, v string) { os.Setenv(k, v) }); err != nil {
+		return nil, err
+	}
+	bln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	d.backend = &http.Server{Handler: smallBackend()}
+	go d.backend.Serve(bln)
+	backendURL := "http://" + bln.Addr().String()
+
+	up := func(name string, user bool) (*tsnet.Server, error) {
+		// The client is a person's device, so that both proxies set identity headers.
+		key := lt.MintUserKey("ops@example.com", "Ops").Reveal()
+		if user {
+			key = lt.MintUserKey("alice@example.com", "Alice Example").Reveal()
+		}
+		dir, err := os.MkdirTemp("", "bench-"+name)
+		if err != nil {
+			return nil, err
+		}
+		s := &tsnet.Server{Dir: dir, Hostname: name, ControlURL: lt.ControlURL, AuthKey: key, Ephemeral: true,
+			Store: new(mem.Store), Logf: func(string, ...any) {}}
+		uctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		if _, err := s.Up(uctx); err != nil {
+			return nil, fmt.Errorf("node %s: %w", name, err)
+		}
+		d.nodes = append(d.nodes, s)
+		return s, nil
+	}
+	client, err := up("laptop", true)
+	if err != nil {
+		return nil, err
+	}
+	d.roots = &tls.Config{RootCAs: lt.ACME.Roots()}
+
+	// Ours: the proxy's web server on a tsnet node, as a standalone Ingress proxy runs it.
+	oursNode, err := up("ours", false)
+	if err != nil {
+		return nil, err
+	}
+	oursName, err := certName(oursNode)
+	if err != nil {
+		return nil, err
+	}
+	oursLC, _ := oursNode.LocalClient()
+	d.ours = web.NewServer(web.Config{Listen: oursNode.Listen, WhoIs: oursLC.WhoIs, Logger: slog.New(slog.DiscardHandler)})
+	d.ours.SetName(oursName)
+	cert, err := nodeCert(ctx, oursNode, oursName)
+	if err != nil {
+		return nil, err
+	}
+	d.ours.SetCertificate(cert)
+	if err := d.ours.Apply(contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix,
+		Backend: contract.Backend{URL: backendURL}}}}); err != nil {
+		return nil, err
+	}
+
+	// The original's: tailscaled's own Serve, proxying the same backend.
+	refNode, err := up("reference", false)
+	if err != nil {
+		return nil, err
+	}
+	refName, err := certName(refNode)
+	if err != nil {
+		return nil, err
+	}
+	refLC, _ := refNode.LocalClient()
+	if err := refLC.SetServeConfig(ctx, &ipn.ServeConfig{
+		TCP: map[uint16]*ipn.TCPPortHandler{443: {HTTPS: true}},
+		Web: map[ipn.HostPort]*ipn.WebServerConfig{ipn.HostPort(refName + ":443"): {
+			Handlers: map[string]*ipn.HTTPHandler{"/": {Proxy: backendURL}}}},
+	}); err != nil {
+		return nil, fmt.Errorf("serve config: %w", err)
+	}
+	if _, err := nodeCert(ctx, refNode, refName); err != nil { // issued before the first sample
+		return nil, err
+	}
+
+	// A plain tsnet listener: TLS and a bare reverse proxy, no routing, no identity.
+	plainNode, err := up("plain", false)
+	if err != nil {
+		return nil, err
+	}
+	plainName, err := certName(plainNode)
+	if err != nil {
+		return nil, err
+	}
+	plainCert, err := nodeCert(ctx, plainNode, plainName)
+	if err != nil {
+		return nil, err
+	}
+	pln, err := plainNode.Listen("tcp", ":443")
+	if err != nil {
+		return nil, err
+	}
+	bu, _ := url.Parse(backendURL)
+	rp := httputil.NewSingleHostReverseProxy(bu)
+	rp.ErrorLog = quiet
+	go (&http.Server{Handler: rp, ErrorLog: quiet}).Serve(
+		tls.NewListener(pln, &tls.Config{Certificates: []tls.Certificate{*plainCert}}))
+
+	d.targets = []target{
+		{"ours", "https://" + oursName, client.Dial},
+		{"original (Serve)", "https://" + refName, client.Dial},
+		{"plain tsnet", "https://" + plainName, client.Dial},
+		{"direct loopback", backendURL, (&net.Dialer{}).DialContext},
+	}
+	// Warm every path: peers found, certificates fetched, handshakes done.
+	for _, t := range d.targets {
+		if _, err := d.run(ctx, t, scenario{path: "/small", clients: 1, keepAlive: true}, 300*time.Millisecond); err != nil {
+			return nil, fmt.Errorf("warming %s: %w", t.name, err)
+		}
+	}
+	return d, nil
+}
+
+func (d *dataPath) close() {
+	if d.ours != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		d.ours.Shutdown(ctx)
+		cancel()
+	}
+	for _, n := range d.nodes {
+		n.Close()
+		os.RemoveAll(n.Dir)
+	}
+	if d.backend != nil {
+		d.backend.Close()
+	}
+	d.lt.Close()
+}
+
+func certName(n *tsnet.Server) (string, error) {
+	for _, dom := range n.CertDomains() {
+		return dom, nil
+	}
+	return "", fmt.Errorf("node %s has no cert domain", n.Hostname)
+}
+
+func nodeCert(ctx context.Context, n *tsnet.Server, name string) (*tls.Certificate, error) {
+	lc, err := n.LocalClient()
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	certPEM, keyPEM, err := lc.CertPair(cctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("certificate of %s: %w", name, err)
+	}
+	c, err := tls.X509KeyPair(certPEM, keyPEM)
+	return &c, err
+}
+
+// run loads t with sc for dur and returns what it measured. Requests are bounded by dur.
+func (d *dataPath) run(ctx context.Context, t target, sc scenario, dur time.Duration) (sample, error) {
+	rctx, cancel := context.WithTimeout(ctx, dur)
+	defer cancel()
+	var (
+		mu        sync.Mutex
+		latencies []time.Duration
+		bytes     atomic.Int64
+		failed    atomic.Int64
+		firstErr  error
+		wg        sync.WaitGroup
+	)
+	start := time.Now()
+	for range sc.clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tr := &http.Transport{DialContext: t.dial, TLSClientConfig: d.roots.Clone(), MaxIdleConnsPerHost: 1,
+				DisableKeepAlives: !sc.keepAlive, ForceAttemptHTTP2: false}
+			defer tr.CloseIdleConnections()
+			c := &http.Client{Transport: tr}
+			var mine []time.Duration
+			for rctx.Err() == nil {
+				t0 := time.Now()
+				req, _ := http.NewRequestWithContext(rctx, http.MethodGet, t.base+sc.path, nil)
+				resp, err := c.Do(req)
+				if err == nil {
+					var n int64
+					n, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if err == nil && resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("status %d", resp.StatusCode)
+					}
+					bytes.Add(n)
+				}
+				if rctx.Err() != nil {
+					break // cut off by the end of the sample: not counted
+				}
+				if err != nil {
+					failed.Add(1)
+					mu.Lock()
+					firstErr = cmpErr(firstErr, err)
+					mu.Unlock()
+					continue
+				}
+				mine = append(mine, time.Since(t0))
+			}
+			mu.Lock()
+			latencies = append(latencies, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	s := sample{reqs: len(latencies), failed: int(failed.Load()), bytes: bytes.Load(), dur: time.Since(start)}
+	if s.reqs == 0 {
+		return s, cmpErr(firstErr, errors.New("no request succeeded"))
+	}
+	slices.Sort(latencies)
+	s.p99 = latencies[(len(latencies)*99)/100]
+	if s.failed > 0 {
+		return s, fmt.Errorf("%d requests failed: %w", s.failed, firstErr)
+	}
+	return s, nil
+}
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// dataPathResult is the medians of a scenario's samples per target.
+type dataPathResult struct {
+	sc      scenario
+	medians map[string]sample
+}
+
+// measureDataPath runs every scenario, interleaving the targets sample by sample so that they
+// share whatever else the machine does at the time.
+func (d *dataPath) measure(ctx context.Context, samples int, dur time.Duration, logf func(string, ...any)) ([]dataPathResult, error) {
+	var out []dataPathResult
+	for _, sc := range scenarios {
+		all := map[string][]sample{}
+		for i := range samples {
+			order := slices.Clone(d.targets)
+			if i%2 == 1 { // alternate who goes first
+				slices.Reverse(order)
+			}
+			for _, t := range order {
+				s, err := d.run(ctx, t, sc, dur)
+				if err != nil {
+					return nil, fmt.Errorf("%s, %s: %w", sc.name, t.name, err)
+				}
+				all[t.name] = append(all[t.name], s)
+			}
+		}
+		r := dataPathResult{sc: sc, medians: map[string]sample{}}
+		for name, ss := range all {
+			r.medians[name] = median(ss, sc.bytes)
+		}
+		logf("%s: %s", sc.name, r.summary(d.targets))
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// median picks the median sample by rate, with the median p99 of the samples.
+func median(ss []sample, byBytes bool) sample {
+	key := func(s sample) float64 {
+		if byBytes {
+			return s.mbPerSec()
+		}
+		return s.rate()
+	}
+	sorted := slices.Clone(ss)
+	slices.SortFunc(sorted, func(a, b sample) int { return cmpFloat(key(a), key(b)) })
+	m := sorted[len(sorted)/2]
+	p99s := make([]time.Duration, len(ss))
+	for i, s := range ss {
+		p99s[i] = s.p99
+	}
+	slices.Sort(p99s)
+	m.p99 = p99s[len(p99s)/2]
+	return m
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (r dataPathResult) value(name string) string {
+	s := r.medians[name]
+	if r.sc.bytes {
+		return fmt.Sprintf("%.0f MB/s", s.mbPerSec())
+	}
+	return fmt.Sprintf("%s req/s, p99 %s", thousands(s.rate()), ms(s.p99))
+}
+
+func (r dataPathResult) ratio() float64 {
+	o, ref := r.medians["ours"], r.medians["original (Serve)"]
+	if r.sc.bytes {
+		return o.mbPerSec() / ref.mbPerSec()
+	}
+	return o.rate() / ref.rate()
+}
+
+func (r dataPathResult) summary(ts []target) string {
+	var parts []string
+	for _, t := range ts {
+		parts = append(parts, t.name+" "+r.value(t.name))
+	}
+	return strings.Join(parts, "; ") + fmt.Sprintf("; ratio %.2f×", r.ratio())
+}
+
+func ms(d time.Duration) string {
+	return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000)
+}
+
+func thousands(f float64) string {
+	n := int64(f + 0.5)
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}

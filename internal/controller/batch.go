@@ -1,0 +1,108 @@
+package controller
+
+import (
+	"context"
+	"sync"
+)
+
+// batcher applies changes to shared objects in batches. Reconcilers queue a change under the
+// key of the object it changes and wait; one flush per key runs at a time and takes every
+// change queued since the previous flush. An object that many reconcilers change (a
+// ProxyGroup's documents, the certificate ledger) is then read, decoded, encoded and written
+// once per batch instead of once per change, and its writers never conflict with each other.
+type batcher[C any] struct {
+	// flush applies a batch to the object of key and returns each change's error.
+	flush func(key string, batch []C) []error
+
+	mu     sync.Mutex
+	queues map[string]*batchQueue[C]
+}
+
+type batchQueue[C any] struct {
+	pending []queued[C]
+	running bool
+}
+
+type queued[C any] struct {
+	change C
+	done   chan error
+}
+
+// do queues change under key and waits until it is applied or ctx ends.
+func (b *batcher[C]) do(ctx context.Context, key string, change C) error {
+	q := queued[C]{change: change, done: make(chan error, 1)}
+	b.mu.Lock()
+	if b.queues == nil {
+		b.queues = map[string]*batchQueue[C]{}
+	}
+	bq := b.queues[key]
+	if bq == nil {
+		bq = &batchQueue[C]{}
+		b.queues[key] = bq
+	}
+	bq.pending = append(bq.pending, q)
+	if !bq.running {
+		bq.running = true
+		go b.drain(key, bq)
+	}
+	b.mu.Unlock()
+	select {
+	case err := <-q.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// drain flushes a key's queue until it is empty.
+func (b *batcher[C]) drain(key string, bq *batchQueue[C]) {
+	for {
+		b.mu.Lock()
+		batch := bq.pending
+		bq.pending = nil
+		if len(batch) == 0 {
+			bq.running = false
+			delete(b.queues, key)
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+		changes := make([]C, len(batch))
+		for i, q := range batch {
+			changes[i] = q.change
+		}
+		errs := b.flush(key, changes)
+		for i, q := range batch {
+			q.done <- errs[i]
+		}
+	}
+}
+
+// lastWritten remembers, per object, the version a flush last wrote: right after a write the
+// cache may still hold the previous one, which would only conflict.
+type lastWritten[T any] struct {
+	mu   sync.Mutex
+	objs map[string]T
+}
+
+func (l *lastWritten[T]) get(key string) (T, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	v, ok := l.objs[key]
+	return v, ok
+}
+
+func (l *lastWritten[T]) set(key string, v T) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.objs == nil {
+		l.objs = map[string]T{}
+	}
+	l.objs[key] = v
+}
+
+func (l *lastWritten[T]) forget(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.objs, key)
+}

@@ -1,0 +1,175 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+// Changes queued while a flush runs are applied together in the next one, and each caller gets
+// its own change's result.
+func TestBatcherCoalesces(t *testing.T) {
+	var flushes atomic.Int32
+	release := make(chan struct{})
+	var applied []int
+	b := batcher[int]{flush: func(_ string, batch []int) []error {
+		if flushes.Add(1) == 1 {
+			<-release // the first flush is slow: the others queue meanwhile
+		}
+		applied = append(applied, batch...)
+		errs := make([]error, len(batch))
+		for i, c := range batch {
+			if c%10 == 0 {
+				errs[i] = errors.New("refused")
+			}
+		}
+		return errs
+	}}
+	ctx := context.Background()
+	firstDone := make(chan error)
+	go func() { firstDone <- b.do(ctx, "g", 1) }()
+	for flushes.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 21)
+	for i := 2; i <= 20; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = b.do(ctx, "g", i)
+		}()
+	}
+	// Wait until the 19 are queued behind the first flush.
+	for {
+		b.mu.Lock()
+		n := len(b.queues["g"].pending)
+		b.mu.Unlock()
+		if n == 19 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	if err := <-firstDone; err != nil {
+		t.Fatalf("first change: %v", err)
+	}
+	wg.Wait()
+	if got := flushes.Load(); got != 2 {
+		t.Errorf("%d flushes for 20 changes, want 2 (one, then the 19 queued meanwhile)", got)
+	}
+	if len(applied) != 20 {
+		t.Errorf("applied %d changes, want 20", len(applied))
+	}
+	for i := 2; i <= 20; i++ {
+		if want := i%10 == 0; (errs[i] != nil) != want {
+			t.Errorf("change %d: error %v, want one: %t", i, errs[i], want)
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.queues) != 0 {
+		t.Errorf("queues left after draining: %v", b.queues)
+	}
+}
+
+// A caller whose context ends stops waiting; the change is still applied.
+func TestBatcherCallerGone(t *testing.T) {
+	release := make(chan struct{})
+	done := make(chan struct{})
+	b := batcher[int]{flush: func(_ string, batch []int) []error {
+		<-release
+		close(done)
+		return make([]error, len(batch))
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := b.do(ctx, "g", 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("do with an ended context = %v", err)
+	}
+	close(release)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the change was never flushed")
+	}
+}
+
+// An entry removed from one document keeps its owner while the other document has it.
+func TestGroupContentOwners(t *testing.T) {
+	g := decodeGroup(&corev1.ConfigMap{})
+	ws := &contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://a:80"}}}}
+	m := &contract.DNATService{VIPs: []string{"100.100.0.1"}, Destination: contract.Destination{IPs: []string{"10.0.0.1"}}}
+	g.setServe("svc:a", ws, "Ingress/ns/a")
+	g.setDNAT("svc:a", m, "Ingress/ns/a")
+	g.setServe("svc:a", nil, "")
+	if g.owners["svc:a"] != "Ingress/ns/a" || !g.has("svc:a") {
+		t.Errorf("after removing the Serve entry: owner %q, has %t", g.owners["svc:a"], g.has("svc:a"))
+	}
+	g.setDNAT("svc:a", nil, "")
+	if _, ok := g.owners["svc:a"]; ok || g.has("svc:a") {
+		t.Errorf("after removing both: owners %v", g.owners)
+	}
+
+	// What encode writes decodes to the same content, and a clone is independent.
+	g.setServe("svc:b", ws, "Ingress/ns/b")
+	data, _, err := g.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := decodeGroup(&corev1.ConfigMap{Data: data})
+	if !back.has("svc:b") || back.owners["svc:b"] != "Ingress/ns/b" {
+		t.Errorf("round trip lost svc:b: %+v", back)
+	}
+	c := back.clone()
+	c.setServe("svc:c", ws, "Ingress/ns/c")
+	if back.has("svc:c") {
+		t.Error("a change of a clone reached the original")
+	}
+}
+
+func TestChangedServices(t *testing.T) {
+	secret := func(st contract.ProxyState) *corev1.Secret {
+		data, err := st.Data()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &corev1.Secret{Data: data}
+	}
+	now := time.Now().UTC().Truncate(time.Second)
+	base := contract.ProxyState{DeviceID: "n1", FQDN: "pg-0.tailnet.test", PodUID: "u1", Advertised: []string{"svc:a", "svc:b"},
+		Certificates: map[string]contract.CertificateStatus{"a.tailnet.test": {Source: "acme", Serial: "01", NotBefore: now, NotAfter: now.Add(time.Hour)}}}
+	changed := base
+	changed.Advertised = []string{"svc:b", "svc:c"}
+	changed.Certificates = map[string]contract.CertificateStatus{"a.tailnet.test": {Source: "acme", Serial: "02", NotBefore: now, NotAfter: now.Add(time.Hour)}}
+	names, all := changedServices(secret(base), secret(changed))
+	if all || len(names) != 2 || names[0] != "svc:a" || names[1] != "svc:c" {
+		t.Errorf("changed services = %v (all %t), want [svc:a svc:c]", names, all)
+	}
+	if names, all := changedServices(secret(base), secret(base)); all || len(names) != 0 {
+		t.Errorf("same report: %v (all %t), want none", names, all)
+	}
+	restarted := base
+	restarted.PodUID = "u2"
+	if _, all := changedServices(secret(base), secret(restarted)); !all {
+		t.Error("a new Pod's report must concern every object")
+	}
+}
+
+func TestNewerVersion(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		want bool
+	}{{"10", "9", true}, {"9", "10", false}, {"12", "12", false}, {"123", "122", true}, {"x2", "1", false}, {"", "1", false}} {
+		if got := newerVersion(c.a, c.b); got != c.want {
+			t.Errorf("newerVersion(%q, %q) = %t, want %t", c.a, c.b, got, c.want)
+		}
+	}
+}
