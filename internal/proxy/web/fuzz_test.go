@@ -58,7 +58,9 @@ func checkMatch(t *testing.T, rt *Router, routes []contract.Route, host, reqPath
 	got := rt.match(host, reqPath)
 	p := cleanPath(reqPath)
 	groups := []func(contract.Route) bool{
-		func(r contract.Route) bool { return r.Host != "" && !contract.IsWildcard(r.Host) && strings.EqualFold(r.Host, host) },
+		func(r contract.Route) bool {
+			return r.Host != "" && !contract.IsWildcard(r.Host) && strings.EqualFold(r.Host, host)
+		},
 		func(r contract.Route) bool {
 			_, parent, ok := strings.Cut(host, ".")
 			return ok && contract.IsWildcard(r.Host) && strings.EqualFold(r.Host[2:], parent)
