@@ -20,7 +20,7 @@ all: build
 ##@ General
 
 # Variables that help shows by their values.
-HELP_VARS = OVERLAY KIND_CLUSTER
+HELP_VARS = OVERLAY KIND_CLUSTER CHAOS_CLUSTER FUZZTIME
 
 .PHONY: help
 help: ## Show this help.
@@ -124,6 +124,23 @@ test-e2e: manifests kustomize ## Run the e2e suite on kind cluster $(KIND_CLUSTE
 .PHONY: kind-delete
 kind-delete: ## Delete kind cluster $(KIND_CLUSTER).
 	bin/kind delete cluster --name $(KIND_CLUSTER)
+
+# Kind cluster of the chaos suite: its own, so that it runs beside the e2e suite's.
+CHAOS_CLUSTER ?= tsingress-chaos
+# Flags for the chaos suite's test binary.
+CHAOS_ARGS ?= -ginkgo.v
+
+.PHONY: chaos
+chaos: manifests kustomize envtest ## Run the reliability suites (envtest, then faults on kind cluster $(CHAOS_CLUSTER)) and write docs/reliability.md.
+	KIND_CLUSTER=$(CHAOS_CLUSTER) IMG_OPERATOR=$(IMG_OPERATOR) IMG_PROXY=$(IMG_PROXY) VERSION=$(VERSION) \
+		KUSTOMIZE=$(KUSTOMIZE) ENVTEST_ASSETS="$(ENVTEST_ASSETS)" CHAOS_ARGS='$(CHAOS_ARGS)' hack/chaos-kind.sh
+
+# How long make fuzz runs each fuzz target.
+FUZZTIME ?= 5m
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for $(FUZZTIME) each (failing inputs land in testdata/fuzz; the figures in bin/fuzz-summary.txt).
+	FUZZTIME=$(FUZZTIME) FUZZ_SUMMARY=$(LOCALBIN)/fuzz-summary.txt hack/fuzz.sh
 
 .PHONY: test-e2e-local
 test-e2e-local: manifests envtest ## Start an environment of its own as make dev does, prove the samples, run the e2e suite in it, stop it (L3 specs need root).

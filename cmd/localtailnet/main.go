@@ -3,7 +3,7 @@
 // that issues the nodes' certificates) until interrupted.
 //
 //	localtailnet [-addr 127.0.0.1:0] [-domain tailnet.test] [-dir DIR] [-tags tag:k8s,tag:k8s-operator] [-acme]
-//	             [-funnel [-funnel-addr IP:PORT] [-funnel-tags tag:k8s]] [-v]
+//	             [-funnel [-funnel-addr IP:PORT] [-funnel-tags tag:k8s]] [-admin-addr 127.0.0.1:0] [-v]
 //
 // It prints the control URL (for `tailscale up --login-server` or tsnet's ControlURL), the API
 // base URL and the paths of the files holding the OAuth client ID and secret, the layout the
@@ -17,15 +17,19 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"tailscale.com/net/netns"
 
@@ -54,7 +58,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	envFile := fs.String("env-file", "", "Once up, write the tailnet's settings to this file (mode 0600) as shell variables, for scripts: "+
 		"TS_CONTROL_URL, TS_API_BASE_URL, TS_API_CLIENT_ID, TS_API_CLIENT_SECRET and, with the CA, TS_DEBUG_ACME_DIRECTORY_URL, "+
 		"ACME_ROOTS_FILE (roots of the certificates it issues) and ACME_API_ROOT_FILE (root of its directory's HTTPS certificate), "+
-		"and with -funnel FUNNEL_ADDR (the Funnel listener) and PUBLIC_DNS_ADDR (the DNS server with the names served over Funnel).")
+		"with -funnel FUNNEL_ADDR (the Funnel listener) and PUBLIC_DNS_ADDR (the DNS server with the names served over Funnel), "+
+		"and with -admin-addr LOCALTAILNET_ADMIN_URL.")
+	adminAddr := fs.String("admin-addr", "", "Serve, at this address, what tests do to the tailnet besides its API: "+
+		"POST /control/down and /control/up take the control server and API down and back (DERP and the CA stay up); "+
+		"GET /acme/orders counts the CA's orders. Off by default; no authentication, so loopback only.")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -95,8 +103,14 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	var adminURL string
+	if *adminAddr != "" {
+		if adminURL, err = serveAdmin(ctx, *adminAddr, lt); err != nil {
+			return err
+		}
+	}
 	if *envFile != "" {
-		if err := writeEnvFile(*envFile, lt); err != nil {
+		if err := writeEnvFile(*envFile, lt, adminURL); err != nil {
 			return err
 		}
 	}
@@ -146,7 +160,7 @@ Funnel (public access to https://<name>/ for the names devices serve over Funnel
 // writeEnvFile writes the tailnet's settings for `set -a; . file`. It holds the OAuth client
 // secret, so only its owner may read it; it is written whole or not at all, so a script waiting
 // for it never reads half of it.
-func writeEnvFile(path string, lt *localtailnet.LocalTailnet) error {
+func writeEnvFile(path string, lt *localtailnet.LocalTailnet, adminURL string) error {
 	vars := [][2]string{
 		{"TS_CONTROL_URL", lt.ControlURL},
 		{"TS_API_BASE_URL", lt.APIBaseURL},
@@ -161,6 +175,9 @@ func writeEnvFile(path string, lt *localtailnet.LocalTailnet) error {
 	}
 	if lt.FunnelAddr != "" {
 		vars = append(vars, [2]string{"FUNNEL_ADDR", lt.FunnelAddr}, [2]string{"PUBLIC_DNS_ADDR", lt.DNSAddr})
+	}
+	if adminURL != "" {
+		vars = append(vars, [2]string{"LOCALTAILNET_ADMIN_URL", adminURL})
 	}
 	var b strings.Builder
 	for _, kv := range vars {
@@ -182,4 +199,43 @@ func splitList(v string) []string {
 		}
 	}
 	return out
+}
+
+// serveAdmin serves -admin-addr until ctx ends and returns its URL. It must listen on a
+// loopback address: it takes no credentials.
+func serveAdmin(ctx context.Context, addr string, lt *localtailnet.LocalTailnet) (string, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+		return "", fmt.Errorf("-admin-addr %q must be a loopback address", addr)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /control/{state}", func(w http.ResponseWriter, r *http.Request) {
+		switch r.PathValue("state") {
+		case "down":
+			lt.SetControlDown(true)
+		case "up":
+			lt.SetControlDown(false)
+		default:
+			http.NotFound(w, r)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("GET /acme/orders", func(w http.ResponseWriter, r *http.Request) {
+		if lt.ACME == nil {
+			http.Error(w, "no CA (-acme=false)", http.StatusNotFound)
+			return
+		}
+		orders, issued := lt.ACME.OrderTotals()
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]int{"orders": orders, "issued": issued})
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	context.AfterFunc(ctx, func() { srv.Close() })
+	return "http://" + ln.Addr().String(), nil
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -183,6 +184,78 @@ func TestFunnelFlags(t *testing.T) {
 			continue
 		}
 		c.Close()
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run: %v", err)
+	}
+}
+
+// -admin-addr serves the test switches: the API goes down and comes back, the CA's orders are
+// counted; it refuses to listen beyond loopback.
+func TestAdmin(t *testing.T) {
+	if err := run(t.Context(), []string{"-admin-addr", "0.0.0.0:0"}, io.Discard); err == nil || !strings.Contains(err.Error(), "loopback") {
+		t.Errorf("-admin-addr on a wildcard address: %v, want refused", err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	envFile := filepath.Join(t.TempDir(), "tailnet.env")
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-dir", t.TempDir(), "-env-file", envFile, "-admin-addr", "127.0.0.1:0"}, io.Discard)
+	}()
+	var data []byte
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		var err error
+		if data, err = os.ReadFile(envFile); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no env file after a minute: %v", err)
+		}
+	}
+	vars := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^([A-Z_]+)='([^']*)'$`).FindAllStringSubmatch(string(data), -1) {
+		vars[m[1]] = m[2]
+	}
+	admin := vars["LOCALTAILNET_ADMIN_URL"]
+	if admin == "" {
+		t.Fatalf("LOCALTAILNET_ADMIN_URL missing from the env file:\n%s", data)
+	}
+	post := func(path string) {
+		t.Helper()
+		res, err := http.Post(admin+path, "", nil)
+		if err != nil || res.StatusCode != http.StatusNoContent {
+			t.Fatalf("POST %s: %v %v", path, res, err)
+		}
+		res.Body.Close()
+	}
+	keyStatus := func() int {
+		t.Helper()
+		res, err := http.Get(vars["TS_CONTROL_URL"] + "/key?v=100")
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	post("/control/down")
+	if s := keyStatus(); s != http.StatusServiceUnavailable {
+		t.Errorf("control server down: /key answers %d", s)
+	}
+	post("/control/up")
+	if s := keyStatus(); s != http.StatusOK {
+		t.Errorf("control server up: /key answers %d", s)
+	}
+	res, err := http.Get(admin + "/acme/orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var counts map[string]int
+	err = json.NewDecoder(res.Body).Decode(&counts)
+	res.Body.Close()
+	if err != nil || counts["orders"] != 0 || counts["issued"] != 0 || len(counts) != 2 {
+		t.Errorf("orders of a new CA: %v, %v", counts, err)
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -7,11 +7,13 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -169,7 +171,16 @@ func run(o *options) error {
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "tsingress-operator.tailscale.com",
 		LeaderElectionNamespace: o.settings.Namespace,
-		Cache:                   controller.CacheOptions(o.settings),
+		// A leader that cannot renew its lease stops, and its Pod restarts. The API server may be
+		// gone for a minute (an upgrade, a control-plane node restart) without that: renewal
+		// may fail for 107s. A leader that stops cleanly (its Pod deleted) hands the lease on at
+		// once, and a waiting replica tries every 5s, so the long lease delays a takeover only
+		// after a crash.
+		LeaseDuration:                 ptr.To(137 * time.Second),
+		RenewDeadline:                 ptr.To(107 * time.Second),
+		RetryPeriod:                   ptr.To(5 * time.Second),
+		LeaderElectionReleaseOnCancel: true,
+		Cache:                         controller.CacheOptions(o.settings),
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)

@@ -99,9 +99,12 @@ func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ 
 	if !info.CertsAvailable() {
 		r.warning(ing, ReasonHTTPSNotEnabled, "HTTPS is not enabled on the tailnet (or MagicDNS is off): the proxy cannot get a certificate until it is")
 	}
-	st, _, err := r.proxies.state(ctx, p.parent)
+	st, _, unreadable, err := r.proxies.state(ctx, p.parent)
 	if err != nil {
 		return ctrl.Result{}, err
+	}
+	if unreadable != nil {
+		r.findings(ing, []finding{*unreadable})
 	}
 	cert, err := r.certificate(ctx, ing, p, st, info.Domain)
 	if err != nil {

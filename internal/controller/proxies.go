@@ -131,23 +131,29 @@ func (m *proxies) authKeyFor(ctx context.Context, p *standaloneProxy) (string, e
 
 // state returns what the proxy of par reports, or nil while no running Pod has reported:
 // state left by an earlier Pod does not describe the running proxy. It also returns the Pod,
-// nil while there is none.
-func (m *proxies) state(ctx context.Context, par parent) (*contract.ProxyState, *corev1.Pod, error) {
+// nil while there is none. A state that cannot be read (edited by hand) is not reported either,
+// and the finding says why: the object is still served as it asks.
+func (m *proxies) state(ctx context.Context, par parent) (*contract.ProxyState, *corev1.Pod, *finding, error) {
 	name := par.proxyName() + "-0"
 	key := client.ObjectKey{Namespace: m.settings.Namespace, Name: name}
 	pod := &corev1.Pod{}
 	if err := m.Get(ctx, key, pod); err != nil {
-		return nil, nil, client.IgnoreNotFound(err)
+		return nil, nil, nil, client.IgnoreNotFound(err)
 	}
 	secret := &corev1.Secret{}
 	if err := m.Get(ctx, key, secret); err != nil {
-		return nil, pod, client.IgnoreNotFound(err)
+		return nil, pod, nil, client.IgnoreNotFound(err)
 	}
 	st, err := contract.ParseState(secret.Data)
-	if err != nil || !st.CurrentFor(string(pod.UID)) {
-		return nil, pod, err
+	if err != nil {
+		f := warnf(ReasonProxyStateInvalid, "the proxy's state in Secret %s/%s cannot be read (%v); it is ignored until the proxy "+
+			"writes it again, which a restart of Pod %s makes it do at once", key.Namespace, key.Name, err, pod.Name)
+		return nil, pod, &f, nil
 	}
-	return st, pod, nil
+	if !st.CurrentFor(string(pod.UID)) {
+		return nil, pod, nil, nil
+	}
+	return st, pod, nil, nil
 }
 
 // podRefused says why the kubelet refused to run a proxy Pod (a Pod sysctl it does not allow:

@@ -42,6 +42,8 @@ const (
 	ReasonProxyClassFieldIgnored = "ProxyClassFieldIgnored"
 	ReasonTailnetAPIFailed       = "TailnetAPIFailed" // the message carries the control plane's reason
 	ReasonCleanupFailed          = "CleanupFailed"
+	// The proxy's state Secret holds what the proxy cannot have written (a hand edit).
+	ReasonProxyStateInvalid = "ProxyStateInvalid"
 )
 
 // Certificates, on Events and in an Ingress's status.loadBalancer port errors.

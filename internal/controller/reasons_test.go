@@ -79,15 +79,23 @@ func reasonDecls(t *testing.T) map[string]map[string]string {
 // reason in backquotes.
 func documentedReasons(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "reasons.md"))
+	out, err := readDocumentedReasons()
 	if err != nil {
 		t.Fatal(err)
+	}
+	return out
+}
+
+func readDocumentedReasons() ([]string, error) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "reasons.md"))
+	if err != nil {
+		return nil, err
 	}
 	var out []string
 	for _, m := range regexp.MustCompile("(?m)^\\| `([A-Za-z]+)` \\|").FindAllStringSubmatch(string(b), -1) {
 		out = append(out, m[1])
 	}
-	return out
+	return out, nil
 }
 
 func TestReasonsAreDeclaredOnceAndDocumented(t *testing.T) {

@@ -101,9 +101,12 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ 
 	if created {
 		r.created(svc, ReasonProxyDeployed, "created the proxy %s/%s; it joins the tailnet as %s", r.Settings.Namespace, p.name(), cfg.Hostname)
 	}
-	state, pod, err := r.proxies.state(ctx, p.parent)
+	state, pod, unreadable, err := r.proxies.state(ctx, p.parent)
 	if err != nil {
 		return ctrl.Result{}, err
+	}
+	if unreadable != nil {
+		r.findings(svc, []finding{*unreadable})
 	}
 	if msg := podRefused(pod); msg != "" {
 		st.set(false, ReasonProxyFailed, msg)

@@ -312,6 +312,27 @@ func (c *CA) Orders(name string) int { return c.countOrders(name, false) }
 // Issued returns how many certificates the CA issued that include name.
 func (c *CA) Issued(name string) int { return c.countOrders(name, true) }
 
+// OrderTotals returns how many orders the CA accepted, whatever their names, and how many of
+// them got a certificate.
+func (c *CA) OrderTotals() (orders, issued int) {
+	c.mu.Lock()
+	ids := slices.Clone(c.orders)
+	c.mu.Unlock()
+	for _, id := range ids {
+		o := c.db.GetOrderByID(id)
+		if o == nil {
+			continue
+		}
+		orders++
+		o.RLock()
+		if o.CertificateObject != nil {
+			issued++
+		}
+		o.RUnlock()
+	}
+	return orders, issued
+}
+
 // RateLimited returns how many new-order requests an injected rate limit refused.
 func (c *CA) RateLimited() int {
 	c.mu.Lock()

@@ -146,6 +146,9 @@ func TestNodeCertificate(t *testing.T) {
 	if o, i := lt.ACME.Orders(name), lt.ACME.Issued(name); o != 1 || i != 1 {
 		t.Errorf("CA saw %d orders and issued %d certificates for %s, want 1 and 1", o, i, name)
 	}
+	if o, i := lt.ACME.OrderTotals(); o != 1 || i != 1 {
+		t.Errorf("CA totals: %d orders, %d issued, want 1 and 1", o, i)
+	}
 
 	again, _, err := lc.CertPair(t.Context(), name)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -35,6 +36,8 @@ type server struct {
 
 	// ctx ends with the server; it ends the map polls.
 	ctx context.Context
+	// down refuses every request and Noise connection (SetControlDown).
+	down atomic.Bool
 
 	mu         sync.Mutex
 	lastNodeID tailcfg.NodeID
@@ -90,6 +93,17 @@ func (s *server) serveNoise(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// unlessDown refuses every request while the control server is down (SetControlDown).
+func (s *server) unlessDown(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.down.Load() {
+			http.Error(w, "control server down", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // trackConn adds or removes a Noise connection; it refuses new ones once the server is closing.
 func (s *server) trackConn(c net.Conn, add bool) bool {
 	s.mu.Lock()
@@ -98,7 +112,7 @@ func (s *server) trackConn(c net.Conn, add bool) bool {
 		delete(s.noiseConns, c)
 		return true
 	}
-	if s.ctx.Err() != nil {
+	if s.ctx.Err() != nil || s.down.Load() {
 		return false
 	}
 	s.noiseConns[c] = true

@@ -221,7 +221,7 @@ func Start(ctx context.Context, opts Options) (*LocalTailnet, error) {
 	mux.HandleFunc("/ts2021", s.serveNoise)
 	mux.Handle(apiPrefix, s.apiHandler())
 	hs := &http.Server{
-		Handler:           mux,
+		Handler:           s.unlessDown(mux),
 		ErrorLog:          logger.StdLogger(logf),
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return srvCtx },
@@ -322,6 +322,18 @@ func (lt *LocalTailnet) ClearAPIFaults() {
 	lt.srv.mu.Lock()
 	defer lt.srv.mu.Unlock()
 	lt.srv.faults = nil
+}
+
+// SetControlDown takes the control server and the API down, or brings them back: while down,
+// the nodes' Noise connections are cut and every request is refused with 503, as for a
+// coordination server that cannot be reached. DERP, STUN, DNS and the CA keep running, so nodes
+// go on talking to each other with the netmap they have.
+func (lt *LocalTailnet) SetControlDown(down bool) {
+	lt.srv.down.Store(down)
+	if down {
+		lt.srv.closeNoiseConns()
+	}
+	lt.srv.logf("localtailnet: control server and API %s", map[bool]string{true: "down", false: "up"}[down])
 }
 
 // SetServiceAddrFamilies chooses the address families of Tailscale Services: IPv4 and IPv6 by

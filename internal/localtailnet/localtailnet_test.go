@@ -515,3 +515,48 @@ func TestStartRejectsWildcardAddr(t *testing.T) {
 		t.Fatal("started on a wildcard address, which nodes cannot be told to reach")
 	}
 }
+
+// With the control server down, nodes keep talking over the paths they have and the API refuses
+// with 503; once it is up again, the API answers and the nodes are back under its control (a
+// device deleted through the API leaves its peer's netmap).
+func TestControlDown(t *testing.T) {
+	t.Parallel()
+	lt := startTailnet(t, localtailnet.Options{})
+	c := apiClient(t, lt, nil)
+	a := joinNode(t, lt, "alpha", mintKey(t, c, "alpha"))
+	b := joinNode(t, lt, "beta", mintKey(t, c, "beta"))
+	ln, err := a.Listen("tcp", ":80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoServer(t, ln, "alpha")
+	a4, _ := a.TailscaleIPs()
+	addr := netip.AddrPortFrom(a4, 80).String()
+	roundTrip(t, b, addr, "before")
+
+	lt.SetControlDown(true)
+	if _, err := c.Devices(t.Context()); tailnet.ReasonOf(err) != tailnet.ReasonUnavailable {
+		t.Errorf("API with the control server down: err = %v, want %s", err, tailnet.ReasonUnavailable)
+	}
+	for i := range 3 {
+		if got := roundTrip(t, b, addr, fmt.Sprint("during ", i)); got != fmt.Sprint("alpha: during ", i) {
+			t.Errorf("with the control server down: got %q", got)
+		}
+	}
+
+	lt.SetControlDown(false)
+	devices, err := c.Devices(t.Context())
+	if err != nil || len(devices) != 2 {
+		t.Fatalf("API after the outage: %d devices, %v", len(devices), err)
+	}
+	if err := c.DeleteDevice(t.Context(), selfID(t, a)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute) // beta reconnects with its backoff
+	for len(peerIDs(t, b)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("beta did not get a netmap after the outage")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

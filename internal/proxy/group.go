@@ -408,15 +408,7 @@ func (r *replica) reconcile(ctx context.Context) {
 }
 
 func (r *replica) reconcileL3(ctx context.Context) {
-	var mappings []l3.Mapping
-	for _, name := range slices.Sorted(maps.Keys(r.dnat.Services)) {
-		svc := r.dnat.Services[name]
-		m := l3.Mapping{Name: name, Destination: svc.Destination}
-		for _, s := range svc.VIPs {
-			m.TailnetIPs = append(m.TailnetIPs, netip.MustParseAddr(s)) // validated by the decoder
-		}
-		mappings = append(mappings, m)
-	}
+	mappings := dnatMappings(r.dnat)
 	retry := r.l3Backoff > 0 && !time.Now().Before(r.l3RetryAt)
 	if r.fwd == nil || (reflect.DeepEqual(mappings, r.mappings) && !retry) {
 		return
@@ -436,6 +428,20 @@ func (r *replica) reconcileL3(ctx context.Context) {
 		r.log.Info("every DNAT mapping is installed after failed attempts", "attempts", r.l3Attempts)
 	}
 	r.l3Backoff, r.l3Attempts = 0, 0
+}
+
+// dnatMappings are the forwarder's mappings of the group's DNAT document, by service name.
+func dnatMappings(doc contract.DNATConfig) []l3.Mapping {
+	var mappings []l3.Mapping
+	for _, name := range slices.Sorted(maps.Keys(doc.Services)) {
+		svc := doc.Services[name]
+		m := l3.Mapping{Name: name, Destination: svc.Destination}
+		for _, s := range svc.VIPs {
+			m.TailnetIPs = append(m.TailnetIPs, netip.MustParseAddr(s)) // validated by the decoder
+		}
+		mappings = append(mappings, m)
+	}
+	return mappings
 }
 
 func (r *replica) reconcileWeb(ctx context.Context) {

@@ -18,9 +18,11 @@ import (
 // then those of the wildcard covering it, then those without a host. Among them, Exact matches
 // the path only; Prefix matches whole path elements, so /foo matches /foo, /foo/ and /foo/bar
 // but not /foobar, and "/" matches everything. The longest match wins, and an Exact route beats
-// a Prefix route of the same length.
+// a Prefix route of the same length. Route paths are cleaned as request paths are, for
+// matching only.
 type Router struct {
 	routes []contract.Route
+	clean  []contract.Route // routes with their paths cleaned, as they are matched
 	hosts  map[string][]int // route indexes by lower-case host, most specific first
 	wild   map[string][]int // by the lower-case suffix of a wildcard host ("example.com")
 	any    []int            // routes without a host, most specific first
@@ -28,8 +30,9 @@ type Router struct {
 
 // NewRouter orders the routes for matching. Routes of equal rank keep their order.
 func NewRouter(routes []contract.Route) *Router {
-	r := &Router{routes: routes, hosts: map[string][]int{}, wild: map[string][]int{}}
+	r := &Router{routes: routes, clean: make([]contract.Route, len(routes)), hosts: map[string][]int{}, wild: map[string][]int{}}
 	for i, rt := range routes {
+		r.clean[i] = cleanRoute(rt)
 		h := strings.ToLower(rt.Host)
 		switch {
 		case h == "":
@@ -41,10 +44,10 @@ func NewRouter(routes []contract.Route) *Router {
 		}
 	}
 	bySpecificity := func(a, b int) int {
-		if la, lb := matchLen(routes[a]), matchLen(routes[b]); la != lb {
+		if la, lb := matchLen(r.clean[a]), matchLen(r.clean[b]); la != lb {
 			return lb - la
 		}
-		return exactRank(routes[a]) - exactRank(routes[b])
+		return exactRank(r.clean[a]) - exactRank(r.clean[b])
 	}
 	slices.SortStableFunc(r.any, bySpecificity)
 	for _, m := range []map[string][]int{r.hosts, r.wild} {
@@ -91,7 +94,7 @@ func (r *Router) match(host, reqPath string) int {
 	}
 	for _, routes := range [][]int{r.hosts[host], wild, r.any} {
 		for _, i := range routes {
-			if matches(r.routes[i], p) {
+			if matches(r.clean[i], p) {
 				return i
 			}
 		}
@@ -131,4 +134,12 @@ func cleanPath(p string) string {
 		c += "/"
 	}
 	return c
+}
+
+// cleanRoute is a route as it is matched: its path cleaned as request paths are, so that a
+// path written with doubled slashes or dot segments (ImplementationSpecific paths may have
+// them) matches the requests for it instead of none.
+func cleanRoute(r contract.Route) contract.Route {
+	r.Path = cleanPath(r.Path)
+	return r
 }

@@ -1,0 +1,127 @@
+# Sourced by the scripts that run a suite on a kind cluster with real Pods (hack/e2e-kind.sh,
+# hack/chaos-kind.sh): the cluster (hack/kind-up.sh), the images from the Dockerfiles
+# (hack/docker-build.sh) loaded into it, and a tailnet for it to join. With TS_API_CLIENT_ID and
+# TS_API_CLIENT_SECRET set, that is your real tailnet; otherwise it is the local tailnet (control
+# server, DERP, the API subset and an ACME CA) run here until the sourcing script exits,
+# listening on the kind network's gateway where the Pods reach it. The operator is installed
+# with `make deploy` and an overlay generated into bin/kind-overlay-$cluster that points it there.
+# It leaves in the environment what the suites read: KUBECONFIG, TS_*, E2E_CA_FILE,
+# E2E_BACKEND_IMAGE and, with the local tailnet, E2E_FUNNEL_ADDR, LOCALTAILNET_ADMIN_URL and LOCALTAILNET_LOG.
+# Environment: KIND_CLUSTER, IMG_OPERATOR, IMG_PROXY, VERSION, KUSTOMIZE, KIND_OPERATOR_SETTINGS.
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$root/hack/lib.sh"
+cd "$root"
+cluster=${KIND_CLUSTER:-tsingress-e2e}
+img_operator=${IMG_OPERATOR:-ghcr.io/tsingress/operator:dev}
+img_proxy=${IMG_PROXY:-ghcr.io/tsingress/proxy:dev}
+
+"$root/hack/kind-up.sh" "$cluster"
+export KUBECONFIG=$root/bin/kubeconfig-$cluster
+kubectl=$root/bin/kubectl
+kind=$root/bin/kind
+
+"$root/hack/docker-build.sh" "$img_operator" "$img_proxy" "${VERSION:-dev}"
+
+# The backend the specs run: agnhost, from the registry where it answers, else built from the
+# Kubernetes sources this cluster runs.
+backend_image=${E2E_BACKEND_IMAGE:-registry.k8s.io/e2e-test-images/agnhost:2.53}
+if ! docker image inspect "$backend_image" >/dev/null 2>&1 && ! timeout 120 docker pull -q "$backend_image" >/dev/null 2>&1; then
+  tools=$root/hack/envtest-tools
+  agnhost_version=$(cat "$(cd "$tools" && go list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)/VERSION")
+  backend_image=registry.k8s.io/e2e-test-images/agnhost:$agnhost_version
+  if ! docker image inspect "$backend_image" >/dev/null 2>&1; then
+    stage "building $backend_image from source"
+    work=$(mktemp -d)
+    (cd "$tools" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/agnhost" k8s.io/kubernetes/test/images/agnhost)
+    docker rm -f tsingress-agnhost-build >/dev/null 2>&1 || true
+    docker create --name tsingress-agnhost-build "$(base_image distroless-iptables)" /nothing >/dev/null
+    docker cp "$work/agnhost" tsingress-agnhost-build:/agnhost
+    docker commit --change 'ENTRYPOINT ["/agnhost"]' tsingress-agnhost-build "$backend_image" >/dev/null
+    docker rm -f tsingress-agnhost-build >/dev/null
+    rm -rf "$work"
+    done_stage
+  fi
+fi
+export E2E_BACKEND_IMAGE=$backend_image
+
+stage "loading the images into kind"
+"$kind" load docker-image --name "$cluster" "$img_operator" "$img_proxy" "$backend_image" >/dev/null
+done_stage
+
+overlay=$root/bin/kind-overlay-$cluster
+rm -rf "$overlay"
+mkdir -p "$overlay"
+if [ -n "${TS_API_CLIENT_ID:-}" ] && [ -n "${TS_API_CLIENT_SECRET:-}" ]; then
+  printf '%s' "$TS_API_CLIENT_ID" > "$overlay/client_id"
+  printf '%s' "$TS_API_CLIENT_SECRET" > "$overlay/client_secret"
+  settings=""
+  extra_resources=""
+else
+  stage "starting the local tailnet on the kind network"
+  # The kind network's IPv4 gateway: this machine, as the Pods see it.
+  gateway=$(docker network inspect kind -f '{{range .IPAM.Config}}{{.Gateway}} {{end}}' | tr ' ' '\n' | grep -m1 '\.') \
+    || die "the kind network has no IPv4 gateway"
+  go build -o "$root/bin/localtailnet" ./cmd/localtailnet
+  tailnet_dir=$(mktemp -d /tmp/kind-tailnet.XXXXXX)
+  # The admin endpoint (loopback) lets a suite take the control server down and count the CA's orders.
+  "$root/bin/localtailnet" -addr "$gateway:0" -dir "$tailnet_dir" -env-file "$tailnet_dir/env" -admin-addr 127.0.0.1:0 \
+    -funnel -funnel-tags tag:k8s >"$tailnet_dir/log" 2>&1 &
+  tailnet_pid=$!
+  trap 'kill $tailnet_pid 2>/dev/null; wait $tailnet_pid 2>/dev/null; rm -rf "$tailnet_dir"' EXIT
+  for _ in $(seq 300); do [ -f "$tailnet_dir/env" ] && break; kill -0 $tailnet_pid 2>/dev/null || break; sleep 0.1; done
+  [ -f "$tailnet_dir/env" ] || { cat "$tailnet_dir/log"; die "the local tailnet did not start"; }
+  set -a
+  source "$tailnet_dir/env"
+  set +a
+  export LOCALTAILNET_LOG=$tailnet_dir/log
+  printf '%s' "$TS_API_CLIENT_ID" > "$overlay/client_id"
+  printf '%s' "$TS_API_CLIENT_SECRET" > "$overlay/client_secret"
+  cp "$ACME_API_ROOT_FILE" "$overlay/local-acme-api-root.pem"
+  # The proxies get their certificates from the local CA (its directory is HTTPS with a root of
+  # its own, which they trust through the CA ConfigMap), and the suite's client trusts what it issues.
+  settings="  - OPERATOR_LOGIN_SERVER=$TS_CONTROL_URL
+  - TS_API_BASE_URL=$TS_API_BASE_URL
+  - ACME_DIRECTORY_URL=$TS_DEBUG_ACME_DIRECTORY_URL
+  - PROXY_CA_CONFIGMAP=proxy-ca"
+  extra_resources="- name: proxy-ca
+  namespace: tailscale
+  files: [local-acme-api-root.pem]
+  options: {disableNameSuffixHash: true}"
+  export E2E_CA_FILE=$ACME_ROOTS_FILE
+  # The suite's client on the internet reaches the names served over Funnel here.
+  export E2E_FUNNEL_ADDR=$FUNNEL_ADDR
+  unset TS_DEBUG_ACME_DIRECTORY_URL
+  done_stage
+fi
+# Settings of the calling suite (KEY=VALUE, space-separated), after the tailnet's.
+for kv in ${KIND_OPERATOR_SETTINGS:-}; do
+  settings+="${settings:+$'\n'}  - $kv"
+done
+chmod 600 "$overlay/client_id" "$overlay/client_secret"
+cat > "$overlay/kustomization.yaml" <<YAML
+# Generated by hack/kind-deploy.sh: the operator as make deploy installs it, with the run's tailnet.
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- $(realpath --relative-to="$overlay" "$root/config/default")
+secretGenerator:
+- name: operator-oauth
+  namespace: tailscale
+  files: [client_id, client_secret]
+  options: {disableNameSuffixHash: true}
+configMapGenerator:
+- name: operator-settings
+  namespace: tailscale
+  behavior: merge
+  literals:
+  - PROXY_TAGS=tag:k8s
+${settings}
+${extra_resources}
+YAML
+
+stage "deploying the operator (make deploy OVERLAY=bin/kind-overlay-$cluster)"
+make --no-print-directory deploy OVERLAY="$overlay" IMG_OPERATOR="$img_operator" IMG_PROXY="$img_proxy" KUBECTL="$kubectl" >/dev/null
+# Images loaded again under the same tags reach a running operator only through a new Pod.
+"$kubectl" -n tailscale rollout restart deployment/operator >/dev/null
+"$kubectl" -n tailscale rollout status deployment/operator --timeout=3m
+done_stage

@@ -1,0 +1,97 @@
+package web
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+// FuzzRouter reads routes as the proxy gets them (a web service of a Serve document, validated
+// by the contract) and matches a request against them: it must pick the most specific matching
+// route of the most specific host group, and every route must be reachable at its own path.
+func FuzzRouter(f *testing.F) {
+	seed := func(ws contract.WebService, host, path string) {
+		b, err := json.Marshal(ws)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, host, path)
+	}
+	r := func(host, path string, typ contract.PathType) contract.Route {
+		return contract.Route{Host: host, Path: path, PathType: typ, Backend: contract.Backend{URL: "http://10.0.0.1:80"}}
+	}
+	seed(contract.WebService{Routes: []contract.Route{r("", "/", contract.PathPrefix), r("", "/api", contract.PathExact)}}, "web.tailnet.test", "/api")
+	seed(contract.WebService{Routes: []contract.Route{r("app.example.com", "/a/", contract.PathPrefix), r("*.example.com", "/a/b", contract.PathPrefix)}}, "app.example.com", "/a/b/c")
+	seed(contract.WebService{Routes: []contract.Route{r("", "/a//b", contract.PathPrefix), r("", "/x/../y", contract.PathExact)}}, "h", "/a/./b")
+	seed(contract.WebService{Routes: []contract.Route{r("", "/%2e%2e/", contract.PathPrefix)}}, "", "")
+	f.Fuzz(func(t *testing.T, doc []byte, host, reqPath string) {
+		var ws contract.WebService
+		if json.Unmarshal(doc, &ws) != nil || ws.Validate() != nil {
+			return
+		}
+		rt := NewRouter(ws.Routes)
+		host = HostOf(host)
+		checkMatch(t, rt, ws.Routes, host, reqPath)
+		for _, route := range ws.Routes {
+			h := strings.ToLower(route.Host)
+			switch {
+			case h == "":
+				h = "any.example"
+			case contract.IsWildcard(h):
+				h = "x" + h[1:]
+			}
+			got := checkMatch(t, rt, ws.Routes, h, route.Path)
+			if got < 0 {
+				t.Fatalf("route %+v is unreachable: a request for %s%s matches nothing", route, h, route.Path)
+			}
+		}
+	})
+}
+
+// checkMatch matches a request and compares the result with a plain reading of the rules: the
+// first host group (the host's own routes, those of the wildcard covering it, those for every
+// host) with a matching route decides, and in it the longest match wins, Exact before Prefix.
+func checkMatch(t *testing.T, rt *Router, routes []contract.Route, host, reqPath string) int {
+	t.Helper()
+	got := rt.match(host, reqPath)
+	p := cleanPath(reqPath)
+	groups := []func(contract.Route) bool{
+		func(r contract.Route) bool {
+			return r.Host != "" && !contract.IsWildcard(r.Host) && strings.EqualFold(r.Host, host)
+		},
+		func(r contract.Route) bool {
+			_, parent, ok := strings.Cut(host, ".")
+			return ok && contract.IsWildcard(r.Host) && strings.EqualFold(r.Host[2:], parent)
+		},
+		func(r contract.Route) bool { return r.Host == "" },
+	}
+	for _, inGroup := range groups {
+		best := -1
+		for i, r := range routes {
+			if !inGroup(r) || !matches(cleanRoute(r), p) {
+				continue
+			}
+			if best < 0 || rank(r) > rank(routes[best]) {
+				best = i
+			}
+		}
+		if best < 0 {
+			continue
+		}
+		if got < 0 {
+			t.Fatalf("request %s%s matched nothing; route %+v matches it", host, reqPath, routes[best])
+		}
+		if !inGroup(routes[got]) || !matches(cleanRoute(routes[got]), p) || rank(routes[got]) != rank(routes[best]) {
+			t.Fatalf("request %s%s matched %+v; the most specific match is %+v", host, reqPath, routes[got], routes[best])
+		}
+		return got
+	}
+	if got >= 0 {
+		t.Fatalf("request %s%s matched %+v, which does not match it", host, reqPath, routes[got])
+	}
+	return got
+}
+
+func rank(r contract.Route) int { return 2*matchLen(cleanRoute(r)) + 1 - exactRank(r) }

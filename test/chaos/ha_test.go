@@ -1,0 +1,124 @@
+//go:build chaos
+
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// The share of requests the HA faults may cost; the goal is none, and the figures say how many.
+const maxHALoss = 0.01
+
+// A ProxyGroup keeps serving an Ingress (HTTPS) and a Service (L3 TCP) under a steady load while
+// one replica's Pod is deleted and the other is evicted as a node drain evicts it.
+var _ = Describe("A ProxyGroup under load", func() {
+	It("serves HTTPS and L3 TCP through a replica deletion and a drain's eviction", func(ctx SpecContext) {
+		ns := newNamespace(ctx, "chaos-ha")
+		pg := proxyGroup("chaos-ha-"+token(), 2)
+		create(ctx, pg)
+		ing := ingress(ns, "web", "chaos-ha-web-"+token(), pg.Name)
+		create(ctx, ing)
+		svc := l3Service(ns, "db", pg.Name)
+		create(ctx, svc)
+		waitGroupReady(ctx, pg)
+		https, tcp := httpsEcho(servedName(ctx, ing)), tcpEcho(serviceIP(ctx, svc))
+		expectServing(ctx, https, "the Ingress")
+		expectServing(ctx, tcp, "the Service")
+		// Both replicas advertise both services before the load starts.
+		Eventually(ctx, func(g Gomega) {
+			for i := range 2 {
+				g.Expect(state(ctx, g, fmt.Sprintf("%s-%d", pg.Name, i)).Advertised).To(HaveLen(2), "replica %d", i)
+			}
+		}).Should(Succeed())
+
+		const rate, window = 20, 60 * time.Second
+		start := time.Now()
+		stopHTTPS, stopTCP := background(ctx, rate, https), background(ctx, rate, tcp)
+		time.Sleep(10 * time.Second)
+
+		By("deleting replica 0's Pod")
+		deletedBack := replaceReplica(ctx, pg.Name+"-0", func(p *corev1.Pod) {
+			Expect(suite.k8s.Delete(ctx, p)).To(Succeed())
+		})
+		time.Sleep(time.Until(start.Add(35 * time.Second)))
+
+		By("draining replica 1 as kubectl drain does: cordon, evict, uncordon once it is gone")
+		evictedBack := replaceReplica(ctx, pg.Name+"-1", func(p *corev1.Pod) {
+			setUnschedulable(ctx, p.Spec.NodeName, true)
+			DeferCleanup(setUnschedulable, context.WithoutCancel(ctx), p.Spec.NodeName, false)
+			Expect(suite.clientset.PolicyV1().Evictions(p.Namespace).Evict(ctx, &policyv1.Eviction{
+				ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}})).To(Succeed())
+			// One node: the replacement has nowhere else to go.
+			Eventually(ctx, func(g Gomega) {
+				now := &corev1.Pod{}
+				err := suite.k8s.Get(ctx, client.ObjectKeyFromObject(p), now)
+				g.Expect(err != nil || now.UID != p.UID).To(BeTrue(), "the evicted Pod gone")
+			}).Should(Succeed())
+			setUnschedulable(ctx, p.Spec.NodeName, false)
+		})
+		// The window runs on for 10s at least after the last replacement is Ready.
+		time.Sleep(max(time.Until(start.Add(window)), 10*time.Second))
+		h, t := stopHTTPS(), stopTCP()
+		took := time.Since(start)
+
+		suite.report.add("### A ProxyGroup under load\n\nA ProxyGroup of 2 replicas serving an Ingress (HTTPS) and a Service (L3 TCP), "+
+			"each loaded with %d requests/s for %s, every request on a new connection through the tailnet, with a 5s timeout. "+
+			"At 10s replica 0's Pod is deleted (its replacement Ready %s later); at 35s the node is cordoned and replica 1 evicted "+
+			"through the Eviction API, as `kubectl drain` does, then uncordoned (replacement Ready %s after the eviction). "+
+			"Goal: no failed request.\n\n| Traffic | Requests | Failed |\n| --- | --- | --- |\n| HTTPS (Ingress) | %d | %d |\n| L3 TCP (Service) | %d | %d |\n\n%s\n",
+			rate, took.Round(time.Second), deletedBack.Round(100*time.Millisecond), evictedBack.Round(100*time.Millisecond),
+			h.sent, h.failed, t.sent, t.failed, failures(h, t))
+		for what, r := range map[string]loadResult{"HTTPS": h, "L3 TCP": t} {
+			Expect(r.sent).To(BeNumerically(">", rate*50), "%s requests sent", what)
+			Expect(float64(r.failed)/float64(r.sent)).To(BeNumerically("<=", maxHALoss), "%s: %s", what, r)
+		}
+	})
+})
+
+// replaceReplica does something to a replica's Pod and waits until its replacement is Ready,
+// returning how long that took.
+func replaceReplica(ctx context.Context, name string, do func(*corev1.Pod)) time.Duration {
+	GinkgoHelper()
+	old := &corev1.Pod{}
+	Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: name}, old)).To(Succeed())
+	start := time.Now()
+	do(old)
+	Eventually(ctx, func(g Gomega) {
+		p := &corev1.Pod{}
+		g.Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: name}, p)).To(Succeed())
+		g.Expect(p.UID).NotTo(Equal(old.UID))
+		g.Expect(podReady(p)).To(BeTrue())
+	}).WithTimeout(3*time.Minute).Should(Succeed(), "%s replaced and Ready", name)
+	return time.Since(start)
+}
+
+func setUnschedulable(ctx context.Context, node string, on bool) {
+	GinkgoHelper()
+	patch := fmt.Appendf(nil, `{"spec":{"unschedulable":%v}}`, on)
+	_, err := suite.clientset.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
+	Expect(err).NotTo(HaveOccurred())
+}
+
+// failures names the first failed requests of load results, if any.
+func failures(rs ...loadResult) string {
+	var s string
+	for _, r := range rs {
+		for _, e := range r.errs {
+			s += "- " + e + "\n"
+		}
+	}
+	if s == "" {
+		return ""
+	}
+	return "First failures:\n\n" + s
+}

@@ -1,0 +1,366 @@
+//go:build chaos
+
+package chaos
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// logCollector follows the logs of every container in the operator's namespace into files, from
+// the moment it starts until its container ends (Pods the suite deletes take their logs with
+// them), resuming where it stopped when the API server went away. Every few seconds it also
+// collects the credentials the proxies and the operator hold in their Secrets, for the search at
+// the end: most of those Secrets are gone by then.
+type logCollector struct {
+	dir    string
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+
+	mu          sync.Mutex
+	following   map[string]bool // "uid/container/restarts"
+	finished    map[string]bool
+	lastRead    map[string]time.Time
+	files       map[string]string // key → file
+	credentials map[string]string // secret → what it is
+}
+
+func startLogCollector(dir string) *logCollector {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &logCollector{dir: dir, cancel: cancel, following: map[string]bool{}, finished: map[string]bool{},
+		lastRead: map[string]time.Time{}, files: map[string]string{}, credentials: map[string]string{}}
+	l.done.Go(func() {
+		for i := 0; ctx.Err() == nil; i++ {
+			l.scan(ctx)
+			if i%5 == 0 {
+				l.harvest(ctx)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	})
+	return l
+}
+
+// stop ends the collection once every container has been followed to now.
+func (l *logCollector) stop() {
+	time.Sleep(2 * time.Second)
+	l.cancel()
+	l.done.Wait()
+}
+
+func (l *logCollector) scan(ctx context.Context) {
+	pods := &corev1.PodList{}
+	if err := suite.k8s.List(ctx, pods, client.InNamespace(opNS)); err != nil {
+		return // the API server is away; resumed later
+	}
+	for _, p := range pods.Items {
+		for _, cs := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+			if cs.State.Running == nil && cs.State.Terminated == nil {
+				continue
+			}
+			key := fmt.Sprintf("%s/%s/%d", p.UID, cs.Name, cs.RestartCount)
+			l.mu.Lock()
+			busy := l.following[key] || l.finished[key]
+			if !busy {
+				l.following[key] = true
+				if l.files[key] == "" {
+					l.files[key] = filepath.Join(l.dir, fmt.Sprintf("%s_%s_%d_%s.log", p.Name, cs.Name, cs.RestartCount, string(p.UID)[:8]))
+				}
+			}
+			l.mu.Unlock()
+			if !busy {
+				l.done.Go(func() { l.follow(ctx, p.Namespace, p.Name, cs.Name, key, cs.State.Terminated != nil) })
+			}
+		}
+	}
+}
+
+// follow streams one container's log to its file; a stream cut short is taken up again by a
+// later scan from where it stopped.
+func (l *logCollector) follow(ctx context.Context, ns, pod, container, key string, terminated bool) {
+	l.mu.Lock()
+	since, file := l.lastRead[key], l.files[key]
+	l.mu.Unlock()
+	opts := &corev1.PodLogOptions{Container: container, Follow: !terminated}
+	if !since.IsZero() {
+		opts.SinceTime = &metav1.Time{Time: since.Add(-time.Second)}
+	}
+	complete := false
+	defer func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.following[key] = false
+		l.finished[key] = complete || terminated
+	}()
+	// The client's timeout would cut a followed stream: a client of its own.
+	stream, err := suite.logClient.CoreV1().Pods(ns).GetLogs(pod, opts).Stream(ctx)
+	if err != nil {
+		return
+	}
+	defer stream.Close()
+	f, err := os.OpenFile(file, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	r := bufio.NewReader(stream)
+	for {
+		line, err := r.ReadBytes('\n')
+		if len(line) > 0 {
+			f.Write(line)
+			l.mu.Lock()
+			l.lastRead[key] = time.Now()
+			l.mu.Unlock()
+		}
+		if err == io.EOF {
+			// The container ended, or the stream was cut; a container still running is taken
+			// up again by the next scan.
+			p := &corev1.Pod{}
+			if gerr := suite.k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: pod}, p); gerr != nil {
+				complete = strings.Contains(gerr.Error(), "not found")
+			} else {
+				complete = !containerRunning(p, container)
+			}
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func containerRunning(p *corev1.Pod, name string) bool {
+	for _, cs := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+		if cs.Name == name {
+			return cs.State.Running != nil
+		}
+	}
+	return false
+}
+
+var (
+	forwarding = regexp.MustCompile(`^Forwarding from 127\.0\.0\.1:(\d+) `)
+	pemKey     = regexp.MustCompile(`-----BEGIN [A-Z ]*PRIVATE KEY-----\n([A-Za-z0-9+/=\n]+)-----END`)
+	privKey    = regexp.MustCompile(`privkey:[0-9a-f]{64}`)
+)
+
+// harvest collects the private keys held in the Secrets of the operator's namespace: TLS and
+// ACME account keys (PEM) and the nodes' machine and node keys (privkey:).
+func (l *logCollector) harvest(ctx context.Context) {
+	secrets := &corev1.SecretList{}
+	if err := suite.k8s.List(ctx, secrets, client.InNamespace(opNS)); err != nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, s := range secrets.Items {
+		for k, v := range s.Data {
+			for _, m := range pemKey.FindAllSubmatch(v, -1) {
+				lines := strings.Split(strings.TrimSpace(string(m[1])), "\n")
+				l.credentials[lines[len(lines)/2]] = fmt.Sprintf("a private key (PEM) of Secret %s, key %s", s.Name, k)
+			}
+			for _, m := range privKey.FindAll(v, -1) {
+				l.credentials[string(m)] = fmt.Sprintf("a node private key of Secret %s", s.Name)
+			}
+		}
+	}
+}
+
+// dumpTails writes the end of the operator's logs, for a failed spec.
+func (l *logCollector) dumpTails(lines int) {
+	l.mu.Lock()
+	var files []string
+	for _, f := range l.files {
+		if strings.HasPrefix(filepath.Base(f), "operator-") {
+			files = append(files, f)
+		}
+	}
+	l.mu.Unlock()
+	slices.Sort(files)
+	for _, f := range files[max(0, len(files)-2):] {
+		b, _ := os.ReadFile(f)
+		all := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
+		GinkgoWriter.Printf("\n----- %s (last %d lines) -----\n%s\n", filepath.Base(f), lines, bytes.Join(all[max(0, len(all)-lines):], []byte("\n")))
+	}
+}
+
+// searchCredentials looks for every credential of the run in every log the cluster kept of it:
+// the operator's and the proxies' containers (collected as they ran), the kubelet's and
+// containerd's journal on the node, and every Event. The credentials are the tailnet's OAuth
+// client secret, every auth key and client secret (all "tskey-"), and the private keys the
+// proxies' and the operator's Secrets held at any time: TLS and ACME account keys, node keys.
+func searchCredentials(ctx context.Context) {
+	GinkgoHelper()
+	l := suite.logs
+	l.harvest(ctx)
+	l.stop()
+	needles := map[string]string{
+		"tskey-":          "an auth key or OAuth client secret (tskey-)",
+		b64("tskey-"):     "an auth key or OAuth client secret, base64",
+		suite.oauthSecret: "the tailnet's OAuth client secret",
+	}
+	for k, v := range l.credentials {
+		needles[k] = v
+	}
+	haystacks := map[string][]byte{}
+	for _, f := range l.files {
+		if b, err := os.ReadFile(f); err == nil {
+			haystacks[filepath.Base(f)] = b
+		}
+	}
+	containers := len(haystacks)
+	journal, err := nodeExec(ctx, "journalctl", "--no-pager", "-o", "cat", "-u", "kubelet", "-u", "containerd")
+	Expect(err).NotTo(HaveOccurred(), "the node's journal")
+	haystacks["the kubelet's and containerd's journal"] = []byte(journal)
+	var events bytes.Buffer
+	coreEvents := &corev1.EventList{}
+	Expect(suite.k8s.List(ctx, coreEvents)).To(Succeed())
+	for _, e := range coreEvents.Items {
+		fmt.Fprintf(&events, "%s %s %s %s\n", e.Reason, e.Message, e.Source.Component, e.ReportingController)
+	}
+	newEvents := &eventsv1.EventList{}
+	Expect(suite.k8s.List(ctx, newEvents)).To(Succeed())
+	for _, e := range newEvents.Items {
+		fmt.Fprintf(&events, "%s %s %s\n", e.Reason, e.Note, e.ReportingController)
+	}
+	haystacks["the Events"] = events.Bytes()
+	size := 0
+	var hits []string
+	for where, text := range haystacks {
+		size += len(text)
+		for needle, what := range needles {
+			if bytes.Contains(text, []byte(needle)) {
+				hits = append(hits, what+" in "+where)
+			}
+		}
+	}
+	slices.Sort(hits)
+	kinds := map[string]int{}
+	for _, what := range needles {
+		kinds[strings.SplitN(what, " of Secret", 2)[0]]++
+	}
+	suite.report.add("### No credential in any log or Event\n\n"+
+		"After every other spec: %d container logs (the operator's and every proxy's, followed from start to end, %.1f MiB), the "+
+		"kubelet's and containerd's journal (%.1f MiB) and %d Events searched for %d credentials: the OAuth client secret, every "+
+		"auth key and client secret by their tskey- prefix (also base64), %d private keys (PEM: TLS and ACME account keys) and %d "+
+		"node private keys collected from the proxies' Secrets during the run. Hits: %d.\n",
+		containers, float64(size-len(journal)-events.Len())/(1<<20), float64(len(journal))/(1<<20), len(coreEvents.Items)+len(newEvents.Items),
+		len(needles), kinds["a private key (PEM)"], kinds["a node private key"], len(hits))
+	Expect(containers).To(BeNumerically(">", 3), "container logs collected")
+	Expect(kinds["a node private key"]).To(BeNumerically(">", 0), "node keys collected: the search must know what to look for")
+	Expect(hits).To(BeEmpty(), "credentials found")
+}
+
+func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+
+// metricsReader is a ServiceAccount allowed to scrape the operator's metrics, and its token.
+var metricsToken = sync.OnceValue(func() string {
+	ctx := context.Background()
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: opNS, Name: "chaos-metrics"}}
+	Expect(client.IgnoreAlreadyExists(suite.k8s.Create(ctx, sa))).To(Succeed())
+	crb := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "chaos-metrics"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "tsingress-metrics-reader"},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: opNS, Name: sa.Name}}}
+	Expect(client.IgnoreAlreadyExists(suite.k8s.Create(ctx, crb))).To(Succeed())
+	tr, err := suite.clientset.CoreV1().ServiceAccounts(opNS).CreateToken(ctx, sa.Name,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3 * 3600)}}, metav1.CreateOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	return tr.Status.Token
+})
+
+// reconciles scrapes the operator's metrics (through a port-forward to its Pod) and returns the
+// reconciles its controllers have made and the panics they recovered from, since it started.
+func reconciles(ctx context.Context) (total, panics float64, err error) {
+	pod := operatorPod(ctx)
+	// kubectl's port-forward: client-go's needs a module this project does not carry.
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cmd := exec.CommandContext(pctx, envOr("KUBECTL", "../../bin/kubectl"), "-n", opNS, "port-forward", "pod/"+pod.Name, ":8443")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := cmd.Start(); err != nil {
+		return 0, 0, err
+	}
+	defer cmd.Wait()
+	port := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if m := forwarding.FindStringSubmatch(sc.Text()); m != nil {
+				port <- m[1]
+				break
+			}
+		}
+		io.Copy(io.Discard, out)
+	}()
+	var local string
+	select {
+	case local = <-port:
+	case <-time.After(30 * time.Second):
+		return 0, 0, fmt.Errorf("port-forward to %s: not ready", pod.Name)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://127.0.0.1:"+local+"/metrics", nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+metricsToken())
+	// The metrics endpoint serves a self-signed certificate; the token is what is checked.
+	hc := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("metrics: %s", resp.Status)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		name, _, _ := strings.Cut(line, "{")
+		if name != "controller_runtime_reconcile_total" && name != "controller_runtime_reconcile_panics_total" {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			continue
+		}
+		if name == "controller_runtime_reconcile_total" {
+			total += v
+		} else {
+			panics += v
+		}
+	}
+	return total, panics, sc.Err()
+}
