@@ -157,6 +157,11 @@ func TestChangedServices(t *testing.T) {
 	if names, all := changedServices(secret(base), secret(base)); all || len(names) != 0 {
 		t.Errorf("same report: %v (all %t), want none", names, all)
 	}
+	funnel := base
+	funnel.Funnel = map[string]contract.FunnelStatus{"b.tailnet.test": {Public: true}}
+	if names, all := changedServices(secret(base), secret(funnel)); all || !slices.Equal(names, []string{"svc:b"}) {
+		t.Errorf("Funnel on for b: %v (all %t), want [svc:b]", names, all)
+	}
 	restarted := base
 	restarted.PodUID = "u2"
 	if _, all := changedServices(secret(base), secret(restarted)); !all {

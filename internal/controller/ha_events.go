@@ -66,7 +66,7 @@ var haControllerOptions = controller.Options{MaxConcurrentReconciles: 32}
 // ("Ingress" or "Service") served on it that they concern:
 //   - the ProxyGroup, and the creation or deletion of its ConfigMap: every one;
 //   - a replica's state Secret: those whose services its report changed (advertised,
-//     certificate, DNAT rules), or every one when the replica itself changed;
+//     certificate, Funnel, DNAT rules), or every one when the replica itself changed;
 //   - a group certificate Secret deleted: the one of that name, which creates it again.
 //
 //   - its ConfigMap changed by anyone but this operator's last write (a hand edit, garbage):
@@ -231,7 +231,7 @@ func (e groupEvents) owning(ctx context.Context, pg string, svcNames []string) [
 }
 
 // changedServices compares two reports of a replica: the services whose advertisement,
-// certificate or DNAT rules changed, or all when the replica's identity or Pod did (or a report
+// certificate, Funnel or DNAT rules changed, or all when the replica's identity or Pod did (or a report
 // cannot be read).
 func changedServices(old, cur *corev1.Secret) (names []string, all bool) {
 	a, errA := contract.ParseState(old.Data)
@@ -252,6 +252,11 @@ func changedServices(old, cur *corev1.Secret) (names []string, all bool) {
 	}
 	for _, name := range unionKeys(a.Certificates, b.Certificates) {
 		if a.Certificates[name] != b.Certificates[name] {
+			changed["svc:"+strings.SplitN(name, ".", 2)[0]] = true
+		}
+	}
+	for _, name := range unionKeys(a.Funnel, b.Funnel) {
+		if a.Funnel[name] != b.Funnel[name] {
 			changed["svc:"+strings.SplitN(name, ".", 2)[0]] = true
 		}
 	}
