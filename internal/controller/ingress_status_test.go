@@ -8,6 +8,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 )
 
@@ -87,5 +88,34 @@ func TestDecideHAIngress(t *testing.T) {
 				t.Errorf("findings %v, want %v", reasons, c.reasons)
 			}
 		})
+	}
+}
+
+func TestDecideStandaloneIngress(t *testing.T) {
+	ing := &networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "shop"}}
+	staging := &tsv1alpha1.ProxyClass{ObjectMeta: metav1.ObjectMeta{Name: "staging"}, Spec: tsv1alpha1.ProxyClassSpec{
+		UseLetsEncryptStagingEnvironment: true,
+		StatefulSet:                      &tsv1alpha1.StatefulSet{Pod: &tsv1alpha1.Pod{TailscaleInitContainer: &tsv1alpha1.Container{}}}}}
+	settings := Settings{DefaultTags: []string{"tag:k8s"}, ACMEDirectoryURL: "https://acme.test/dir", ControlURL: "https://control.test"}
+
+	p, findings := decideStandaloneIngress(&ingressScope{ing: ing}, settings)
+	if got := p.config.TLS.ACMEDirectoryURL; got != settings.ACMEDirectoryURL || p.config.ControlURL != settings.ControlURL || !slices.Equal(p.config.Tags, settings.DefaultTags) {
+		t.Errorf("config %+v from settings %+v", p.config, settings)
+	}
+	if !hasBlocking(findings) {
+		t.Errorf("an Ingress without backends is served: %+v", findings)
+	}
+	p, findings = decideStandaloneIngress(&ingressScope{ing: ing, class: staging}, settings)
+	if p.config.TLS.ACMEDirectoryURL != LetsEncryptStaging || p.class != staging {
+		t.Errorf("a staging class gives directory %q", p.config.TLS.ACMEDirectoryURL)
+	}
+	var ignored *finding
+	for i := range findings {
+		if findings[i].reason == ReasonProxyClassFieldIgnored {
+			ignored = &findings[i]
+		}
+	}
+	if ignored == nil || ignored.blocking {
+		t.Errorf("findings %+v, want a non-blocking %s", findings, ReasonProxyClassFieldIgnored)
 	}
 }
