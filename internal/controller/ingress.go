@@ -343,18 +343,23 @@ func (r *IngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingre
 	return ctrl.Result{}, nil
 }
 
+// indexIngresses registers the indexes of Ingresses by backend Service and by TLS Secret, which
+// the standalone and HA Ingress reconcilers both watch through; Setup calls it once, before
+// either, so that neither depends on the other being set up.
+func indexIngresses(mgr ctrl.Manager) error {
+	idx, ctx := mgr.GetFieldIndexer(), context.Background()
+	if err := idx.IndexField(ctx, &networkingv1.Ingress{}, indexIngressBackends,
+		func(o client.Object) []string { return backendServiceNames(o.(*networkingv1.Ingress)) }); err != nil {
+		return err
+	}
+	return idx.IndexField(ctx, &networkingv1.Ingress{}, indexIngressTLSSecrets,
+		func(o client.Object) []string { return tlsSecretNames(o.(*networkingv1.Ingress)) })
+}
+
 // SetupWithManager watches Ingresses, their proxies' children, backend Services and their
 // EndpointSlices, and ProxyClasses.
 func (r *IngressReconciler) SetupWithManager(mgr ctrl.Manager, p *proxies) error {
 	r.proxies = p
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &networkingv1.Ingress{}, indexIngressBackends,
-		func(o client.Object) []string { return backendServiceNames(o.(*networkingv1.Ingress)) }); err != nil {
-		return err
-	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &networkingv1.Ingress{}, indexIngressTLSSecrets,
-		func(o client.Object) []string { return tlsSecretNames(o.(*networkingv1.Ingress)) }); err != nil {
-		return err
-	}
 	children := handler.EnqueueRequestsFromMapFunc(parentRequests(parentTypeIngress))
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&networkingv1.Ingress{}).
