@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -85,4 +87,37 @@ func removeFinalizer(ctx context.Context, c client.Client, obj client.Object, fi
 	patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
 	controllerutil.RemoveFinalizer(obj, finalizer)
 	return client.IgnoreNotFound(c.Patch(ctx, obj, patch))
+}
+
+// serviceStatusOwner is the part of a Service's status one reconciler owns: its condition
+// types and status.loadBalancer (of a LoadBalancer Service it serves). The standalone and HA
+// Service reconcilers write the same Services; each touches only what it owns.
+type serviceStatusOwner struct {
+	conditions []string
+}
+
+// patchServiceStatus writes the owned part of want into svc's status. The strategic merge
+// patch names conditions by type, so a condition another reconciler wrote since svc was read
+// survives (a merge patch would replace the whole list).
+func patchServiceStatus(ctx context.Context, c client.Client, svc *corev1.Service, owner serviceStatusOwner, want corev1.ServiceStatus) error {
+	before := svc.DeepCopy()
+	for _, t := range owner.conditions {
+		if w := meta.FindStatusCondition(want.Conditions, t); w != nil {
+			meta.SetStatusCondition(&svc.Status.Conditions, *w)
+		} else {
+			meta.RemoveStatusCondition(&svc.Status.Conditions, t)
+		}
+	}
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		svc.Status.LoadBalancer.Ingress = want.LoadBalancer.Ingress
+	}
+	if equality.Semantic.DeepEqual(before.Status, svc.Status) {
+		return nil
+	}
+	return c.Status().Patch(ctx, svc, client.StrategicMergeFrom(before))
+}
+
+// clearServiceStatus removes what owner reported on a Service it no longer serves.
+func clearServiceStatus(ctx context.Context, c client.Client, svc *corev1.Service, owner serviceStatusOwner) error {
+	return patchServiceStatus(ctx, c, svc, owner, corev1.ServiceStatus{})
 }

@@ -424,7 +424,7 @@ var _ = Describe("Certificates from Let's Encrypt's staging directory", func() {
 			states := []*contract.ProxyState{{FQDN: "staging-default-group-0.staging2.example",
 				Certificates: map[string]contract.CertificateStatus{"app.staging2.example": issued}}}
 			ing := &networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "app"}}
-			c, err := r.certificate(ctx, ing, pg, "app", states)
+			c, err := r.certificate(ctx, &haIngressScope{ing: ing, hostname: "app", group: pg, states: states})
 			ledger := &corev1.ConfigMap{}
 			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: ledgerConfigMap}, ledger); err == nil {
 				Expect(defaultClass).To(BeEmpty(), "a staging serial in the production ledger: %v", ledger.Data)

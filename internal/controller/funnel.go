@@ -31,13 +31,12 @@ func funnelOutcome(fqdn string, states []*contract.ProxyState) (public bool, pro
 
 // funnel reports, for an Ingress that asks for Funnel, whether its tailnet name fqdn is served
 // to the internet: a step of progress once it is, a Warning while the proxies (tagged tags) say
-// why not. It returns the error for port 443 in status.loadBalancer, "" if none.
-func (r reporter) funnel(ing *networkingv1.Ingress, fqdn string, tags []string, states []*contract.ProxyState) string {
+// why not.
+func (r reporter) funnel(ing *networkingv1.Ingress, fqdn string, tags []string, states []*contract.ProxyState) {
 	public, problem := funnelOutcome(fqdn, states)
 	switch {
 	case public:
 		r.progress(ing, "funnel", ReasonFunnelEnabled, "serving https://%s to the internet through Funnel", fqdn)
-		return ""
 	case problem.Reason == contract.FunnelNotPermitted:
 		quoted := make([]string, len(tags))
 		for i, t := range tags {
@@ -47,12 +46,22 @@ func (r reporter) funnel(ing *networkingv1.Ingress, fqdn string, tags []string, 
 			"https://%s is not served to the internet: the tailnet does not let the proxies (tags %s) use Funnel; its policy needs "+
 				`{"target": [%s], "attr": ["funnel"]} in nodeAttrs, and HTTPS on (the proxy says: %s)`,
 			fqdn, strings.Join(tags, ","), strings.Join(quoted, ", "), problem.Message)
-		return ReasonFunnelNotPermitted
 	case problem.Reason != "":
 		r.warning(ing, ReasonFunnelFailed, "https://%s is not served to the internet: %s", fqdn, problem.Message)
-		return ReasonFunnelFailed
 	}
-	return ""
+}
+
+// setFunnelPortError sets, on fqdn's entry, the error of port 443 while the proxies serving it
+// say why it is not served to the internet.
+func setFunnelPortError(lb []networkingv1.IngressLoadBalancerIngress, fqdn string, states []*contract.ProxyState) {
+	public, problem := funnelOutcome(fqdn, states)
+	switch {
+	case public || problem.Reason == "":
+	case problem.Reason == contract.FunnelNotPermitted:
+		setPortError(lb, fqdn, ReasonFunnelNotPermitted)
+	default:
+		setPortError(lb, fqdn, ReasonFunnelFailed)
+	}
 }
 
 // setPortError sets the error of port 443 of the entry for hostname.

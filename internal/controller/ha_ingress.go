@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -54,48 +55,29 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	hostname := ingressHostname(ing)
-	svcName := "svc:" + hostname
+	s := &haIngressScope{ing: ing, hostname: ingressHostname(ing)}
+	s.svcName = "svc:" + s.hostname
 	if !r.serves(ing) {
-		return r.unserve(ctx, ing, svcName)
+		return r.unserve(ctx, ing, s.svcName)
 	}
 	defer func() { r.settle(ing, err == nil) }()
-	pg, f, err := resolveGroup(ctx, r.Client, ing.Annotations[AnnotationProxyGroup])
-	if err != nil {
+	// Status is computed from what this pass observed and patched once, at the end.
+	defer func() {
+		if lb, decided := s.loadBalancer(r.guard.now()); decided {
+			if perr := setIngressLoadBalancer(ctx, r.Client, ing, lb); perr != nil && err == nil {
+				err = fmt.Errorf("writing Ingress status: %w", perr)
+			}
+		}
+	}()
+	if err := r.gather(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
-	var findings []finding
-	if f != nil {
-		findings = append(findings, *f)
-	}
-	// An invalid hostname is decideIngress's finding; a valid one may be taken.
-	if contract.ValidHostname(hostname) {
-		other, err := r.hostnameTakenBy(ctx, ing, hostname)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		if other != "" {
-			findings = append(findings, blockf(ReasonDuplicateHostname, "Ingress %s already serves %s on a ProxyGroup; hostnames must be unique", other, hostname))
-		}
-	}
-	in, err := gatherRouteInputs(ctx, r.Client, ing, r.info(ctx).Domain)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	var byo byoCertificates
-	if pg != nil {
-		if byo, err = r.certs.resolve(ctx, ing, pg.Name, r.Settings.Namespace, byoLabels(pg, ing)); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-	d := decideIngress(ing, in, byo, r.Settings.DefaultTags)
-	findings = append(findings, d.findings...)
-	r.findings(ing, findings)
-	if hasBlocking(findings) {
+	d := decideHAIngress(s, r.Settings.DefaultTags)
+	r.findings(ing, d.findings)
+	if hasBlocking(d.findings) {
 		return ctrl.Result{}, nil
 	}
-	ws, tags := d.ws, d.tags
-
+	pg, ws := s.group, &d.ws
 	if err := addFinalizer(ctx, r.Client, ing, FinalizerIngressPG); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -103,7 +85,7 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if ws.HTTP != contract.HTTPOff {
 		ports = append(ports, "tcp:80")
 	}
-	ts, err := r.services.ensure(ctx, svcName, ports, tags)
+	ts, err := r.services.ensure(ctx, s.svcName, ports, d.tags)
 	if err != nil {
 		var notOurs errNotOurs
 		if errors.As(err, &notOurs) {
@@ -113,9 +95,9 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return r.tailnetFailure(ing, err)
 	}
 	if ts.created {
-		r.created(ing, ReasonTailscaleServiceCreated, "created Tailscale Service %s (%s) for ProxyGroup %s", svcName, addrList(ts.Addrs), pg.Name)
+		r.created(ing, ReasonTailscaleServiceCreated, "created Tailscale Service %s (%s) for ProxyGroup %s", s.svcName, addrList(ts.Addrs), pg.Name)
 	}
-	for _, c := range byo.copies {
+	for _, c := range s.byo.copies {
 		// Owned by the group, so that its Role is rebuilt to let replicas read the copy.
 		if err := controllerutil.SetControllerReference(pg, c, r.Scheme()); err != nil {
 			return ctrl.Result{}, err
@@ -125,42 +107,103 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		}
 	}
 	// Stale copies of this Ingress, on this group or one it left.
-	if err := pruneCertCopies(ctx, r.Client, r.Settings.Namespace, map[string]string{labelIngress: hashLabel(ing.Namespace + "/" + ing.Name)}, byo.copies); err != nil {
+	if err := pruneCertCopies(ctx, r.Client, r.Settings.Namespace, map[string]string{labelIngress: hashLabel(ing.Namespace + "/" + ing.Name)}, s.byo.copies); err != nil {
 		return ctrl.Result{}, err
 	}
-	// What the replicas report, read once for the certificate and the status.
-	states, err := groupStates(ctx, r.Client, r.Settings.Namespace, pg)
-	if err != nil {
+	if s.cert, err = r.certificate(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
-	cert, err := r.certificate(ctx, ing, pg, hostname, states)
-	if err != nil {
+	r.certificateIssued(ing, s.cert, r.guard.now())
+	ws.TLS.Hold = s.cert.hold
+	if err := r.docs.removeElsewhere(ctx, s.svcName, pg.Name); err != nil {
 		return ctrl.Result{}, err
 	}
-	r.certificateIssued(ing, cert, r.guard.now())
-	ws.TLS.Hold = cert.hold
-	if err := r.docs.removeElsewhere(ctx, svcName, pg.Name); err != nil {
-		return ctrl.Result{}, err
-	}
-	if err := releaseOwned(ctx, r.docs, r.services, ownerOf("Ingress", ing), svcName); err != nil {
+	if err := releaseOwned(ctx, r.docs, r.services, ownerOf("Ingress", ing), s.svcName); err != nil {
 		return r.tailnetFailure(ing, err)
 	}
-	if err := r.docs.setServe(ctx, pg.Name, svcName, &ws, ownerOf("Ingress", ing)); err != nil {
+	if err := r.docs.setServe(ctx, pg.Name, s.svcName, ws, ownerOf("Ingress", ing)); err != nil {
 		return r.docsFailure(ing, err)
 	}
-	lb, served := haIngressLoadBalancer(svcName, &ws, cert, states, r.guard.now())
-	if ws.Funnel && served {
-		if reason := r.funnel(ing, cert.fqdn, groupTags(pg, r.Settings.DefaultTags), states); reason != "" {
-			setPortError(lb, cert.fqdn, reason)
+	s.configured = ws
+	if _, served := haIngressLoadBalancer(s.svcName, ws, s.cert, s.states, r.guard.now()); served {
+		r.progress(ing, "serving", ReasonServing, "serving https://%s through Tailscale Service %s", s.cert.fqdn, s.svcName)
+		if ws.Funnel {
+			r.funnel(ing, s.cert.fqdn, groupTags(pg, r.Settings.DefaultTags), s.states)
 		}
 	}
-	if err := setIngressLoadBalancer(ctx, r.Client, ing, lb); err != nil {
-		return ctrl.Result{}, err
+	return ctrl.Result{RequeueAfter: sooner(s.cert.recheck(s.byo.recheck, r.guard.now()), ts.recheck)}, nil
+}
+
+// haIngressScope is what a pass over an Ingress on a ProxyGroup reads, and what it configured.
+type haIngressScope struct {
+	ing               *networkingv1.Ingress
+	hostname, svcName string
+	// group is the ProxyGroup named, or nil with groupFinding saying why it cannot serve.
+	group        *tsv1alpha1.ProxyGroup
+	groupFinding *finding
+	// takenBy is another Ingress that already serves the hostname on a ProxyGroup.
+	takenBy string
+	domain  string
+	routes  routeInputs
+	byo     byoCertificates
+	// states is what the group's replicas report, read once for the certificate and the status.
+	states []*contract.ProxyState
+	cert   tailnetCert
+	// configured is what the group's document serves for the Ingress after this pass; nil
+	// leaves the status as it was.
+	configured *contract.WebService
+}
+
+func (r *HAIngressReconciler) gather(ctx context.Context, s *haIngressScope) error {
+	var err error
+	if s.group, s.groupFinding, err = resolveGroup(ctx, r.Client, s.ing.Annotations[AnnotationProxyGroup]); err != nil {
+		return err
 	}
-	if served {
-		r.progress(ing, "serving", ReasonServing, "serving https://%s through Tailscale Service %s", cert.fqdn, svcName)
+	// An invalid hostname is decideIngress's finding; a valid one may be taken.
+	if contract.ValidHostname(s.hostname) {
+		if s.takenBy, err = r.hostnameTakenBy(ctx, s.ing, s.hostname); err != nil {
+			return err
+		}
 	}
-	return ctrl.Result{RequeueAfter: sooner(cert.recheck(byo.recheck, r.guard.now()), ts.recheck)}, nil
+	s.domain = r.info(ctx).Domain
+	if s.routes, err = gatherRouteInputs(ctx, r.Client, s.ing, s.domain); err != nil {
+		return err
+	}
+	if s.group == nil {
+		return nil
+	}
+	if s.byo, err = r.certs.resolve(ctx, s.ing, s.group.Name, r.Settings.Namespace, byoLabels(s.group, s.ing)); err != nil {
+		return err
+	}
+	s.states, err = groupStates(ctx, r.Client, r.Settings.Namespace, s.group)
+	return err
+}
+
+// decideHAIngress decides what an Ingress asks its ProxyGroup to serve, and what stops it.
+func decideHAIngress(s *haIngressScope, defaultTags []string) ingressDecision {
+	var findings []finding
+	if s.groupFinding != nil {
+		findings = append(findings, *s.groupFinding)
+	}
+	if s.takenBy != "" {
+		findings = append(findings, blockf(ReasonDuplicateHostname, "Ingress %s already serves %s on a ProxyGroup; hostnames must be unique", s.takenBy, s.hostname))
+	}
+	d := decideIngress(s.ing, s.routes, s.byo, defaultTags)
+	d.findings = append(findings, d.findings...)
+	return d
+}
+
+// loadBalancer is the Ingress's status.loadBalancer.ingress once the pass configured its group
+// (decided false: leave it as it was), with Funnel's port error.
+func (s *haIngressScope) loadBalancer(now time.Time) (lb []networkingv1.IngressLoadBalancerIngress, decided bool) {
+	if s.configured == nil {
+		return nil, false
+	}
+	lb, served := haIngressLoadBalancer(s.svcName, s.configured, s.cert, s.states, now)
+	if s.configured.Funnel && served {
+		setFunnelPortError(lb, s.cert.fqdn, s.states)
+	}
+	return lb, true
 }
 
 // byoLabels mark the copies of one Ingress's certificates on a ProxyGroup: the group's labels,
@@ -173,14 +216,15 @@ func byoLabels(pg *tsv1alpha1.ProxyGroup, ing *networkingv1.Ingress) map[string]
 
 // certificate prepares the group's certificate Secret of the Ingress's tailnet name, records
 // what the replicas obtained and decides whether the issuing replica may ask the CA.
-func (r *HAIngressReconciler) certificate(ctx context.Context, ing *networkingv1.Ingress, pg *tsv1alpha1.ProxyGroup, hostname string, states []*contract.ProxyState) (tailnetCert, error) {
+func (r *HAIngressReconciler) certificate(ctx context.Context, s *haIngressScope) (tailnetCert, error) {
 	c := tailnetCert{}
+	pg := s.group
 	staging, err := groupUsesStaging(ctx, r.Client, pg, r.Settings.DefaultProxyClass)
 	if err != nil {
 		return c, err
 	}
-	domain := r.info(ctx).Domain
-	for _, st := range states {
+	domain := s.domain
+	for _, st := range s.states {
 		if st == nil {
 			continue
 		}
@@ -192,15 +236,15 @@ func (r *HAIngressReconciler) certificate(ctx context.Context, ing *networkingv1
 		}
 	}
 	if domain != "" {
-		c.fqdn = hostname + "." + domain
+		c.fqdn = s.hostname + "." + domain
 		if err := r.ensureGroupCertSecret(ctx, pg, c.fqdn); err != nil {
 			return c, err
 		}
 	}
-	if st := states[0]; st != nil {
+	if st := s.states[0]; st != nil {
 		c.cur = st.Certificates[c.fqdn]
 	}
-	return c, r.guard.decide(ctx, r.reporter, ing, &c, staging)
+	return c, r.guard.decide(ctx, r.reporter, s.ing, &c, staging)
 }
 
 // ensureGroupCertSecret creates the empty kubernetes.io/tls Secret that the group's issuing

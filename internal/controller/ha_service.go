@@ -68,9 +68,8 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	defer func() { r.settle(svc, err == nil) }()
 	var st haServiceOutcome
 	defer func() {
-		before := svc.DeepCopy()
-		svc.Status = st.status(svc.Status, svc.Generation, svc.Spec.Type == corev1.ServiceTypeLoadBalancer)
-		if perr := patchStatus(ctx, r.Client, before, svc); perr != nil && err == nil {
+		want := st.status(svc.Status, svc.Generation, svc.Spec.Type == corev1.ServiceTypeLoadBalancer)
+		if perr := patchServiceStatus(ctx, r.Client, svc, haServiceOwned, want); perr != nil && err == nil {
 			err = fmt.Errorf("writing Service status: %w", perr)
 		}
 	}()
@@ -184,9 +183,8 @@ func (r *HAServiceReconciler) hostnameTakenBy(ctx context.Context, svc *corev1.S
 	return takenBy(svc, others, func(o *corev1.Service) bool { return r.serves(o) && haServiceHostname(o) == hostname }, FinalizerServicePG), nil
 }
 
-// haServiceConditions are the conditions the reconciler owns on a Service it serves; it also
-// owns status.loadBalancer of a LoadBalancer Service.
-var haServiceConditions = []string{ConditionIngressSvcValid, ConditionIngressSvcConfigured}
+// haServiceOwned is the status the reconciler owns on a Service it serves.
+var haServiceOwned = serviceStatusOwner{conditions: []string{ConditionIngressSvcValid, ConditionIngressSvcConfigured}}
 
 // haServiceOutcome is what a pass found about a Service on a ProxyGroup. A condition whose
 // reason stays empty was not decided in this pass and is left as it was: a control-plane
@@ -265,7 +263,7 @@ func (r *HAServiceReconciler) unserve(ctx context.Context, svc *corev1.Service, 
 		return r.tailnetFailure(svc, err)
 	}
 	if svc.DeletionTimestamp == nil {
-		if err := clearServiceStatus(ctx, r.Client, svc, haServiceConditions...); err != nil {
+		if err := clearServiceStatus(ctx, r.Client, svc, haServiceOwned); err != nil {
 			return ctrl.Result{}, err
 		}
 	}

@@ -80,20 +80,6 @@ func TestHAIngressLoadBalancer(t *testing.T) {
 	cert := tailnetCert{fqdn: "shop.tailnet.test", cur: valid}
 	held := tailnetCert{fqdn: "shop.tailnet.test", hold: &contract.IssuanceHold{Reason: ReasonCertificateRateLimited}}
 
-	show := func(lb []networkingv1.IngressLoadBalancerIngress) []string {
-		var out []string
-		for _, e := range lb {
-			s := e.Hostname
-			for _, p := range e.Ports {
-				s += fmt.Sprintf(":%d", p.Port)
-				if p.Error != nil {
-					s += "!" + *p.Error
-				}
-			}
-			out = append(out, s)
-		}
-		return out
-	}
 	for name, c := range map[string]struct {
 		cert   tailnetCert
 		states []*contract.ProxyState
@@ -107,7 +93,7 @@ func TestHAIngressLoadBalancer(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			lb, served := haIngressLoadBalancer("svc:shop", ws, c.cert, c.states, now)
-			if got := show(lb); !slices.Equal(got, c.want) || served != c.served {
+			if got := showIngressLB(lb); !slices.Equal(got, c.want) || served != c.served {
 				t.Errorf("load balancer %v served %v, want %v served %v", got, served, c.want, c.served)
 			}
 		})
@@ -163,4 +149,20 @@ func TestHAServiceStatusNamesReplicasWithoutRules(t *testing.T) {
 	if c == nil || c.Message != "1/2 proxy replicas ready and advertising; DNAT rules not in place on db-1: IPv6 disabled" {
 		t.Fatalf("Configured %+v", c)
 	}
+}
+
+// showIngressLB writes load-balancer entries as host:port[!error]... for comparisons.
+func showIngressLB(lb []networkingv1.IngressLoadBalancerIngress) []string {
+	var out []string
+	for _, e := range lb {
+		s := e.Hostname
+		for _, p := range e.Ports {
+			s += fmt.Sprintf(":%d", p.Port)
+			if p.Error != nil {
+				s += "!" + *p.Error
+			}
+		}
+		out = append(out, s)
+	}
+	return out
 }

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -80,50 +81,113 @@ func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ 
 	if err := addFinalizer(ctx, r.Client, ing, FinalizerName); err != nil {
 		return ctrl.Result{}, err
 	}
-
-	class, notReady, err := readyProxyClass(ctx, r.Client, proxyClassName(ing, r.Settings.DefaultProxyClass))
-	if err != nil {
+	s := &ingressScope{ing: ing}
+	// Status is computed from what this pass observed and patched once, at the end.
+	defer func() {
+		if lb, decided := s.loadBalancer(r.guard.now()); decided {
+			if perr := setIngressLoadBalancer(ctx, r.Client, ing, lb); perr != nil && err == nil {
+				err = fmt.Errorf("writing Ingress status: %w", perr)
+			}
+		}
+	}()
+	if err := r.gather(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
-	if notReady != "" {
+	if s.classNotReady != "" {
 		// The ProxyClass watch brings the Ingress back once the class is ready.
-		r.warning(ing, ReasonProxyClassNotReady, "%s; waiting for it", notReady)
+		r.warning(ing, ReasonProxyClassNotReady, "%s; waiting for it", s.classNotReady)
 		return ctrl.Result{}, nil
 	}
-
-	info := r.proxies.tailnetInfo(ctx)
-	p, byo, ok, err := r.desiredProxy(ctx, ing, class, info.Domain)
-	if err != nil || !ok {
-		return ctrl.Result{}, err
+	p, findings := decideStandaloneIngress(s, r.Settings)
+	r.findings(ing, findings)
+	if hasBlocking(findings) {
+		// An existing proxy is left untouched rather than torn down over a typo.
+		return ctrl.Result{}, nil
 	}
-	if !info.CertsAvailable() {
+	if !s.info.CertsAvailable() {
 		r.warning(ing, ReasonHTTPSNotEnabled, "HTTPS is not enabled on the tailnet (or MagicDNS is off): the proxy cannot get a certificate until it is")
 	}
-	st, _, unreadable, err := r.proxies.state(ctx, p.parent)
-	if err != nil {
-		return ctrl.Result{}, err
+	if s.unreadable != nil {
+		r.findings(ing, []finding{*s.unreadable})
 	}
-	if unreadable != nil {
-		r.findings(ing, []finding{*unreadable})
-	}
-	cert, err := r.certificate(ctx, ing, p, st, info.Domain)
-	if err != nil {
+	if s.cert, err = r.certificate(ctx, ing, p, s.state, s.info.Domain); err != nil {
 		return ctrl.Result{}, err
 	}
 	created, err := r.proxies.ensure(ctx, p)
 	if err != nil {
 		return r.tailnetFailure(ing, err)
 	}
+	s.proxy = p
 	if created {
 		r.created(ing, ReasonProxyDeployed, "created the proxy %s/%s; it joins the tailnet as %s", r.Settings.Namespace, p.name(), p.config.Hostname)
 	}
-	if st != nil && st.FQDN != "" {
+	if st := s.state; st != nil && st.FQDN != "" {
 		r.progress(ing, "joined", ReasonDeviceJoined, "the proxy joined the tailnet as %s", st.FQDN)
 	}
-	if err := r.updateStatus(ctx, ing, p, st, cert); err != nil {
-		return ctrl.Result{}, err
+	if st := s.state; st != nil && st.HTTPSEndpoint != "" {
+		// Not while the certificate is missing: the name is listed with the port's error then.
+		if certPortError(s.cert.hold, s.cert.cur, r.guard.now()) == "" || s.cert.fqdn == "" {
+			r.progress(ing, "serving", ReasonServing, "serving https://%s", st.HTTPSEndpoint)
+		}
+		if p.config.Serve.Funnel {
+			r.funnel(ing, st.HTTPSEndpoint, p.config.Tags, []*contract.ProxyState{st})
+		}
 	}
-	return ctrl.Result{RequeueAfter: cert.recheck(byo.recheck, r.guard.now())}, nil
+	return ctrl.Result{RequeueAfter: s.cert.recheck(s.byo.recheck, r.guard.now())}, nil
+}
+
+// ingressScope is what a pass over a standalone Ingress reads, and the proxy it applied.
+type ingressScope struct {
+	ing           *networkingv1.Ingress
+	class         *tsv1alpha1.ProxyClass
+	classNotReady string
+	info          tailnet.TailnetInfo
+	routes        routeInputs
+	byo           byoCertificates
+	// state is what the proxy reports (nil: nothing yet); unreadable says why it cannot be read.
+	state      *contract.ProxyState
+	unreadable *finding
+	cert       tailnetCert
+	// proxy is the proxy applied in this pass; nil leaves the status as it was.
+	proxy *standaloneProxy
+}
+
+func (r *IngressReconciler) gather(ctx context.Context, s *ingressScope) error {
+	var err error
+	if s.class, s.classNotReady, err = readyProxyClass(ctx, r.Client, proxyClassName(s.ing, r.Settings.DefaultProxyClass)); err != nil || s.classNotReady != "" {
+		return err
+	}
+	s.info = r.proxies.tailnetInfo(ctx)
+	if s.routes, err = gatherRouteInputs(ctx, r.Client, s.ing, s.info.Domain); err != nil {
+		return err
+	}
+	par := parentOf(parentTypeIngress, s.ing)
+	if s.byo, err = r.certs.resolve(ctx, s.ing, par.proxyName(), r.Settings.Namespace, par.labels()); err != nil {
+		return err
+	}
+	s.state, _, s.unreadable, err = r.proxies.state(ctx, par)
+	return err
+}
+
+// decideStandaloneIngress builds the proxy an Ingress asks for, with what stops it or is left out.
+func decideStandaloneIngress(s *ingressScope, settings Settings) (*standaloneProxy, []finding) {
+	d := decideIngress(s.ing, s.routes, s.byo, settings.DefaultTags)
+	if f := initContainerIgnored(s.class); f != nil {
+		d.findings = append(d.findings, *f)
+	}
+	return &standaloneProxy{
+		parent:      parentOf(parentTypeIngress, s.ing),
+		class:       s.class,
+		certSecrets: s.byo.copies,
+		config: contract.ProxyConfig{
+			Kind:       contract.KindIngress,
+			Hostname:   d.hostname,
+			Tags:       d.tags,
+			ControlURL: settings.ControlURL,
+			Serve:      &d.ws,
+			TLS:        contract.TLSConfig{ACMEDirectoryURL: acmeDirectory(settings, s.class)},
+		},
+	}, d.findings
 }
 
 // tailnetCert is the state of an Ingress's tailnet name's certificate during a pass.
@@ -170,42 +234,6 @@ func (r *IngressReconciler) certificate(ctx context.Context, ing *networkingv1.I
 	return c, nil
 }
 
-// desiredProxy builds the proxy an Ingress asks for; domain is the tailnet's ("" if unknown). ok is false when the Ingress cannot be
-// served as it stands; the reasons are reported as Events, and an existing proxy is left
-// untouched rather than torn down over a typo.
-func (r *IngressReconciler) desiredProxy(ctx context.Context, ing *networkingv1.Ingress, class *tsv1alpha1.ProxyClass, domain string) (*standaloneProxy, byoCertificates, bool, error) {
-	in, err := gatherRouteInputs(ctx, r.Client, ing, domain)
-	if err != nil {
-		return nil, byoCertificates{}, false, err
-	}
-	par := parentOf(parentTypeIngress, ing)
-	byo, err := r.certs.resolve(ctx, ing, par.proxyName(), r.Settings.Namespace, par.labels())
-	if err != nil {
-		return nil, byo, false, err
-	}
-	d := decideIngress(ing, in, byo, r.Settings.DefaultTags)
-	if f := initContainerIgnored(class); f != nil {
-		d.findings = append(d.findings, *f)
-	}
-	r.findings(ing, d.findings)
-	if hasBlocking(d.findings) {
-		return nil, byo, false, nil
-	}
-	return &standaloneProxy{
-		parent:      par,
-		class:       class,
-		certSecrets: byo.copies,
-		config: contract.ProxyConfig{
-			Kind:       contract.KindIngress,
-			Hostname:   d.hostname,
-			Tags:       d.tags,
-			ControlURL: r.Settings.ControlURL,
-			Serve:      &d.ws,
-			TLS:        contract.TLSConfig{ACMEDirectoryURL: acmeDirectory(r.Settings, class)},
-		},
-	}, byo, true, nil
-}
-
 // ingressDecision is what an Ingress asks a proxy (standalone or a group's) to serve.
 type ingressDecision struct {
 	ws       contract.WebService
@@ -237,27 +265,28 @@ func decideIngress(ing *networkingv1.Ingress, in routeInputs, byo byoCertificate
 	return d
 }
 
-// updateStatus lists the served names: the tailnet name once the proxy serves it (or, with a
-// port error, why its certificate is missing) and the bring-your-own hosts.
-func (r *IngressReconciler) updateStatus(ctx context.Context, ing *networkingv1.Ingress, p *standaloneProxy, st *contract.ProxyState, cert tailnetCert) error {
-	var want []networkingv1.IngressLoadBalancerIngress
+// loadBalancer is the Ingress's status.loadBalancer.ingress once the pass applied its proxy
+// (decided false: leave it as it was): the tailnet name once the proxy serves it (or, with a
+// port error, why its certificate or Funnel is missing) and the bring-your-own hosts.
+func (s *ingressScope) loadBalancer(now time.Time) (lb []networkingv1.IngressLoadBalancerIngress, decided bool) {
+	if s.proxy == nil {
+		return nil, false
+	}
+	ws, st := s.proxy.config.Serve, s.state
 	served := st != nil && st.HTTPSEndpoint != ""
-	if errReason := certPortError(cert.hold, cert.cur, r.guard.now()); errReason != "" && cert.fqdn != "" {
-		want = append(want, networkingv1.IngressLoadBalancerIngress{Hostname: cert.fqdn,
+	if errReason := certPortError(s.cert.hold, s.cert.cur, now); errReason != "" && s.cert.fqdn != "" {
+		lb = append(lb, networkingv1.IngressLoadBalancerIngress{Hostname: s.cert.fqdn,
 			Ports: []networkingv1.IngressPortStatus{{Port: 443, Protocol: corev1.ProtocolTCP, Error: &errReason}}})
 	} else if served {
-		want = append(want, networkingv1.IngressLoadBalancerIngress{Hostname: st.HTTPSEndpoint, Ports: httpsPorts(p.config.Serve.HTTP != contract.HTTPOff)})
-		r.progress(ing, "serving", ReasonServing, "serving https://%s", st.HTTPSEndpoint)
+		lb = append(lb, networkingv1.IngressLoadBalancerIngress{Hostname: st.HTTPSEndpoint, Ports: httpsPorts(ws.HTTP != contract.HTTPOff)})
 	}
 	if served {
-		want = append(want, byoStatus(p.config.Serve.TLS.Certificates, st.Certificates, r.guard.now())...)
-		if p.config.Serve.Funnel {
-			if reason := r.funnel(ing, st.HTTPSEndpoint, p.config.Tags, []*contract.ProxyState{st}); reason != "" {
-				setPortError(want, st.HTTPSEndpoint, reason)
-			}
+		lb = append(lb, byoStatus(ws.TLS.Certificates, st.Certificates, now)...)
+		if ws.Funnel {
+			setFunnelPortError(lb, st.HTTPSEndpoint, []*contract.ProxyState{st})
 		}
 	}
-	return setIngressLoadBalancer(ctx, r.Client, ing, want)
+	return lb, true
 }
 
 func httpsPorts(http bool) []networkingv1.IngressPortStatus {
@@ -314,18 +343,23 @@ func (r *IngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingre
 	return ctrl.Result{}, nil
 }
 
+// indexIngresses registers the indexes of Ingresses by backend Service and by TLS Secret, which
+// the standalone and HA Ingress reconcilers both watch through; Setup calls it once, before
+// either, so that neither depends on the other being set up.
+func indexIngresses(mgr ctrl.Manager) error {
+	idx, ctx := mgr.GetFieldIndexer(), context.Background()
+	if err := idx.IndexField(ctx, &networkingv1.Ingress{}, indexIngressBackends,
+		func(o client.Object) []string { return backendServiceNames(o.(*networkingv1.Ingress)) }); err != nil {
+		return err
+	}
+	return idx.IndexField(ctx, &networkingv1.Ingress{}, indexIngressTLSSecrets,
+		func(o client.Object) []string { return tlsSecretNames(o.(*networkingv1.Ingress)) })
+}
+
 // SetupWithManager watches Ingresses, their proxies' children, backend Services and their
 // EndpointSlices, and ProxyClasses.
 func (r *IngressReconciler) SetupWithManager(mgr ctrl.Manager, p *proxies) error {
 	r.proxies = p
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &networkingv1.Ingress{}, indexIngressBackends,
-		func(o client.Object) []string { return backendServiceNames(o.(*networkingv1.Ingress)) }); err != nil {
-		return err
-	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &networkingv1.Ingress{}, indexIngressTLSSecrets,
-		func(o client.Object) []string { return tlsSecretNames(o.(*networkingv1.Ingress)) }); err != nil {
-		return err
-	}
 	children := handler.EnqueueRequestsFromMapFunc(parentRequests(parentTypeIngress))
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&networkingv1.Ingress{}).

@@ -10,9 +10,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -29,6 +27,9 @@ const LoadBalancerClass = "tailscale"
 
 // ConditionProxyReady is the condition a standalone L3 proxy reports on its Service.
 const ConditionProxyReady = "TailscaleProxyReady"
+
+// serviceOwned is the status the standalone reconciler owns on a Service it serves.
+var serviceOwned = serviceStatusOwner{conditions: []string{ConditionProxyReady}}
 
 // ServiceReconciler exposes Services on the tailnet at L3 through a standalone proxy each.
 type ServiceReconciler struct {
@@ -73,54 +74,77 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ 
 	if err := addFinalizer(ctx, r.Client, svc, FinalizerName); err != nil {
 		return ctrl.Result{}, err
 	}
-	// Status is computed from what this pass observed and written once, at the end.
-	st := serviceStatus{svc: svc}
-	defer func() { st.write(ctx, r) }()
+	// Status is computed from what this pass observed and patched once, at the end.
+	var out serviceOutcome
+	defer func() {
+		if out.reason == "" {
+			return
+		}
+		// The reporter emits it once while it stands, so a steady failure does not flood the Events.
+		if out.warning != nil {
+			r.warning(svc, out.warning.reason, "%s", out.warning.message)
+		}
+		want := out.status(svc.Status, svc.Generation, svc.Spec.Type == corev1.ServiceTypeLoadBalancer)
+		if perr := patchServiceStatus(ctx, r.Client, svc, serviceOwned, want); perr != nil && err == nil {
+			err = fmt.Errorf("writing Service status: %w", perr)
+		}
+	}()
 
-	cfg, findings := serviceProxyConfig(svc, r.Settings)
-	r.findings(svc, findings)
-	if cfg == nil {
-		st.set(false, ReasonProxyInvalid, findingMessages(findings))
-		return ctrl.Result{}, nil
-	}
-	class, notReady, err := readyProxyClass(ctx, r.Client, proxyClassName(svc, r.Settings.DefaultProxyClass))
+	s, err := r.gather(ctx, svc)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if notReady != "" {
-		r.warning(svc, ReasonProxyClassNotReady, "%s; waiting for it", notReady)
-		st.set(false, ReasonProxyPending, notReady)
+	cfg, findings := serviceProxyConfig(svc, r.Settings)
+	r.findings(svc, findings)
+	if cfg == nil {
+		out.set(false, ReasonProxyInvalid, findingMessages(findings))
 		return ctrl.Result{}, nil
 	}
-	p := &standaloneProxy{parent: parentOf(parentTypeService, svc), class: class, config: *cfg, kernel: true}
+	if s.classNotReady != "" {
+		r.warning(svc, ReasonProxyClassNotReady, "%s; waiting for it", s.classNotReady)
+		out.set(false, ReasonProxyPending, s.classNotReady)
+		return ctrl.Result{}, nil
+	}
+	p := &standaloneProxy{parent: parentOf(parentTypeService, svc), class: s.class, config: *cfg, kernel: true}
 	created, err := r.proxies.ensure(ctx, p)
 	if err != nil {
-		st.set(false, ReasonProxyFailed, err.Error())
+		out.set(false, ReasonProxyFailed, err.Error())
 		return r.tailnetFailure(svc, err)
 	}
 	if created {
 		r.created(svc, ReasonProxyDeployed, "created the proxy %s/%s; it joins the tailnet as %s", r.Settings.Namespace, p.name(), cfg.Hostname)
 	}
-	state, pod, unreadable, err := r.proxies.state(ctx, p.parent)
-	if err != nil {
-		return ctrl.Result{}, err
+	if s.unreadable != nil {
+		r.findings(svc, []finding{*s.unreadable})
 	}
-	if unreadable != nil {
-		r.findings(svc, []finding{*unreadable})
+	out = proxyOutcome(svc, s.state, s.pod)
+	if s.state != nil && s.state.FQDN != "" {
+		r.progress(svc, "joined", ReasonDeviceJoined, "the proxy joined the tailnet as %s", s.state.FQDN)
 	}
-	if msg := podRefused(pod); msg != "" {
-		st.set(false, ReasonProxyFailed, msg)
-		st.warning = &finding{reason: ReasonProxyFailed, message: msg, warning: true}
-		return ctrl.Result{}, nil
-	}
-	st.fromProxy(state)
-	if state != nil && state.FQDN != "" {
-		r.progress(svc, "joined", ReasonDeviceJoined, "the proxy joined the tailnet as %s", state.FQDN)
-	}
-	if st.ready {
-		r.progress(svc, "serving", ReasonServing, "%s", st.message)
+	if out.ready {
+		r.progress(svc, "serving", ReasonServing, "%s", out.message)
 	}
 	return ctrl.Result{}, nil
+}
+
+// serviceScope is what a pass over a Service with a standalone proxy reads.
+type serviceScope struct {
+	class         *tsv1alpha1.ProxyClass
+	classNotReady string
+	// state is what the proxy reports (nil: nothing yet); unreadable says why it cannot be read.
+	state      *contract.ProxyState
+	pod        *corev1.Pod
+	unreadable *finding
+}
+
+func (r *ServiceReconciler) gather(ctx context.Context, svc *corev1.Service) (serviceScope, error) {
+	s := serviceScope{}
+	var err error
+	if s.class, s.classNotReady, err = readyProxyClass(ctx, r.Client, proxyClassName(svc, r.Settings.DefaultProxyClass)); err != nil {
+		return s, err
+	}
+	s.state, s.pod, s.unreadable, err = r.proxies.state(ctx, parentOf(parentTypeService, svc))
+	return s, err
 }
 
 // serviceProxyConfig is the proxy config a Service asks for, or nil with the reasons it cannot
@@ -178,9 +202,9 @@ func findingMessages(fs []finding) string {
 	return strings.Join(msgs, "; ")
 }
 
-// serviceStatus collects a Service's condition and load-balancer status during a pass.
-type serviceStatus struct {
-	svc     *corev1.Service
+// serviceOutcome is what a pass found about a Service with a standalone proxy: its condition
+// (an empty reason: not decided, left as it was) and, for a LoadBalancer, its addresses.
+type serviceOutcome struct {
 	ready   bool
 	reason  string
 	message string
@@ -189,39 +213,47 @@ type serviceStatus struct {
 	warning *finding
 }
 
-func (s *serviceStatus) set(ready bool, reason, msg string) {
-	s.ready, s.reason, s.message = ready, reason, msg
+func (o *serviceOutcome) set(ready bool, reason, msg string) {
+	o.ready, o.reason, o.message = ready, reason, msg
 }
 
-// fromProxy reads the condition off what the proxy reports: waiting, failed, or forwarding the
-// families it can, with the others named.
-func (s *serviceStatus) fromProxy(st *contract.ProxyState) {
+// failed records a failure that is also a Warning.
+func (o *serviceOutcome) failed(reason, msg string) {
+	o.set(false, reason, msg)
+	o.warning = &finding{reason: reason, message: msg, warning: true}
+}
+
+// proxyOutcome reads the condition off what the proxy and its Pod report: waiting, failed, or
+// forwarding the families it can, with the others named.
+func proxyOutcome(svc *corev1.Service, st *contract.ProxyState, pod *corev1.Pod) serviceOutcome {
+	var o serviceOutcome
+	if msg := podRefused(pod); msg != "" {
+		o.failed(ReasonProxyFailed, msg)
+		return o
+	}
 	if st != nil && st.Firewall != nil {
-		if reason, msg := familiesBlocked(st.Firewall.Families, serviceFamilies(s.svc)); reason != "" {
-			s.set(false, reason, msg)
-			s.warning = &finding{reason: reason, message: msg, warning: true}
-			return
+		if reason, msg := familiesBlocked(st.Firewall.Families, serviceFamilies(svc)); reason != "" {
+			o.failed(reason, msg)
+			return o
 		}
 	}
 	switch {
 	case st == nil || st.FQDN == "":
-		s.set(false, ReasonProxyPending, "waiting for the proxy Pod to join the tailnet")
-		return
+		o.set(false, ReasonProxyPending, "waiting for the proxy Pod to join the tailnet")
+		return o
 	case st.Firewall == nil:
-		s.set(false, ReasonProxyPending, "waiting for the proxy to install its DNAT rules")
-		return
+		o.set(false, ReasonProxyPending, "waiting for the proxy to install its DNAT rules")
+		return o
 	}
 	m, ok := st.Firewall.Mappings[contract.StandaloneMapping]
 	switch {
 	case !ok:
-		s.set(false, ReasonProxyPending, "waiting for the proxy to install its DNAT rules")
-		return
+		o.set(false, ReasonProxyPending, "waiting for the proxy to install its DNAT rules")
+		return o
 	// A proxy that knows no per-family errors reports any failure as the mapping's.
 	case len(m.TailnetIPs) == 0 || (m.Error != "" && len(m.FamilyErrors) == 0):
-		msg := "the proxy could not install its DNAT rules: " + m.Error
-		s.set(false, ReasonProxyFailed, msg)
-		s.warning = &finding{reason: ReasonProxyFailed, message: msg, warning: true}
-		return
+		o.failed(ReasonProxyFailed, "the proxy could not install its DNAT rules: "+m.Error)
+		return o
 	}
 	// Only what is forwarded is advertised: a tailnet address of a family the Service lacks, or
 	// the proxy cannot forward, would refuse connections.
@@ -235,16 +267,29 @@ func (s *serviceStatus) fromProxy(st *contract.ProxyState) {
 		}
 		notForwarded := "not forwarded: " + strings.Join(parts, "; ")
 		msg += "; " + notForwarded
-		s.warning = &finding{reason: ReasonIPFamilyNotForwarded, message: notForwarded, warning: true}
+		o.warning = &finding{reason: ReasonIPFamilyNotForwarded, message: notForwarded, warning: true}
 	}
-	s.set(true, ReasonProxyReady, msg)
-	if s.svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
-		s.lb = []corev1.LoadBalancerIngress{{Hostname: st.FQDN}}
-		for _, ip := range m.TailnetIPs {
-			// VIP is what the API server defaults to; set it so the comparison is stable.
-			s.lb = append(s.lb, corev1.LoadBalancerIngress{IP: ip, IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)})
-		}
+	o.set(true, ReasonProxyReady, msg)
+	o.lb = []corev1.LoadBalancerIngress{{Hostname: st.FQDN}}
+	for _, ip := range m.TailnetIPs {
+		// VIP is what the API server defaults to; set it so the comparison is stable.
+		o.lb = append(o.lb, corev1.LoadBalancerIngress{IP: ip, IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)})
 	}
+	return o
+}
+
+// status computes a Service's status from a pass's outcome: its condition and, for a
+// LoadBalancer Service, the addresses it is served at while ready.
+func (o serviceOutcome) status(cur corev1.ServiceStatus, gen int64, loadBalancer bool) corev1.ServiceStatus {
+	st := *cur.DeepCopy()
+	if o.reason == "" {
+		return st
+	}
+	setCondition(&st.Conditions, ConditionProxyReady, o.ready, o.reason, o.message, gen)
+	if loadBalancer {
+		st.LoadBalancer.Ingress = o.lb
+	}
+	return st
 }
 
 // serviceFamilies are the address families a Service's traffic needs: those of its ClusterIPs,
@@ -289,27 +334,6 @@ func familiesBlocked(problems map[string]contract.FamilyProblem, needed []string
 	return reason, "the proxy cannot forward traffic: " + strings.Join(parts, "; ")
 }
 
-func (s *serviceStatus) write(ctx context.Context, r *ServiceReconciler) {
-	if s.reason == "" {
-		return
-	}
-	before := s.svc.DeepCopy()
-	changed := setCondition(&s.svc.Status.Conditions, ConditionProxyReady, s.ready, s.reason, s.message, s.svc.Generation)
-	// The reporter emits it once while it stands, so a steady failure does not flood the Events.
-	if s.warning != nil {
-		r.warning(s.svc, s.warning.reason, "%s", s.warning.message)
-	}
-	if s.svc.Spec.Type == corev1.ServiceTypeLoadBalancer && !equality.Semantic.DeepEqual(s.svc.Status.LoadBalancer.Ingress, s.lb) {
-		s.svc.Status.LoadBalancer.Ingress = s.lb
-		changed = true
-	}
-	if changed {
-		if err := r.Status().Patch(ctx, s.svc, client.MergeFrom(before)); err != nil {
-			ctrl.LoggerFrom(ctx).Error(err, "writing Service status")
-		}
-	}
-}
-
 // unserve removes the proxy of a Service that is deleted or no longer exposed.
 func (r *ServiceReconciler) unserve(ctx context.Context, svc *corev1.Service) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(svc, FinalizerName) {
@@ -324,7 +348,7 @@ func (r *ServiceReconciler) unserve(ctx context.Context, svc *corev1.Service) (c
 		return ctrl.Result{RequeueAfter: cleanupPoll}, nil
 	}
 	if svc.DeletionTimestamp == nil {
-		if err := clearServiceStatus(ctx, r.Client, svc, ConditionProxyReady); err != nil {
+		if err := clearServiceStatus(ctx, r.Client, svc, serviceOwned); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -362,19 +386,4 @@ func (r *ServiceReconciler) servicesForProxyClass(ctx context.Context, o client.
 		}
 	}
 	return reqs
-}
-
-// clearServiceStatus removes what the operator reported on a Service it no longer serves.
-func clearServiceStatus(ctx context.Context, c client.Client, svc *corev1.Service, conditions ...string) error {
-	before := svc.DeepCopy()
-	for _, t := range conditions {
-		meta.RemoveStatusCondition(&svc.Status.Conditions, t)
-	}
-	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
-		svc.Status.LoadBalancer.Ingress = nil
-	}
-	if equality.Semantic.DeepEqual(before.Status, svc.Status) {
-		return nil
-	}
-	return c.Status().Patch(ctx, svc, client.MergeFrom(before))
 }

@@ -57,6 +57,9 @@ func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
 	if err != nil {
 		return fmt.Errorf("registering the operator's metrics: %w", err)
 	}
+	if err := indexIngresses(mgr); err != nil {
+		return err
+	}
 	if err := (&ProxyClassReconciler{Client: mgr.GetClient(), Recorder: rec, Mapper: mgr.GetRESTMapper(), metrics: m}).SetupWithManager(mgr); err != nil {
 		return err
 	}

@@ -1,0 +1,108 @@
+package controller
+
+import (
+	"testing"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+func TestServiceStatus(t *testing.T) {
+	svc := &corev1.Service{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ClusterIP: "10.0.0.5", ClusterIPs: []string{"10.0.0.5"}}}
+	ready := appliedState("db.tailnet.test", []string{"100.64.0.1"}, "")
+	broken := appliedState("db.tailnet.test", nil, "no nftables")
+	partial := appliedState("db.tailnet.test", []string{"100.64.0.1"}, "")
+	partial.Firewall.Mappings[contract.StandaloneMapping] = contract.AppliedDNAT{TailnetIPs: []string{"100.64.0.1"}, FamilyErrors: map[string]string{contract.FamilyIPv6: "disabled"}}
+	forwardingOff := appliedState("db.tailnet.test", []string{"100.64.0.1"}, "")
+	forwardingOff.Firewall.Families = map[string]contract.FamilyProblem{contract.FamilyIPv4: {Reason: contract.FamilyForwardingOff, Message: "ip_forward=0"}}
+	refusedPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "ts-db-0"}, Status: corev1.PodStatus{Phase: corev1.PodFailed, Reason: "SysctlForbidden", Message: "net.ipv4.ip_forward"}}
+	served := proxyOutcome(svc, &ready, nil).status(corev1.ServiceStatus{}, 1, true)
+
+	for name, c := range map[string]struct {
+		state   *contract.ProxyState
+		pod     *corev1.Pod
+		reason  string
+		lb      int
+		warning string
+	}{
+		"not joined":      {nil, nil, ReasonProxyPending, 0, ""},
+		"ready":           {&ready, nil, ReasonProxyReady, 2, ""},
+		"rules failed":    {&broken, nil, ReasonProxyFailed, 0, ReasonProxyFailed},
+		"one family left": {&partial, nil, ReasonProxyReady, 2, ReasonIPFamilyNotForwarded},
+		"forwarding off":  {&forwardingOff, nil, ReasonIPForwardingDisabled, 0, ReasonIPForwardingDisabled},
+		"pod refused":     {&ready, refusedPod, ReasonProxyFailed, 0, ReasonProxyFailed},
+	} {
+		t.Run(name, func(t *testing.T) {
+			o := proxyOutcome(svc, c.state, c.pod)
+			st := o.status(served, 2, true)
+			cond := meta.FindStatusCondition(st.Conditions, ConditionProxyReady)
+			if cond == nil || cond.Reason != c.reason || (cond.Status == metav1.ConditionTrue) != (c.reason == ReasonProxyReady) || cond.ObservedGeneration != 2 {
+				t.Errorf("condition %+v, want reason %s", cond, c.reason)
+			}
+			if len(st.LoadBalancer.Ingress) != c.lb {
+				t.Errorf("load balancer %v, want %d entries", st.LoadBalancer.Ingress, c.lb)
+			}
+			if got := ""; o.warning != nil {
+				got = o.warning.reason
+				if got != c.warning {
+					t.Errorf("warning %s, want %s", got, c.warning)
+				}
+			} else if c.warning != "" {
+				t.Errorf("no warning, want %s", c.warning)
+			}
+		})
+	}
+	if st := (serviceOutcome{}).status(served, 2, true); meta.FindStatusCondition(st.Conditions, ConditionProxyReady).Reason != ReasonProxyReady || len(st.LoadBalancer.Ingress) != 2 {
+		t.Errorf("an undecided pass changed the status: %+v", st)
+	}
+	if st := proxyOutcome(svc, &ready, nil).status(corev1.ServiceStatus{}, 1, false); len(st.LoadBalancer.Ingress) != 0 {
+		t.Errorf("a ClusterIP Service got load-balancer addresses %v", st.LoadBalancer.Ingress)
+	}
+}
+
+var _ = Describe("Service status ownership", func() {
+	It("lets the standalone and HA Service reconcilers each write only their own conditions, from stale reads too", func() {
+		// Served by neither reconciler, so only this spec writes its status.
+		svc := newService(newNamespace(), "shared", func(s *corev1.Service) { s.Spec.LoadBalancerClass = nil; s.Spec.Type = corev1.ServiceTypeClusterIP })
+		staleHA, staleStandalone := svc.DeepCopy(), svc.DeepCopy()
+		cond := func(typ string, ok bool, reason string) corev1.ServiceStatus {
+			st := corev1.ServiceStatus{}
+			setCondition(&st.Conditions, typ, ok, reason, "m", 1)
+			return st
+		}
+		types := func() []string {
+			got := &corev1.Service{}
+			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(svc), got)).To(Succeed())
+			var out []string
+			for _, c := range got.Status.Conditions {
+				out = append(out, c.Type+"="+c.Reason)
+			}
+			return out
+		}
+
+		Expect(patchServiceStatus(ctx, k8s, staleHA, haServiceOwned, cond(ConditionIngressSvcValid, true, ReasonIngressSvcValid))).To(Succeed())
+		// The standalone reconciler's copy predates that write, and its wanted status carries a
+		// condition it does not own: neither touches the HA reconciler's.
+		want := cond(ConditionProxyReady, false, ReasonProxyPending)
+		setCondition(&want.Conditions, ConditionIngressSvcConfigured, false, ReasonConfigMapFull, "not mine", 1)
+		Expect(patchServiceStatus(ctx, k8s, staleStandalone, serviceOwned, want)).To(Succeed())
+		Expect(types()).To(ConsistOf(ConditionIngressSvcValid+"="+ReasonIngressSvcValid, ConditionProxyReady+"="+ReasonProxyPending))
+
+		// The HA reconciler, from its own stale copy, replaces its condition and adds another.
+		st := cond(ConditionIngressSvcValid, false, ReasonDuplicateHostname)
+		setCondition(&st.Conditions, ConditionIngressSvcConfigured, false, ReasonDuplicateHostname, "m", 1)
+		Expect(patchServiceStatus(ctx, k8s, staleHA, haServiceOwned, st)).To(Succeed())
+		Expect(types()).To(ConsistOf(ConditionIngressSvcValid+"="+ReasonDuplicateHostname, ConditionIngressSvcConfigured+"="+ReasonDuplicateHostname,
+			ConditionProxyReady+"="+ReasonProxyPending))
+
+		// Clearing the standalone reconciler's status leaves the HA reconciler's.
+		Expect(clearServiceStatus(ctx, k8s, staleStandalone, serviceOwned)).To(Succeed())
+		Expect(types()).To(ConsistOf(ConditionIngressSvcValid+"="+ReasonDuplicateHostname, ConditionIngressSvcConfigured+"="+ReasonDuplicateHostname))
+	})
+})
