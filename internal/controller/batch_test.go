@@ -3,6 +3,8 @@ package controller
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -171,5 +173,61 @@ func TestNewerVersion(t *testing.T) {
 		if got := newerVersion(c.a, c.b); got != c.want {
 			t.Errorf("newerVersion(%q, %q) = %t, want %t", c.a, c.b, got, c.want)
 		}
+	}
+}
+
+// A group ConfigMap edited by hand brings back the objects whose entries the edit took; the
+// writer's own writes bring back none.
+func TestGroupEventsHandEdit(t *testing.T) {
+	g := decodeGroup(&corev1.ConfigMap{})
+	g.setServe("svc:web", &contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix,
+		Backend: contract.Backend{URL: "http://web:80"}}}}, "Ingress/ns/web")
+	g.setDNAT("svc:db", &contract.DNATService{VIPs: []string{"100.100.0.1"}, Destination: contract.Destination{IPs: []string{"10.0.0.1"}}}, "Service/ns/db")
+	data, _, err := g.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := group{"pg"}.labels()
+	written := &corev1.ConfigMap{Data: data}
+	written.Name, written.UID, written.ResourceVersion, written.Labels = group{"pg"}.configMap(), "u1", "10", labels
+	edited := written.DeepCopy()
+	edited.ResourceVersion = "11"
+	edited.Data = maps.Clone(data)
+	for _, k := range contract.ServeConfigs.Keys() {
+		if _, ok := edited.Data[k]; ok {
+			edited.Data[k] = "garbage"
+		}
+	}
+
+	w := newGroupWriter(nil, nil, "tailscale")
+	ingresses := groupEvents{docs: groupDocs{w: w}, kind: "Ingress"}
+	services := groupEvents{docs: groupDocs{w: w}, kind: "Service"}
+	ctx := context.Background()
+	if reqs := ingresses.onUpdate(ctx, written, edited); len(reqs) != 1 || reqs[0].Name != "web" || reqs[0].Namespace != "ns" {
+		t.Errorf("Serve config overwritten with garbage: Ingress requests %v, want ns/web", reqs)
+	}
+	if reqs := services.onUpdate(ctx, written, edited); len(reqs) != 0 {
+		t.Errorf("Serve config overwritten with garbage: Service requests %v, want none (the DNAT entry is intact)", reqs)
+	}
+
+	w.last.set("pg", edited)
+	if reqs := ingresses.onUpdate(ctx, written, edited); len(reqs) != 0 {
+		t.Errorf("the writer's own write: requests %v, want none", reqs)
+	}
+}
+
+func TestChangedEntries(t *testing.T) {
+	ws := &contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://a:80"}}}}
+	a := decodeGroup(&corev1.ConfigMap{})
+	a.setServe("svc:a", ws, "Ingress/ns/a")
+	a.setServe("svc:b", ws, "Ingress/ns/b")
+	b := a.clone()
+	if got := changedEntries(a, b); len(got) != 0 {
+		t.Errorf("same content: %v", got)
+	}
+	b.setServe("svc:c", ws, "Ingress/ns/c")
+	b.owners["svc:b"] = "Ingress/ns/other"
+	if got := changedEntries(a, b); !slices.Equal(got, []string{"svc:b", "svc:c"}) {
+		t.Errorf("changed = %v, want [svc:b svc:c]", got)
 	}
 }

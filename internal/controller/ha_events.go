@@ -67,7 +67,9 @@ var haControllerOptions = controller.Options{MaxConcurrentReconciles: 32}
 //   - the ProxyGroup, and the creation or deletion of its ConfigMap: every one;
 //   - a replica's state Secret: those whose services its report changed (advertised,
 //     certificate, DNAT rules), or every one when the replica itself changed;
-//   - a group certificate Secret deleted: the one of that name, which creates it again.
+//   - a group certificate Secret deleted: the one of that name, which creates it again;
+//   - a group ConfigMap changed by another writer than the operator's (a hand edit): those whose
+//     entries it changed.
 //
 // Other changes, above all the group's own document writes and its replicas' config Secrets,
 // which change with every object added, concern no object's status.
@@ -133,7 +135,14 @@ func (e groupEvents) onUpdate(ctx context.Context, old, cur client.Object) []rec
 	}
 	switch cur := cur.(type) {
 	case *corev1.ConfigMap:
-		return nil
+		oldCM, ok := old.(*corev1.ConfigMap)
+		if !ok || e.docs.w.wrote(pg, cur) {
+			return nil
+		}
+		// Written by someone else (a hand edit): the objects whose entries it changed, as
+		// either version's owner index says, write theirs again.
+		before, after := e.docs.w.content(oldCM), e.docs.w.content(cur)
+		return e.ownedIn([]map[string]string{before.owners, after.owners}, changedEntries(before, after))
 	case *corev1.Secret:
 		if cur.Labels[LabelSecretType] != secretTypeState {
 			return nil
@@ -160,22 +169,55 @@ func (e groupEvents) owning(ctx context.Context, pg string, svcNames []string) [
 	if err != nil {
 		return nil
 	}
-	var reqs []reconcile.Request
+	var indexes []map[string]string
 	for i := range cms {
-		if cms[i].Labels[LabelParentName] != pg {
-			continue
+		if cms[i].Labels[LabelParentName] == pg {
+			indexes = append(indexes, e.docs.w.content(&cms[i]).owners)
 		}
-		owners := e.docs.w.content(&cms[i]).owners
+	}
+	return e.ownedIn(indexes, svcNames)
+}
+
+// ownedIn maps services to the objects of the kind that own them in any of the owner indexes.
+func (e groupEvents) ownedIn(indexes []map[string]string, svcNames []string) []reconcile.Request {
+	var reqs []reconcile.Request
+	for _, owners := range indexes {
 		for _, name := range svcNames {
 			kind, key, ok := strings.Cut(owners[name], "/")
 			if !ok || kind != e.kind {
 				continue
 			}
 			ns, n, _ := strings.Cut(key, "/")
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKey{Namespace: ns, Name: n}})
+			req := reconcile.Request{NamespacedName: client.ObjectKey{Namespace: ns, Name: n}}
+			if !slices.Contains(reqs, req) {
+				reqs = append(reqs, req)
+			}
 		}
 	}
 	return reqs
+}
+
+// changedEntries lists the services whose Serve or DNAT entry, or owner, differs between two
+// versions of a group's documents. A document that cannot be read decodes as empty, so
+// garbage changes every entry it held.
+func changedEntries(a, b *groupContent) []string {
+	changed := map[string]bool{}
+	for _, name := range unionKeys(a.serve.Services, b.serve.Services) {
+		if !reflect.DeepEqual(a.serve.Services[name], b.serve.Services[name]) {
+			changed[name] = true
+		}
+	}
+	for _, name := range unionKeys(a.dnat.Services, b.dnat.Services) {
+		if !reflect.DeepEqual(a.dnat.Services[name], b.dnat.Services[name]) {
+			changed[name] = true
+		}
+	}
+	for _, name := range unionKeys(a.owners, b.owners) {
+		if a.owners[name] != b.owners[name] {
+			changed[name] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(changed))
 }
 
 // changedServices compares two reports of a replica: the services whose advertisement,
