@@ -92,6 +92,9 @@ var _ = Describe("The operator killed while objects churn", func() {
 							Paths: []networkingv1.HTTPIngressPath{{Path: "/v2", PathType: &pt, Backend: *o.Spec.DefaultBackend}}}}}}
 					}
 				case *corev1.Service:
+					if o.Annotations == nil { // read back without any
+						o.Annotations = map[string]string{}
+					}
 					if c.kind == kindHAService {
 						o.Annotations[controller.AnnotationHostname] = fmt.Sprintf("%s-%s-r%d", o.Name, ns, rng.IntN(1000))
 					} else {
@@ -107,11 +110,13 @@ var _ = Describe("The operator killed while objects churn", func() {
 		start := time.Now()
 		var kills []time.Time
 		killerDone := make(chan struct{})
+		// The killer's own generator: a rand.Rand is not safe for concurrent use.
+		killerRng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), 50))
 		go func() {
 			defer GinkgoRecover()
 			defer close(killerDone)
 			for range suite.operatorKills {
-				time.Sleep(time.Duration(1000+rng.IntN(7000)) * time.Millisecond)
+				time.Sleep(time.Duration(1000+killerRng.IntN(7000)) * time.Millisecond)
 				if ctx.Err() != nil {
 					return
 				}
