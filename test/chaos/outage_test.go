@@ -87,6 +87,7 @@ var _ = Describe("Control plane outages", Ordered, func() {
 		op := operatorPod(ctx)
 		before, _, err := reconciles(ctx)
 		Expect(err).NotTo(HaveOccurred())
+		counted := time.Now()
 		var down, back time.Duration
 		results := underLoad(ctx, func() {
 			down, back = apiServerDown(ctx, outage)
@@ -101,12 +102,15 @@ var _ = Describe("Control plane outages", Ordered, func() {
 		expectServing(ctx, httpsEcho(servedName(ctx, ing)), "an Ingress created after the outage")
 		total, panics, err := reconciles(ctx)
 		Expect(err).NotTo(HaveOccurred())
+		window := time.Since(counted)
 
 		suite.report.add("### The API server unreachable\n\nThe kube-apiserver static Pod stopped (its manifest moved away) for %s "+
 			"(unreachable from the suite for %s, back %s after its manifest returned), under 5 requests/s of each kind of traffic, "+
 			"new connections each time. Afterwards: the operator Pod the same, with %d restarts of any container in the operator's "+
-			"namespace; an Ingress created then served; %0.f reconciles from before the outage until it was served, %0.f panics.\n\n%s",
-			outage, down.Round(time.Second), back.Round(time.Second), nRestarts, total-before, panics, table(results))
+			"namespace; an Ingress created then served; %0.f reconciles in the %s from before the outage until it was served "+
+			"(%0.1f/min), %0.f panics.\n\n%s",
+			outage, down.Round(time.Second), back.Round(time.Second), nRestarts, total-before, window.Round(time.Second),
+			(total-before)/window.Minutes(), panics, table(results))
 		Expect(nRestarts).To(BeZero(), "container restarts")
 		for what, r := range results {
 			Expect(r.failed).To(BeZero(), "%s: %s", what, r)
