@@ -22,7 +22,7 @@ const outage = 60 * time.Second
 // Established traffic needs neither the API server nor the tailnet's control server: each may
 // be gone for a minute while proxies serve, and the operator rides it out without a restart
 // and without spinning.
-var _ = Describe("Control plane outages", Ordered, func() {
+var _ = Describe("Control plane outages", Ordered, ContinueOnFailure, func() {
 	var (
 		ns        string
 		requests  map[string]request
