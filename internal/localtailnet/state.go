@@ -45,12 +45,12 @@ type node struct {
 	pings []*tailcfg.PingRequest
 
 	// services the node advertises, as last fetched over c2n, and the hash they had.
-	services     []tailcfg.ServiceName
+	services []tailcfg.ServiceName
 	// approved are the services the node has advertised at least once: advertising is approval
 	// here, and approval outlives advertising, as on Tailscale, where a host that stops
 	// advertising (a replica draining) keeps the addresses of the services it is approved for
 	// and answers the clients that still route to it until their netmaps move them.
-	approved map[tailcfg.ServiceName]bool
+	approved     map[tailcfg.ServiceName]bool
 	servicesHash string
 	// servicesAsked is the hash a c2n fetch is in flight for.
 	servicesAsked string
