@@ -121,7 +121,10 @@ var _ = Describe("The operator killed while objects churn", func() {
 					return
 				}
 				pods := &corev1.PodList{}
-				Expect(suite.k8s.List(ctx, pods, client.InNamespace(opNS), operatorPods)).To(Succeed())
+				// A loaded API server may time out a request: retried, within bounds.
+				Eventually(ctx, func() error {
+					return suite.k8s.List(ctx, pods, client.InNamespace(opNS), operatorPods)
+				}).WithTimeout(time.Minute).Should(Succeed())
 				for _, p := range pods.Items {
 					if p.DeletionTimestamp == nil {
 						Expect(client.IgnoreNotFound(suite.k8s.Delete(ctx, &p))).To(Succeed())
