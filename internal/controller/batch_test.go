@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"errors"
-	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -158,6 +157,11 @@ func TestChangedServices(t *testing.T) {
 	if names, all := changedServices(secret(base), secret(base)); all || len(names) != 0 {
 		t.Errorf("same report: %v (all %t), want none", names, all)
 	}
+	funnel := base
+	funnel.Funnel = map[string]contract.FunnelStatus{"b.tailnet.test": {Public: true}}
+	if names, all := changedServices(secret(base), secret(funnel)); all || !slices.Equal(names, []string{"svc:b"}) {
+		t.Errorf("Funnel on for b: %v (all %t), want [svc:b]", names, all)
+	}
 	restarted := base
 	restarted.PodUID = "u2"
 	if _, all := changedServices(secret(base), secret(restarted)); !all {
@@ -176,59 +180,51 @@ func TestNewerVersion(t *testing.T) {
 	}
 }
 
-// A group ConfigMap edited by hand brings back the objects whose entries the edit took; the
-// writer's own writes bring back none.
-func TestGroupEventsHandEdit(t *testing.T) {
-	g := decodeGroup(&corev1.ConfigMap{})
-	g.setServe("svc:web", &contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix,
-		Backend: contract.Backend{URL: "http://web:80"}}}}, "Ingress/ns/web")
-	g.setDNAT("svc:db", &contract.DNATService{VIPs: []string{"100.100.0.1"}, Destination: contract.Destination{IPs: []string{"10.0.0.1"}}}, "Service/ns/db")
-	data, _, err := g.encode()
+// A group ConfigMap changed by anyone but the writer concerns the owners of the entries that
+// changed, in either version: garbage in a document brings back every owner of its entries.
+func TestEntriesChanged(t *testing.T) {
+	ws := func(url string) *contract.WebService {
+		return &contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: url}}}}
+	}
+	m := &contract.DNATService{VIPs: []string{"100.100.0.1"}, Destination: contract.Destination{IPs: []string{"10.0.0.1"}}}
+	base := decodeGroup(&corev1.ConfigMap{})
+	base.setServe("svc:a", ws("http://a:80"), "Ingress/ns/a")
+	base.setServe("svc:b", ws("http://b:80"), "Ingress/ns/b")
+	base.setDNAT("svc:d", m, "Service/ns/d")
+	data, _, err := base.encode()
 	if err != nil {
 		t.Fatal(err)
 	}
-	labels := group{"pg"}.labels()
-	written := &corev1.ConfigMap{Data: data}
-	written.Name, written.UID, written.ResourceVersion, written.Labels = group{"pg"}.configMap(), "u1", "10", labels
-	edited := written.DeepCopy()
-	edited.ResourceVersion = "11"
-	edited.Data = maps.Clone(data)
+	garbled := map[string]string{}
+	for k, v := range data {
+		garbled[k] = v
+	}
 	for _, k := range contract.ServeConfigs.Keys() {
-		if _, ok := edited.Data[k]; ok {
-			edited.Data[k] = "garbage"
+		if _, ok := garbled[k]; ok {
+			garbled[k] = "garbage"
 		}
 	}
-
-	w := newGroupWriter(nil, nil, "tailscale")
-	ingresses := groupEvents{docs: groupDocs{w: w}, kind: "Ingress"}
-	services := groupEvents{docs: groupDocs{w: w}, kind: "Service"}
-	ctx := context.Background()
-	if reqs := ingresses.onUpdate(ctx, written, edited); len(reqs) != 1 || reqs[0].Name != "web" || reqs[0].Namespace != "ns" {
-		t.Errorf("Serve config overwritten with garbage: Ingress requests %v, want ns/web", reqs)
-	}
-	if reqs := services.onUpdate(ctx, written, edited); len(reqs) != 0 {
-		t.Errorf("Serve config overwritten with garbage: Service requests %v, want none (the DNAT entry is intact)", reqs)
-	}
-
-	w.last.set("pg", edited)
-	if reqs := ingresses.onUpdate(ctx, written, edited); len(reqs) != 0 {
-		t.Errorf("the writer's own write: requests %v, want none", reqs)
-	}
-}
-
-func TestChangedEntries(t *testing.T) {
-	ws := &contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://a:80"}}}}
-	a := decodeGroup(&corev1.ConfigMap{})
-	a.setServe("svc:a", ws, "Ingress/ns/a")
-	a.setServe("svc:b", ws, "Ingress/ns/b")
-	b := a.clone()
-	if got := changedEntries(a, b); len(got) != 0 {
-		t.Errorf("same content: %v", got)
-	}
-	b.setServe("svc:c", ws, "Ingress/ns/c")
-	b.owners["svc:b"] = "Ingress/ns/other"
-	if got := changedEntries(a, b); !slices.Equal(got, []string{"svc:b", "svc:c"}) {
-		t.Errorf("changed = %v, want [svc:b svc:c]", got)
+	edited := base.clone()
+	edited.setServe("svc:b", ws("http://elsewhere:80"), "Ingress/ns/b")
+	for name, tc := range map[string]struct {
+		cur  *groupContent
+		kind string
+		want []string
+	}{
+		"same":               {base.clone(), "Ingress", nil},
+		"serve garbage":      {decodeGroup(&corev1.ConfigMap{Data: garbled}), "Ingress", []string{"ns/a", "ns/b"}},
+		"serve garbage, L3":  {decodeGroup(&corev1.ConfigMap{Data: garbled}), "Service", nil},
+		"one entry edited":   {edited, "Ingress", []string{"ns/b"}},
+		"everything dropped": {decodeGroup(&corev1.ConfigMap{}), "Service", []string{"ns/d"}},
+	} {
+		var got []string
+		for _, r := range (groupEvents{kind: tc.kind}).entriesChanged(base, tc.cur) {
+			got = append(got, r.String())
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %v, want %v", name, got, tc.want)
+		}
 	}
 }
 

@@ -208,13 +208,6 @@ func (w *groupWriter) flush(pg string, batch []func(*groupContent)) []error {
 	}
 }
 
-// wrote reports whether cm is the version of group pg's ConfigMap that this writer last stored.
-// An event for it may come before the writer has noted it: that costs only a needless reconcile.
-func (w *groupWriter) wrote(pg string, cm *corev1.ConfigMap) bool {
-	last, ok := w.last.get(pg)
-	return ok && last.GetUID() == cm.GetUID() && last.GetResourceVersion() == cm.GetResourceVersion()
-}
-
 // freshest is the object to start a read-modify-write from: the cached one, or a copy of the
 // one last written when the cache does not show that write yet.
 func freshest[T client.Object](cached, last T) T {

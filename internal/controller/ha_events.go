@@ -66,10 +66,10 @@ var haControllerOptions = controller.Options{MaxConcurrentReconciles: 32}
 // ("Ingress" or "Service") served on it that they concern:
 //   - the ProxyGroup, and the creation or deletion of its ConfigMap: every one;
 //   - a replica's state Secret: those whose services its report changed (advertised,
-//     certificate, DNAT rules), or every one when the replica itself changed;
+//     certificate, Funnel, DNAT rules), or every one when the replica itself changed;
 //   - a group certificate Secret deleted: the one of that name, which creates it again;
-//   - a group ConfigMap changed by another writer than the operator's (a hand edit): those whose
-//     entries it changed.
+//   - its ConfigMap changed by anyone but this operator's last write (a hand edit, garbage):
+//     those whose entries changed, which write them again.
 //
 // Other changes, above all the group's own document writes and its replicas' config Secrets,
 // which change with every object added, concern no object's status.
@@ -135,14 +135,14 @@ func (e groupEvents) onUpdate(ctx context.Context, old, cur client.Object) []rec
 	}
 	switch cur := cur.(type) {
 	case *corev1.ConfigMap:
-		oldCM, ok := old.(*corev1.ConfigMap)
-		if !ok || e.docs.w.wrote(pg, cur) {
-			return nil
+		if last, ok := e.docs.w.last.get(pg); ok && last.UID == cur.UID && last.ResourceVersion == cur.ResourceVersion {
+			return nil // the writer's own: the objects it wrote for are being reconciled
 		}
-		// Written by someone else (a hand edit): the objects whose entries it changed, as
-		// either version's owner index says, write theirs again.
-		before, after := e.docs.w.content(oldCM), e.docs.w.content(cur)
-		return e.ownedIn([]map[string]string{before.owners, after.owners}, changedEntries(before, after))
+		oldCM, ok := old.(*corev1.ConfigMap)
+		if !ok {
+			return e.all(ctx, pg)
+		}
+		return e.entriesChanged(e.docs.w.content(oldCM), e.docs.w.content(cur))
 	case *corev1.Secret:
 		if cur.Labels[LabelSecretType] != secretTypeState {
 			return nil
@@ -160,6 +160,48 @@ func (e groupEvents) onUpdate(ctx context.Context, old, cur client.Object) []rec
 	return e.all(ctx, pg)
 }
 
+// entriesChanged maps the entries that differ between two versions of a group's documents (a
+// hand edit, garbage, an earlier write of ours) to the objects of the kind that own them in
+// either version, so that each writes its entry again.
+func (e groupEvents) entriesChanged(old, cur *groupContent) []reconcile.Request {
+	changed := map[string]bool{}
+	for _, name := range unionKeys(old.serve.Services, cur.serve.Services) {
+		a, inA := old.serve.Services[name]
+		b, inB := cur.serve.Services[name]
+		if inA != inB || !reflect.DeepEqual(a, b) {
+			changed[name] = true
+		}
+	}
+	for _, name := range unionKeys(old.dnat.Services, cur.dnat.Services) {
+		a, inA := old.dnat.Services[name]
+		b, inB := cur.dnat.Services[name]
+		if inA != inB || !reflect.DeepEqual(a, b) {
+			changed[name] = true
+		}
+	}
+	for _, name := range unionKeys(old.owners, cur.owners) {
+		if old.owners[name] != cur.owners[name] {
+			changed[name] = true
+		}
+	}
+	seen := map[reconcile.Request]bool{}
+	var reqs []reconcile.Request
+	for name := range changed {
+		for _, owner := range []string{old.owners[name], cur.owners[name]} {
+			kind, key, ok := strings.Cut(owner, "/")
+			if !ok || kind != e.kind {
+				continue
+			}
+			ns, n, _ := strings.Cut(key, "/")
+			if r := (reconcile.Request{NamespacedName: client.ObjectKey{Namespace: ns, Name: n}}); !seen[r] {
+				seen[r] = true
+				reqs = append(reqs, r)
+			}
+		}
+	}
+	return reqs
+}
+
 // owning maps services to the objects of the kind whose entries they are on group pg.
 func (e groupEvents) owning(ctx context.Context, pg string, svcNames []string) []reconcile.Request {
 	if len(svcNames) == 0 {
@@ -169,59 +211,26 @@ func (e groupEvents) owning(ctx context.Context, pg string, svcNames []string) [
 	if err != nil {
 		return nil
 	}
-	var indexes []map[string]string
-	for i := range cms {
-		if cms[i].Labels[LabelParentName] == pg {
-			indexes = append(indexes, e.docs.w.content(&cms[i]).owners)
-		}
-	}
-	return e.ownedIn(indexes, svcNames)
-}
-
-// ownedIn maps services to the objects of the kind that own them in any of the owner indexes.
-func (e groupEvents) ownedIn(indexes []map[string]string, svcNames []string) []reconcile.Request {
 	var reqs []reconcile.Request
-	for _, owners := range indexes {
+	for i := range cms {
+		if cms[i].Labels[LabelParentName] != pg {
+			continue
+		}
+		owners := e.docs.w.content(&cms[i]).owners
 		for _, name := range svcNames {
 			kind, key, ok := strings.Cut(owners[name], "/")
 			if !ok || kind != e.kind {
 				continue
 			}
 			ns, n, _ := strings.Cut(key, "/")
-			req := reconcile.Request{NamespacedName: client.ObjectKey{Namespace: ns, Name: n}}
-			if !slices.Contains(reqs, req) {
-				reqs = append(reqs, req)
-			}
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKey{Namespace: ns, Name: n}})
 		}
 	}
 	return reqs
 }
 
-// changedEntries lists the services whose Serve or DNAT entry, or owner, differs between two
-// versions of a group's documents. A document that cannot be read decodes as empty, so
-// garbage changes every entry it held.
-func changedEntries(a, b *groupContent) []string {
-	changed := map[string]bool{}
-	for _, name := range unionKeys(a.serve.Services, b.serve.Services) {
-		if !reflect.DeepEqual(a.serve.Services[name], b.serve.Services[name]) {
-			changed[name] = true
-		}
-	}
-	for _, name := range unionKeys(a.dnat.Services, b.dnat.Services) {
-		if !reflect.DeepEqual(a.dnat.Services[name], b.dnat.Services[name]) {
-			changed[name] = true
-		}
-	}
-	for _, name := range unionKeys(a.owners, b.owners) {
-		if a.owners[name] != b.owners[name] {
-			changed[name] = true
-		}
-	}
-	return slices.Sorted(maps.Keys(changed))
-}
-
 // changedServices compares two reports of a replica: the services whose advertisement,
-// certificate or DNAT rules changed, or all when the replica's identity or Pod did (or a report
+// certificate, Funnel or DNAT rules changed, or all when the replica's identity or Pod did (or a report
 // cannot be read).
 func changedServices(old, cur *corev1.Secret) (names []string, all bool) {
 	a, errA := contract.ParseState(old.Data)
@@ -242,6 +251,11 @@ func changedServices(old, cur *corev1.Secret) (names []string, all bool) {
 	}
 	for _, name := range unionKeys(a.Certificates, b.Certificates) {
 		if a.Certificates[name] != b.Certificates[name] {
+			changed["svc:"+strings.SplitN(name, ".", 2)[0]] = true
+		}
+	}
+	for _, name := range unionKeys(a.Funnel, b.Funnel) {
+		if a.Funnel[name] != b.Funnel[name] {
 			changed["svc:"+strings.SplitN(name, ".", 2)[0]] = true
 		}
 	}

@@ -237,12 +237,18 @@ func (s *server) serveMap(w http.ResponseWriter, r *http.Request, mkey key.Machi
 		return
 	}
 	n.lastSeen = time.Now()
+	s.noteDiscoKeyLocked(n, req.DiscoKey)
 	if !req.Stream {
 		s.applyUpdateLocked(n, &req)
 	}
 	var wakeCh chan struct{}
 	if req.Stream {
-		wakeCh = s.startStreamLocked(n)
+		// A node has one poll; a new one replaces the old, which notices and ends.
+		old := n.stream
+		wakeCh = make(chan struct{}, 1)
+		n.stream = wakeCh
+		wake(old)
+		s.changedLocked() // peers learn it is online
 	}
 	s.mu.Unlock()
 
@@ -311,22 +317,6 @@ func (s *server) serveMap(w http.ResponseWriter, r *http.Request, mkey key.Machi
 			}
 		}
 	}
-}
-
-// startStreamLocked makes a new streaming poll n's: a node has one, and a new one replaces the
-// old, which notices and ends. A node coming back online (a proxy's new Pod, with the keys of the
-// old one) knows no peer until it has had its netmap: shown before, a peer's WireGuard handshake
-// to it is dropped as from an unknown peer and retried only after 5 s, so it is hidden until then.
-func (s *server) startStreamLocked(n *node) chan struct{} {
-	old := n.stream
-	if old == nil {
-		n.mapped = false
-	}
-	ch := make(chan struct{}, 1)
-	n.stream = ch
-	wake(old)
-	s.changedLocked() // peers learn it is online
-	return ch
 }
 
 // writeMapMessage frames one MapResponse: a little-endian length, then the (compressed) JSON.
