@@ -129,10 +129,13 @@ kind-delete: ## Delete kind cluster $(KIND_CLUSTER).
 CHAOS_CLUSTER ?= tsingress-chaos
 # Flags for the chaos suite's test binary.
 CHAOS_ARGS ?= -ginkgo.v
+# Its images, under tags of their own: Docker's images are shared with the e2e suite's builds.
+CHAOS_IMG_OPERATOR ?= $(IMG_OPERATOR:%:dev=%:chaos)
+CHAOS_IMG_PROXY ?= $(IMG_PROXY:%:dev=%:chaos)
 
 .PHONY: chaos
 chaos: manifests kustomize envtest ## Run the reliability suites (envtest, then faults on kind cluster $(CHAOS_CLUSTER)) and write docs/reliability.md.
-	KIND_CLUSTER=$(CHAOS_CLUSTER) IMG_OPERATOR=$(IMG_OPERATOR) IMG_PROXY=$(IMG_PROXY) VERSION=$(VERSION) \
+	KIND_CLUSTER=$(CHAOS_CLUSTER) IMG_OPERATOR=$(CHAOS_IMG_OPERATOR) IMG_PROXY=$(CHAOS_IMG_PROXY) VERSION=$(VERSION) \
 		KUSTOMIZE=$(KUSTOMIZE) ENVTEST_ASSETS="$(ENVTEST_ASSETS)" CHAOS_ARGS='$(CHAOS_ARGS)' hack/chaos-kind.sh
 
 # How long make fuzz runs each fuzz target.

@@ -7,12 +7,12 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -159,7 +159,19 @@ func run(o *options) error {
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(tsv1alpha1.AddToScheme(scheme))
 
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+	cfg := ctrl.GetConfigOrDie()
+	const leaderElectionID = "tsingress-operator.tailscale.com"
+	var lock resourcelock.Interface
+	if o.leaderElect {
+		identity, err := leaderIdentity()
+		if err != nil {
+			return err
+		}
+		if lock, err = leaderLock(cfg, o.settings.Namespace, leaderElectionID, identity); err != nil {
+			return fmt.Errorf("leader election lock: %w", err)
+		}
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme,
 		Metrics: metricsserver.Options{
 			BindAddress:    o.metricsAddr,
@@ -169,18 +181,15 @@ func run(o *options) error {
 		HealthProbeBindAddress:  o.probeAddr,
 		PprofBindAddress:        o.pprofAddr,
 		LeaderElection:          o.leaderElect,
-		LeaderElectionID:        "tsingress-operator.tailscale.com",
+		LeaderElectionID:        leaderElectionID,
 		LeaderElectionNamespace: o.settings.Namespace,
-		// A leader that cannot renew its lease stops, and its Pod restarts. The API server may be
-		// gone for a minute (an upgrade, a control-plane node restart) without that: renewal
-		// may fail for 107s. A leader that stops cleanly (its Pod deleted) hands the lease on at
-		// once, and a waiting replica tries every 5s, so the long lease delays a takeover only
-		// after a crash.
-		LeaseDuration:                 ptr.To(137 * time.Second),
-		RenewDeadline:                 ptr.To(107 * time.Second),
-		RetryPeriod:                   ptr.To(5 * time.Second),
-		LeaderElectionReleaseOnCancel: true,
-		Cache:                         controller.CacheOptions(o.settings),
+		// The lease's timing and the holder's identity: leader.go.
+		LeaderElectionResourceLockInterface: lock,
+		LeaseDuration:                       ptr.To(leaseDuration),
+		RenewDeadline:                       ptr.To(renewDeadline),
+		RetryPeriod:                         ptr.To(retryPeriod),
+		LeaderElectionReleaseOnCancel:       true,
+		Cache:                               controller.CacheOptions(o.settings),
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)

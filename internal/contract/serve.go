@@ -56,6 +56,10 @@ type WebTLS struct {
 	Certificates []CertificateRef `json:"certificates,omitempty"`
 }
 
+// IsZero lets omitzero leave out TLS settings that say nothing: an empty list of certificates
+// says what none does, and a document must read back as it was written (found by fuzzing).
+func (t WebTLS) IsZero() bool { return t.Hold == nil && len(t.Certificates) == 0 }
+
 // IssuanceHold says why, and until when, no certificate may be requested from the CA.
 type IssuanceHold struct {
 	Reason  string    `json:"reason"`

@@ -227,3 +227,28 @@ func TestEntriesChanged(t *testing.T) {
 		}
 	}
 }
+
+// A group document edited into garbage does not make the replicas withdraw what it served: the
+// owner index stands in for it until it is written again.
+func TestGroupServicesUnreadableDocument(t *testing.T) {
+	g := decodeGroup(&corev1.ConfigMap{})
+	g.setServe("svc:web", &contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix,
+		Backend: contract.Backend{URL: "http://web:80"}}}}, "Ingress/ns/web")
+	g.setDNAT("svc:db", &contract.DNATService{VIPs: []string{"100.100.0.1"}, Destination: contract.Destination{IPs: []string{"10.0.0.1"}}}, "Service/ns/db")
+	data, _, err := g.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{Data: data}
+	if got := groupServices(cm); !slices.Equal(got, []string{"svc:db", "svc:web"}) {
+		t.Fatalf("readable documents: %v", got)
+	}
+	for _, k := range contract.ServeConfigs.Keys() {
+		if _, ok := cm.Data[k]; ok {
+			cm.Data[k] = "garbage"
+		}
+	}
+	if got := groupServices(cm); !slices.Equal(got, []string{"svc:db", "svc:web"}) {
+		t.Errorf("Serve config overwritten with garbage: %v, want both services kept", got)
+	}
+}

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 
@@ -199,23 +200,23 @@ func (r *ProxyGroupReconciler) groupConfigMap(ctx context.Context, g group) (*co
 	return cm, groupServices(existing), nil
 }
 
-// groupServices lists the Tailscale Services in a group ConfigMap's documents. A document this
-// build cannot read contributes none.
+// groupServices lists the Tailscale Services in a group ConfigMap's documents. When a document
+// cannot be read (edited by hand, or of a future version), the owner index stands in for it:
+// the replicas keep advertising what they served until the document is written again, rather
+// than withdrawing every service of the group at once.
 func groupServices(cm *corev1.ConfigMap) []string {
-	data := map[string][]byte{}
-	for k, v := range cm.Data {
-		data[k] = []byte(v)
-	}
+	data := cmData(cm)
 	var names []string
-	if serve, _, err := contract.ServeConfigs.Decode(data); err == nil {
-		for n := range serve.Services {
-			names = append(names, n)
-		}
+	serve, _, serveErr := contract.ServeConfigs.Decode(data)
+	if serveErr == nil {
+		names = slices.AppendSeq(names, maps.Keys(serve.Services))
 	}
-	if dnat, _, err := contract.DNATConfigs.Decode(data); err == nil {
-		for n := range dnat.Services {
-			names = append(names, n)
-		}
+	dnat, _, dnatErr := contract.DNATConfigs.Decode(data)
+	if dnatErr == nil {
+		names = slices.AppendSeq(names, maps.Keys(dnat.Services))
+	}
+	if serveErr != nil || dnatErr != nil {
+		names = slices.AppendSeq(names, maps.Keys(owners(cm)))
 	}
 	slices.Sort(names)
 	return slices.Compact(names)

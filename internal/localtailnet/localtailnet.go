@@ -25,7 +25,9 @@
 //     those of the families chosen) and a MagicDNS name <label>.<Domain>;
 //     a tagged node that advertises it (the c2n GET /vip-services answer) is told the addresses
 //     (the service-host node attribute) and its peers route them to it, one host per peer,
-//     spread by node ID, among hosts that are connected. Advertising is approval enough.
+//     spread by node ID, among hosts that are connected. Advertising is approval enough, and
+//     approval stays once the node stops advertising: it keeps the addresses, and answers
+//     the peers that still route to it, as a draining replica on Tailscale does.
 //
 // # Certificates
 //

@@ -380,6 +380,18 @@ func TestServiceWithdrawn(t *testing.T) {
 	if hosts[other] == nil {
 		t.Fatalf("after %s withdrew: routed to %q", first, other)
 	}
+	// The host that withdrew keeps the service's addresses (it is still approved for it): it
+	// answers the clients whose netmaps still route to it, as a draining replica must.
+	for range 20 {
+		st, err := hosts[first].StatusWithoutPeers(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := st.Self.CapMap[tailcfg.NodeAttrServiceHost]; !ok {
+			t.Fatalf("%s lost the service's addresses when it stopped advertising", first)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	advertise(first, "svc:db")
 	if back := routedTo(t, client, svc.Addrs[0], other); back != first {
 		t.Fatalf("after %s advertised again: routed to %q", first, back)

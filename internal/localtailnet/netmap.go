@@ -20,9 +20,11 @@ func (s *server) mapResponseLocked(self *node, prev map[tailcfg.NodeID]bool) (*t
 		selfNode.CapMap[attr] = nil
 	}
 	mapping := tailcfg.ServiceIPMappings{}
-	for name, hs := range hosts {
-		if slices.Contains(hs, self) {
-			mapping[name] = s.services[name].addrs
+	if len(self.tags) > 0 {
+		for name := range self.approved {
+			if svc := s.services[name]; svc != nil {
+				mapping[name] = svc.addrs
+			}
 		}
 	}
 	if len(mapping) > 0 {

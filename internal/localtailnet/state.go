@@ -45,7 +45,12 @@ type node struct {
 	pings []*tailcfg.PingRequest
 
 	// services the node advertises, as last fetched over c2n, and the hash they had.
-	services     []tailcfg.ServiceName
+	services []tailcfg.ServiceName
+	// approved are the services the node has advertised at least once: advertising is approval
+	// here, and approval outlives advertising, as on Tailscale, where a host that stops
+	// advertising (a replica draining) keeps the addresses of the services it is approved for
+	// and answers the clients that still route to it until their netmaps move them.
+	approved     map[tailcfg.ServiceName]bool
 	servicesHash string
 	// servicesAsked is the hash a c2n fetch is in flight for.
 	servicesAsked string
@@ -278,6 +283,10 @@ func (s *server) setServicesLocked(n *node, res *tailcfg.C2NVIPServicesResponse)
 	for _, v := range res.VIPServices {
 		if v.Active {
 			n.services = append(n.services, v.Name)
+			if n.approved == nil {
+				n.approved = map[tailcfg.ServiceName]bool{}
+			}
+			n.approved[v.Name] = true
 		}
 	}
 	n.servicesHash, n.servicesAsked = res.ServicesHash, ""

@@ -169,16 +169,30 @@ func (w *secretWatches) want(ctx context.Context, names []string) {
 				if wctx.Err() != nil {
 					return // no longer wanted
 				}
-				if old, ok := w.states[name]; ok && old.same(st) {
-					return
-				}
 				if st.err != nil {
 					w.log.Warn("reading a certificate Secret failed", "secret", name, "err", st.err)
 				}
-				w.states[name] = st
+				old, seen := w.states[name]
+				if next, changed := nextSecretState(old, seen, st); changed {
+					w.states[name] = next
+				}
 			})
 		})
 	}
+}
+
+// nextSecretState is what a watched Secret's state becomes when st is seen, and whether it
+// changed. A read that fails keeps what the last good read saw: an API server away for a while
+// must not take a certificate from a proxy that serves it (a ProxyGroup's reading replicas
+// stopped advertising their services during an API server outage).
+func nextSecretState(old secretState, seen bool, st secretState) (secretState, bool) {
+	switch {
+	case seen && old.same(st):
+		return old, false
+	case seen && st.err != nil && old.err == nil:
+		return old, false
+	}
+	return st, true
 }
 
 // state returns the Secret's last state, and whether it has reported yet.

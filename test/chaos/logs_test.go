@@ -311,7 +311,11 @@ func reconciles(ctx context.Context) (total, panics float64, err error) {
 	if err := cmd.Start(); err != nil {
 		return 0, 0, err
 	}
-	defer cmd.Wait()
+	// The port-forward runs until killed: cancel first, then reap it.
+	defer func() {
+		cancel()
+		_ = cmd.Wait()
+	}()
 	port := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(out)

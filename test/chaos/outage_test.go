@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -22,7 +23,7 @@ const outage = 60 * time.Second
 // Established traffic needs neither the API server nor the tailnet's control server: each may
 // be gone for a minute while proxies serve, and the operator rides it out without a restart
 // and without spinning.
-var _ = Describe("Control plane outages", Ordered, func() {
+var _ = Describe("Control plane outages", Ordered, ContinueOnFailure, func() {
 	var (
 		ns        string
 		requests  map[string]request
@@ -85,28 +86,37 @@ var _ = Describe("Control plane outages", Ordered, func() {
 
 	It("serves through a minute without the API server, and the operator carries on without a restart", func(ctx SpecContext) {
 		op := operatorPod(ctx)
+		restarts0 = restarts(ctx, nil)
 		before, _, err := reconciles(ctx)
 		Expect(err).NotTo(HaveOccurred())
-		var down, back time.Duration
+		counted := time.Now()
+		var o apiOutage
 		results := underLoad(ctx, func() {
-			down, back = apiServerDown(ctx, outage)
+			o = apiServerDown(ctx, outage)
 		})
-		after := operatorPod(ctx)
-		Expect(after.UID).To(Equal(op.UID), "the operator Pod replaced")
-		nRestarts := restarted(ctx)
 
 		By("the operator still reconciling: a new Ingress is served")
 		ing := ingress(ns, "after-api", "chaos-after-api-"+token(), "")
 		create(ctx, ing)
 		expectServing(ctx, httpsEcho(servedName(ctx, ing)), "an Ingress created after the outage")
+		// Counted once the operator has served again: a restart comes after the outage.
+		after := operatorPod(ctx)
+		nRestarts := restarted(ctx)
 		total, panics, err := reconciles(ctx)
 		Expect(err).NotTo(HaveOccurred())
+		window := time.Since(counted)
+		reconciled := fmt.Sprintf("%0.f reconciles in the %s from before the outage until it was served (%0.1f/min)",
+			total-before, window.Round(time.Second), (total-before)/window.Minutes())
+		if total < before {
+			reconciled = fmt.Sprintf("%0.f reconciles since the operator restarted, %s before it was served", total, window.Round(time.Second))
+		}
 
 		suite.report.add("### The API server unreachable\n\nThe kube-apiserver static Pod stopped (its manifest moved away) for %s "+
-			"(unreachable from the suite for %s, back %s after its manifest returned), under 5 requests/s of each kind of traffic, "+
-			"new connections each time. Afterwards: the operator Pod the same, with %d restarts of any container in the operator's "+
-			"namespace; an Ingress created then served; %0.f reconciles from before the outage until it was served, %0.f panics.\n\n%s",
-			outage, down.Round(time.Second), back.Round(time.Second), nRestarts, total-before, panics, table(results))
+			"(unreachable from the suite for %s, back %s after its manifest returned; unreachable from the Pods, through the "+
+			"`kubernetes` Service, for %s), under 5 requests/s of each kind of traffic, new connections each time. Afterwards: "+
+			"%d restarts of any container in the operator's namespace; an Ingress created then served; %s, %0.f panics.\n\n%s",
+			outage, o.down.Round(time.Second), o.back.Round(time.Second), o.inCluster.Round(time.Second), nRestarts, reconciled, panics, table(results))
+		Expect(after.UID).To(Equal(op.UID), "the operator Pod replaced")
 		Expect(nRestarts).To(BeZero(), "container restarts")
 		for what, r := range results {
 			Expect(r.failed).To(BeZero(), "%s: %s", what, r)
@@ -115,6 +125,7 @@ var _ = Describe("Control plane outages", Ordered, func() {
 
 	It("serves through a minute without the tailnet's control server, reports it, and does not spin", func(ctx SpecContext) {
 		op := operatorPod(ctx)
+		restarts0 = restarts(ctx, nil)
 		before, _, err := reconciles(ctx)
 		Expect(err).NotTo(HaveOccurred())
 		ing := ingress(ns, "during-control", "chaos-during-"+token(), "")
@@ -160,14 +171,26 @@ var _ = Describe("Control plane outages", Ordered, func() {
 	})
 })
 
+// apiOutage is how long the API server was away: from the suite (through the node's port), and
+// from the Pods (through the kubernetes Service, whose endpoint the API server takes away on
+// shutdown and puts back only once it is ready again).
+type apiOutage struct {
+	down, back, inCluster time.Duration
+}
+
 // apiServerDown stops the kube-apiserver static Pod for d, counted from when it stops
-// answering, and returns how long it was unreachable and how long it took to come back.
-func apiServerDown(ctx context.Context, d time.Duration) (down, back time.Duration) {
+// answering, and waits until it answers again, from the suite and from the Pods.
+func apiServerDown(ctx context.Context, d time.Duration) apiOutage {
 	GinkgoHelper()
 	const manifest, parked = "/etc/kubernetes/manifests/kube-apiserver.yaml", "/etc/kubernetes/kube-apiserver.yaml"
 	answers := func() bool {
 		_, err := suite.clientset.Discovery().ServerVersion()
 		return err == nil
+	}
+	// Any HTTP status means a connection through the Service; 000 means none.
+	answersInCluster := func() bool {
+		out, _ := nodeExec(ctx, "curl", "-sk", "--max-time", "2", "-o", "/dev/null", "-w", "%{http_code}", "https://10.96.0.1:443/readyz")
+		return strings.TrimSpace(out) != "000" && strings.TrimSpace(out) != ""
 	}
 	out, err := nodeExec(ctx, "mv", manifest, parked)
 	Expect(err).NotTo(HaveOccurred(), out)
@@ -184,5 +207,8 @@ func apiServerDown(ctx context.Context, d time.Duration) (down, back time.Durati
 	restore()
 	restored := time.Now()
 	Eventually(answers).WithTimeout(3*time.Minute).WithPolling(time.Second).Should(BeTrue(), "the API server back")
-	return time.Since(stopped), time.Since(restored)
+	o := apiOutage{down: time.Since(stopped), back: time.Since(restored)}
+	Eventually(answersInCluster).WithTimeout(5*time.Minute).WithPolling(time.Second).Should(BeTrue(), "the API server back through its Service")
+	o.inCluster = time.Since(stopped)
+	return o
 }
