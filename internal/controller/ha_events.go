@@ -64,7 +64,7 @@ var haControllerOptions = controller.Options{MaxConcurrentReconciles: 32}
 
 // groupEvents maps the events of a ProxyGroup's own objects to the objects of one kind
 // ("Ingress" or "Service") served on it that they concern:
-//   - the ProxyGroup, and the creation or deletion of its ConfigMap: every one;
+//   - the ProxyGroup, and the creation or deletion of its (first) ConfigMap: every one;
 //   - a replica's state Secret: those whose services its report changed (advertised,
 //     certificate, DNAT rules), or every one when the replica itself changed;
 //   - a group certificate Secret deleted: the one of that name, which creates it again.
@@ -111,6 +111,9 @@ func (e groupEvents) onCreateOrDelete(ctx context.Context, o client.Object, dele
 	}
 	switch o := o.(type) {
 	case *corev1.ConfigMap:
+		if o.Name != (group{pg}).configMap() {
+			return nil // another shard: its documents are ours
+		}
 		return e.all(ctx, pg)
 	case *corev1.Secret:
 		switch o.Labels[LabelSecretType] {
