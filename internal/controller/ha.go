@@ -34,7 +34,7 @@ const (
 	annotationOwnerRefs = "tailscale.com/owner-references"
 	serviceComment      = "managed by the tsingress operator; do not modify"
 	// maxShardBytes bounds the documents in one group ConfigMap: more go to more shards.
-	maxShardBytes = 192 << 10
+	maxShardBytes = 128 << 10
 )
 
 // groupDocs reads and writes the documents of ProxyGroup ConfigMaps. Writes go through the

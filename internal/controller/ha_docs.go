@@ -359,7 +359,14 @@ func (w *groupWriter) read(ctx context.Context, reader client.Reader, main strin
 	}
 	cms := []*corev1.ConfigMap{first}
 	for i := 1; i < count; i++ {
-		cm, err := get(contract.ShardName(main, i))
+		name := contract.ShardName(main, i)
+		cm, err := get(name)
+		if apierrors.IsNotFound(err) && reader == w.client {
+			// Created by an earlier flush and not in the cache yet.
+			if last, ok := w.last.get(name); ok {
+				cm, err = last.DeepCopy(), nil
+			}
+		}
 		if err != nil && !apierrors.IsNotFound(err) {
 			return nil, err
 		}
@@ -439,7 +446,7 @@ func (w *groupWriter) write(ctx context.Context, cms []*corev1.ConfigMap, batch 
 				cm = cms[i]
 			}
 			wg.Go(func() {
-				results[j], werrs[j] = w.writeShard(ctx, main, i, cm, data[i], keys, s.shards[i])
+				results[j], werrs[j] = w.writeShard(ctx, main, i, cm, i >= len(cms), data[i], keys, s.shards[i])
 			})
 		}
 		wg.Wait()
@@ -495,18 +502,20 @@ func (w *groupWriter) fit(s *groupShards, cms []*corev1.ConfigMap) (*groupShards
 }
 
 // writeShard stores shard i's documents, creating its ConfigMap (like the first one: same
-// labels and owner) when there is none, and returns what it wrote (nil: nothing changed).
-func (w *groupWriter) writeShard(ctx context.Context, main *corev1.ConfigMap, i int, cm *corev1.ConfigMap, data map[string]string, keys []string, content *groupContent) (*corev1.ConfigMap, error) {
+// labels and owner) when there is none, and returns what it wrote (nil: nothing changed). A
+// shard the count does not include yet (added) may be left by a flush that stopped while
+// growing: nobody reads it, and it is overwritten. A counted shard that was not found but
+// exists fails with AlreadyExists: the flush reads the shards again from the API, rather than
+// overwrite entries it did not see.
+func (w *groupWriter) writeShard(ctx context.Context, main *corev1.ConfigMap, i int, cm *corev1.ConfigMap, added bool, data map[string]string, keys []string, content *groupContent) (*corev1.ConfigMap, error) {
 	if cm == nil {
-		// Left by a write that stopped while growing, or not there at all.
-		cm = &corev1.ConfigMap{}
-		err := w.api.Get(ctx, client.ObjectKey{Namespace: w.namespace, Name: contract.ShardName(main.Name, i)}, cm)
-		if apierrors.IsNotFound(err) {
-			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: contract.ShardName(main.Name, i), Namespace: w.namespace,
-				Labels: maps.Clone(main.Labels), OwnerReferences: slices.Clone(main.OwnerReferences)}, Data: data}
-			if err := create(ctx, w.client, cm); err != nil {
-				return nil, err
-			}
+		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: contract.ShardName(main.Name, i), Namespace: w.namespace,
+			Labels: maps.Clone(main.Labels), OwnerReferences: slices.Clone(main.OwnerReferences)}, Data: data}
+		err := create(ctx, w.client, cm)
+		if apierrors.IsAlreadyExists(err) && added {
+			cm = &corev1.ConfigMap{}
+			err = w.api.Get(ctx, client.ObjectKey{Namespace: w.namespace, Name: contract.ShardName(main.Name, i)}, cm)
+		} else if err == nil {
 			w.last.set(cm.Name, cm)
 			w.remember(cm, content)
 			return cm, nil

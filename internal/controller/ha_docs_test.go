@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -153,5 +154,41 @@ func TestGroupShardsSettle(t *testing.T) {
 	}
 	if !before.has(stray) {
 		t.Error("settling changed the shared content it started from")
+	}
+}
+
+// laggingCache is a cache that has not seen any shard but the first yet.
+type laggingCache struct{ client.Client }
+
+func (c laggingCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if _, ok := obj.(*corev1.ConfigMap); ok && key.Name != (group{"pg"}).configMap() {
+		return apierrors.NewNotFound(corev1.Resource("configmaps"), key.Name)
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+// A shard the cache does not show yet is neither taken as empty nor overwritten: the writer
+// uses what it wrote last, or reads the API again.
+func TestGroupWriterCacheLag(t *testing.T) {
+	const bound = 4 << 10
+	_, api := shardedWriter(t, bound)
+	w := newGroupWriter(laggingCache{api}, api, "ns", bound)
+	for batch := range 20 {
+		if batch%5 == 4 {
+			w.last = lastWritten[*corev1.ConfigMap]{} // as after a failed flush
+		}
+		var changes []func(*groupShards)
+		for j := range 10 {
+			name := fmt.Sprintf("svc:site-%03d", batch*10+j)
+			changes = append(changes, func(g *groupShards) { g.setServe(name, webEntry("/"), "Ingress/apps/"+name) })
+		}
+		for i, err := range w.flush("pg", changes) {
+			if err != nil {
+				t.Fatalf("batch %d, change %d: %v", batch, i, err)
+			}
+		}
+	}
+	if _, docs := storedShards(t, api, bound); len(docs.Serve.Services) != 200 {
+		t.Errorf("%d of 200 entries stored", len(docs.Serve.Services))
 	}
 }

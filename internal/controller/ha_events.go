@@ -58,9 +58,10 @@ func indexGroupObjects(mgr ctrl.Manager) error {
 }
 
 // haControllerOptions let the reconcilers of objects on ProxyGroups run side by side: most of
-// their time is spent waiting (the tailnet's API, the group writer), and the group writer
-// batches what they write at once.
-var haControllerOptions = controller.Options{MaxConcurrentReconciles: 32}
+// their time is spent waiting (the tailnet's API, the group writer, the certificate ledger),
+// and the writers batch what they write at once, so that the more wait together, the more
+// each write carries: with many objects on a group, throughput grows with this number.
+var haControllerOptions = controller.Options{MaxConcurrentReconciles: 128}
 
 // groupEvents maps the events of a ProxyGroup's own objects to the objects of one kind
 // ("Ingress" or "Service") served on it that they concern:

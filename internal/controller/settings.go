@@ -53,7 +53,7 @@ type Settings struct {
 	// to twice as long); zero means five minutes.
 	SharedServiceResync time.Duration
 	// GroupShardBytes bounds the documents in one of a ProxyGroup's ConfigMaps, beyond which
-	// they are spread over more; zero means 192 KiB.
+	// they are spread over more; zero means 128 KiB.
 	GroupShardBytes int
 }
 
