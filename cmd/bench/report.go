@@ -84,6 +84,16 @@ func (r *report) markdown() []byte {
 	p("- Run: %s, %s to %s; load average %s before, %s after (the machine is shared: other work ran meanwhile).",
 		commit(), r.started.UTC().Format("2006-01-02 15:04"), r.finished.UTC().Format("15:04"), r.loadBefore, r.loadAfter)
 	p("- Command: `%s`.", r.command)
+	p("")
+	p("## Against the goals")
+	p("")
+	p("Issue 18's targets, judged from this run's figures (medians; a goal this run did not measure says so).")
+	p("")
+	p("| goal | met | figure |")
+	p("|---|---|---|")
+	for _, g := range r.goals() {
+		p("| %s | %s | %s |", g.name, g.met, g.figure)
+	}
 	if len(r.dataPath) > 0 {
 		p("")
 		p("## L7 data path")
