@@ -125,7 +125,9 @@ func TestGroupWriterFull(t *testing.T) {
 	const bound = 1 << 10
 	w, c := shardedWriter(t, bound)
 	errs := w.flush("pg", []func(*groupShards){
-		func(g *groupShards) { g.setServe("svc:huge", webEntry("/"+strings.Repeat("x", 2*bound)), "Ingress/apps/huge") },
+		func(g *groupShards) {
+			g.setServe("svc:huge", webEntry("/"+strings.Repeat("x", 2*bound)), "Ingress/apps/huge")
+		},
 		func(g *groupShards) { g.setServe("svc:small", webEntry("/"), "Ingress/apps/small") },
 	})
 	if !errors.Is(errs[0], errConfigFull) || errs[1] != nil {
