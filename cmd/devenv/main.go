@@ -297,7 +297,7 @@ func run(ctx context.Context, once, verbose bool, logDir string, command []strin
 		}
 	})
 	podsCtx, stopPods := context.WithCancel(runCtx)
-	pods := &podRunner{k8s: k8s, kube: cp.Config, logs: proxyLog, noL3: noL3, print: func(f string, a ...any) { fmt.Printf(f, a...) }}
+	pods := &podRunner{k8s: k8s, kube: cp.Config, logs: proxyLog, noL3: noL3, acmeDirectory: lt.ACME.DirectoryURL, print: func(f string, a ...any) { fmt.Printf(f, a...) }}
 	kubelet.Go(func() { pods.run(podsCtx) })
 	// Proxies first: they withdraw and report through the API as they stop.
 	stops.add("proxy Pods (and their network namespaces)", func() error { stopPods(); kubelet.Wait(); return nil })

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy"
 )
 
@@ -30,11 +31,13 @@ import (
 // arguments and identity, restarts it when it exits, and reports the Pod's phase and readiness
 // (from the proxy's /readyz) back.
 type podRunner struct {
-	k8s   client.Client
-	kube  *rest.Config
-	logs  io.Writer // the proxies' log
-	noL3  string    // why kernel proxies cannot run here; "" when they can
-	print func(format string, args ...any)
+	k8s  client.Client
+	kube *rest.Config
+	logs io.Writer // the proxies' log
+	noL3 string    // why kernel proxies cannot run here; "" when they can
+	// acmeDirectory is the one ACME directory of every in-process proxy (the local CA's).
+	acmeDirectory string
+	print         func(format string, args ...any)
 
 	mu          sync.Mutex
 	pods        map[types.UID]context.CancelFunc
@@ -109,6 +112,11 @@ func (p *podRunner) start(ctx context.Context, pod *corev1.Pod) {
 			opts.GroupConfigMap = v
 		}
 	}
+	if why := p.needsOwnProcess(ctx, pod.Namespace, opts.ConfigSecret); why != "" {
+		p.print("  ! proxy Pod %s is not run: %s\n", pod.Name, why)
+		p.reportPending(ctx, pod, why)
+		return
+	}
 	kernel := c.SecurityContext != nil && c.SecurityContext.Capabilities != nil &&
 		slices.Contains(c.SecurityContext.Capabilities.Add, "NET_ADMIN")
 	var pn *podNet
@@ -148,6 +156,27 @@ func (p *podRunner) start(ctx context.Context, pod *corev1.Pod) {
 			}
 		}
 	})
+}
+
+// needsOwnProcess says why a proxy cannot share this process with the others, or "". The ACME
+// directory is process-wide in tailscaled: a proxy asking for another one (a ProxyClass's
+// Let's Encrypt staging switch) would move every in-process proxy's certificates there.
+func (p *podRunner) needsOwnProcess(ctx context.Context, ns, configSecret string) string {
+	if configSecret == "" {
+		return ""
+	}
+	sec := &corev1.Secret{}
+	if err := p.k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: configSecret}, sec); err != nil {
+		return "" // the proxy reports it
+	}
+	cfg, _, err := contract.ProxyConfigs.Decode(sec.Data)
+	if err != nil {
+		return ""
+	}
+	if dir := cfg.TLS.ACMEDirectoryURL; dir != "" && dir != p.acmeDirectory {
+		return fmt.Sprintf("its config asks for ACME directory %s, and devenv's in-process proxies share one (the local CA's); run it on a cluster (make test-e2e)", dir)
+	}
+	return ""
 }
 
 // runPod runs the proxy until ctx ends, restarting it as a kubelet does (restartPolicy Always).

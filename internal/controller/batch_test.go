@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -156,6 +157,11 @@ func TestChangedServices(t *testing.T) {
 	if names, all := changedServices(secret(base), secret(base)); all || len(names) != 0 {
 		t.Errorf("same report: %v (all %t), want none", names, all)
 	}
+	funnel := base
+	funnel.Funnel = map[string]contract.FunnelStatus{"b.tailnet.test": {Public: true}}
+	if names, all := changedServices(secret(base), secret(funnel)); all || !slices.Equal(names, []string{"svc:b"}) {
+		t.Errorf("Funnel on for b: %v (all %t), want [svc:b]", names, all)
+	}
 	restarted := base
 	restarted.PodUID = "u2"
 	if _, all := changedServices(secret(base), secret(restarted)); !all {
@@ -170,6 +176,54 @@ func TestNewerVersion(t *testing.T) {
 	}{{"10", "9", true}, {"9", "10", false}, {"12", "12", false}, {"123", "122", true}, {"x2", "1", false}, {"", "1", false}} {
 		if got := newerVersion(c.a, c.b); got != c.want {
 			t.Errorf("newerVersion(%q, %q) = %t, want %t", c.a, c.b, got, c.want)
+		}
+	}
+}
+
+// A group ConfigMap changed by anyone but the writer concerns the owners of the entries that
+// changed, in either version: garbage in a document brings back every owner of its entries.
+func TestEntriesChanged(t *testing.T) {
+	ws := func(url string) *contract.WebService {
+		return &contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: url}}}}
+	}
+	m := &contract.DNATService{VIPs: []string{"100.100.0.1"}, Destination: contract.Destination{IPs: []string{"10.0.0.1"}}}
+	base := decodeGroup(&corev1.ConfigMap{})
+	base.setServe("svc:a", ws("http://a:80"), "Ingress/ns/a")
+	base.setServe("svc:b", ws("http://b:80"), "Ingress/ns/b")
+	base.setDNAT("svc:d", m, "Service/ns/d")
+	data, _, err := base.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	garbled := map[string]string{}
+	for k, v := range data {
+		garbled[k] = v
+	}
+	for _, k := range contract.ServeConfigs.Keys() {
+		if _, ok := garbled[k]; ok {
+			garbled[k] = "garbage"
+		}
+	}
+	edited := base.clone()
+	edited.setServe("svc:b", ws("http://elsewhere:80"), "Ingress/ns/b")
+	for name, tc := range map[string]struct {
+		cur  *groupContent
+		kind string
+		want []string
+	}{
+		"same":               {base.clone(), "Ingress", nil},
+		"serve garbage":      {decodeGroup(&corev1.ConfigMap{Data: garbled}), "Ingress", []string{"ns/a", "ns/b"}},
+		"serve garbage, L3":  {decodeGroup(&corev1.ConfigMap{Data: garbled}), "Service", nil},
+		"one entry edited":   {edited, "Ingress", []string{"ns/b"}},
+		"everything dropped": {decodeGroup(&corev1.ConfigMap{}), "Service", []string{"ns/d"}},
+	} {
+		var got []string
+		for _, r := range (groupEvents{kind: tc.kind}).entriesChanged(base, tc.cur) {
+			got = append(got, r.String())
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %v, want %v", name, got, tc.want)
 		}
 	}
 }

@@ -239,16 +239,16 @@ func (e errNotOurs) Error() string {
 type serviceClaim struct {
 	tailnet.Service
 	created bool
-	// recheck is when to run ensure again without a watch event (0: no need): soon after a
-	// write, and now and then while other operators own the service too.
+	// recheck is when to run ensure again without a watch event: soon after a write, and now
+	// and then after that, as other operators may own the service too.
 	recheck time.Duration
 }
 
 // Ownership checks. The API has no conditional writes: when two operators write a service at
 // once, each from its own read, the second write drops the first one's record. Such a write
 // comes within about an API round trip of the first, so the writer reads the service again a
-// little later (ownershipVerify) and records itself again if it has to; and, while the service
-// is shared, every operator checks its record now and then (Settings.SharedServiceResync,
+// little later (ownershipVerify) and records itself again if it has to; and every operator
+// checks its record now and then (Settings.SharedServiceResync,
 // every 5 to 10 minutes by default, as the original operator does), which restores whatever
 // slipped through before another owner's release would delete the service.
 const (
@@ -295,11 +295,9 @@ func (t *tailscaleServices) ensure(ctx context.Context, name string, ports, tags
 	}
 	if !created && slices.Equal(existing.Ports, ports) && slices.Equal(existing.Tags, tags) &&
 		existing.Annotations[annotationOwnerRefs] == string(raw) && len(existing.Addrs) > 0 {
-		claim := serviceClaim{Service: existing}
-		if len(refs.OwnerRefs) > 1 {
-			claim.recheck = jitter(t.sharedResync())
-		}
-		return claim, nil
+		// Rechecked even while the only owner: another cluster may have joined since, and that
+		// join is no event here.
+		return serviceClaim{Service: existing, recheck: jitter(t.sharedResync())}, nil
 	}
 	svc, err := t.tailnet.PutService(ctx, want)
 	if err != nil {

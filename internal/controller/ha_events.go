@@ -67,8 +67,11 @@ var haControllerOptions = controller.Options{MaxConcurrentReconciles: 128}
 // ("Ingress" or "Service") served on it that they concern:
 //   - the ProxyGroup, and the creation or deletion of its (first) ConfigMap: every one;
 //   - a replica's state Secret: those whose services its report changed (advertised,
-//     certificate, DNAT rules), or every one when the replica itself changed;
+//     certificate, Funnel, DNAT rules), or every one when the replica itself changed;
 //   - a group certificate Secret deleted: the one of that name, which creates it again.
+//
+//   - its ConfigMap changed by anyone but this operator's last write (a hand edit, garbage):
+//     those whose entries changed, which write them again.
 //
 // Other changes, above all the group's own document writes and its replicas' config Secrets,
 // which change with every object added, concern no object's status.
@@ -137,7 +140,14 @@ func (e groupEvents) onUpdate(ctx context.Context, old, cur client.Object) []rec
 	}
 	switch cur := cur.(type) {
 	case *corev1.ConfigMap:
-		return nil
+		if last, ok := e.docs.w.last.get(pg); ok && last.UID == cur.UID && last.ResourceVersion == cur.ResourceVersion {
+			return nil // the writer's own: the objects it wrote for are being reconciled
+		}
+		oldCM, ok := old.(*corev1.ConfigMap)
+		if !ok {
+			return e.all(ctx, pg)
+		}
+		return e.entriesChanged(e.docs.w.content(oldCM), e.docs.w.content(cur))
 	case *corev1.Secret:
 		if cur.Labels[LabelSecretType] != secretTypeState {
 			return nil
@@ -153,6 +163,48 @@ func (e groupEvents) onUpdate(ctx context.Context, old, cur client.Object) []rec
 		return e.owning(ctx, pg, names)
 	}
 	return e.all(ctx, pg)
+}
+
+// entriesChanged maps the entries that differ between two versions of a group's documents (a
+// hand edit, garbage, an earlier write of ours) to the objects of the kind that own them in
+// either version, so that each writes its entry again.
+func (e groupEvents) entriesChanged(old, cur *groupContent) []reconcile.Request {
+	changed := map[string]bool{}
+	for _, name := range unionKeys(old.serve.Services, cur.serve.Services) {
+		a, inA := old.serve.Services[name]
+		b, inB := cur.serve.Services[name]
+		if inA != inB || !reflect.DeepEqual(a, b) {
+			changed[name] = true
+		}
+	}
+	for _, name := range unionKeys(old.dnat.Services, cur.dnat.Services) {
+		a, inA := old.dnat.Services[name]
+		b, inB := cur.dnat.Services[name]
+		if inA != inB || !reflect.DeepEqual(a, b) {
+			changed[name] = true
+		}
+	}
+	for _, name := range unionKeys(old.owners, cur.owners) {
+		if old.owners[name] != cur.owners[name] {
+			changed[name] = true
+		}
+	}
+	seen := map[reconcile.Request]bool{}
+	var reqs []reconcile.Request
+	for name := range changed {
+		for _, owner := range []string{old.owners[name], cur.owners[name]} {
+			kind, key, ok := strings.Cut(owner, "/")
+			if !ok || kind != e.kind {
+				continue
+			}
+			ns, n, _ := strings.Cut(key, "/")
+			if r := (reconcile.Request{NamespacedName: client.ObjectKey{Namespace: ns, Name: n}}); !seen[r] {
+				seen[r] = true
+				reqs = append(reqs, r)
+			}
+		}
+	}
+	return reqs
 }
 
 // owning maps services to the objects of the kind whose entries they are on group pg.
@@ -183,7 +235,7 @@ func (e groupEvents) owning(ctx context.Context, pg string, svcNames []string) [
 }
 
 // changedServices compares two reports of a replica: the services whose advertisement,
-// certificate or DNAT rules changed, or all when the replica's identity or Pod did (or a report
+// certificate, Funnel or DNAT rules changed, or all when the replica's identity or Pod did (or a report
 // cannot be read).
 func changedServices(old, cur *corev1.Secret) (names []string, all bool) {
 	a, errA := contract.ParseState(old.Data)
@@ -204,6 +256,11 @@ func changedServices(old, cur *corev1.Secret) (names []string, all bool) {
 	}
 	for _, name := range unionKeys(a.Certificates, b.Certificates) {
 		if a.Certificates[name] != b.Certificates[name] {
+			changed["svc:"+strings.SplitN(name, ".", 2)[0]] = true
+		}
+	}
+	for _, name := range unionKeys(a.Funnel, b.Funnel) {
+		if a.Funnel[name] != b.Funnel[name] {
 			changed["svc:"+strings.SplitN(name, ".", 2)[0]] = true
 		}
 	}

@@ -56,6 +56,11 @@ func TestSharedTailscaleService(t *testing.T) {
 	if err != nil || !claim.created || claim.recheck < ownershipVerify {
 		t.Fatalf("east's first claim: %+v, %v; want created, checked again soon", claim, err)
 	}
+	// Alone, and nothing to change: checked now and then all the same, as west may join unseen.
+	claim, err = east.ensure(ctx, name, []string{"tcp:443"}, []string{"tag:k8s"})
+	if err != nil || claim.recheck < defaultSharedResync {
+		t.Errorf("east's check of its own service: recheck %s, %v; want %s or more", claim.recheck, err, defaultSharedResync)
+	}
 	claim, err = west.ensure(ctx, name, []string{"tcp:443", "tcp:80"}, []string{"tag:web"})
 	if err != nil || claim.created {
 		t.Fatalf("west's claim: %+v, %v", claim, err)

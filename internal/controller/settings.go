@@ -49,8 +49,8 @@ type Settings struct {
 	// the manager's metrics endpoint serves.
 	Metrics prometheus.Registerer
 	// SharedServiceResync is how often the operator checks that it is still recorded among the
-	// owners of a Tailscale Service that other operators (clusters) share, at least (it waits up
-	// to twice as long); zero means five minutes.
+	// owners of each of its Tailscale Services, which other operators (clusters) may share, at
+	// least (it waits up to twice as long); zero means five minutes.
 	SharedServiceResync time.Duration
 	// GroupShardBytes bounds the documents in one of a ProxyGroup's ConfigMaps, beyond which
 	// they are spread over more; zero means 128 KiB.

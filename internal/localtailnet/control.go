@@ -237,6 +237,7 @@ func (s *server) serveMap(w http.ResponseWriter, r *http.Request, mkey key.Machi
 		return
 	}
 	n.lastSeen = time.Now()
+	s.noteDiscoKeyLocked(n, req.DiscoKey)
 	if !req.Stream {
 		s.applyUpdateLocked(n, &req)
 	}

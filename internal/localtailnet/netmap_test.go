@@ -9,7 +9,7 @@ import (
 	"tailscale.com/types/key"
 )
 
-// A new node is shown to its peers only once it has had its netmap and said where it can be
+// A new node, or a restarted one, is shown to its peers only once it has had its netmap and said where it can be
 // reached: shown earlier, a peer's WireGuard handshake to it is lost and retried after 5 s.
 func TestNewNodeShownWhenReachable(t *testing.T) {
 	lt, err := Start(context.Background(), Options{})
@@ -46,6 +46,17 @@ func TestNewNodeShownWhenReachable(t *testing.T) {
 	proxy.endpoints = []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:41641")}
 	if !shown() {
 		t.Error("a reachable node is not shown to its peers")
+	}
+	// Restarted (a new disco key): hidden again until it has had its netmap.
+	s.noteDiscoKeyLocked(proxy, key.NewDisco().Public())
+	first := proxy.disco
+	if shown() {
+		t.Error("a restarted node is shown to its peers before it has had its netmap")
+	}
+	proxy.mapped = true
+	s.noteDiscoKeyLocked(proxy, first)
+	if !shown() {
+		t.Error("a request with the same disco key hid the node")
 	}
 	// The new node itself sees the client at once.
 	res, _ := s.mapResponseLocked(proxy, nil)

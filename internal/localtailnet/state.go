@@ -215,10 +215,21 @@ func wake(ch chan struct{}) {
 	}
 }
 
+// noteDiscoKeyLocked records the disco key a node's request carries. tailscaled makes one per
+// start, so a new one is a new process: like a new node, it is hidden from its peers until it
+// has had its netmap, or their handshakes to it are dropped and retried only after 5 s (a
+// restarted replica's clients stalled that way).
+func (s *server) noteDiscoKeyLocked(n *node, disco key.DiscoPublic) {
+	if disco.IsZero() || disco == n.disco {
+		return
+	}
+	n.disco, n.mapped = disco, false
+	s.changedLocked()
+}
+
 // applyUpdateLocked records what a node reports about itself in a non-streaming map request.
 func (s *server) applyUpdateLocked(n *node, req *tailcfg.MapRequest) {
 	n.endpoints = req.Endpoints
-	n.disco = req.DiscoKey
 	n.capVer = req.Version
 	if req.Hostinfo != nil {
 		n.hostinfo = req.Hostinfo

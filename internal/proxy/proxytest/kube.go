@@ -6,7 +6,9 @@ import (
 	"context"
 	"os"
 	"testing"
+	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -94,5 +96,36 @@ func (e *Kube) User(t testing.TB, namespace, name string, rules ...rbacv1.Policy
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(rules) > 0 {
+		waitAllowed(t, u.Config(), namespace, rules[0])
+	}
 	return u.Config()
+}
+
+// waitAllowed waits until the apiserver's authorizer, which learns of new Roles from its own
+// cache, allows what rule grants: a proxy started earlier was refused at first under load and
+// backed off past its test's deadline.
+func waitAllowed(t testing.TB, cfg *rest.Config, namespace string, rule rbacv1.PolicyRule) {
+	t.Helper()
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	attrs := &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: rule.Verbs[0], Resource: rule.Resources[0]}
+	if len(rule.APIGroups) > 0 {
+		attrs.Group = rule.APIGroups[0]
+	}
+	if len(rule.ResourceNames) > 0 {
+		attrs.Name = rule.ResourceNames[0]
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		res, err := c.AuthorizationV1().SelfSubjectAccessReviews().Create(context.Background(),
+			&authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: attrs}}, metav1.CreateOptions{})
+		if err == nil && res.Status.Allowed {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Role of %+v did not take effect in 30s: %v", attrs, err)
+		}
+	}
 }
