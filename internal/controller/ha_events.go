@@ -140,7 +140,7 @@ func (e groupEvents) onUpdate(ctx context.Context, old, cur client.Object) []rec
 	}
 	switch cur := cur.(type) {
 	case *corev1.ConfigMap:
-		if last, ok := e.docs.w.last.get(pg); ok && last.UID == cur.UID && last.ResourceVersion == cur.ResourceVersion {
+		if last, ok := e.docs.w.last.get(cur.Name); ok && last.UID == cur.UID && last.ResourceVersion == cur.ResourceVersion {
 			return nil // the writer's own: the objects it wrote for are being reconciled
 		}
 		oldCM, ok := old.(*corev1.ConfigMap)
