@@ -68,8 +68,7 @@ var haControllerOptions = controller.Options{MaxConcurrentReconciles: 128}
 //   - the ProxyGroup, and the creation or deletion of its (first) ConfigMap: every one;
 //   - a replica's state Secret: those whose services its report changed (advertised,
 //     certificate, Funnel, DNAT rules), or every one when the replica itself changed;
-//   - a group certificate Secret deleted: the one of that name, which creates it again.
-//
+//   - a group certificate Secret deleted: the one of that name, which creates it again;
 //   - its ConfigMap changed by anyone but this operator's last write (a hand edit, garbage):
 //     those whose entries changed, which write them again.
 //

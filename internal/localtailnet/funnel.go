@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +21,8 @@ import (
 	"tailscale.com/tailcfg"
 	"tailscale.com/tsnet"
 	"tailscale.com/types/logger"
+
+	"github.com/tsingress/tsingress/internal/clienthello"
 )
 
 // funnelRelay plays Tailscale's funnel ingress nodes: a public TCP listener and a node of the
@@ -105,7 +106,7 @@ func (f *funnelRelay) serve() {
 func (f *funnelRelay) relay(c net.Conn) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(funnelHandoffTimeout))
-	name, hello, err := readServerName(c)
+	name, hello, err := clienthello.ServerName(c)
 	if err != nil {
 		f.logf("localtailnet: funnel: %s: no TLS ClientHello: %v", c.RemoteAddr(), err)
 		return
@@ -225,38 +226,6 @@ func closeWrite(c net.Conn) {
 	}
 	c.Close()
 }
-
-// errHelloRead ends the handshake readServerName starts, once the ClientHello is read.
-var errHelloRead = errors.New("ClientHello read")
-
-// readServerName reads a TLS ClientHello from c and returns its server name and the bytes read,
-// which the relay passes on before anything else.
-func readServerName(c net.Conn) (string, []byte, error) {
-	var hello bytes.Buffer
-	var name string
-	err := tls.Server(readOnlyConn{Conn: c, r: io.TeeReader(c, &hello)}, &tls.Config{
-		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-			name = h.ServerName
-			return nil, errHelloRead
-		},
-	}).Handshake()
-	if !errors.Is(err, errHelloRead) {
-		return "", nil, err
-	}
-	if name == "" {
-		return "", nil, errors.New("the ClientHello names no server")
-	}
-	return strings.ToLower(strings.TrimSuffix(name, ".")), hello.Bytes(), nil
-}
-
-// readOnlyConn lets the TLS stack read a ClientHello without writing anything to the client.
-type readOnlyConn struct {
-	net.Conn
-	r io.Reader
-}
-
-func (c readOnlyConn) Read(p []byte) (int, error)  { return c.r.Read(p) }
-func (c readOnlyConn) Write(p []byte) (int, error) { return 0, io.ErrClosedPipe }
 
 // funnelTargets lists the devices that take Funnel traffic for name now: the device of that
 // MagicDNS name, or the hosts of the Tailscale Service of that name, taken in turn; each

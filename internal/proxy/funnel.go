@@ -1,12 +1,9 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"reflect"
@@ -21,6 +18,8 @@ import (
 	"tailscale.com/ipn/ipnstate"
 	"tailscale.com/tsnet"
 	"tailscale.com/util/mak"
+
+	"github.com/tsingress/tsingress/internal/clienthello"
 )
 
 // funnelPort is the port Funnel serves the tailnet names on: HTTPS's.
@@ -126,12 +125,12 @@ func (f *funnel) fromTSNet(c net.Conn) (string, net.Conn, error) {
 // address is the client's, from the PROXY header.
 func (f *funnel) fromForward(c net.Conn) (string, net.Conn, error) {
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	name, hello, err := readServerName(c)
+	name, hello, err := clienthello.ServerName(c)
 	c.SetReadDeadline(time.Time{})
 	if err != nil {
 		return "", nil, err
 	}
-	return name, &replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(hello), c)}, nil
+	return name, clienthello.Replay(c, hello), nil
 }
 
 // listen returns the listener of name's Funnel connections, replacing any earlier one.
@@ -216,43 +215,6 @@ func (f *funnel) close(ctx context.Context) {
 type publicConn struct{ *ipn.FunnelConn }
 
 func (c *publicConn) RemoteAddr() net.Addr { return net.TCPAddrFromAddrPort(c.Src) }
-
-// replayConn reads what was read ahead (the ClientHello) first.
-type replayConn struct {
-	net.Conn
-	r io.Reader
-}
-
-func (c *replayConn) Read(p []byte) (int, error) { return c.r.Read(p) }
-
-// errHelloRead ends the handshake readServerName starts, once the ClientHello is read.
-var errHelloRead = errors.New("ClientHello read")
-
-// readServerName reads a TLS ClientHello from c and returns its server name, lowercase, and
-// the bytes read.
-func readServerName(c net.Conn) (string, []byte, error) {
-	var hello bytes.Buffer
-	var name string
-	err := tls.Server(readOnlyConn{Conn: c, r: io.TeeReader(c, &hello)}, &tls.Config{
-		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-			name = h.ServerName
-			return nil, errHelloRead
-		},
-	}).Handshake()
-	if !errors.Is(err, errHelloRead) {
-		return "", nil, err
-	}
-	return strings.ToLower(strings.TrimSuffix(name, ".")), hello.Bytes(), nil
-}
-
-// readOnlyConn lets the TLS stack read a ClientHello without writing anything to the client.
-type readOnlyConn struct {
-	net.Conn
-	r io.Reader
-}
-
-func (c readOnlyConn) Read(p []byte) (int, error)  { return c.r.Read(p) }
-func (c readOnlyConn) Write(p []byte) (int, error) { return 0, io.ErrClosedPipe }
 
 // connQueue is a listener fed with connections from elsewhere.
 type connQueue struct {

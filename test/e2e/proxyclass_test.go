@@ -102,12 +102,7 @@ func proxyPod(ctx context.Context, parentType, ns, name string, ready bool) *cor
 	GinkgoHelper()
 	var pod corev1.Pod
 	Eventually(ctx, func(g Gomega) {
-		pods := &corev1.PodList{}
-		g.Expect(suite.k8s.List(ctx, pods, client.InNamespace(suite.opNS), client.MatchingLabels{
-			controller.LabelParentType: parentType, controller.LabelParentNS: ns, controller.LabelParentName: name,
-		})).To(Succeed())
-		g.Expect(pods.Items).To(HaveLen(1), "the proxy Pod")
-		pod = pods.Items[0]
+		pod = onlyProxyPod(ctx, g, parentType, ns, name)
 		g.Expect(pod.Status.Phase).To(Equal(corev1.PodRunning), "proxy Pod %s running", pod.Name)
 		if ready {
 			g.Expect(podReady(&pod)).To(BeTrue(), "proxy Pod %s Ready", pod.Name)
@@ -122,16 +117,21 @@ func pendingProxyPod(ctx context.Context, parentType, ns, name string) *corev1.P
 	GinkgoHelper()
 	var pod corev1.Pod
 	Eventually(ctx, func(g Gomega) {
-		pods := &corev1.PodList{}
-		g.Expect(suite.k8s.List(ctx, pods, client.InNamespace(suite.opNS), client.MatchingLabels{
-			controller.LabelParentType: parentType, controller.LabelParentNS: ns, controller.LabelParentName: name,
-		})).To(Succeed())
-		g.Expect(pods.Items).To(HaveLen(1), "the proxy Pod")
-		pod = pods.Items[0]
+		pod = onlyProxyPod(ctx, g, parentType, ns, name)
 		g.Expect(pod.Status.Conditions).To(ContainElement(And(
 			HaveField("Type", corev1.PodScheduled), HaveField("Reason", "NotRunLocally"))), "proxy Pod %s left Pending", pod.Name)
 	}).Should(Succeed())
 	return &pod
+}
+
+// onlyProxyPod lists the proxy Pods of a parent and expects one.
+func onlyProxyPod(ctx context.Context, g Gomega, parentType, ns, name string) corev1.Pod {
+	pods := &corev1.PodList{}
+	g.Expect(suite.k8s.List(ctx, pods, client.InNamespace(suite.opNS), client.MatchingLabels{
+		controller.LabelParentType: parentType, controller.LabelParentNS: ns, controller.LabelParentName: name,
+	})).To(Succeed())
+	g.Expect(pods.Items).To(HaveLen(1), "the proxy Pod")
+	return pods.Items[0]
 }
 
 func podReady(p *corev1.Pod) bool {
