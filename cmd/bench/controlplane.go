@@ -173,20 +173,33 @@ func (d groupDocs) names() []string {
 }
 
 func readGroupDocs(ctx context.Context, k client.Client) (groupDocs, error) {
-	cm := &corev1.ConfigMap{}
-	if err := k.Get(ctx, client.ObjectKey{Namespace: opNS, Name: benchGroup + "-ingress-config"}, cm); err != nil {
-		return groupDocs{}, err
+	main := benchGroup + "-ingress-config"
+	var shards []map[string][]byte
+	for i, count := 0, 1; i < count; i++ {
+		cm := &corev1.ConfigMap{}
+		if err := k.Get(ctx, client.ObjectKey{Namespace: opNS, Name: contract.ShardName(main, i)}, cm); err != nil {
+			return groupDocs{}, err
+		}
+		data := map[string][]byte{}
+		for k, v := range cm.Data {
+			data[k] = []byte(v)
+		}
+		if i == 0 {
+			n, err := contract.ShardCount(data)
+			if err != nil {
+				return groupDocs{}, err
+			}
+			count = n
+		}
+		shards = append(shards, data)
 	}
-	data := map[string][]byte{}
-	for k, v := range cm.Data {
-		data[k] = []byte(v)
-	}
+	docs := contract.MergeShards(shards)
 	d := groupDocs{serve: &contract.ServeConfig{}, dnat: &contract.DNATConfig{}}
-	if s, _, err := contract.ServeConfigs.Decode(data); err == nil {
-		d.serve = s
+	if docs.ServeErr == nil {
+		d.serve = docs.Serve
 	}
-	if m, _, err := contract.DNATConfigs.Decode(data); err == nil {
-		d.dnat = m
+	if docs.DNATErr == nil {
+		d.dnat = docs.DNAT
 	}
 	return d, nil
 }

@@ -77,13 +77,23 @@ func (r *report) markdown() []byte {
 	p("# Performance")
 	p("")
 	p("Written by `make bench` (`go run ./cmd/bench`), which measures everything below in one run, side by side.")
-	p("Do not edit by hand: run it again. Figures from one machine at one time; compare the ratios, which")
+	p("Do not edit the figures by hand: run it again. Figures from one machine at one time; compare the ratios, which")
 	p("share the machine's load, rather than the absolute rates.")
 	p("")
 	p("- Machine: %s.", machine())
 	p("- Run: %s, %s to %s; load average %s before, %s after (the machine is shared: other work ran meanwhile).",
 		commit(), r.started.UTC().Format("2006-01-02 15:04"), r.finished.UTC().Format("15:04"), r.loadBefore, r.loadAfter)
 	p("- Command: `%s`.", r.command)
+	p("")
+	p("## Against the goals")
+	p("")
+	p("Issue 18's targets, judged from this run's figures (medians; a goal this run did not measure says so).")
+	p("")
+	p("| goal | met | figure |")
+	p("|---|---|---|")
+	for _, g := range r.goals() {
+		p("| %s | %s | %s |", g.name, g.met, g.figure)
+	}
 	if len(r.dataPath) > 0 {
 		p("")
 		p("## L7 data path")

@@ -9,6 +9,7 @@ package acmebudget
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -97,6 +98,18 @@ func (l *Ledger) remember(name string, now time.Time) {
 func (l *Ledger) knownBefore(name string, now time.Time) bool {
 	at, ok := l.Known[name]
 	return ok && at.Before(now)
+}
+
+// HasReservation reports whether name has a reservation that still counts at now.
+func (l *Ledger) HasReservation(name string, now time.Time, lim Limits) bool {
+	return slices.ContainsFunc(l.Entries, func(e Entry) bool {
+		return e.Name == name && e.Reserved && now.Before(e.At.Add(lim.Window))
+	})
+}
+
+// Clone copies the ledger, to change it while others read the original.
+func (l *Ledger) Clone() *Ledger {
+	return &Ledger{Entries: slices.Clone(l.Entries), Known: maps.Clone(l.Known)}
 }
 
 func (l *Ledger) reservation(name string) int {

@@ -162,3 +162,42 @@ func TestUsageAgreesWithReserve(t *testing.T) {
 		t.Errorf("a name Usage shows at its limit is not held: %+v", h)
 	}
 }
+
+// HasReservation says what Reserve would: a reservation that still counts is reused without a
+// change, one that has aged out of the window is not.
+func TestHasReservationAgreesWithReserve(t *testing.T) {
+	lim := Limits{PerDomain: 5, PerName: 5, Window: 24 * time.Hour}
+	l := &Ledger{}
+	if l.HasReservation("web.tail1.ts.net", t0, lim) {
+		t.Fatal("a reservation in an empty ledger")
+	}
+	l.Reserve("web.tail1.ts.net", false, t0, lim)
+	for _, at := range []time.Time{t0, t0.Add(time.Hour), t0.Add(lim.Window - time.Second), t0.Add(lim.Window)} {
+		has := l.HasReservation("web.tail1.ts.net", at, lim)
+		c := l.Clone()
+		n := len(c.Entries)
+		c.Reserve("web.tail1.ts.net", false, at, lim)
+		unchanged := len(c.Entries) == n && c.Entries[len(c.Entries)-1].At.Equal(t0)
+		if has != unchanged {
+			t.Errorf("at %s: HasReservation %t, Reserve left the ledger unchanged %t", at.Sub(t0), has, unchanged)
+		}
+	}
+	if l.HasReservation("other.tail1.ts.net", t0, lim) {
+		t.Error("a reservation for another name")
+	}
+	l.Observe("web.tail1.ts.net", "01", t0.Add(time.Minute))
+	if l.HasReservation("web.tail1.ts.net", t0.Add(time.Minute), lim) {
+		t.Error("a filled reservation still counts as one")
+	}
+}
+
+func TestCloneIsIndependent(t *testing.T) {
+	lim := Limits{PerDomain: 5, PerName: 5, Window: 24 * time.Hour}
+	l := &Ledger{}
+	issue(t, l, "a.tail1.ts.net", t0, lim)
+	c := l.Clone()
+	issue(t, c, "b.tail1.ts.net", t0, lim)
+	if len(l.Entries) != 1 || len(l.Known) != 1 {
+		t.Errorf("a change of the clone reached the original: %+v", l)
+	}
+}

@@ -240,7 +240,7 @@ func TestGroupServicesUnreadableDocument(t *testing.T) {
 		t.Fatal(err)
 	}
 	cm := &corev1.ConfigMap{Data: data}
-	if got := groupServices(cm); !slices.Equal(got, []string{"svc:db", "svc:web"}) {
+	if got := groupServices([]map[string][]byte{cmData(cm)}); !slices.Equal(got, []string{"svc:db", "svc:web"}) {
 		t.Fatalf("readable documents: %v", got)
 	}
 	for _, k := range contract.ServeConfigs.Keys() {
@@ -248,7 +248,7 @@ func TestGroupServicesUnreadableDocument(t *testing.T) {
 			cm.Data[k] = "garbage"
 		}
 	}
-	if got := groupServices(cm); !slices.Equal(got, []string{"svc:db", "svc:web"}) {
+	if got := groupServices([]map[string][]byte{cmData(cm)}); !slices.Equal(got, []string{"svc:db", "svc:web"}) {
 		t.Errorf("Serve config overwritten with garbage: %v, want both services kept", got)
 	}
 }

@@ -236,6 +236,9 @@ type certGuard struct {
 	// group in every report, and each reconcile of an object on the group passes them all here.
 	observedMu sync.Mutex
 	observed   map[string]string
+
+	decodedMu      sync.Mutex
+	decodedLedgers map[string]decodedLedger // by domain
 }
 
 func (g *certGuard) alreadyObserved(name, serial string) bool {
@@ -270,6 +273,9 @@ func (g *certGuard) hold(ctx context.Context, fqdn string, cur contract.Certific
 	if err != nil {
 		return nil, err
 	}
+	if g.reserved(ctx, domain, fqdn, now) {
+		return nil, nil // as Reserve would say, without a turn at the ledger's writer
+	}
 	var h *acmebudget.Hold
 	var reserved bool
 	err = g.update(ctx, domain, func(l *acmebudget.Ledger) {
@@ -296,6 +302,8 @@ func (g *certGuard) observe(ctx context.Context, certs map[string]contract.Certi
 		return nil
 	}
 	now := g.now()
+	type seen struct{ name, serial string }
+	byDomain := map[string][]seen{}
 	for name, c := range certs {
 		if c.Source != contract.CertSourceACME || c.Serial == "" || g.alreadyObserved(name, c.Serial) {
 			continue
@@ -304,17 +312,80 @@ func (g *certGuard) observe(ctx context.Context, certs map[string]contract.Certi
 		if err != nil {
 			continue
 		}
-		var counted bool
-		err = g.update(ctx, domain, func(l *acmebudget.Ledger) { counted = l.Observe(name, c.Serial, now) })
+		byDomain[domain] = append(byDomain[domain], seen{name, c.Serial})
+	}
+	// One change per domain for every new certificate: a report of a large group brings many.
+	for domain, certs := range byDomain {
+		var counted []string
+		err := g.update(ctx, domain, func(l *acmebudget.Ledger) {
+			counted = counted[:0]
+			for _, c := range certs {
+				if l.Observe(c.name, c.serial, now) {
+					counted = append(counted, c.name)
+				}
+			}
+		})
 		if err != nil {
 			return err
 		}
-		g.markObserved(name, c.Serial)
-		if counted {
-			log.FromContext(ctx).Info("counted a certificate against the CA's limits", "name", name, "domain", domain, "serial", c.Serial)
+		for _, c := range certs {
+			g.markObserved(c.name, c.serial)
+		}
+		if len(counted) > 0 {
+			log.FromContext(ctx).Info("counted certificates against the CA's limits", "domain", domain, "names", counted)
 		}
 	}
 	return nil
+}
+
+// decodedLedger is a domain's ledger as decoded from the ledger ConfigMap at a resourceVersion.
+type decodedLedger struct {
+	resourceVersion string
+	ledger          *acmebudget.Ledger
+}
+
+// decoded returns a domain's ledger in cm, decoding it only when cm is at another
+// resourceVersion than last time: with many names, decoding per change cost more than the
+// change. The result is shared: callers clone it to change it.
+func (g *certGuard) decoded(ctx context.Context, cm *corev1.ConfigMap, domain string) *acmebudget.Ledger {
+	g.decodedMu.Lock()
+	d, ok := g.decodedLedgers[domain]
+	g.decodedMu.Unlock()
+	if ok && cm.ResourceVersion != "" && d.resourceVersion == cm.ResourceVersion {
+		return d.ledger
+	}
+	l := &acmebudget.Ledger{}
+	if v := cm.Data[domain+".json"]; v != "" {
+		if err := json.Unmarshal([]byte(v), l); err != nil {
+			// A damaged ledger must not stop certificates: start a new account.
+			log.FromContext(ctx).Error(err, "the certificate ledger is damaged; starting it again", "domain", domain)
+			l = &acmebudget.Ledger{}
+		}
+	}
+	g.keepDecoded(cm, domain, l)
+	return l
+}
+
+func (g *certGuard) keepDecoded(cm *corev1.ConfigMap, domain string, l *acmebudget.Ledger) {
+	g.decodedMu.Lock()
+	defer g.decodedMu.Unlock()
+	if g.decodedLedgers == nil {
+		g.decodedLedgers = map[string]decodedLedger{}
+	}
+	g.decodedLedgers[domain] = decodedLedger{resourceVersion: cm.ResourceVersion, ledger: l}
+}
+
+// reserved reports whether the ledger, as last read, holds a reservation for name that still
+// counts at now: Reserve would then change nothing and allow the request.
+func (g *certGuard) reserved(ctx context.Context, domain, name string, now time.Time) bool {
+	cm := &corev1.ConfigMap{}
+	if err := g.Get(ctx, client.ObjectKey{Namespace: g.namespace, Name: ledgerConfigMap}, cm); err != nil {
+		return false
+	}
+	if last, ok := g.last.get(ledgerConfigMap); ok {
+		cm = freshest(cm, last)
+	}
+	return g.decoded(ctx, cm, domain).HasReservation(name, now, g.limits)
 }
 
 // ledgerChange is a change of one domain's ledger.
@@ -359,14 +430,7 @@ func (g *certGuard) writeLedger(ctx context.Context, batch []ledgerChange) error
 		for _, c := range batch {
 			l := ledgers[c.domain]
 			if l == nil {
-				l = &acmebudget.Ledger{}
-				if v := cm.Data[c.domain+".json"]; v != "" {
-					if err := json.Unmarshal([]byte(v), l); err != nil {
-						// A damaged ledger must not stop certificates: start a new account.
-						log.FromContext(ctx).Error(err, "the certificate ledger is damaged; starting it again", "domain", c.domain)
-						l = &acmebudget.Ledger{}
-					}
-				}
+				l = g.decoded(ctx, cm, c.domain).Clone()
 				ledgers[c.domain] = l
 			}
 			c.change(l)
@@ -383,6 +447,7 @@ func (g *certGuard) writeLedger(ctx context.Context, batch []ledgerChange) error
 			}
 			cm.Data[domain+".json"] = string(b)
 		}
+
 		if !missing && maps.Equal(before.Data, cm.Data) {
 			return nil
 		}
@@ -404,6 +469,9 @@ func (g *certGuard) writeLedger(ctx context.Context, batch []ledgerChange) error
 			return err
 		}
 		g.last.set(ledgerConfigMap, cm)
+		for domain, l := range ledgers {
+			g.keepDecoded(cm, domain, l)
+		}
 		return nil
 	}
 }

@@ -31,9 +31,10 @@ const (
 )
 
 const (
-	annotationOwnerRefs   = "tailscale.com/owner-references"
-	serviceComment        = "managed by the tsingress operator; do not modify"
-	maxGroupDocumentBytes = 900 << 10 // leaves room in the ConfigMap's 1 MiB for metadata
+	annotationOwnerRefs = "tailscale.com/owner-references"
+	serviceComment      = "managed by the tsingress operator; do not modify"
+	// maxShardBytes bounds the documents in one group ConfigMap: more go to more shards.
+	maxShardBytes = 128 << 10
 )
 
 // groupDocs reads and writes the documents of ProxyGroup ConfigMaps. Writes go through the
@@ -122,16 +123,16 @@ func ownerOf(kind string, obj client.Object) string {
 
 // setServe sets (or, with ws nil, removes) one service's entry in a group's Serve config.
 func (d groupDocs) setServe(ctx context.Context, pg, svcName string, ws *contract.WebService, owner string) error {
-	return d.w.change(ctx, pg, func(g *groupContent) { g.setServe(svcName, ws, owner) })
+	return d.w.change(ctx, pg, func(g *groupShards) { g.setServe(svcName, ws, owner) })
 }
 
 // setDNAT sets (or, with m nil, removes) one service's entry in a group's DNAT mappings.
 func (d groupDocs) setDNAT(ctx context.Context, pg, svcName string, m *contract.DNATService, owner string) error {
-	return d.w.change(ctx, pg, func(g *groupContent) { g.setDNAT(svcName, m, owner) })
+	return d.w.change(ctx, pg, func(g *groupShards) { g.setDNAT(svcName, m, owner) })
 }
 
-// errConfigFull says a group's documents would outgrow the ConfigMap.
-var errConfigFull = fmt.Errorf("the ProxyGroup's configuration would exceed %d KiB; spread objects over more ProxyGroups", maxGroupDocumentBytes>>10)
+// errConfigFull says a group's documents would outgrow its ConfigMaps.
+var errConfigFull = fmt.Errorf("the ProxyGroup's configuration would exceed %d ConfigMaps of %d KiB; spread objects over more ProxyGroups", contract.MaxShards, maxShardBytes>>10)
 
 // removeElsewhere removes svcName from the documents of every group but keep, so an object
 // that moved to another group, or left groups, is served only where it is now.
@@ -145,7 +146,7 @@ func (d groupDocs) removeElsewhere(ctx context.Context, svcName, keep string) er
 		if pg == keep || !d.w.content(&cms[i]).has(svcName) {
 			continue
 		}
-		if err := d.w.change(ctx, pg, func(g *groupContent) {
+		if err := d.w.change(ctx, pg, func(g *groupShards) {
 			g.setServe(svcName, nil, "")
 			g.setDNAT(svcName, nil, "")
 		}); err != nil {

@@ -1,14 +1,19 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -118,9 +123,127 @@ func (g *groupContent) encode() (data map[string]string, keys []string, err erro
 	return data, append(keys, ownersKey), nil
 }
 
+// emptyContent is the content of a shard not created yet.
+func emptyContent() *groupContent {
+	return &groupContent{serve: &contract.ServeConfig{Services: map[string]contract.WebService{}},
+		dnat: &contract.DNATConfig{Services: map[string]contract.DNATService{}}, owners: map[string]string{}}
+}
+
+// groupShards is a group's documents over its shards (contract.MergeShards), as a flush
+// changes them. Each service's entries are in its own shard; a change copies a shard before
+// it first touches it, since the decoded contents are shared with readers.
+type groupShards struct {
+	shards  []*groupContent
+	touched []bool
+}
+
+func newGroupShards(contents []*groupContent) *groupShards {
+	return &groupShards{shards: slices.Clone(contents), touched: make([]bool, len(contents))}
+}
+
+func (s *groupShards) touch(i int) *groupContent {
+	if !s.touched[i] {
+		s.shards[i], s.touched[i] = s.shards[i].clone(), true
+	}
+	return s.shards[i]
+}
+
+// home is the shard of a service, ready to change.
+func (s *groupShards) home(svcName string) *groupContent {
+	return s.touch(contract.ShardOf(svcName, len(s.shards)))
+}
+
+func (s *groupShards) setServe(svcName string, ws *contract.WebService, owner string) {
+	s.home(svcName).setServe(svcName, ws, owner)
+}
+
+func (s *groupShards) setDNAT(svcName string, m *contract.DNATService, owner string) {
+	s.home(svcName).setDNAT(svcName, m, owner)
+}
+
+// settle moves entries found outside their own shard, as a write that stopped while the count
+// grew leaves them, into it; the entry already in its own shard wins.
+func (s *groupShards) settle() {
+	for i, sh := range s.shards {
+		for _, name := range sh.names() {
+			if contract.ShardOf(name, len(s.shards)) == i {
+				continue
+			}
+			from, to := s.touch(i), s.home(name)
+			if ws, ok := from.serve.Services[name]; ok && !hasService(to.serve.Services, name) {
+				to.setServe(name, &ws, from.owners[name])
+			}
+			if m, ok := from.dnat.Services[name]; ok && !hasService(to.dnat.Services, name) {
+				to.setDNAT(name, &m, from.owners[name])
+			}
+			from.setServe(name, nil, "")
+			from.setDNAT(name, nil, "")
+		}
+	}
+}
+
+// names lists the services with an entry in the content.
+func (g *groupContent) names() []string {
+	names := slices.Collect(maps.Keys(g.serve.Services))
+	for n := range g.dnat.Services {
+		if !hasService(g.serve.Services, n) {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+// grown spreads the entries over twice as many shards, every one of them changed.
+func (s *groupShards) grown() *groupShards {
+	n := 2 * len(s.shards)
+	out := &groupShards{shards: make([]*groupContent, n), touched: make([]bool, n)}
+	for i := range out.shards {
+		out.shards[i], out.touched[i] = emptyContent(), true
+	}
+	for _, sh := range s.shards {
+		for name, ws := range sh.serve.Services {
+			out.shards[contract.ShardOf(name, n)].serve.Services[name] = ws
+		}
+		for name, m := range sh.dnat.Services {
+			out.shards[contract.ShardOf(name, n)].dnat.Services[name] = m
+		}
+		for name, o := range sh.owners {
+			out.shards[contract.ShardOf(name, n)].owners[name] = o
+		}
+	}
+	return out
+}
+
+// encodeChanged renders the changed shards' data, by shard, with the shard index in shard 0,
+// and lists every key the documents may be stored under.
+func (s *groupShards) encodeChanged() (map[int]map[string]string, []string, error) {
+	out := map[int]map[string]string{}
+	var keys []string
+	for i, sh := range s.shards {
+		if !s.touched[i] {
+			continue
+		}
+		data, k, err := sh.encode()
+		if err != nil {
+			return nil, nil, err
+		}
+		keys, out[i] = k, data
+	}
+	if data, ok := out[0]; ok && len(s.shards) > 1 {
+		idx, err := contract.GroupShardIndexes.Encode(&contract.GroupShards{Count: len(s.shards)})
+		if err != nil {
+			return nil, nil, err
+		}
+		for k, v := range idx {
+			data[k] = string(v)
+		}
+	}
+	return out, append(keys, contract.GroupShardIndexes.Keys()...), nil
+}
+
 // groupWriter writes ProxyGroup documents through a batcher: the changes of concurrent
-// reconcilers to one group are applied in one read-modify-write. With many objects on a group,
-// the documents are decoded, encoded and sent once per batch instead of once per object.
+// reconcilers to one group are applied in one read-modify-write of the shards they touch. With
+// many objects on a group, each write sends one shard of bounded size instead of every entry.
 //
 // It also keeps the decoded content of each group ConfigMap by resourceVersion, so that readers
 // (which group serves a name, what an object owns) do not decode the documents per reconcile.
@@ -128,8 +251,10 @@ type groupWriter struct {
 	client    client.Client
 	api       client.Reader // after a conflict: the cache may not have our last write yet
 	namespace string
-	batch     batcher[func(*groupContent)]
-	last      lastWritten[*corev1.ConfigMap] // by group
+	batch     batcher[func(*groupShards)]
+	last      lastWritten[*corev1.ConfigMap] // by ConfigMap name
+	// shardBytes bounds the data of one shard: the count doubles when a shard would exceed it.
+	shardBytes int
 
 	mu      sync.Mutex
 	decoded map[string]decodedContent // by ConfigMap name
@@ -140,8 +265,8 @@ type decodedContent struct {
 	content         *groupContent
 }
 
-func newGroupWriter(c client.Client, api client.Reader, namespace string) *groupWriter {
-	w := &groupWriter{client: c, api: api, namespace: namespace, decoded: map[string]decodedContent{}}
+func newGroupWriter(c client.Client, api client.Reader, namespace string, shardBytes int) *groupWriter {
+	w := &groupWriter{client: c, api: api, namespace: namespace, decoded: map[string]decodedContent{}, shardBytes: cmp.Or(shardBytes, maxShardBytes)}
 	w.batch.flush = w.flush
 	return w
 }
@@ -151,15 +276,15 @@ const flushTimeout = 30 * time.Second
 
 // change applies f to group pg's documents, batched with the changes of other reconcilers, and
 // returns once it is stored (or failed: errConfigFull, a missing ConfigMap, an API error).
-func (w *groupWriter) change(ctx context.Context, pg string, f func(*groupContent)) error {
+func (w *groupWriter) change(ctx context.Context, pg string, f func(*groupShards)) error {
 	return w.batch.do(ctx, pg, f)
 }
 
 // maxFlushAttempts bounds the conflicts one flush retries; the reconcilers retry after that.
 const maxFlushAttempts = 5
 
-// flush applies a batch to group pg's ConfigMap and returns each change's error.
-func (w *groupWriter) flush(pg string, batch []func(*groupContent)) []error {
+// flush applies a batch to group pg's shards and returns each change's error.
+func (w *groupWriter) flush(pg string, batch []func(*groupShards)) []error {
 	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 	defer cancel()
 	errs := make([]error, len(batch))
@@ -171,41 +296,83 @@ func (w *groupWriter) flush(pg string, batch []func(*groupContent)) []error {
 		}
 		return errs
 	}
-	key := client.ObjectKey{Namespace: w.namespace, Name: group{pg}.configMap()}
+	main := group{pg}.configMap()
 	start := time.Now()
 	var reader client.Reader = w.client
 	for attempt := 1; ; attempt++ {
-		cm := &corev1.ConfigMap{}
-		if err := reader.Get(ctx, key, cm); err != nil {
+		cms, err := w.read(ctx, reader, main)
+		if err != nil {
 			return fail(err)
 		}
-		if last, ok := w.last.get(pg); ok && reader == w.client {
-			cm = freshest(cm, last)
-		}
-		written, err := w.write(ctx, cm, batch, errs)
-		if apierrors.IsConflict(err) && attempt < maxFlushAttempts {
+		written, err := w.write(ctx, cms, batch, errs)
+		if (apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err)) && attempt < maxFlushAttempts {
 			reader = w.api
 			clear(errs)
 			continue
 		}
 		if err != nil {
-			w.last.forget(pg)
+			for _, cm := range cms {
+				if cm != nil {
+					w.last.forget(cm.Name)
+				}
+			}
 			return fail(err)
 		}
-		if written != nil {
-			w.last.set(pg, written)
-			failed := 0
+		if len(written) > 0 {
+			failed, bytes := 0, 0
 			for _, err := range errs {
 				if err != nil {
 					failed++
 				}
 			}
-			log.FromContext(ctx).Info("wrote group documents", "proxyGroup", pg, "configMap", written.Name,
+			for _, cm := range written {
+				bytes = max(bytes, dataSize(cm.Data, nil, nil))
+			}
+			log.FromContext(ctx).Info("wrote group documents", "proxyGroup", pg, "shardsWritten", len(written),
 				"changes", len(batch), "failed", failed, "attempts", attempt, "took", time.Since(start).Round(time.Millisecond).String(),
-				"bytes", dataSize(written.Data, nil, nil))
+				"largestShardBytes", bytes)
 		}
 		return errs
 	}
+}
+
+// read gets a group's shards, by index: nil for a shard not created yet. The first must exist
+// (the ProxyGroup reconciler creates it).
+func (w *groupWriter) read(ctx context.Context, reader client.Reader, main string) ([]*corev1.ConfigMap, error) {
+	get := func(name string) (*corev1.ConfigMap, error) {
+		cm := &corev1.ConfigMap{}
+		if err := reader.Get(ctx, client.ObjectKey{Namespace: w.namespace, Name: name}, cm); err != nil {
+			return nil, err
+		}
+		if last, ok := w.last.get(name); ok && reader == w.client {
+			cm = freshest(cm, last)
+		}
+		return cm, nil
+	}
+	first, err := get(main)
+	if err != nil {
+		return nil, err
+	}
+	count, err := contract.ShardCount(cmData(first))
+	if err != nil {
+		return nil, fmt.Errorf("group ConfigMap %s: %w", main, err)
+	}
+	cms := []*corev1.ConfigMap{first}
+	for i := 1; i < count; i++ {
+		name := contract.ShardName(main, i)
+		cm, err := get(name)
+		if apierrors.IsNotFound(err) && reader == w.client {
+			// Created by an earlier flush and not in the cache yet.
+			if last, ok := w.last.get(name); ok {
+				cm, err = last.DeepCopy(), nil
+			}
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			return nil, err
+		}
+		cms = append(cms, cm)
+	}
+	return cms, nil
 }
 
 // freshest is the object to start a read-modify-write from: the cached one, or a copy of the
@@ -217,24 +384,148 @@ func freshest[T client.Object](cached, last T) T {
 	return cached
 }
 
-// write applies the changes to cm and stores it. Changes that would take the documents past the
-// size limit fail with errConfigFull, and the rest are stored: the first try applies them all;
-// only when that is too large are they applied one at a time, keeping those that fit.
-func (w *groupWriter) write(ctx context.Context, cm *corev1.ConfigMap, batch []func(*groupContent), errs []error) (*corev1.ConfigMap, error) {
-	before := cm.DeepCopy()
-	content := w.content(cm).clone()
-	for _, c := range batch {
-		c(content)
+// write applies the changes to the shards and stores those that changed. When a shard would
+// exceed the size bound, the count doubles; changes that would need more than
+// contract.MaxShards fail with errConfigFull, and the rest are stored.
+func (w *groupWriter) write(ctx context.Context, cms []*corev1.ConfigMap, batch []func(*groupShards), errs []error) ([]*corev1.ConfigMap, error) {
+	contents := make([]*groupContent, len(cms))
+	for i, cm := range cms {
+		if cm == nil {
+			contents[i] = emptyContent()
+		} else {
+			contents[i] = w.content(cm)
+		}
 	}
-	data, keys, err := content.encode()
+	apply := func(skip func(int) bool) *groupShards {
+		s := newGroupShards(contents)
+		s.settle()
+		for i, c := range batch {
+			if !skip(i) {
+				c(s)
+			}
+		}
+		return s
+	}
+	s, data, keys, err := w.fit(apply(func(int) bool { return false }), cms)
+	if errors.Is(err, errConfigFull) {
+		// The slow path of a full group: the changes one at a time, keeping those that fit.
+		for i := range batch {
+			errs[i] = errConfigFull
+			if _, _, _, err := w.fit(apply(func(j int) bool { return j > i || (j < i && errs[j] != nil) }), cms); err == nil {
+				errs[i] = nil
+			}
+		}
+		s, data, keys, err = w.fit(apply(func(j int) bool { return errs[j] != nil }), cms)
+	}
 	if err != nil {
 		return nil, err
 	}
-	if dataSize(cm.Data, data, keys) > maxGroupDocumentBytes {
-		if content, data, err = fitting(cm, batch, errs); err != nil {
+	// Growing: entries go to their new shards first, then shard 0 raises the count, then the
+	// old shards drop what moved, so that a replica never reads a count without its entries.
+	phases := [][]int{slices.Sorted(maps.Keys(data))}
+	if len(s.shards) > len(cms) {
+		var added, old []int
+		for i := range data {
+			if i >= len(cms) {
+				added = append(added, i)
+			} else if i != 0 {
+				old = append(old, i)
+			}
+		}
+		phases = [][]int{added, {0}, old}
+	}
+	main := cms[0]
+	var written []*corev1.ConfigMap
+	for _, phase := range phases {
+		results := make([]*corev1.ConfigMap, len(phase))
+		werrs := make([]error, len(phase))
+		var wg sync.WaitGroup
+		for j, i := range phase {
+			var cm *corev1.ConfigMap
+			if i < len(cms) {
+				cm = cms[i]
+			}
+			wg.Go(func() {
+				results[j], werrs[j] = w.writeShard(ctx, main, i, cm, i >= len(cms), data[i], keys, s.shards[i])
+			})
+		}
+		wg.Wait()
+		for _, cm := range results {
+			if cm != nil {
+				written = append(written, cm)
+			}
+		}
+		if err := firstError(werrs); err != nil {
+			return written, err
+		}
+	}
+	return written, nil
+}
+
+// firstError is the first of errs that is not nil, as is, so that callers can tell a conflict.
+func firstError(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fit encodes the changed shards, doubling the count while one is too large; errConfigFull
+// when that would take more than contract.MaxShards.
+func (w *groupWriter) fit(s *groupShards, cms []*corev1.ConfigMap) (*groupShards, map[int]map[string]string, []string, error) {
+	for {
+		data, keys, err := s.encodeChanged()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		fits := true
+		for i, d := range data {
+			var current map[string]string
+			if i < len(cms) && cms[i] != nil {
+				current = cms[i].Data
+			}
+			if dataSize(current, d, keys) > w.shardBytes {
+				fits = false
+				break
+			}
+		}
+		if fits {
+			return s, data, keys, nil
+		}
+		if 2*len(s.shards) > contract.MaxShards {
+			return nil, nil, nil, errConfigFull
+		}
+		s = s.grown()
+	}
+}
+
+// writeShard stores shard i's documents, creating its ConfigMap (like the first one: same
+// labels and owner) when there is none, and returns what it wrote (nil: nothing changed). A
+// shard the count does not include yet (added) may be left by a flush that stopped while
+// growing: nobody reads it, and it is overwritten. A counted shard that was not found but
+// exists fails with AlreadyExists: the flush reads the shards again from the API, rather than
+// overwrite entries it did not see.
+func (w *groupWriter) writeShard(ctx context.Context, main *corev1.ConfigMap, i int, cm *corev1.ConfigMap, added bool, data map[string]string, keys []string, content *groupContent) (*corev1.ConfigMap, error) {
+	if cm == nil {
+		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: contract.ShardName(main.Name, i), Namespace: w.namespace,
+			Labels: maps.Clone(main.Labels), OwnerReferences: slices.Clone(main.OwnerReferences)}, Data: data}
+		err := create(ctx, w.client, cm)
+		if apierrors.IsAlreadyExists(err) && added {
+			cm = &corev1.ConfigMap{}
+			err = w.api.Get(ctx, client.ObjectKey{Namespace: w.namespace, Name: contract.ShardName(main.Name, i)}, cm)
+		} else if err == nil {
+			w.last.set(cm.Name, cm)
+			w.remember(cm, content)
+			return cm, nil
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
+	cm = cm.DeepCopy()
+	before := cm.DeepCopy()
 	if cm.Data == nil {
 		cm.Data = map[string]string{}
 	}
@@ -252,39 +543,9 @@ func (w *groupWriter) write(ctx context.Context, cm *corev1.ConfigMap, batch []f
 	if err := patchShared(ctx, w.client, before, cm); err != nil {
 		return nil, err
 	}
+	w.last.set(cm.Name, cm)
 	w.remember(cm, content)
 	return cm, nil
-}
-
-// fitting applies the changes one by one, failing with errConfigFull each one after which the
-// documents would be too large. It is the slow path of a nearly full group.
-func fitting(cm *corev1.ConfigMap, batch []func(*groupContent), errs []error) (*groupContent, map[string]string, error) {
-	content := decodeGroup(cm)
-	data, keys, err := content.encode()
-	if err != nil {
-		return nil, nil, err
-	}
-	for i, c := range batch {
-		c(content)
-		next, _, err := content.encode()
-		if err != nil {
-			return nil, nil, err
-		}
-		if dataSize(cm.Data, next, keys) > maxGroupDocumentBytes {
-			errs[i] = errConfigFull
-			content = decodeGroupData(cm, data) // back to the last that fit
-			continue
-		}
-		data = next
-	}
-	return content, data, nil
-}
-
-// decodeGroupData decodes cm as it would be with data in place of its documents.
-func decodeGroupData(cm *corev1.ConfigMap, data map[string]string) *groupContent {
-	cp := cm.DeepCopy()
-	cp.Data = data
-	return decodeGroup(cp)
 }
 
 // dataSize is the size of cm's data once the documents' keys hold data.

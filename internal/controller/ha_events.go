@@ -58,13 +58,14 @@ func indexGroupObjects(mgr ctrl.Manager) error {
 }
 
 // haControllerOptions let the reconcilers of objects on ProxyGroups run side by side: most of
-// their time is spent waiting (the tailnet's API, the group writer), and the group writer
-// batches what they write at once.
-var haControllerOptions = controller.Options{MaxConcurrentReconciles: 32}
+// their time is spent waiting (the tailnet's API, the group writer, the certificate ledger),
+// and the writers batch what they write at once, so that the more wait together, the more
+// each write carries: with many objects on a group, throughput grows with this number.
+var haControllerOptions = controller.Options{MaxConcurrentReconciles: 128}
 
 // groupEvents maps the events of a ProxyGroup's own objects to the objects of one kind
 // ("Ingress" or "Service") served on it that they concern:
-//   - the ProxyGroup, and the creation or deletion of its ConfigMap: every one;
+//   - the ProxyGroup, and the creation or deletion of its (first) ConfigMap: every one;
 //   - a replica's state Secret: those whose services its report changed (advertised,
 //     certificate, Funnel, DNAT rules), or every one when the replica itself changed;
 //   - a group certificate Secret deleted: the one of that name, which creates it again;
@@ -113,6 +114,9 @@ func (e groupEvents) onCreateOrDelete(ctx context.Context, o client.Object, dele
 	}
 	switch o := o.(type) {
 	case *corev1.ConfigMap:
+		if o.Name != (group{pg}).configMap() {
+			return nil // another shard: its documents are ours
+		}
 		return e.all(ctx, pg)
 	case *corev1.Secret:
 		switch o.Labels[LabelSecretType] {
@@ -135,7 +139,7 @@ func (e groupEvents) onUpdate(ctx context.Context, old, cur client.Object) []rec
 	}
 	switch cur := cur.(type) {
 	case *corev1.ConfigMap:
-		if last, ok := e.docs.w.last.get(pg); ok && last.UID == cur.UID && last.ResourceVersion == cur.ResourceVersion {
+		if last, ok := e.docs.w.last.get(cur.Name); ok && last.UID == cur.UID && last.ResourceVersion == cur.ResourceVersion {
 			return nil // the writer's own: the objects it wrote for are being reconciled
 		}
 		oldCM, ok := old.(*corev1.ConfigMap)

@@ -8,13 +8,15 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 )
 
 // 200 objects on a 2-replica group: every one gets its entry and Tailscale Service, the group's
-// Pods are never replaced, and the documents stay far below the ConfigMap limit.
+// Pods are never replaced, and the documents spread over ConfigMaps within the shard bound
+// (small in these tests), which the replicas may read.
 var _ = Describe("A ProxyGroup with many objects", func() {
 	It("configures 100 Ingresses and 100 Services without restarting replicas", func() {
 		pg := newProxyGroup("many", func(p *tsv1alpha1.ProxyGroup) {})
@@ -47,14 +49,22 @@ var _ = Describe("A ProxyGroup with many objects", func() {
 		Eventually(func(g Gomega) []string { return replicaConfig(g, "many", 1).AdvertiseServices }, "1m").Should(HaveLen(200))
 		GinkgoWriter.Printf("200 objects configured in %s\n", time.Since(start))
 
-		cm := &corev1.ConfigMap{}
-		Expect(k8s.Get(ctx, nsKey("many"+groupConfigMapSuffix), cm)).To(Succeed())
-		size := 0
-		for _, v := range cm.Data {
-			size += len(v)
+		shards := readGroupShards(Default, "many")
+		Expect(len(shards)).To(BeNumerically(">", 1))
+		total := 0
+		for _, data := range shards {
+			size := 0
+			for _, v := range data {
+				size += len(v)
+			}
+			Expect(size).To(BeNumerically("<=", testSetup.GroupShardBytes))
+			total += size
 		}
-		AddReportEntry("group documents for 200 objects (bytes)", size)
-		Expect(size).To(BeNumerically("<", maxGroupDocumentBytes/10))
+		AddReportEntry("group documents for 200 objects (bytes)", total)
+		AddReportEntry("group ConfigMaps for 200 objects", len(shards))
+		role := &rbacv1.Role{}
+		Expect(k8s.Get(ctx, nsKey("many"), role)).To(Succeed())
+		Expect(role.Rules[0].ResourceNames).To(HaveLen(len(shards)), "the replicas may read every shard")
 		for name, uid := range pods {
 			pod := &corev1.Pod{}
 			Expect(k8s.Get(ctx, nsKey(name), pod)).To(Succeed())

@@ -21,17 +21,25 @@ import (
 )
 
 func groupDocuments(g Gomega, pg string) (*contract.ServeConfig, *contract.DNATConfig) {
+	docs := contract.MergeShards(readGroupShards(g, pg))
+	g.Expect(docs.ServeErr).NotTo(HaveOccurred())
+	g.Expect(docs.DNATErr).NotTo(HaveOccurred())
+	return docs.Serve, docs.DNAT
+}
+
+// readGroupShards reads every shard of a group's documents, as a replica does.
+func readGroupShards(g Gomega, pg string) []map[string][]byte {
 	cm := &corev1.ConfigMap{}
 	g.Expect(k8s.Get(ctx, nsKey(pg+groupConfigMapSuffix), cm)).To(Succeed())
-	serve, _, _ := contract.ServeConfigs.Decode(cmData(cm))
-	dnat, _, _ := contract.DNATConfigs.Decode(cmData(cm))
-	if serve == nil {
-		serve = &contract.ServeConfig{}
+	count, err := contract.ShardCount(cmData(cm))
+	g.Expect(err).NotTo(HaveOccurred())
+	shards := []map[string][]byte{cmData(cm)}
+	for i := 1; i < count; i++ {
+		s := &corev1.ConfigMap{}
+		g.Expect(k8s.Get(ctx, nsKey(contract.ShardName(pg+groupConfigMapSuffix, i)), s)).To(Succeed())
+		shards = append(shards, cmData(s))
 	}
-	if dnat == nil {
-		dnat = &contract.DNATConfig{}
-	}
-	return serve, dnat
+	return shards
 }
 
 func tailscaleService(name string) (tailnet.Service, error) {

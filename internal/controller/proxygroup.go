@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -138,7 +139,7 @@ func replicas(pg *tsv1alpha1.ProxyGroup) int {
 func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g group, class *tsv1alpha1.ProxyClass) error {
 	ns := r.Settings.Namespace
 	n := replicas(pg)
-	cm, services, err := r.groupConfigMap(ctx, g)
+	cm, services, shards, err := r.groupConfigMap(ctx, g)
 	if err != nil {
 		return err
 	}
@@ -146,7 +147,7 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 	if err != nil {
 		return err
 	}
-	objs := []client.Object{r.buildServiceAccount(g), r.buildRole(g, n, certs), r.buildRoleBinding(g), cm}
+	objs := []client.Object{r.buildServiceAccount(g), r.buildRole(g, n, shards, certs), r.buildRoleBinding(g), cm}
 	for i := range n {
 		cfg, err := r.replicaConfig(ctx, pg, g, class, i, services)
 		if err != nil {
@@ -185,38 +186,57 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 }
 
 // groupConfigMap returns the group's ConfigMap as the reconciler owns it (metadata only: the
-// HA Ingress and Service reconcilers own its documents) and the Tailscale Services its
-// documents name, which every replica may advertise.
-func (r *ProxyGroupReconciler) groupConfigMap(ctx context.Context, g group) (*corev1.ConfigMap, []string, error) {
+// HA Ingress and Service reconcilers own its documents and its other shards), the Tailscale
+// Services the documents name, which every replica may advertise, and the number of shards.
+func (r *ProxyGroupReconciler) groupConfigMap(ctx context.Context, g group) (*corev1.ConfigMap, []string, int, error) {
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: g.configMap(), Namespace: r.Settings.Namespace, Labels: g.labels()}}
 	existing := &corev1.ConfigMap{}
 	err := r.Get(ctx, client.ObjectKeyFromObject(cm), existing)
 	if apierrors.IsNotFound(err) {
-		return cm, nil, nil
+		return cm, nil, 1, nil
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
-	return cm, groupServices(existing), nil
+	count, err := contract.ShardCount(cmData(existing))
+	if err != nil {
+		// Its documents are not read either: a reader of this build sees none.
+		return cm, nil, 1, nil
+	}
+	shards := []map[string][]byte{cmData(existing)}
+	for i := 1; i < count; i++ {
+		s := &corev1.ConfigMap{}
+		if err := r.Get(ctx, client.ObjectKey{Namespace: r.Settings.Namespace, Name: contract.ShardName(g.configMap(), i)}, s); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return nil, nil, 0, err
+		}
+		shards = append(shards, cmData(s))
+	}
+	return cm, groupServices(shards), count, nil
 }
 
-// groupServices lists the Tailscale Services in a group ConfigMap's documents. When a document
-// cannot be read (edited by hand, or of a future version), the owner index stands in for it:
-// the replicas keep advertising what they served until the document is written again, rather
-// than withdrawing every service of the group at once.
-func groupServices(cm *corev1.ConfigMap) []string {
-	data := cmData(cm)
+// groupServices lists the Tailscale Services in a group's documents (one data map per
+// ConfigMap). When a document cannot be read (edited by hand, or of a future version), the
+// owner index stands in for it: the replicas keep advertising what they served until the
+// document is written again, rather than withdrawing every service of the group at once.
+func groupServices(shards []map[string][]byte) []string {
 	var names []string
-	serve, _, serveErr := contract.ServeConfigs.Decode(data)
-	if serveErr == nil {
-		names = slices.AppendSeq(names, maps.Keys(serve.Services))
-	}
-	dnat, _, dnatErr := contract.DNATConfigs.Decode(data)
-	if dnatErr == nil {
-		names = slices.AppendSeq(names, maps.Keys(dnat.Services))
-	}
-	if serveErr != nil || dnatErr != nil {
-		names = slices.AppendSeq(names, maps.Keys(owners(cm)))
+	for _, data := range shards {
+		serve, _, serveErr := contract.ServeConfigs.Decode(data)
+		if serveErr == nil {
+			names = slices.AppendSeq(names, maps.Keys(serve.Services))
+		}
+		dnat, _, dnatErr := contract.DNATConfigs.Decode(data)
+		if dnatErr == nil {
+			names = slices.AppendSeq(names, maps.Keys(dnat.Services))
+		}
+		if serveErr != nil || dnatErr != nil {
+			o := map[string]string{}
+			_ = json.Unmarshal(data[ownersKey], &o) // a damaged index only loses old entries
+			names = slices.AppendSeq(names, maps.Keys(o))
+		}
 	}
 	slices.Sort(names)
 	return slices.Compact(names)
@@ -326,15 +346,18 @@ func (r *ProxyGroupReconciler) certSecretNames(ctx context.Context, g group) (gr
 	return out, nil
 }
 
-// buildRole lets replicas read the group's ConfigMap and their Secrets, write their state, and
-// read (the issuer: write) the group's certificate Secrets.
-func (r *ProxyGroupReconciler) buildRole(g group, n int, certs groupCertSecrets) *rbacv1.Role {
-	var secrets []string
+// buildRole lets replicas read the group's ConfigMaps (its shards) and their Secrets, write
+// their state, and read (the issuer: write) the group's certificate Secrets.
+func (r *ProxyGroupReconciler) buildRole(g group, n, shards int, certs groupCertSecrets) *rbacv1.Role {
+	var secrets, configMaps []string
 	for i := range n {
 		secrets = append(secrets, g.configSecret(i), g.stateSecret(i))
 	}
+	for i := range max(shards, 1) {
+		configMaps = append(configMaps, contract.ShardName(g.configMap(), i))
+	}
 	rules := []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{g.configMap()}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: configMaps, Verbs: []string{"get", "list", "watch"}},
 	}
 	if len(secrets) > 0 {
 		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: secrets,

@@ -52,6 +52,9 @@ type Settings struct {
 	// owners of each of its Tailscale Services, which other operators (clusters) may share, at
 	// least (it waits up to twice as long); zero means five minutes.
 	SharedServiceResync time.Duration
+	// GroupShardBytes bounds the documents in one of a ProxyGroup's ConfigMaps, beyond which
+	// they are spread over more; zero means 128 KiB.
+	GroupShardBytes int
 }
 
 // Validate checks the settings at start-up, so a misconfigured operator fails at once.

@@ -78,7 +78,7 @@ func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
 	if err := indexGroupObjects(mgr); err != nil {
 		return err
 	}
-	docs := groupDocs{Client: mgr.GetClient(), namespace: s.Namespace, w: newGroupWriter(mgr.GetClient(), mgr.GetAPIReader(), s.Namespace)}
+	docs := groupDocs{Client: mgr.GetClient(), namespace: s.Namespace, w: newGroupWriter(mgr.GetClient(), mgr.GetAPIReader(), s.Namespace, s.GroupShardBytes)}
 	services := &tailscaleServices{Client: mgr.GetClient(), tailnet: tc, settings: s}
 	if err := (&HAIngressReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "ingress-proxygroup"), Settings: s, certs: certs, guard: guard,
 		tlsSecrets: tlsSecrets, info: p.tailnetInfo}).SetupWithManager(mgr, docs, services); err != nil {

@@ -42,6 +42,8 @@ var (
 		DefaultTags:      []string{"tag:k8s"},
 		ProxyImage:       "proxy:test",
 		FirewallMode:     "auto",
+		// Small, so that a group of some dozens of objects spreads over several ConfigMaps.
+		GroupShardBytes: 16 << 10,
 	}
 )
 

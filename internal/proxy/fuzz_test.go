@@ -60,7 +60,8 @@ func FuzzGroupDocuments(f *testing.F) {
 		for k, v := range strs {
 			data[k] = []byte(v)
 		}
-		if doc, err := decodeDoc(contract.ServeConfigs, "serve-config", data); err == nil {
+		docs := contract.MergeShards([]map[string][]byte{data})
+		if doc, err := docs.Serve, docs.ServeErr; err == nil {
 			for name, ws := range doc.Services {
 				rt := web.NewRouter(ws.Routes)
 				for _, r := range ws.Routes {
@@ -77,7 +78,7 @@ func FuzzGroupDocuments(f *testing.F) {
 		} else if doc != nil {
 			t.Fatalf("a Serve document and an error: %v", err)
 		}
-		doc, err := decodeDoc(contract.DNATConfigs, "dnat-config", data)
+		doc, err := docs.DNAT, docs.DNATErr
 		if err != nil {
 			return
 		}

@@ -160,10 +160,10 @@ func runGroup(ctx context.Context, opts Options, kube kubernetes.Interface, src 
 	r.secrets = newSecretWatches(kube.CoreV1().Secrets(opts.Namespace), r.send, r.log)
 	updates := make(chan configUpdate)
 	statuses := make(chan nodeStatus)
-	docs := make(chan map[string][]byte)
+	docs := make(chan []map[string][]byte)
 	go src.watch(wctx, first, updates)
 	go watchNode(wctx, r.lc, r.log, statuses)
-	go watchConfigMap(wctx, kube, opts.Namespace, opts.GroupConfigMap, r.log, docs)
+	go watchGroupDocs(wctx, kube, opts.Namespace, opts.GroupConfigMap, r.log, docs)
 	var fwdChanged <-chan struct{}
 	if r.fwd != nil {
 		fwdChanged = r.fwd.Changed()
@@ -310,44 +310,96 @@ func (r *replica) onStatus(ctx context.Context, st nodeStatus) error {
 	return nil
 }
 
-// onDocs takes the documents of the group ConfigMap. A document that cannot be read is
-// reported and the last good one stays in force.
-func (r *replica) onDocs(data map[string][]byte) {
-	if doc, err := decodeDoc(contract.ServeConfigs, "serve-config", data); err != nil {
+// onDocs takes the documents of the group's ConfigMaps (every shard). A document that cannot be
+// read is reported and the last good one stays in force.
+func (r *replica) onDocs(shards []map[string][]byte) {
+	docs := contract.MergeShards(shards)
+	if docs.ServeErr != nil {
 		r.opts.metrics.rejected(docServeConfig)
-		r.log.Error("the group's Serve config is not applied; serving the last good one", "configmap", r.opts.GroupConfigMap, "err", err)
-	} else if !reflect.DeepEqual(*doc, r.serve) {
-		r.serve = *doc
+		r.log.Error("the group's Serve config is not applied; serving the last good one", "configmap", r.opts.GroupConfigMap, "err", docs.ServeErr)
+	} else if !reflect.DeepEqual(*docs.Serve, r.serve) {
+		r.serve = *docs.Serve
 		r.opts.metrics.applied(docServeConfig)
-		r.log.Info("Serve config applied", "services", slices.Sorted(maps.Keys(doc.Services)))
+		r.log.Info("Serve config applied", "services", len(docs.Serve.Services))
 	}
-	if doc, err := decodeDoc(contract.DNATConfigs, "dnat-config", data); err != nil {
+	if docs.DNATErr != nil {
 		r.opts.metrics.rejected(docDNATConfig)
-		r.log.Error("the group's DNAT config is not applied; serving the last good one", "configmap", r.opts.GroupConfigMap, "err", err)
-	} else if !reflect.DeepEqual(*doc, r.dnat) {
-		r.dnat = *doc
+		r.log.Error("the group's DNAT config is not applied; serving the last good one", "configmap", r.opts.GroupConfigMap, "err", docs.DNATErr)
+	} else if !reflect.DeepEqual(*docs.DNAT, r.dnat) {
+		r.dnat = *docs.DNAT
 		r.opts.metrics.applied(docDNATConfig)
-		r.log.Info("DNAT config applied", "services", slices.Sorted(maps.Keys(doc.Services)))
+		r.log.Info("DNAT config applied", "services", len(docs.DNAT.Services))
 	}
 }
 
-// decodeDoc reads the newest understood version of a document; none stored at all is an empty
-// document, as before the operator's first object on the group.
-func decodeDoc[T any](codec interface {
-	Decode(map[string][]byte) (*T, int, error)
-}, name string, data map[string][]byte) (*T, error) {
-	for k := range data {
-		if strings.HasPrefix(k, name+".v") {
-			doc, _, err := codec.Decode(data)
-			return doc, err
+// shardData is one group ConfigMap's data, by shard.
+type shardData struct {
+	shard int
+	data  map[string][]byte
+}
+
+// watchGroupDocs sends the data of every shard of the group's documents whenever one changes,
+// once it has read each shard the first ConfigMap counts (contract.MergeShards).
+func watchGroupDocs(ctx context.Context, kube kubernetes.Interface, namespace, main string, log *slog.Logger, out chan<- []map[string][]byte) {
+	updates := make(chan shardData)
+	watching := map[int]context.CancelFunc{}
+	watch := func(i int) {
+		wctx, cancel := context.WithCancel(ctx)
+		watching[i] = cancel
+		go watchConfigMap(wctx, kube, namespace, contract.ShardName(main, i), i, log, updates)
+	}
+	watch(0)
+	count, latest := 1, map[int]map[string][]byte{}
+	for {
+		var u shardData
+		select {
+		case u = <-updates:
+		case <-ctx.Done():
+			return
+		}
+		if u.shard >= count && u.shard != 0 {
+			continue // from a shard no longer counted
+		}
+		latest[u.shard] = u.data
+		if u.shard == 0 {
+			n, err := contract.ShardCount(u.data)
+			if err != nil {
+				log.Error("the group's documents are not applied: their shards cannot be counted; serving the last good ones", "configmap", main, "err", err)
+				continue
+			}
+			count = n
+			for i := 1; i < count; i++ {
+				if watching[i] == nil {
+					watch(i)
+				}
+			}
+			for i, cancel := range watching {
+				if i >= count {
+					cancel()
+					delete(watching, i)
+					delete(latest, i)
+				}
+			}
+		}
+		shards := make([]map[string][]byte, count)
+		complete := true
+		for i := range shards {
+			shards[i], complete = latest[i], complete && latest[i] != nil
+		}
+		if !complete {
+			continue // until every shard is read: an entry may be moving between two
+		}
+		select {
+		case out <- shards:
+		case <-ctx.Done():
+			return
 		}
 	}
-	return new(T), nil
 }
 
-// watchConfigMap sends the group ConfigMap's data whenever it changes. Like the config Secret,
+// watchConfigMap sends a group ConfigMap's data whenever it changes. Like the config Secret,
 // it is watched alone, by name, which is all the replica's Role allows.
-func watchConfigMap(ctx context.Context, kube kubernetes.Interface, namespace, name string, log *slog.Logger, out chan<- map[string][]byte) {
+func watchConfigMap(ctx context.Context, kube kubernetes.Interface, namespace, name string, shard int, log *slog.Logger, out chan<- shardData) {
 	send := func(obj any) {
 		cm, ok := obj.(*corev1.ConfigMap)
 		if !ok {
@@ -358,7 +410,7 @@ func watchConfigMap(ctx context.Context, kube kubernetes.Interface, namespace, n
 			data[k] = []byte(v)
 		}
 		select {
-		case out <- data:
+		case out <- shardData{shard: shard, data: data}:
 		case <-ctx.Done():
 		}
 	}

@@ -1,0 +1,149 @@
+package contract
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+)
+
+// A ProxyGroup's documents may be spread over several ConfigMaps ("shards"), so that no object
+// grows with the number of services on the group. Shard 0 is the group ConfigMap the replicas
+// are given (`<pg>-ingress-config`); when there is more than one, it holds a GroupShards
+// document saying how many, and shard i > 0 is the ConfigMap named ShardName(main, i). A
+// service's entries (Serve, DNAT) are in shard ShardOf(service, count). Readers take the
+// union of every shard's documents, once they have read every shard.
+//
+// The count is a power of two and only grows: growing from n to 2n moves entries from shard i
+// to shard i+n only, and the writer stores them in their new shard before it raises the count
+// in shard 0, then removes them from the old one; a reader that waits for every shard of the
+// count it read never misses an entry.
+
+// GroupShards is the shard index in a group's first ConfigMap.
+type GroupShards struct {
+	Version int `json:"version"`
+	// Count of ConfigMaps holding the documents, shard 0 included; a power of two.
+	Count int `json:"count"`
+}
+
+// MaxShards bounds GroupShards.Count.
+const MaxShards = 64
+
+// Validate checks the count.
+func (s *GroupShards) Validate() error {
+	if s.Count < 1 || s.Count > MaxShards || s.Count&(s.Count-1) != 0 {
+		return fmt.Errorf("shard count %d must be a power of two from 1 to %d", s.Count, MaxShards)
+	}
+	return nil
+}
+
+// GroupShardIndexes stores GroupShards documents.
+var GroupShardIndexes = codec[GroupShards]{
+	name: "group-shards",
+	encode: map[int]func(*GroupShards) ([]byte, error){
+		1: jsonEncoder(1, func(s *GroupShards, v int) { s.Version = v }),
+	},
+	decode: map[int]func([]byte) (*GroupShards, error){
+		1: jsonDecoder(1, func(s *GroupShards) int { return s.Version }, (*GroupShards).Validate),
+	},
+}
+
+// ShardCount reads the shard count from a group's first ConfigMap: 1 when it has no index.
+func ShardCount(main map[string][]byte) (int, error) {
+	found := false
+	for k := range main {
+		if GroupShardIndexes.keyPattern().MatchString(k) {
+			found = true
+			break
+		}
+	}
+	if !found {
+		return 1, nil
+	}
+	s, _, err := GroupShardIndexes.Decode(main)
+	if err != nil {
+		return 0, err
+	}
+	return s.Count, nil
+}
+
+// ShardName is the name of shard i of the group whose first ConfigMap is main.
+func ShardName(main string, i int) string {
+	if i == 0 {
+		return main
+	}
+	return fmt.Sprintf("%s-%d", main, i)
+}
+
+// ShardOf is the shard, of count, that holds a service's entries.
+func ShardOf(service string, count int) int {
+	if count <= 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write([]byte(service))
+	return int(h.Sum32() % uint32(count))
+}
+
+// GroupDocuments is what a group's shards say together. A document that some shard holds in
+// no version this build reads is nil, with its error.
+type GroupDocuments struct {
+	Serve    *ServeConfig
+	ServeErr error
+	DNAT     *DNATConfig
+	DNATErr  error
+}
+
+// MergeShards decodes and joins the documents of every shard. A document absent from a shard is
+// empty there; one this build cannot read in any shard fails that document as a whole: a
+// replica then keeps the last one it could read. An entry also found outside its own shard
+// (left there while the count grows) counts as in its own shard.
+func MergeShards(shards []map[string][]byte) GroupDocuments {
+	out := GroupDocuments{Serve: &ServeConfig{Services: map[string]WebService{}}, DNAT: &DNATConfig{Services: map[string]DNATService{}}}
+	var serveErrs, dnatErrs []error
+	for i, data := range shards {
+		if serve, err := decodeIfPresent(ServeConfigs, data); err != nil {
+			serveErrs = append(serveErrs, shardErr(i, len(shards), err))
+		} else if serve != nil {
+			out.Serve.Version = max(out.Serve.Version, serve.Version)
+			addShard(out.Serve.Services, serve.Services, i, len(shards))
+		}
+		if dnat, err := decodeIfPresent(DNATConfigs, data); err != nil {
+			dnatErrs = append(dnatErrs, shardErr(i, len(shards), err))
+		} else if dnat != nil {
+			out.DNAT.Version = max(out.DNAT.Version, dnat.Version)
+			addShard(out.DNAT.Services, dnat.Services, i, len(shards))
+		}
+	}
+	if out.ServeErr = errors.Join(serveErrs...); out.ServeErr != nil {
+		out.Serve = nil
+	}
+	if out.DNATErr = errors.Join(dnatErrs...); out.DNATErr != nil {
+		out.DNAT = nil
+	}
+	return out
+}
+
+func shardErr(i, count int, err error) error {
+	if count == 1 {
+		return err
+	}
+	return fmt.Errorf("shard %d of %d: %w", i, count, err)
+}
+
+// addShard adds a shard's entries: those of their own shard over any other.
+func addShard[V any](into, from map[string]V, shard, count int) {
+	for name, v := range from {
+		if _, dup := into[name]; !dup || ShardOf(name, count) == shard {
+			into[name] = v
+		}
+	}
+}
+
+// decodeIfPresent decodes a document that data holds in some version; nil when it holds none.
+func decodeIfPresent[T any](c codec[T], data map[string][]byte) (*T, error) {
+	if len(c.found(data)) == 0 {
+		return nil, nil
+	}
+	doc, _, err := c.Decode(data)
+	return doc, err
+}

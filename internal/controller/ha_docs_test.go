@@ -1,0 +1,196 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+// shardedWriter is a group writer with a small shard bound, on a fake API with the group's
+// first ConfigMap, as the ProxyGroup reconciler creates it.
+func shardedWriter(t *testing.T, shardBytes int) (*groupWriter, client.Client) {
+	t.Helper()
+	main := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: group{"pg"}.configMap(), Namespace: "ns", Labels: group{"pg"}.labels(),
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "tailscale.com/v1alpha1", Kind: "ProxyGroup", Name: "pg", UID: "pg-uid"}}}}
+	c := fake.NewClientBuilder().WithObjects(main).Build()
+	return newGroupWriter(c, c, "ns", shardBytes), c
+}
+
+func webEntry(path string) *contract.WebService {
+	return &contract.WebService{Routes: []contract.Route{{Path: path, PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://web.apps.svc:80"}}}}
+}
+
+// storedShards reads the group's shards as a replica does, checking each against the bound.
+func storedShards(t *testing.T, c client.Client, bound int) ([]*corev1.ConfigMap, contract.GroupDocuments) {
+	t.Helper()
+	ctx := context.Background()
+	var cms []*corev1.ConfigMap
+	var datas []map[string][]byte
+	for i, count := 0, 1; i < count; i++ {
+		cm := &corev1.ConfigMap{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "ns", Name: contract.ShardName(group{"pg"}.configMap(), i)}, cm); err != nil {
+			t.Fatalf("shard %d of %d: %v", i, count, err)
+		}
+		if i == 0 {
+			n, err := contract.ShardCount(cmData(cm))
+			if err != nil {
+				t.Fatal(err)
+			}
+			count = n
+		}
+		if size := dataSize(cm.Data, nil, nil); size > bound {
+			t.Errorf("%s holds %d bytes, over the bound of %d", cm.Name, size, bound)
+		}
+		cms, datas = append(cms, cm), append(datas, cmData(cm))
+	}
+	docs := contract.MergeShards(datas)
+	if docs.ServeErr != nil || docs.DNATErr != nil {
+		t.Fatal(docs.ServeErr, docs.DNATErr)
+	}
+	return cms, docs
+}
+
+func TestGroupWriterShards(t *testing.T) {
+	const bound = 4 << 10
+	w, c := shardedWriter(t, bound)
+	ctx := context.Background()
+	for batch := range 20 {
+		var changes []func(*groupShards)
+		for j := range 10 {
+			name, owner := fmt.Sprintf("svc:site-%03d", batch*10+j), fmt.Sprintf("Ingress/apps/site-%03d", batch*10+j)
+			changes = append(changes, func(g *groupShards) { g.setServe(name, webEntry("/"+name), owner) })
+		}
+		for i, err := range w.flush("pg", changes) {
+			if err != nil {
+				t.Fatalf("batch %d, change %d: %v", batch, i, err)
+			}
+		}
+	}
+	cms, docs := storedShards(t, c, bound)
+	if len(cms) < 4 {
+		t.Fatalf("200 entries in %d ConfigMaps of at most %d bytes", len(cms), bound)
+	}
+	if len(docs.Serve.Services) != 200 {
+		t.Fatalf("%d of 200 entries stored", len(docs.Serve.Services))
+	}
+	for i, cm := range cms {
+		content := decodeGroup(cm)
+		for name := range content.serve.Services {
+			if home := contract.ShardOf(name, len(cms)); home != i {
+				t.Errorf("%s is in shard %d, its own is %d", name, i, home)
+			}
+			if content.owners[name] == "" {
+				t.Errorf("%s: no owner in its shard", name)
+			}
+		}
+		if i > 0 && (cm.Labels[LabelParentName] != "pg" || len(cm.OwnerReferences) != 1 || cm.OwnerReferences[0].UID != "pg-uid") {
+			t.Errorf("%s: labels %v, owners %v: not the group's", cm.Name, cm.Labels, cm.OwnerReferences)
+		}
+	}
+
+	// Readers find owners in every shard.
+	d := groupDocs{Client: c, namespace: "ns", w: w}
+	names, err := d.ownedBy(ctx, "Ingress/apps/site-123")
+	if err != nil || len(names) != 1 || names[0] != "svc:site-123" {
+		t.Errorf("ownedBy: %v, %v", names, err)
+	}
+
+	// Removing writes only the shards it touches, and entries go.
+	for i := range 200 {
+		if i%2 == 0 {
+			continue
+		}
+		name := fmt.Sprintf("svc:site-%03d", i)
+		if err := d.removeElsewhere(ctx, name, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, docs := storedShards(t, c, bound); len(docs.Serve.Services) != 100 {
+		t.Errorf("%d entries after removing 100 of 200", len(docs.Serve.Services))
+	}
+}
+
+// An entry that no shard could hold fails alone; the rest of its batch is stored.
+func TestGroupWriterFull(t *testing.T) {
+	const bound = 1 << 10
+	w, c := shardedWriter(t, bound)
+	errs := w.flush("pg", []func(*groupShards){
+		func(g *groupShards) {
+			g.setServe("svc:huge", webEntry("/"+strings.Repeat("x", 2*bound)), "Ingress/apps/huge")
+		},
+		func(g *groupShards) { g.setServe("svc:small", webEntry("/"), "Ingress/apps/small") },
+	})
+	if !errors.Is(errs[0], errConfigFull) || errs[1] != nil {
+		t.Fatalf("errors %v; want errConfigFull for the huge entry only", errs)
+	}
+	cms, docs := storedShards(t, c, bound)
+	if len(cms) != 1 || len(docs.Serve.Services) != 1 || !hasService(docs.Serve.Services, "svc:small") {
+		t.Errorf("%d shards with %v", len(cms), docs.Serve.Services)
+	}
+}
+
+// Entries left outside their own shard, as a writer that stopped while growing leaves them,
+// are moved to their own by the next write.
+func TestGroupShardsSettle(t *testing.T) {
+	stray := "svc:a"
+	for contract.ShardOf(stray, 2) != 1 {
+		stray += "a"
+	}
+	s := newGroupShards([]*groupContent{emptyContent(), emptyContent()})
+	s.shards[0].setServe(stray, webEntry("/"), "Ingress/apps/a")
+	s.touched[0] = false
+	before := s.shards[0]
+	s.settle()
+	if s.shards[0].has(stray) || !s.shards[1].has(stray) || s.shards[1].owners[stray] != "Ingress/apps/a" {
+		t.Errorf("not moved: shard 0 %v, shard 1 %v", s.shards[0].serve.Services, s.shards[1].serve.Services)
+	}
+	if !before.has(stray) {
+		t.Error("settling changed the shared content it started from")
+	}
+}
+
+// laggingCache is a cache that has not seen any shard but the first yet.
+type laggingCache struct{ client.Client }
+
+func (c laggingCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if _, ok := obj.(*corev1.ConfigMap); ok && key.Name != (group{"pg"}).configMap() {
+		return apierrors.NewNotFound(corev1.Resource("configmaps"), key.Name)
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+// A shard the cache does not show yet is neither taken as empty nor overwritten: the writer
+// uses what it wrote last, or reads the API again.
+func TestGroupWriterCacheLag(t *testing.T) {
+	const bound = 4 << 10
+	_, api := shardedWriter(t, bound)
+	w := newGroupWriter(laggingCache{api}, api, "ns", bound)
+	for batch := range 20 {
+		if batch%5 == 4 {
+			w.last = lastWritten[*corev1.ConfigMap]{} // as after a failed flush
+		}
+		var changes []func(*groupShards)
+		for j := range 10 {
+			name := fmt.Sprintf("svc:site-%03d", batch*10+j)
+			changes = append(changes, func(g *groupShards) { g.setServe(name, webEntry("/"), "Ingress/apps/"+name) })
+		}
+		for i, err := range w.flush("pg", changes) {
+			if err != nil {
+				t.Fatalf("batch %d, change %d: %v", batch, i, err)
+			}
+		}
+	}
+	if _, docs := storedShards(t, api, bound); len(docs.Serve.Services) != 200 {
+		t.Errorf("%d of 200 entries stored", len(docs.Serve.Services))
+	}
+}
