@@ -106,12 +106,15 @@ func (n *node) reachable() bool {
 	return n.mapped && (len(n.endpoints) > 0 || n.homeDERP != 0)
 }
 
-// serviceHostsLocked returns, per service, the connected nodes that advertise it, by node ID.
+// serviceHostsLocked returns, per service, the connected, reachable nodes that advertise it, by
+// node ID.
 // Advertising is approval enough here: the local tailnet has no policy file.
 func (s *server) serviceHostsLocked() map[tailcfg.ServiceName][]*node {
 	hosts := make(map[tailcfg.ServiceName][]*node)
 	for _, n := range s.sortedNodesLocked() {
-		if n.stream == nil || len(n.tags) == 0 {
+		// A node its peers are not shown (a restarted replica before its netmap) hosts nothing:
+		// the clients that would pick it would have no route to the service.
+		if n.stream == nil || len(n.tags) == 0 || !n.reachable() {
 			continue
 		}
 		for _, name := range n.services {

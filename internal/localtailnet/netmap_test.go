@@ -64,3 +64,33 @@ func TestNewNodeShownWhenReachable(t *testing.T) {
 		t.Errorf("the new node's peers: %v", res.Peers)
 	}
 }
+
+// A restarted host of a Tailscale Service, hidden from its peers until it has had its netmap,
+// hosts nothing meanwhile: the clients that pick it go to another host instead of nowhere.
+func TestHiddenNodeHostsNothing(t *testing.T) {
+	lt, err := Start(context.Background(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lt.Close()
+	s := lt.srv
+	k := &authKey{tags: []string{"tag:k8s"}}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	const svc = tailcfg.ServiceName("svc:web")
+	s.services[svc] = &service{name: svc, addrs: []netip.Addr{netip.MustParseAddr("100.100.0.1")}}
+	var replicas []*node
+	for _, name := range []string{"pg-0", "pg-1"} {
+		n := s.addNodeLocked(key.NewMachine().Public(), &tailcfg.RegisterRequest{NodeKey: key.NewNode().Public(),
+			Hostinfo: &tailcfg.Hostinfo{Hostname: name}}, k)
+		n.stream, n.mapped, n.homeDERP, n.services = make(chan struct{}, 1), true, 1, []tailcfg.ServiceName{svc}
+		replicas = append(replicas, n)
+	}
+	if hosts := s.serviceHostsLocked()[svc]; len(hosts) != 2 {
+		t.Fatalf("hosts of %s: %d, want both replicas", svc, len(hosts))
+	}
+	s.noteDiscoKeyLocked(replicas[1], key.NewDisco().Public())
+	if hosts := s.serviceHostsLocked()[svc]; len(hosts) != 1 || hosts[0] != replicas[0] {
+		t.Errorf("hosts of %s while pg-1 is hidden: %v, want pg-0 only", svc, hosts)
+	}
+}
