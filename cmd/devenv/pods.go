@@ -39,8 +39,13 @@ type podRunner struct {
 	acmeDirectory string
 	print         func(format string, args ...any)
 
-	mu          sync.Mutex
-	pods        map[types.UID]context.CancelFunc
+	mu   sync.Mutex
+	pods map[types.UID]context.CancelFunc
+	// stopped is closed when the proxy of the Pod of that name has stopped. A kubelet starts a
+	// StatefulSet's next Pod of a name once the last one's containers exited; here the Pod
+	// object goes at once (no node), so the new one waits for the old proxy's drain, or two
+	// processes would run the same device.
+	stopped     map[string]chan struct{}
 	seq         int
 	serviceCIDR netip.Prefix
 	wg          sync.WaitGroup
@@ -50,6 +55,7 @@ type podRunner struct {
 // waits until they have shut down and their namespaces are gone.
 func (p *podRunner) run(ctx context.Context) {
 	p.pods = map[types.UID]context.CancelFunc{}
+	p.stopped = map[string]chan struct{}{}
 	defer p.wg.Wait()
 	for {
 		p.sync(ctx)
@@ -75,8 +81,16 @@ func (p *podRunner) sync(ctx context.Context) {
 		live[pod.UID] = true
 		p.mu.Lock()
 		_, started := p.pods[pod.UID]
+		draining := false
+		if ch, ok := p.stopped[pod.Name]; ok && !started {
+			select {
+			case <-ch:
+			default:
+				draining = true // started at a later sync
+			}
+		}
 		p.mu.Unlock()
-		if !started {
+		if !started && !draining {
 			p.start(ctx, pod)
 		}
 	}
@@ -146,7 +160,12 @@ func (p *podRunner) start(ctx context.Context, pod *corev1.Pod) {
 		return
 	}
 	opts.StateDir = dir
+	stopped := make(chan struct{})
+	p.mu.Lock()
+	p.stopped[pod.Name] = stopped
+	p.mu.Unlock()
 	p.wg.Go(func() {
+		defer close(stopped)
 		defer os.RemoveAll(dir)
 		p.runPod(podCtx, pod, opts)
 		// After the proxy, which removes its TUN device and rules from the namespace first.
