@@ -79,9 +79,12 @@ else
   cp "$ACME_API_ROOT_FILE" "$overlay/local-acme-api-root.pem"
   # The proxies get their certificates from the local CA (its directory is HTTPS with a root of
   # its own, which they trust through the CA ConfigMap), and the suite's client trusts what it issues.
+  # It has none of Let's Encrypt's weekly limits, which a reused cluster's ledger would reach.
   settings="  - OPERATOR_LOGIN_SERVER=$TS_CONTROL_URL
   - TS_API_BASE_URL=$TS_API_BASE_URL
   - ACME_DIRECTORY_URL=$TS_DEBUG_ACME_DIRECTORY_URL
+  - ACME_NEW_CERTIFICATES_PER_WEEK=100000
+  - ACME_CERTIFICATES_PER_NAME_PER_WEEK=100000
   - PROXY_CA_CONFIGMAP=proxy-ca"
   extra_resources="- name: proxy-ca
   namespace: tailscale
