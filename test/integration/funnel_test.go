@@ -122,6 +122,8 @@ func TestFunnelIngress(t *testing.T) {
 		}
 	}
 	replicas[1].start()
+	// Back before the next step, which expects the tailnet name served without a pause.
+	eventually(t, 60*time.Second, "replica 1 advertising svc:shared again", func() error { return replicas[1].advertises(w, "svc:shared") })
 
 	// The annotation goes: off the internet, still on the tailnet.
 	for ing, fqdn := range names {
