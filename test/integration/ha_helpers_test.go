@@ -18,10 +18,15 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"tailscale.com/tsnet"
 
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/tailnetdial"
@@ -291,4 +296,36 @@ func freeUDPPort(t *testing.T) uint16 {
 	}
 	defer c.Close()
 	return uint16(c.LocalAddr().(*net.UDPAddr).Port)
+}
+
+// newHAIngressWorld creates namespace ns with a recording backend behind Service "web", a
+// ProxyGroup pg of two Ingress replicas, and Ingress "store" on it for host.
+func newHAIngressWorld(t *testing.T, w *world, ns, pg, host string) *networkingv1.Ingress {
+	t.Helper()
+	if err := w.k8s.Create(w.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	backend := newRecordingBackend(t, "web")
+	if err := w.k8s.Create(w.ctx, loopbackService(ns, "web", backend.port())); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.k8s.Create(w.ctx, &tsv1alpha1.ProxyGroup{
+		ObjectMeta: metav1.ObjectMeta{Name: pg},
+		Spec:       tsv1alpha1.ProxyGroupSpec{Type: tsv1alpha1.ProxyGroupTypeIngress, Replicas: ptr.To[int32](2)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ing := &networkingv1.Ingress{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "store", Annotations: map[string]string{controller.AnnotationProxyGroup: pg}},
+		Spec: networkingv1.IngressSpec{
+			IngressClassName: ptr.To("tailscale"),
+			TLS:              []networkingv1.IngressTLS{{Hosts: []string{host}}},
+			DefaultBackend: &networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{
+				Name: "web", Port: networkingv1.ServiceBackendPort{Name: "http"}}},
+		},
+	}
+	if err := w.k8s.Create(w.ctx, ing); err != nil {
+		t.Fatal(err)
+	}
+	return ing
 }

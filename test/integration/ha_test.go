@@ -6,14 +6,8 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
-	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 )
 
@@ -25,31 +19,7 @@ func TestHAIngressFailover(t *testing.T) {
 	begin := time.Now()
 	w := startWorld(t)
 	const ns, pg, host, svc = "shop", "pg", "ha-web", "svc:ha-web"
-	if err := w.k8s.Create(w.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		t.Fatal(err)
-	}
-	backend := newRecordingBackend(t, "web")
-	if err := w.k8s.Create(w.ctx, loopbackService(ns, "web", backend.port())); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.k8s.Create(w.ctx, &tsv1alpha1.ProxyGroup{
-		ObjectMeta: metav1.ObjectMeta{Name: pg},
-		Spec:       tsv1alpha1.ProxyGroupSpec{Type: tsv1alpha1.ProxyGroupTypeIngress, Replicas: ptr.To[int32](2)},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	ing := &networkingv1.Ingress{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "store", Annotations: map[string]string{controller.AnnotationProxyGroup: pg}},
-		Spec: networkingv1.IngressSpec{
-			IngressClassName: ptr.To("tailscale"),
-			TLS:              []networkingv1.IngressTLS{{Hosts: []string{host}}},
-			DefaultBackend: &networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{
-				Name: "web", Port: networkingv1.ServiceBackendPort{Name: "http"}}},
-		},
-	}
-	if err := w.k8s.Create(w.ctx, ing); err != nil {
-		t.Fatal(err)
-	}
+	ing := newHAIngressWorld(t, w, ns, pg, host)
 
 	ca := proxytest.NewCA(t)
 	replicas := []*haReplica{newHAReplica(t, w, pg, 0, ca, ""), newHAReplica(t, w, pg, 1, ca, "")}

@@ -11,13 +11,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/localtailnet"
@@ -36,31 +34,7 @@ func TestHAServiceOnVIPsOfDeletedIngress(t *testing.T) {
 	proxytest.NeedRoot(t)
 	w := startWorldWith(t, localtailnet.Options{HTTPS: true}, contract.FirewallAuto)
 	const ns, pg, host, webSvc, dbSvc = "shop", "pg", "ha-web", "svc:ha-web", "svc:shop-db"
-	if err := w.k8s.Create(w.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		t.Fatal(err)
-	}
-	backend := newRecordingBackend(t, "web")
-	if err := w.k8s.Create(w.ctx, loopbackService(ns, "web", backend.port())); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.k8s.Create(w.ctx, &tsv1alpha1.ProxyGroup{
-		ObjectMeta: metav1.ObjectMeta{Name: pg},
-		Spec:       tsv1alpha1.ProxyGroupSpec{Type: tsv1alpha1.ProxyGroupTypeIngress, Replicas: ptr.To[int32](2)},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	ing := &networkingv1.Ingress{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "store", Annotations: map[string]string{controller.AnnotationProxyGroup: pg}},
-		Spec: networkingv1.IngressSpec{
-			IngressClassName: ptr.To("tailscale"),
-			TLS:              []networkingv1.IngressTLS{{Hosts: []string{host}}},
-			DefaultBackend: &networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{
-				Name: "web", Port: networkingv1.ServiceBackendPort{Name: "http"}}},
-		},
-	}
-	if err := w.k8s.Create(w.ctx, ing); err != nil {
-		t.Fatal(err)
-	}
+	ing := newHAIngressWorld(t, w, ns, pg, host)
 
 	ca := proxytest.NewCA(t)
 	var replicas []*haReplica
