@@ -12,19 +12,7 @@ import (
 // A new node, or a restarted one, is shown to its peers only once it has had its netmap and said where it can be
 // reached: shown earlier, a peer's WireGuard handshake to it is lost and retried after 5 s.
 func TestNewNodeShownWhenReachable(t *testing.T) {
-	lt, err := Start(context.Background(), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lt.Close()
-	s := lt.srv
-	k := &authKey{tags: []string{"tag:k8s"}}
-	register := func(name string) *node {
-		return s.addNodeLocked(key.NewMachine().Public(), &tailcfg.RegisterRequest{NodeKey: key.NewNode().Public(),
-			Hostinfo: &tailcfg.Hostinfo{Hostname: name}}, k)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s, register := lockedServer(t)
 	client, proxy := register("laptop"), register("proxy")
 	client.mapped, client.homeDERP = true, 1
 	shown := func() bool {
@@ -68,21 +56,12 @@ func TestNewNodeShownWhenReachable(t *testing.T) {
 // A restarted host of a Tailscale Service, hidden from its peers until it has had its netmap,
 // hosts nothing meanwhile: the clients that pick it go to another host instead of nowhere.
 func TestHiddenNodeHostsNothing(t *testing.T) {
-	lt, err := Start(context.Background(), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lt.Close()
-	s := lt.srv
-	k := &authKey{tags: []string{"tag:k8s"}}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s, register := lockedServer(t)
 	const svc = tailcfg.ServiceName("svc:web")
 	s.services[svc] = &service{name: svc, addrs: []netip.Addr{netip.MustParseAddr("100.100.0.1")}}
 	var replicas []*node
 	for _, name := range []string{"pg-0", "pg-1"} {
-		n := s.addNodeLocked(key.NewMachine().Public(), &tailcfg.RegisterRequest{NodeKey: key.NewNode().Public(),
-			Hostinfo: &tailcfg.Hostinfo{Hostname: name}}, k)
+		n := register(name)
 		n.stream, n.mapped, n.homeDERP, n.services = make(chan struct{}, 1), true, 1, []tailcfg.ServiceName{svc}
 		replicas = append(replicas, n)
 	}
@@ -92,5 +71,24 @@ func TestHiddenNodeHostsNothing(t *testing.T) {
 	s.noteDiscoKeyLocked(replicas[1], key.NewDisco().Public())
 	if hosts := s.serviceHostsLocked()[svc]; len(hosts) != 1 || hosts[0] != replicas[0] {
 		t.Errorf("hosts of %s while pg-1 is hidden: %v, want pg-0 only", svc, hosts)
+	}
+}
+
+// lockedServer starts a local tailnet whose server stays locked until the test ends, and a
+// registrar of tagged nodes on it.
+func lockedServer(t *testing.T) (*server, func(name string) *node) {
+	t.Helper()
+	lt, err := Start(context.Background(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lt.Close() })
+	s := lt.srv
+	s.mu.Lock()
+	t.Cleanup(s.mu.Unlock) // runs before Close: cleanups run last-in first-out
+	k := &authKey{tags: []string{"tag:k8s"}}
+	return s, func(name string) *node {
+		return s.addNodeLocked(key.NewMachine().Public(), &tailcfg.RegisterRequest{NodeKey: key.NewNode().Public(),
+			Hostinfo: &tailcfg.Hostinfo{Hostname: name}}, k)
 	}
 }
