@@ -147,7 +147,12 @@ func main() {
 		os.Exit(2)
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
-	if err := run(o); err != nil {
+	err = run(o)
+	if leaseLost(err) {
+		ctrl.Log.Info("lost the leader lease (the API server unreachable for longer than the renewal deadline, or another replica took it); starting over", "renewDeadline", renewDeadline)
+		err = startOver()
+	}
+	if err != nil {
 		ctrl.Log.Error(err, "operator stopped")
 		os.Exit(1)
 	}

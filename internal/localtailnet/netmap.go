@@ -51,7 +51,7 @@ func (s *server) mapResponseLocked(self *node, prev map[tailcfg.NodeID]bool) (*t
 		}
 		tn := s.tailcfgNodeLocked(p)
 		for name, hs := range hosts {
-			if host := pickHost(hs, self); host == p {
+			if host := routeLocked(hs, self, name); host == p {
 				for _, a := range s.services[name].addrs {
 					tn.AllowedIPs = append(tn.AllowedIPs, netip.PrefixFrom(a, a.BitLen()))
 				}
@@ -126,13 +126,27 @@ func (s *server) serviceHostsLocked() map[tailcfg.ServiceName][]*node {
 	return hosts
 }
 
-// pickHost chooses which host of a service a client sends the service's traffic to: a client
-// that hosts the service itself keeps it local; others are spread over the hosts by node ID.
-func pickHost(hosts []*node, client *node) *node {
+// routeLocked chooses which host of a service a client sends the service's traffic to, and
+// records it: a client that hosts the service itself keeps it local; a client stays with the
+// host it was given while that host remains one; others are spread over the hosts by node ID.
+// Moving a client cuts its connections in flight (the new host resets them), so a host that
+// comes back (a restarted replica) takes only clients that had none.
+func routeLocked(hosts []*node, client *node, name tailcfg.ServiceName) *node {
 	if len(hosts) == 0 || slices.Contains(hosts, client) {
+		delete(client.routes, name)
 		return nil
 	}
-	return hosts[int(client.id)%len(hosts)]
+	if id, ok := client.routes[name]; ok {
+		if i := slices.IndexFunc(hosts, func(h *node) bool { return h.id == id }); i >= 0 {
+			return hosts[i]
+		}
+	}
+	host := hosts[int(client.id)%len(hosts)]
+	if client.routes == nil {
+		client.routes = make(map[tailcfg.ServiceName]tailcfg.NodeID)
+	}
+	client.routes[name] = host.id
+	return host
 }
 
 func (s *server) tailcfgNodeLocked(n *node) *tailcfg.Node {

@@ -92,3 +92,46 @@ func lockedServer(t *testing.T) (*server, func(name string) *node) {
 			Hostinfo: &tailcfg.Hostinfo{Hostname: name}}, k)
 	}
 }
+
+// A client moved off a host that went away stays on its new host when the old one comes back
+// (moving it would reset its connections in flight); a client with no route yet is spread.
+func TestRoutesStickToTheirHost(t *testing.T) {
+	s, register := lockedServer(t)
+	const svc = tailcfg.ServiceName("svc:web")
+	s.services[svc] = &service{name: svc, addrs: []netip.Addr{netip.MustParseAddr("100.100.0.1")}}
+	var replicas []*node
+	for _, name := range []string{"pg-0", "pg-1"} {
+		n := register(name)
+		n.stream, n.mapped, n.homeDERP, n.services = make(chan struct{}, 1), true, 1, []tailcfg.ServiceName{svc}
+		replicas = append(replicas, n)
+	}
+	clients := []*node{register("client-a"), register("client-b")}
+	route := func(c *node) *node { return routeLocked(s.serviceHostsLocked()[svc], c, svc) }
+	first := map[*node]*node{}
+	for _, c := range clients {
+		first[c] = route(c)
+	}
+	if first[clients[0]] == first[clients[1]] {
+		t.Fatalf("both clients sent to %s: not spread", first[clients[0]].label)
+	}
+	moved := clients[0]
+	gone := first[moved]
+	gone.services = nil // the host withdraws
+	if got := route(moved); got == gone || got == nil {
+		t.Fatalf("with %s withdrawn the client is sent to %v", gone.label, got)
+	}
+	gone.services = []tailcfg.ServiceName{svc} // it comes back
+	for _, c := range clients {
+		if got := route(c); got == gone && c == moved {
+			t.Errorf("%s was moved back to %s when it returned", c.label, gone.label)
+		} else if c != moved && got != first[c] {
+			t.Errorf("%s moved from %s to %s", c.label, first[c].label, got.label)
+		}
+	}
+	if got := route(register("client-c")); got == nil {
+		t.Error("a new client gets no host")
+	}
+	if got := route(replicas[0]); got != nil {
+		t.Errorf("a host is routed to %s for its own service", got.label)
+	}
+}

@@ -54,6 +54,8 @@ type node struct {
 	servicesHash string
 	// servicesAsked is the hash a c2n fetch is in flight for.
 	servicesAsked string
+	// routes are the hosts this node was last sent each Tailscale Service's traffic to.
+	routes map[tailcfg.ServiceName]tailcfg.NodeID
 
 	// funnelRelay marks the local tailnet's own Funnel relay node: no device of the tailnet, it
 	// is a peer only of the devices that may take Funnel traffic, and reaches nothing but their
