@@ -46,6 +46,9 @@ failed_specs=$(sed 's/\x1b\[[0-9;]*m//g' "$out/chaos.log" | grep -E '^\s*\[(FAIL
 [ -f "$out/chaos.md" ] || echo "The suite wrote no figures (exit status $status): see the run's output." > "$out/chaos.md"
 
 stage "writing docs/reliability.md"
+# What follows the marker is written by hand (what the runs found and what was done) and kept.
+marker='<!-- Written by hand below; make chaos keeps it. -->'
+findings=$(sed -n "/^$marker\$/,\$p" "$root/docs/reliability.md" 2>/dev/null || true)
 {
   cat <<MD
 # Reliability
@@ -85,6 +88,9 @@ MD
     echo '```'
   else
     echo 'No `make fuzz` run on this machine yet: see the last committed figures in git history.'
+  fi
+  if [ -n "$findings" ]; then
+    printf '\n%s\n' "$findings"
   fi
 } > "$root/docs/reliability.md"
 done_stage
