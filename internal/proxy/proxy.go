@@ -155,14 +155,14 @@ func Run(ctx context.Context, opts Options) error {
 	opts.Logger.Info("config loaded", "config", cfg.String(), "version", version)
 	limitTailscaleContact(cfg.ControlURL, opts.Logger)
 	portMapperOffByDefault()
-	var run runner
+	var mk newUnit
 	switch cfg.Kind {
 	case contract.KindIngress:
-		run = runIngress
+		mk = newIngress
 	case contract.KindService:
-		run = runService
+		mk = newService
 	case contract.KindProxyGroup:
-		run = runGroup
+		mk = newReplica
 	default:
 		return fmt.Errorf("proxy kind %q is not supported by this proxy build yet", cfg.Kind)
 	}
@@ -173,11 +173,8 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	defer stopHealth()
-	return run(ctx, opts, kube, src, hl, newUpdate(cfg, version, nil))
+	return run(ctx, opts, kube, src, hl, newUpdate(cfg, version, nil), mk)
 }
-
-// runner runs one kind of proxy from its first config until ctx ends.
-type runner func(ctx context.Context, opts Options, kube kubernetes.Interface, src configSource, hl *health, first configUpdate) error
 
 // LoadConfig reads the proxy config once, from where opts say, as Run does first.
 func LoadConfig(ctx context.Context, opts Options) (*contract.ProxyConfig, int, error) {
