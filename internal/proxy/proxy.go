@@ -2,8 +2,10 @@
 // Kubernetes Secret or a directory, joins the tailnet, serves what the config says, and reports
 // its state back (contract.ProxyState).
 //
-// Run dispatches on the config's kind: ingress (standalone L7), service (standalone L3, kernel
-// TUN and DNAT) or proxygroup (a ProxyGroup replica serving Tailscale Services).
+// Every kind of proxy runs on one core (core.go: storage, the node, the watchers, the restart
+// policy, the state report, readiness, retries, shutdown); the config's kind picks the unit it
+// serves: ingress (standalone L7), service (standalone L3, kernel TUN and DNAT) or proxygroup
+// (a ProxyGroup replica serving Tailscale Services).
 //
 // # Certificates
 //
