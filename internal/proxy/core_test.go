@@ -1,10 +1,15 @@
 package proxy
 
 import (
+	"errors"
+	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/proxy/backoff"
+	"github.com/tsingress/tsingress/internal/proxy/l3"
 )
 
 // The restart policy: what a config change may not change without a new process.
@@ -81,5 +86,43 @@ func TestKeyPending(t *testing.T) {
 		if got := keyPending(&contract.ProxyConfig{AuthKey: tc.key}, "k1", tc.running); got != tc.want {
 			t.Errorf("%s: keyPending = %t, want %t", tc.name, got, tc.want)
 		}
+	}
+}
+
+// The forwarder is given the mappings when they changed, or when a failed attempt is due again.
+func TestDNATNeeded(t *testing.T) {
+	one := []l3.Mapping{{Name: "svc:a", TailnetIPs: []netip.Addr{netip.MustParseAddr("100.64.0.1")},
+		Destination: contract.Destination{IPs: []string{"10.0.0.1"}}}}
+	moved := []l3.Mapping{{Name: "svc:a", TailnetIPs: one[0].TailnetIPs, Destination: contract.Destination{IPs: []string{"10.0.0.2"}}}}
+	failedAt := func(at time.Time) (error, backoff.Backoff) {
+		b := backoff.Backoff{Min: time.Minute, Max: time.Hour}
+		b.Fail(at)
+		return errors.New("no"), b
+	}
+	for _, tc := range []struct {
+		name     string
+		applied  []l3.Mapping
+		failedAt time.Time // zero: the last attempt succeeded
+		want     []l3.Mapping
+		needed   bool
+	}{
+		{"nothing asked, nothing given", nil, time.Time{}, nil, false},
+		{"first mapping", nil, time.Time{}, one, true},
+		{"unchanged", one, time.Time{}, one, false},
+		{"destination moved", one, time.Time{}, moved, true},
+		{"removed", one, time.Time{}, nil, true},
+		{"failed, not due yet", one, time.Now(), one, false},
+		{"failed, due", one, time.Now().Add(-time.Hour), one, true},
+		{"failed, changed before due", one, time.Now(), moved, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &dnat{applied: tc.applied}
+			if !tc.failedAt.IsZero() {
+				d.err, d.retry = failedAt(tc.failedAt)
+			}
+			if got := d.needed(tc.want); got != tc.needed {
+				t.Errorf("needed = %t, want %t", got, tc.needed)
+			}
+		})
 	}
 }
