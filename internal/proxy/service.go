@@ -83,7 +83,7 @@ func (p *service) reconcile(ctx context.Context) error {
 // reported in the status, not by taking the Pod out of service.
 func (p *service) report(st *contract.ProxyState) string {
 	if p.l3 == nil {
-		return "starting"
+		return "" // the first report, before the node starts: the core says it waits for the login
 	}
 	fs := p.l3.fwd.Status()
 	fs.PodUID = p.opts.PodUID
