@@ -81,7 +81,7 @@ func (r *replica) checkBackends(ctx context.Context) {
 		for name, addrs := range targets {
 			verdicts[name] = anyReachable(ctx, addrs)
 		}
-		r.send(ctx, func() {
+		r.sendFunc(ctx, func() {
 			r.checking = false
 			for name, ok := range verdicts {
 				if ok != r.backendsOK[name] {

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sync"
@@ -23,6 +22,7 @@ import (
 	xacme "tailscale.com/tempfork/acme"
 
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/proxy/backoff"
 	"github.com/tsingress/tsingress/internal/proxy/secretstore"
 	"github.com/tsingress/tsingress/internal/proxy/web"
 )
@@ -189,17 +189,6 @@ func certStatus(c *servedCert, source string) contract.CertificateStatus {
 		NotBefore: c.leaf.NotBefore, NotAfter: c.leaf.NotAfter}
 }
 
-// Backoff after failed attempts: doubling, with jitter, so that replicas and proxies that fail
-// together do not retry together.
-const (
-	minBackoff = time.Second
-	maxBackoff = 10 * time.Minute
-)
-
-func nextBackoff(b time.Duration) time.Duration { return min(max(2*b, minBackoff), maxBackoff) }
-
-func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
-
 const (
 	// mayIssuePoll is how often a name that the tailnet does not offer this node yet is checked:
 	// a service's name arrives in the node's cert domains once the node advertises it.
@@ -244,8 +233,7 @@ type acmeCert struct {
 	kick    chan struct{}
 
 	// The goroutine's own.
-	retryAt      time.Time
-	backoff      time.Duration
+	retry        backoff.Backoff
 	waitingSince time.Time // since when mayIssue has said no
 
 	mu       sync.Mutex
@@ -258,7 +246,8 @@ type acmeCert struct {
 }
 
 func newACMECert(name string, role contract.CertShareMode, flow acmeFlow, srv *web.Server, log *slog.Logger) *acmeCert {
-	return &acmeCert{name: name, role: role, flow: flow, srv: srv, log: log.With("name", name), kick: make(chan struct{}, 1)}
+	return &acmeCert{name: name, role: role, flow: flow, srv: srv, log: log.With("name", name), kick: make(chan struct{}, 1),
+		retry: backoff.Backoff{Min: time.Second, Max: 10 * time.Minute, Jitter: true}}
 }
 
 // setHold sets the issuance hold; lifting it asks for the certificate at once.
@@ -360,7 +349,8 @@ func (a *acmeCert) step(ctx context.Context) time.Duration {
 	a.mu.Lock()
 	hold, shared, cur := activeHold(a.hold, now), a.shared, a.cur
 	if a.lifted {
-		a.lifted, a.retryAt, a.backoff = false, time.Time{}, 0
+		a.lifted = false
+		a.retry.Reset()
 	}
 	a.mu.Unlock()
 	if cur != nil && !now.Before(cur.leaf.NotAfter) {
@@ -405,8 +395,8 @@ func (a *acmeCert) step(ctx context.Context) time.Duration {
 		}
 		return forever // until the Secret changes
 	}
-	if now.Before(a.retryAt) {
-		return a.retryAt.Sub(now)
+	if now.Before(a.retry.Next()) {
+		return a.retry.Next().Sub(now)
 	}
 	if !a.mayIssue(ctx) {
 		if a.waitingSince.IsZero() {
@@ -449,7 +439,7 @@ func (a *acmeCert) obtain(ctx context.Context, cur *servedCert) time.Duration {
 		if ctx.Err() != nil || held {
 			return 0 // the next step says why
 		}
-		wait := a.fail()
+		wait := a.retry.Fail(time.Now())
 		if cur == nil {
 			a.set(nil, contract.CertificateStatus{Reason: contract.CertReasonIssuanceFailed, Message: err.Error()})
 			a.log.Warn("getting the certificate failed; trying again", "in", wait.Round(time.Millisecond), "err", err)
@@ -461,19 +451,11 @@ func (a *acmeCert) obtain(ctx context.Context, cur *servedCert) time.Duration {
 	a.set(c, contract.CertificateStatus{})
 	wait := renewAt(c.leaf).Sub(time.Now())
 	if wait <= 0 { // a certificate due at once: asking again at once would not help
-		wait = a.fail()
+		wait = a.retry.Fail(time.Now())
 	} else {
-		a.backoff, a.retryAt = 0, time.Time{}
+		a.retry.Reset()
 	}
 	return a.published(c, wait)
-}
-
-// fail advances the backoff and returns the wait before the next attempt.
-func (a *acmeCert) fail() time.Duration {
-	a.backoff = nextBackoff(a.backoff)
-	wait := jitter(a.backoff)
-	a.retryAt = time.Now().Add(wait)
-	return wait
 }
 
 // published makes sure an issuer's Secret holds the served certificate (tailscaled writes it
@@ -490,7 +472,7 @@ func (a *acmeCert) published(c *servedCert, wait time.Duration) time.Duration {
 		return wait
 	}
 	if err := a.publish(c.certPEM, c.keyPEM); err != nil {
-		retry := a.fail()
+		retry := a.retry.Fail(time.Now())
 		a.log.Error("storing the certificate for the other replicas failed; trying again", "in", retry.Round(time.Millisecond), "err", err)
 		return min(wait, retry)
 	}

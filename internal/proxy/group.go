@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -22,16 +21,13 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"tailscale.com/client/local"
 	"tailscale.com/ipn"
 	"tailscale.com/tsnet"
 	"tailscale.com/util/mak"
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy/l3"
-	"github.com/tsingress/tsingress/internal/proxy/secretstore"
 	"github.com/tsingress/tsingress/internal/proxy/web"
-	"github.com/tsingress/tsingress/internal/version"
 )
 
 const (
@@ -42,47 +38,29 @@ const (
 	webRetryDelay = 5 * time.Second
 )
 
-// replica is one replica of an ingress ProxyGroup: it serves the L7 services of the group's
-// Serve config and DNATs the VIPs of its DNAT config, and advertises each Tailscale Service
-// it is allowed to once it can serve it. Its fields belong to runGroup's loop goroutine; other
-// goroutines hand it closures over events.
+// replica is the unit of one replica of an ingress ProxyGroup: it serves the L7 services of the
+// group's Serve config and DNATs the VIPs of its DNAT config, and advertises each Tailscale
+// Service it is allowed to once it can serve it.
 type replica struct {
-	opts   Options
-	log    *slog.Logger
-	health *health
-	rep    reporter
-	node   *tsnet.Server
-	lc     *local.Client
-	flow   acmeFlow
-	store  *secretstore.Store
-	fwd    *l3.Forwarder // nil without a kernel data path
-	noL3   string        // why there is none
+	*core
+	kube kubernetes.Interface
+	l3   *dnat  // nil without a kernel data path
+	noL3 string // why there is none
 
-	cfg      configUpdate
-	startKey string               // the auth key the node started with
-	serve    contract.ServeConfig // the last good documents of the group ConfigMap
-	dnat     contract.DNATConfig
-	status   nodeStatus
-	up       bool     // tsnet's first Up is done: it clears advertisements, so none come before
-	tunIPs   []string // the node addresses given to the TUN; nil until given
-	closing  bool
+	serve  contract.ServeConfig // the last good documents of the group ConfigMap
+	dnat   contract.DNATConfig
+	up     bool     // tsnet's first Up is done: it clears advertisements, so none come before
+	tunIPs []string // the node addresses given to the TUN; nil until given
 
-	mappings   []l3.Mapping  // as last given to the forwarder
-	l3Backoff  time.Duration // after a failed attempt, until the next; 0 after a success
-	l3RetryAt  time.Time
-	l3Attempts int // failed attempts in a row
-	web        map[string]*webService
-	draining   map[string]bool // L7 services whose previous server still drains
-	secrets    *secretWatches  // certificate Secrets: shared ones and bring-your-own
-	hostsTimer *time.Timer     // judges bring-your-own certificates again when one expires
-	events     chan func()
+	web      map[string]*webService
+	draining map[string]bool // L7 services whose previous server still drains
+	judge    hostsTimer      // judges bring-your-own certificates again when one expires
 
 	backendsOK map[string]bool // L7 services with a reachable backend, at the last check
 	checking   bool            // a backend check is under way
 	checkAgain bool            // asked for during one
 
-	advertised []string          // as the node's prefs say, sorted
-	reported   map[string][]byte // the state last written; nil after a failed write
+	advertised []string // as the node's prefs say, sorted
 
 	fun       *funnel // taking Funnel connections; nil while no service is served over Funnel
 	funnelErr string  // why Funnel could not be set up, at the last attempt
@@ -101,191 +79,79 @@ type webService struct {
 	funnel     bool               // its server takes the name's Funnel connections
 }
 
-func runGroup(ctx context.Context, opts Options, kube kubernetes.Interface, src configSource, hl *health, first configUpdate) (err error) {
-	if opts.GroupConfigMap == "" {
-		return errors.New("a proxygroup replica needs the name of its group ConfigMap (--group-configmap)")
+func newReplica(c *core, kube kubernetes.Interface) (unit, error) {
+	if c.opts.GroupConfigMap == "" {
+		return nil, errors.New("a proxygroup replica needs the name of its group ConfigMap (--group-configmap)")
 	}
 	if kube == nil {
-		return errors.New("a proxygroup replica reads its group ConfigMap through the Kubernetes API: run in a Pod, or set KUBECONFIG")
+		return nil, errors.New("a proxygroup replica reads its group ConfigMap through the Kubernetes API: run in a Pod, or set KUBECONFIG")
 	}
-	if opts.GroupWithdrawWait <= 0 {
-		opts.GroupWithdrawWait = defaultWithdrawWait
+	if c.opts.GroupWithdrawWait <= 0 {
+		c.opts.GroupWithdrawWait = defaultWithdrawWait
 	}
-	cfg := first.cfg
-	dir, store, rep, err := nodeStorage(ctx, opts, kube, cfg)
-	if err != nil {
-		return err
-	}
-	r := &replica{
-		opts: opts, log: opts.Logger, health: hl, rep: rep, cfg: first, startKey: cfg.AuthKey,
-		web: map[string]*webService{}, draining: map[string]bool{}, events: make(chan func()),
-	}
-	// The first write replaces whatever a previous Pod left, advertisements included.
-	if err := r.sync(ctx); err != nil {
-		return err
-	}
-	if err := useACMEDirectory(cfg.TLS.ACMEDirectoryURL); err != nil {
-		return err
-	}
-	r.startL3(ctx)
-	r.node = newNode(opts, cfg, dir, store)
-	if r.fwd != nil {
-		r.node.Tun = r.fwd.TUN()
-	}
-	defer func() {
-		r.node.Close() // first: the node uses the TUN until it stops
-		if r.fwd != nil {
-			cctx, cancel := context.WithTimeout(context.Background(), opts.DrainTimeout)
-			defer cancel()
-			if cerr := r.fwd.Close(cctx); cerr != nil {
-				r.log.Error("removing the TUN device and DNAT rules failed", "err", cerr)
-				err = errors.Join(err, cerr)
-			}
-		}
-	}()
-	if err := r.node.Start(); err != nil {
-		return err
-	}
-	if r.lc, err = r.node.LocalClient(); err != nil {
-		return err
-	}
-	if err := nodeStarted(ctx, opts, cfg, r.lc); err != nil {
-		return err
-	}
-	r.flow = newFlow(opts, r.lc, store, dir)
-	r.store, _ = store.(*secretstore.Store)
-
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	r.secrets = newSecretWatches(kube.CoreV1().Secrets(opts.Namespace), r.send, r.log)
-	updates := make(chan configUpdate)
-	statuses := make(chan nodeStatus)
-	docs := make(chan []map[string][]byte)
-	go src.watch(wctx, first, updates)
-	go watchNode(wctx, r.lc, r.log, statuses)
-	go watchGroupDocs(wctx, kube, opts.Namespace, opts.GroupConfigMap, r.log, docs)
-	var fwdChanged <-chan struct{}
-	if r.fwd != nil {
-		fwdChanged = r.fwd.Changed()
-	}
-	checkInterval := opts.BackendCheckInterval
-	if checkInterval <= 0 {
-		checkInterval = defaultBackendCheckInterval
-	}
-	backendTicker := time.NewTicker(checkInterval)
-	defer backendTicker.Stop()
-	var retry, loginCheck <-chan time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			r.shutdown()
-			return nil
-		case u := <-updates:
-			err = r.onConfig(u)
-		case st := <-statuses:
-			err = r.onStatus(wctx, st)
-		case data := <-docs:
-			r.onDocs(data)
-			r.checkBackends(wctx)
-		case ev := <-r.events:
-			ev()
-		case <-fwdChanged:
-		case <-backendTicker.C:
-			r.checkBackends(wctx)
-		case <-retry:
-		case <-loginCheck:
-		}
-		if err == nil && r.needsNewLogin(wctx) {
-			r.log.Info("restarting for a new login", "reason", "a new auth key arrived and the device needs a login")
-			err = fmt.Errorf("%w: a new auth key arrived and the device needs a login", ErrRestartRequired)
-		}
-		if err != nil {
-			r.shutdown()
-			return err
-		}
-		loginCheck = nil
-		if r.keyPending() {
-			loginCheck = time.After(time.Second)
-		}
-		r.reconcile(wctx)
-		retry = nil
-		if r.sync(ctx) != nil {
-			retry = time.After(5 * time.Second)
-		}
-	}
+	c.keyAtLogin = true
+	return &replica{core: c, kube: kube, web: map[string]*webService{}, draining: map[string]bool{}}, nil
 }
 
-// startL3 sets up the kernel data path. Without one (no NET_ADMIN, say) the replica still
+// prepare sets up the kernel data path. Without one (no NET_ADMIN, say) the replica still
 // serves L7, and reports every DNAT mapping as not installed.
-func (r *replica) startL3(ctx context.Context) {
-	fwd, err := l3.New(ctx, l3.Options{
-		NetNS:        r.opts.NetNS,
-		FirewallMode: r.cfg.cfg.Firewall.Mode,
-		Logf: func(format string, args ...any) {
-			r.log.Info(fmt.Sprintf(format, args...), "component", "l3")
-		},
-	})
+func (r *replica) prepare(ctx context.Context, node *tsnet.Server) error {
+	d, err := newDNAT(ctx, r.core)
 	if err != nil {
 		r.noL3 = "no kernel data path: " + err.Error()
 		r.log.Error("L3 services will not be served", "err", err)
-		return
-	}
-	r.fwd = fwd
-}
-
-func (r *replica) onConfig(u configUpdate) error {
-	if u.err != nil {
-		r.log.Error("the changed config is not applied; serving the previous one", "err", u.err)
 		return nil
 	}
-	// A new auth key is judged by needsNewLogin instead.
-	if reason := restartReason(r.cfg.cfg, u.cfg, true); reason != "" {
-		r.log.Info("restarting for a new login", "reason", reason)
-		return fmt.Errorf("%w: %s", ErrRestartRequired, reason)
-	}
-	// The backend is chosen once, when the forwarder starts.
-	if old, cur := firewallMode(r.cfg.cfg), firewallMode(u.cfg); r.fwd != nil && old != cur {
-		r.log.Info("restarting for another firewall mode", "from", old, "to", cur)
-		return fmt.Errorf("%w: firewall mode changed from %s to %s", ErrRestartRequired, old, cur)
-	}
-	if err := useACMEDirectory(u.cfg.TLS.ACMEDirectoryURL); err != nil {
-		return err
-	}
-	r.cfg = u
-	r.log.Info("config applied", "config", u.cfg.String(), "version", u.version, "advertiseServices", u.cfg.AdvertiseServices)
+	r.l3 = d
+	node.Tun = d.fwd.TUN()
 	return nil
 }
 
-// keyPending says whether the config holds an auth key the node did not start with, while the
-// node is not logged in.
-func (r *replica) keyPending() bool {
-	key := r.cfg.cfg.AuthKey
-	return !r.status.running && key != "" && key != r.startKey
+func (r *replica) start(ctx context.Context) error {
+	docs := make(chan []map[string][]byte)
+	go watchGroupDocs(ctx, r.kube, r.opts.Namespace, r.opts.GroupConfigMap, r.log, docs)
+	checkInterval := r.opts.BackendCheckInterval
+	if checkInterval <= 0 {
+		checkInterval = defaultBackendCheckInterval
+	}
+	go func() {
+		backendTicker := time.NewTicker(checkInterval)
+		defer backendTicker.Stop()
+		for {
+			select {
+			case data := <-docs:
+				r.sendFunc(ctx, func() {
+					r.onDocs(data)
+					r.checkBackends(ctx)
+				})
+			case <-backendTicker.C:
+				r.sendFunc(ctx, func() { r.checkBackends(ctx) })
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	if r.l3 != nil {
+		r.l3.watch(ctx)
+	}
+	return nil
 }
 
-// needsNewLogin says whether a pending auth key must be put to use, by a restart: only once the
-// node says it needs a login. The operator mints a key whenever a replica's state shows no
-// device, as it does while a restarted replica logs in again with the identity in its state.
-func (r *replica) needsNewLogin(ctx context.Context) bool {
-	if !r.keyPending() {
-		return false
+func (r *replica) restartReason(old, cfg *contract.ProxyConfig) string {
+	if r.l3 == nil {
+		return ""
 	}
-	st, err := r.lc.StatusWithoutPeers(ctx)
-	return err == nil && st.BackendState == ipn.NeedsLogin.String()
+	return firewallRestart(old, cfg)
 }
 
-func (r *replica) onStatus(ctx context.Context, st nodeStatus) error {
-	switch {
-	case st.running && !r.status.running:
-		r.log.Info("logged in to the tailnet", "device", st.deviceID, "name", st.fqdn, "ips", st.ips)
-	case !st.running && r.status.running:
-		r.log.Warn("the device is no longer logged in to the tailnet (logged out or deleted)")
-	}
-	r.status = st
+func (r *replica) configure(context.Context, *contract.ProxyConfig) error { return nil }
+
+func (r *replica) onStatus(ctx context.Context) error {
+	st := r.status
 	if !st.running {
 		return nil
 	}
-	if r.fwd != nil && !slices.Equal(st.ips, r.tunIPs) {
+	if r.l3 != nil && !slices.Equal(st.ips, r.tunIPs) {
 		var ips []netip.Addr
 		for _, s := range st.ips {
 			if ip, err := netip.ParseAddr(s); err == nil {
@@ -294,7 +160,7 @@ func (r *replica) onStatus(ctx context.Context, st nodeStatus) error {
 		}
 		// A family the TUN cannot take fails alone; the status says which, and the mappings
 		// that need it are not advertised. The next DNAT attempt tries it again.
-		if err := r.fwd.SetTailnetIPs(ips); err != nil {
+		if err := r.l3.fwd.SetTailnetIPs(ips); err != nil {
 			r.log.Error("giving the TUN device the node's addresses failed; L3 services of that family are not served", "err", err)
 		}
 		r.tunIPs = st.ips
@@ -449,37 +315,19 @@ func (r *replica) fqdn(name string) string {
 // reconcile moves toward what the config and the documents ask for. Advertisements that no
 // longer hold are withdrawn before anything stops serving, and new ones are made once the
 // services can be served.
-func (r *replica) reconcile(ctx context.Context) {
+func (r *replica) reconcile(ctx context.Context) error {
 	if !r.up {
-		return
+		return nil
 	}
 	r.advertise(ctx)
-	r.reconcileL3(ctx)
+	if mappings := dnatMappings(r.dnat); r.l3 != nil && r.l3.needed(mappings) {
+		// A mapping that cannot be installed carries its error in the status, which keeps it
+		// from being advertised until a later attempt succeeds.
+		r.l3.install(ctx, mappings, nil) //nolint:errcheck // logged, and retried after backoff
+	}
 	r.reconcileWeb(ctx)
 	r.advertise(ctx)
-}
-
-func (r *replica) reconcileL3(ctx context.Context) {
-	mappings := dnatMappings(r.dnat)
-	retry := r.l3Backoff > 0 && !time.Now().Before(r.l3RetryAt)
-	if r.fwd == nil || (reflect.DeepEqual(mappings, r.mappings) && !retry) {
-		return
-	}
-	r.mappings = mappings
-	// A mapping that cannot be installed carries its error in the status, which keeps it from
-	// being advertised until a later attempt succeeds.
-	if err := r.fwd.SetMappings(ctx, mappings); err != nil {
-		r.l3Attempts++
-		r.l3Backoff = min(max(2*r.l3Backoff, time.Second), maxDNATBackoff)
-		r.l3RetryAt = time.Now().Add(r.l3Backoff)
-		time.AfterFunc(r.l3Backoff, func() { r.send(ctx, func() {}) })
-		r.log.Error("some DNAT mappings are not installed; trying again", "attempt", r.l3Attempts, "retryIn", r.l3Backoff, "err", err)
-		return
-	}
-	if r.l3Attempts > 0 {
-		r.log.Info("every DNAT mapping is installed after failed attempts", "attempts", r.l3Attempts)
-	}
-	r.l3Backoff, r.l3Attempts = 0, 0
+	return nil
 }
 
 // dnatMappings are the forwarder's mappings of the group's DNAT document, by service name.
@@ -549,12 +397,7 @@ func (r *replica) reconcileWeb(ctx context.Context) {
 		}
 		e.applied = &ws
 	}
-	if r.hostsTimer != nil {
-		r.hostsTimer.Stop()
-	}
-	if !next.IsZero() {
-		r.hostsTimer = time.AfterFunc(time.Until(next), func() { r.send(ctx, func() {}) })
-	}
+	r.judge.at(ctx, r.core, next)
 	r.reconcileFunnel(ctx)
 }
 
@@ -656,7 +499,7 @@ func (r *replica) startWeb(ctx context.Context, name string) *webService {
 	r.web[name] = e
 	e.acme = newACMECert(e.fqdn, e.role, r.flow, e.srv, log)
 	e.acme.mayIssue = offersCert(r.lc, e.fqdn)
-	e.acme.changed = func() { r.send(ectx, func() {}) }
+	e.acme.changed = func() { r.wake(ectx) }
 	if e.role == contract.CertIssuer {
 		// tailscaled reads and writes the name's certificate in the shared Secret (in Kubernetes);
 		// publish covers it elsewhere.
@@ -672,7 +515,7 @@ func (r *replica) startWeb(ctx context.Context, name string) *webService {
 				if errors.Is(err, net.ErrClosed) {
 					continue
 				}
-				r.send(ectx, func() {
+				r.sendFunc(ectx, func() {
 					if r.web[name] == e {
 						r.stopWeb(ctx, e, err)
 					}
@@ -737,7 +580,7 @@ func (r *replica) stopWeb(ctx context.Context, e *webService, cause error) {
 		if cause != nil {
 			sleep(ctx, webRetryDelay)
 		}
-		r.send(ctx, func() { delete(r.draining, e.name) })
+		r.sendFunc(ctx, func() { delete(r.draining, e.name) })
 	}()
 }
 
@@ -757,14 +600,6 @@ func (e *webService) drain(timeout time.Duration, log *slog.Logger) {
 	}
 }
 
-// send hands ev to the loop, unless ctx ends first.
-func (r *replica) send(ctx context.Context, ev func()) {
-	select {
-	case r.events <- ev:
-	case <-ctx.Done():
-	}
-}
-
 // servable lists the services this replica may advertise and can serve now: L7 ones listening
 // with their certificate and a reachable backend, L3 ones with their rules in place, both still
 // asked for.
@@ -774,8 +609,8 @@ func (r *replica) servable() []string {
 		return out
 	}
 	var fs contract.FirewallStatus
-	if r.fwd != nil && r.tunIPs != nil {
-		fs = r.fwd.Status()
+	if r.l3 != nil && r.tunIPs != nil {
+		fs = r.l3.fwd.Status()
 	}
 	for _, name := range r.cfg.cfg.AdvertiseServices {
 		e := r.web[name]
@@ -814,52 +649,42 @@ func (r *replica) advertise(ctx context.Context) {
 	r.advertised = have
 }
 
-// sync derives the state keys and readiness from what the loop knows, and writes the keys if
-// they changed.
-func (r *replica) sync(ctx context.Context) error {
-	st := r.status
-	state := contract.ProxyState{
-		PodUID:        r.opts.PodUID,
-		ConfigVersion: r.cfg.version,
-		ProxyVersion:  version.Version,
-		Advertised:    r.advertised,
-		Firewall:      r.firewallStatus(),
+// report adds the advertised services, the DNAT mappings, the certificates and Funnel. The
+// replica is ready once it advertises every service it may that the documents name.
+func (r *replica) report(state *contract.ProxyState) string {
+	state.Advertised = r.advertised
+	state.Firewall = r.firewallStatus()
+	if !r.status.running {
+		return ""
 	}
-	if st.running {
-		state.DeviceID, state.FQDN, state.TailnetIPs = st.deviceID, st.fqdn, st.ips
-		for _, e := range r.web {
-			if _, cs := e.acme.state(); cs != (contract.CertificateStatus{}) {
-				mak.Set(&state.Certificates, e.fqdn, cs)
-			}
-			for h, cs := range e.hosts.status {
-				mak.Set(&state.Certificates, h, cs)
-			}
+	for _, e := range r.web {
+		if _, cs := e.acme.state(); cs != (contract.CertificateStatus{}) {
+			mak.Set(&state.Certificates, e.fqdn, cs)
 		}
-		state.Funnel = r.funnelStatus()
+		for h, cs := range e.hosts.status {
+			mak.Set(&state.Certificates, h, cs)
+		}
 	}
-	data, err := state.Data()
-	if err != nil {
-		return err
+	state.Funnel = r.funnelStatus()
+	var pending []string
+	for _, name := range r.cfg.cfg.AdvertiseServices {
+		_, inServe := r.serve.Services[name]
+		_, inDNAT := r.dnat.Services[name]
+		if (inServe || inDNAT) && !slices.Contains(r.advertised, name) {
+			pending = append(pending, name)
+		}
 	}
-	// Readiness changes after the state is written, so that a ready replica has reported it.
-	defer r.setReadiness()
-	if r.reported != nil && maps.EqualFunc(data, r.reported, bytes.Equal) {
-		return nil
+	if len(pending) > 0 {
+		return "not serving yet: " + strings.Join(pending, ", ")
 	}
-	if err := r.rep.Report(ctx, data); err != nil {
-		r.reported = nil
-		r.log.Error("writing the state keys failed", "err", err)
-		return err
-	}
-	r.reported = data
-	return nil
+	return ""
 }
 
 // firewallStatus reports the DNAT mappings: as installed, or all failed without a kernel data
 // path.
 func (r *replica) firewallStatus() *contract.FirewallStatus {
-	if r.fwd != nil {
-		fs := r.fwd.Status()
+	if r.l3 != nil {
+		fs := r.l3.fwd.Status()
 		fs.PodUID = r.opts.PodUID
 		return &fs
 	}
@@ -873,36 +698,9 @@ func (r *replica) firewallStatus() *contract.FirewallStatus {
 	return fs
 }
 
-// setReadiness says what the replica still waits for: the login, then every service it may
-// advertise that the documents name.
-func (r *replica) setReadiness() {
-	if r.closing {
-		return
-	}
-	if !r.status.running {
-		r.health.set("waiting for the tailnet login")
-		return
-	}
-	var pending []string
-	for _, name := range r.cfg.cfg.AdvertiseServices {
-		_, inServe := r.serve.Services[name]
-		_, inDNAT := r.dnat.Services[name]
-		if (inServe || inDNAT) && !slices.Contains(r.advertised, name) {
-			pending = append(pending, name)
-		}
-	}
-	if len(pending) > 0 {
-		r.health.set("not serving yet: " + strings.Join(pending, ", "))
-		return
-	}
-	r.health.set("")
-}
-
-// shutdown withdraws every advertisement first and waits, so that clients move to other
-// replicas while this one still serves; then it drains.
-func (r *replica) shutdown() {
-	r.closing = true
-	r.health.set("shutting down")
+// drain withdraws every advertisement first and waits, so that clients move to other replicas
+// while this one still serves; then it drains.
+func (r *replica) drain() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if r.fun != nil {
@@ -913,7 +711,7 @@ func (r *replica) shutdown() {
 	if r.lc != nil && len(r.advertised) > 0 {
 		was := r.advertised
 		r.advertise(ctx)
-		r.sync(ctx) //nolint:errcheck // logged; the operator then sees the Pod go
+		r.sync(ctx, r) //nolint:errcheck // logged; the operator then sees the Pod go
 		for _, e := range r.web {
 			e.srv.StopKeepAlives()
 		}
@@ -928,4 +726,11 @@ func (r *replica) shutdown() {
 	}
 	wg.Wait()
 	r.log.Info("drained")
+}
+
+func (r *replica) close() error {
+	if r.l3 == nil {
+		return nil
+	}
+	return r.l3.close()
 }

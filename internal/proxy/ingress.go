@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"tailscale.com/client/local"
 	"tailscale.com/ipn"
 	"tailscale.com/ipn/ipnstate"
@@ -21,108 +19,39 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy/secretstore"
 	"github.com/tsingress/tsingress/internal/proxy/web"
-	"github.com/tsingress/tsingress/internal/version"
 )
 
-// ingress is a standalone L7 proxy. Its fields belong to the goroutine of runIngress's loop;
-// other goroutines hand it closures over events.
+// ingress is a standalone L7 proxy's unit: a web service on the node's tailnet name.
 type ingress struct {
-	opts   Options
-	log    *slog.Logger
-	health *health
-	rep    reporter
-	web    *web.Server
-	lc     *local.Client
-	flow   acmeFlow
+	*core
+	web     *web.Server
+	applied bool // the web service is listening
 
-	cfg     configUpdate // the config being served
-	status  nodeStatus   // the tailnet node as last seen
-	applied bool         // the web service is listening
+	acme     *acmeCert // the certificate of the tailnet name; nil while the tailnet offers none
+	acmeStop context.CancelFunc
+	hosts    hostCerts // as last given to the server
+	judge    hostsTimer
 
-	acme       *acmeCert // the certificate of the tailnet name; nil while the tailnet offers none
-	acmeStop   context.CancelFunc
-	secrets    *secretWatches // of the bring-your-own certificates
-	hosts      hostCerts      // as last given to the server
-	hostsTimer *time.Timer
-	events     chan func()
-
-	node       *tsnet.Server
 	fun        *funnel // taking Funnel connections for funnelName; nil while Funnel is off
 	funnelName string
 	funnelErr  string // why Funnel could not be set up, at the last attempt
-
-	reported map[string][]byte // the state last written; nil after a failed write
 }
 
-func runIngress(ctx context.Context, opts Options, kube kubernetes.Interface, src configSource, hl *health, first configUpdate) error {
-	cfg := first.cfg
-	dir, store, rep, err := nodeStorage(ctx, opts, kube, cfg)
-	if err != nil {
-		return err
-	}
-	p := &ingress{opts: opts, log: opts.Logger, health: hl, rep: rep, cfg: first, events: make(chan func())}
-	// The first write replaces whatever a previous Pod left; failing it means the proxy cannot
-	// report at all (RBAC, say), which is worth stopping for.
-	if err := p.sync(ctx); err != nil {
-		return err
-	}
+func newIngress(c *core, _ kubernetes.Interface) (unit, error) { return &ingress{core: c}, nil }
 
-	if err := useACMEDirectory(cfg.TLS.ACMEDirectoryURL); err != nil {
-		return err
-	}
-	node := newNode(opts, cfg, dir, store)
-	if err := node.Start(); err != nil {
-		return err
-	}
-	defer node.Close()
-	p.node = node
-	if p.lc, err = node.LocalClient(); err != nil {
-		return err
-	}
-	if err := nodeStarted(ctx, opts, cfg, p.lc); err != nil {
-		return err
-	}
-	p.flow = newFlow(opts, p.lc, store, dir)
-	p.web = web.NewServer(web.Config{Listen: node.Listen, WhoIs: p.lc.WhoIs, Logger: p.log, Metrics: opts.metrics.web})
+func (p *ingress) prepare(context.Context, *tsnet.Server) error { return nil }
 
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var secrets corev1client.SecretInterface
-	if kube != nil {
-		secrets = kube.CoreV1().Secrets(opts.Namespace)
-	}
-	p.secrets = newSecretWatches(secrets, p.send, p.log)
-	p.secrets.want(wctx, byoNames(*cfg.Serve))
-	updates := make(chan configUpdate)
-	statuses := make(chan nodeStatus)
-	go src.watch(wctx, first, updates)
-	go watchNode(wctx, p.lc, p.log, statuses)
-	var retry <-chan time.Time
-	for {
+func (p *ingress) start(ctx context.Context) error {
+	p.web = web.NewServer(web.Config{Listen: p.node.Listen, WhoIs: p.lc.WhoIs, Logger: p.log, Metrics: p.opts.metrics.web})
+	p.secrets.want(ctx, byoNames(*p.cfg.cfg.Serve))
+	go func() {
 		select {
+		case err := <-p.web.Errors():
+			p.send(ctx, func() error { return err })
 		case <-ctx.Done():
-			p.shutdown()
-			return nil
-		case u := <-updates:
-			err = p.onConfig(wctx, u)
-		case st := <-statuses:
-			err = p.onStatus(wctx, st)
-		case ev := <-p.events:
-			ev()
-		case err = <-p.web.Errors():
-		case <-retry:
 		}
-		if err != nil {
-			p.shutdown()
-			return err
-		}
-		p.reconcileFunnel(wctx)
-		p.judgeHosts(wctx)
-		retry = nil
-		if p.sync(ctx) != nil {
-			retry = time.After(5 * time.Second)
-		}
-	}
+	}()
+	return nil
 }
 
 // newFlow is where the proxy's tailnet names get their certificates: tailscaled's flow, or the
@@ -143,73 +72,23 @@ func offersCert(lc *local.Client, name string) func(context.Context) bool {
 	}
 }
 
-// send hands ev to the loop, unless ctx ends first.
-func (p *ingress) send(ctx context.Context, ev func()) {
-	select {
-	case p.events <- ev:
-	case <-ctx.Done():
-	}
-}
+func (p *ingress) restartReason(_, _ *contract.ProxyConfig) string { return "" }
 
-// restartReason says why moving from old to cfg needs a new login, or "" if it does not.
-func restartReason(old, cfg *contract.ProxyConfig, loggedIn bool) string {
-	switch {
-	case old.Kind != cfg.Kind:
-		return fmt.Sprintf("kind changed from %s to %s", old.Kind, cfg.Kind)
-	case old.Hostname != cfg.Hostname:
-		return fmt.Sprintf("hostname changed from %q to %q", old.Hostname, cfg.Hostname)
-	case old.ControlURL != cfg.ControlURL:
-		return fmt.Sprintf("control URL changed from %q to %q", old.ControlURL, cfg.ControlURL)
-	case !slices.Equal(sorted(old.Tags), sorted(cfg.Tags)):
-		return fmt.Sprintf("tags changed from %v to %v", old.Tags, cfg.Tags)
-	case old.StateSecret != cfg.StateSecret:
-		return fmt.Sprintf("state Secret changed from %q to %q", old.StateSecret, cfg.StateSecret)
-	case !loggedIn && cfg.AuthKey != "" && cfg.AuthKey != old.AuthKey:
-		return "a new auth key arrived while the device is not logged in"
-	case old.AcceptRoutes != cfg.AcceptRoutes:
-		// Set once, as the node starts (nodeStarted).
-		return fmt.Sprintf("acceptRoutes changed to %t", cfg.AcceptRoutes)
-	}
-	return ""
-}
-
-func sorted(s []string) []string {
-	s = slices.Clone(s)
-	slices.Sort(s)
-	return s
-}
-
-func (p *ingress) onConfig(ctx context.Context, u configUpdate) error {
-	if u.err != nil {
-		p.log.Error("the changed config is not applied; serving the previous one", "err", u.err)
-		return nil
-	}
-	if reason := restartReason(p.cfg.cfg, u.cfg, p.status.running); reason != "" {
-		p.log.Info("restarting for a new login", "reason", reason)
-		return fmt.Errorf("%w: %s", ErrRestartRequired, reason)
-	}
-	if err := useACMEDirectory(u.cfg.TLS.ACMEDirectoryURL); err != nil {
-		return err
-	}
+func (p *ingress) configure(ctx context.Context, cfg *contract.ProxyConfig) error {
 	if p.applied {
-		if err := p.web.Apply(*u.cfg.Serve); err != nil {
+		if err := p.web.Apply(*cfg.Serve); err != nil {
 			return fmt.Errorf("serving the changed config: %w", err)
 		}
 	}
-	p.cfg = u
 	if p.acme != nil {
-		p.acme.setHold(u.cfg.Serve.TLS.Hold)
+		p.acme.setHold(cfg.Serve.TLS.Hold)
 	}
-	p.secrets.want(ctx, byoNames(*u.cfg.Serve))
-	p.log.Info("config applied", "config", u.cfg.String(), "version", u.version)
+	p.secrets.want(ctx, byoNames(*cfg.Serve))
 	return nil
 }
 
-func (p *ingress) onStatus(ctx context.Context, st nodeStatus) error {
-	if p.status.running && !st.running {
-		p.log.Warn("the device is no longer logged in to the tailnet (logged out or deleted)")
-	}
-	p.status = st
+func (p *ingress) onStatus(ctx context.Context) error {
+	st := p.status
 	if !st.running {
 		return nil
 	}
@@ -218,7 +97,6 @@ func (p *ingress) onStatus(ctx context.Context, st nodeStatus) error {
 			return err
 		}
 		p.applied = true
-		p.log.Info("logged in to the tailnet", "device", st.deviceID, "name", st.fqdn, "ips", st.ips)
 	}
 	if p.acme == nil || st.certDomain != p.acme.name {
 		p.startACME(ctx, st.certDomain)
@@ -241,10 +119,16 @@ func (p *ingress) startACME(ctx context.Context, name string) {
 	actx, stop := context.WithCancel(ctx)
 	a := newACMECert(name, "", p.flow, p.web, p.log)
 	a.mayIssue = offersCert(p.lc, name)
-	a.changed = func() { p.send(actx, func() {}) }
+	a.changed = func() { p.wake(actx) }
 	a.setHold(p.cfg.cfg.Serve.TLS.Hold)
 	p.acme, p.acmeStop = a, stop
 	go a.run(actx)
+}
+
+func (p *ingress) reconcile(ctx context.Context) error {
+	p.reconcileFunnel(ctx)
+	p.judgeHosts(ctx)
+	return nil
 }
 
 // reconcileFunnel serves the tailnet name to the internet too while the config asks for Funnel
@@ -311,69 +195,40 @@ func (p *ingress) judgeHosts(ctx context.Context) {
 		p.web.SetHostCertificates(hc.certs)
 	}
 	p.hosts = hc
-	if p.hostsTimer != nil {
-		p.hostsTimer.Stop()
-	}
-	if !hc.next.IsZero() {
-		p.hostsTimer = time.AfterFunc(time.Until(hc.next), func() { p.send(ctx, func() {}) })
-	}
+	p.judge.at(ctx, p.core, hc.next)
 }
 
-// sync derives the state keys and readiness from what the loop knows, and writes the keys if
-// they changed.
-func (p *ingress) sync(ctx context.Context) error {
+// report adds the certificates, the HTTPS endpoint and Funnel. The proxy is ready once it
+// serves HTTPS with the certificate of its name.
+func (p *ingress) report(state *contract.ProxyState) string {
 	st := p.status
-	state := contract.ProxyState{
-		PodUID:        p.opts.PodUID,
-		ConfigVersion: p.cfg.version,
-		ProxyVersion:  version.Version,
+	if !st.running {
+		return ""
 	}
 	var waiting string // why the tailnet name has no certificate
-	if st.running {
-		state.DeviceID, state.FQDN, state.TailnetIPs = st.deviceID, st.fqdn, st.ips
-		state.Certificates = maps.Clone(p.hosts.status)
-		state.Funnel = p.funnelStatus()
-		if p.acme != nil && p.acme.name == st.certDomain {
-			served, cs := p.acme.state()
-			if served {
-				state.HTTPSEndpoint = st.certDomain
-			} else if cs.Message != "" {
-				waiting = ": " + cs.Message
-			}
-			if cs != (contract.CertificateStatus{}) {
-				mak.Set(&state.Certificates, st.certDomain, cs)
-			}
+	state.Certificates = maps.Clone(p.hosts.status)
+	state.Funnel = p.funnelStatus()
+	if p.acme != nil && p.acme.name == st.certDomain {
+		served, cs := p.acme.state()
+		if served {
+			state.HTTPSEndpoint = st.certDomain
+		} else if cs.Message != "" {
+			waiting = ": " + cs.Message
+		}
+		if cs != (contract.CertificateStatus{}) {
+			mak.Set(&state.Certificates, st.certDomain, cs)
 		}
 	}
-	// Readiness changes after the state is written, so that a ready proxy has reported it.
 	switch {
-	case !st.running:
-		defer p.health.set("waiting for the tailnet login")
 	case st.certDomain == "":
-		defer p.health.set("no certificate name: HTTPS is not enabled for the tailnet")
+		return "no certificate name: HTTPS is not enabled for the tailnet"
 	case state.HTTPSEndpoint == "":
-		defer p.health.set("waiting for the certificate for " + st.certDomain + waiting)
-	default:
-		defer p.health.set("")
+		return "waiting for the certificate for " + st.certDomain + waiting
 	}
-	data, err := state.Data()
-	if err != nil {
-		return err
-	}
-	if p.reported != nil && maps.EqualFunc(data, p.reported, bytes.Equal) {
-		return nil
-	}
-	if err := p.rep.Report(ctx, data); err != nil {
-		p.reported = nil
-		p.log.Error("writing the state keys failed", "err", err)
-		return err
-	}
-	p.reported = data
-	return nil
+	return ""
 }
 
-func (p *ingress) shutdown() {
-	p.health.set("shutting down")
+func (p *ingress) drain() {
 	if p.fun != nil {
 		// First, so that the relays stop sending connections while requests drain.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -383,15 +238,15 @@ func (p *ingress) shutdown() {
 	if p.acmeStop != nil {
 		p.acmeStop()
 	}
-	if p.hostsTimer != nil {
-		p.hostsTimer.Stop()
-	}
+	p.judge.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), p.opts.DrainTimeout)
 	defer cancel()
 	if err := p.web.Shutdown(ctx); err != nil {
 		p.log.Warn("requests still in flight were cut off", "err", err)
 	}
 }
+
+func (p *ingress) close() error { return nil }
 
 // nodeStatus is what the proxy reports about its tailnet node.
 type nodeStatus struct {

@@ -2,8 +2,10 @@
 // Kubernetes Secret or a directory, joins the tailnet, serves what the config says, and reports
 // its state back (contract.ProxyState).
 //
-// Run dispatches on the config's kind: ingress (standalone L7), service (standalone L3, kernel
-// TUN and DNAT) or proxygroup (a ProxyGroup replica serving Tailscale Services).
+// Every kind of proxy runs on one core (core.go: storage, the node, the watchers, the restart
+// policy, the state report, readiness, retries, shutdown); the config's kind picks the unit it
+// serves: ingress (standalone L7), service (standalone L3, kernel TUN and DNAT) or proxygroup
+// (a ProxyGroup replica serving Tailscale Services).
 //
 // # Certificates
 //
@@ -155,14 +157,14 @@ func Run(ctx context.Context, opts Options) error {
 	opts.Logger.Info("config loaded", "config", cfg.String(), "version", version)
 	limitTailscaleContact(cfg.ControlURL, opts.Logger)
 	portMapperOffByDefault()
-	var run runner
+	var mk newUnit
 	switch cfg.Kind {
 	case contract.KindIngress:
-		run = runIngress
+		mk = newIngress
 	case contract.KindService:
-		run = runService
+		mk = newService
 	case contract.KindProxyGroup:
-		run = runGroup
+		mk = newReplica
 	default:
 		return fmt.Errorf("proxy kind %q is not supported by this proxy build yet", cfg.Kind)
 	}
@@ -173,11 +175,8 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	defer stopHealth()
-	return run(ctx, opts, kube, src, hl, newUpdate(cfg, version, nil))
+	return run(ctx, opts, kube, src, hl, newUpdate(cfg, version, nil), mk)
 }
-
-// runner runs one kind of proxy from its first config until ctx ends.
-type runner func(ctx context.Context, opts Options, kube kubernetes.Interface, src configSource, hl *health, first configUpdate) error
 
 // LoadConfig reads the proxy config once, from where opts say, as Run does first.
 func LoadConfig(ctx context.Context, opts Options) (*contract.ProxyConfig, int, error) {

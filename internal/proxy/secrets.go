@@ -17,6 +17,7 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/proxy/backoff"
 )
 
 // secretState is a watched Secret as last seen.
@@ -90,7 +91,7 @@ func (s secretState) shared() sharedSecret {
 // resourceNames allows), and sends each state it sees: missing, present, or unreadable.
 func watchSecret(ctx context.Context, secrets corev1client.SecretInterface, name string, send func(secretState)) {
 	opts := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()}
-	var backoff time.Duration
+	retry := backoff.Backoff{Min: time.Second, Max: time.Minute, Jitter: true}
 	for ctx.Err() == nil {
 		list, err := secrets.List(ctx, opts)
 		if err != nil {
@@ -98,11 +99,10 @@ func watchSecret(ctx context.Context, secrets corev1client.SecretInterface, name
 				return
 			}
 			send(newSecretState(nil, err))
-			backoff = nextBackoff(backoff)
-			sleep(ctx, jitter(min(backoff, time.Minute)))
+			sleep(ctx, retry.Fail(time.Now()))
 			continue
 		}
-		backoff = 0
+		retry.Reset()
 		var cur *corev1.Secret
 		if len(list.Items) > 0 {
 			cur = &list.Items[0]

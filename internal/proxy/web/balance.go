@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tsingress/tsingress/internal/proxy/backoff"
 )
 
 // Passive health of endpoints: one that refuses a connection is skipped for a while, longer
@@ -24,16 +26,11 @@ const (
 // which endpoint churn makes frequent.
 type endpointHealth struct {
 	mu    sync.Mutex
-	down  map[string]downState // by "ip:port"
-	nDown atomic.Int32         // len(down), read without the lock on every request
+	down  map[string]*backoff.Backoff // by "ip:port"
+	nDown atomic.Int32                // len(down), read without the lock on every request
 }
 
-type downState struct {
-	until   time.Time
-	backoff time.Duration
-}
-
-func newEndpointHealth() *endpointHealth { return &endpointHealth{down: map[string]downState{}} }
+func newEndpointHealth() *endpointHealth { return &endpointHealth{down: map[string]*backoff.Backoff{}} }
 
 func (h *endpointHealth) usable(addr string, now time.Time) bool {
 	if h.nDown.Load() == 0 {
@@ -42,7 +39,7 @@ func (h *endpointHealth) usable(addr string, now time.Time) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	d, ok := h.down[addr]
-	return !ok || !now.Before(d.until)
+	return !ok || d.Due(now)
 }
 
 // refused marks addr down and returns for how long. Endpoints long past their time are
@@ -51,16 +48,17 @@ func (h *endpointHealth) refused(addr string, now time.Time) time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for a, d := range h.down {
-		if now.After(d.until.Add(endpointBackoffMax)) {
+		if now.After(d.Next().Add(endpointBackoffMax)) {
 			delete(h.down, a)
 		}
 	}
 	d := h.down[addr]
-	d.backoff = min(max(2*d.backoff, endpointBackoffMin), endpointBackoffMax)
-	d.until = now.Add(d.backoff)
-	h.down[addr] = d
+	if d == nil {
+		d = &backoff.Backoff{Min: endpointBackoffMin, Max: endpointBackoffMax}
+		h.down[addr] = d
+	}
 	h.nDown.Store(int32(len(h.down)))
-	return d.backoff
+	return d.Fail(now)
 }
 
 func (h *endpointHealth) succeeded(addr string) {
