@@ -204,14 +204,6 @@ func (w *secretWatches) state(name string) (secretState, bool) {
 	return st, ok
 }
 
-// stopAll ends every watch.
-func (w *secretWatches) stopAll() {
-	for name, stop := range w.watches {
-		stop()
-		delete(w.watches, name)
-	}
-}
-
 // byoNames lists the Secrets of a web service's bring-your-own certificates.
 func byoNames(ws contract.WebService) []string {
 	var names []string
