@@ -52,6 +52,7 @@ func (g group) configMap() string { return g.name + groupConfigMapSuffix }
 
 // replicas names the replicas' children: a config Secret each, which they cannot write.
 func (g group) replicas() replicaSet { return replicaSet{name: g.name, separateConfig: true} }
+
 func (g group) labels() map[string]string {
 	return map[string]string{LabelManaged: "true", LabelParentName: g.name, LabelParentType: parentTypeProxyGroup}
 }

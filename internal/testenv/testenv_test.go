@@ -11,6 +11,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 // A deleted namespace goes, with what it held, as in a cluster; then Stop leaves no process and
@@ -86,4 +88,52 @@ func naming(t *testing.T, dir string) []string {
 		}
 	}
 	return found
+}
+
+// The API server alone: etcd and kube-apiserver, an admin kubeconfig, users with only the rights
+// given them; Stop leaves nothing behind.
+func TestAPIServerOnly(t *testing.T) {
+	cp, err := StartAPIServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			cp.Stop()
+		}
+	})
+	dir := cp.dir
+	if pids := naming(t, dir); len(pids) != 2 {
+		t.Errorf("processes naming %s: %v, want etcd and kube-apiserver", dir, pids)
+	}
+	admin, err := clientcmd.BuildConfigFromFlags("", cp.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	userCfg, err := cp.AddUser("nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		cfg       *rest.Config
+		forbidden bool
+	}{{"admin", admin, false}, {"a user without a Role", userCfg, true}} {
+		kube, err := kubernetes.NewForConfig(tc.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = kube.CoreV1().Secrets("default").List(t.Context(), metav1.ListOptions{})
+		if apierrors.IsForbidden(err) != tc.forbidden || (!tc.forbidden && err != nil) {
+			t.Errorf("%s lists Secrets: %v, want forbidden %v", tc.name, err, tc.forbidden)
+		}
+	}
+	stopped = true
+	if err := cp.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if pids := naming(t, dir); len(pids) > 0 {
+		t.Errorf("processes naming %s after Stop: %v", dir, pids)
+	}
 }
