@@ -19,15 +19,7 @@ import (
 // no file behind.
 func TestNamespaceDeletedThenStop(t *testing.T) {
 	cp, err := Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	t.Cleanup(func() {
-		if !stopped {
-			cp.Stop()
-		}
-	})
+	stop := stopLater(t, cp, err)
 	kube, err := kubernetes.NewForConfig(cp.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -60,15 +52,34 @@ func TestNamespaceDeletedThenStop(t *testing.T) {
 	if pids := naming(t, dir); len(pids) < 3 {
 		t.Fatalf("processes naming %s while running: %v, want etcd, kube-apiserver and kube-controller-manager", dir, pids)
 	}
-	stopped = true
-	if err := cp.Stop(); err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	if pids := naming(t, dir); len(pids) > 0 {
 		t.Errorf("processes naming %s after Stop: %v", dir, pids)
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("%s after Stop: %v", dir, err)
+	}
+}
+
+// stopLater fails the test when the control plane did not start, and stops it at the end of
+// the test unless the test calls stop first.
+func stopLater(t *testing.T, cp *ControlPlane, err error) (stop func()) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			cp.Stop()
+		}
+	})
+	return func() {
+		t.Helper()
+		stopped = true
+		if err := cp.Stop(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -94,15 +105,7 @@ func naming(t *testing.T, dir string) []string {
 // given them; Stop leaves nothing behind.
 func TestAPIServerOnly(t *testing.T) {
 	cp, err := StartAPIServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	t.Cleanup(func() {
-		if !stopped {
-			cp.Stop()
-		}
-	})
+	stop := stopLater(t, cp, err)
 	dir := cp.dir
 	if pids := naming(t, dir); len(pids) != 2 {
 		t.Errorf("processes naming %s: %v, want etcd and kube-apiserver", dir, pids)
@@ -129,10 +132,7 @@ func TestAPIServerOnly(t *testing.T) {
 			t.Errorf("%s lists Secrets: %v, want forbidden %v", tc.name, err, tc.forbidden)
 		}
 	}
-	stopped = true
-	if err := cp.Stop(); err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	if pids := naming(t, dir); len(pids) > 0 {
 		t.Errorf("processes naming %s after Stop: %v", dir, pids)
 	}
