@@ -21,6 +21,7 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/poll"
 )
 
 const (
@@ -61,7 +62,7 @@ func measureScale(ctx context.Context, operatorBin string, n int, logf func(stri
 		return res, err
 	}
 	pods := make([]*corev1.Pod, 2)
-	if err := waitFor(ctx, 2*time.Minute, 200*time.Millisecond, "replica Pods", func() error {
+	if err := poll.Until(ctx, 2*time.Minute, 200*time.Millisecond, "replica Pods", func() error {
 		for i := range pods {
 			p := &corev1.Pod{}
 			if err := k.Get(ctx, client.ObjectKey{Namespace: opNS, Name: fmt.Sprintf("%s-%d", benchGroup, i)}, p); err != nil {
@@ -120,7 +121,7 @@ func measureScale(ctx context.Context, operatorBin string, n int, logf func(stri
 	timeout := 2*time.Minute + time.Duration(n)*300*time.Millisecond
 	res.limit = timeout
 	var docsDone time.Time
-	err = waitFor(ctx, timeout, 250*time.Millisecond, "every object configured", func() error {
+	err = poll.Until(ctx, timeout, 250*time.Millisecond, "every object configured", func() error {
 		if docsDone.IsZero() {
 			d, err := readGroupDocs(ctx, k)
 			if err != nil {

@@ -152,21 +152,6 @@ func (c *cluster) rss() (int64, error) {
 	return 0, fmt.Errorf("no VmRSS for the operator")
 }
 
-// waitFor polls check every interval until it succeeds or timeout passes.
-func waitFor(ctx context.Context, timeout, interval time.Duration, what string, check func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		time.Sleep(interval)
-	}
-}
-
 // parallel runs f(i) for i in [0, n) on workers goroutines and returns the first error.
 func parallel(n, workers int, f func(i int) error) error {
 	next := make(chan int)

@@ -360,28 +360,13 @@ func (t *tailscaleServices) release(ctx context.Context, name string) error {
 // groupStates reads what each replica's running Pod reports, by ordinal: nil for a replica
 // without a Pod or whose state is left from an earlier Pod.
 func groupStates(ctx context.Context, c client.Client, namespace string, pg *tsv1alpha1.ProxyGroup) ([]*contract.ProxyState, error) {
-	g := group{pg.Name}
 	states := make([]*contract.ProxyState, max(replicas(pg), 1))
 	for i := range replicas(pg) {
-		s, pod := &corev1.Secret{}, &corev1.Pod{}
-		key := client.ObjectKey{Namespace: namespace, Name: g.stateSecret(i)}
-		if err := c.Get(ctx, key, s); err != nil {
-			if apierrors.IsNotFound(err) {
-				continue
-			}
+		r, err := group{pg.Name}.replicas().read(ctx, c, namespace, i)
+		if err != nil {
 			return nil, err
 		}
-		if err := c.Get(ctx, key, pod); err != nil {
-			if apierrors.IsNotFound(err) {
-				continue
-			}
-			return nil, err
-		}
-		st, err := parsedStates.parse(s)
-		if err != nil || !st.CurrentFor(string(pod.UID)) {
-			continue
-		}
-		states[i] = st
+		states[i] = r.state
 	}
 	return states, nil
 }
@@ -442,7 +427,7 @@ func advertisers(ctx context.Context, c client.Client, namespace string, pg *tsv
 		}
 		if st.Firewall != nil {
 			if m, ok := st.Firewall.Mappings[svcName]; ok && m.Error != "" {
-				dnatErrs = append(dnatErrs, fmt.Sprintf("%s: %s", group{pg.Name}.stateSecret(i), m.Error))
+				dnatErrs = append(dnatErrs, fmt.Sprintf("%s: %s", group{pg.Name}.replicas().stateSecret(i), m.Error))
 			}
 		}
 	}

@@ -219,10 +219,12 @@ func byoLabels(pg *tsv1alpha1.ProxyGroup, ing *networkingv1.Ingress) map[string]
 func (r *HAIngressReconciler) certificate(ctx context.Context, s *haIngressScope) (tailnetCert, error) {
 	c := tailnetCert{}
 	pg := s.group
-	staging, err := groupUsesStaging(ctx, r.Client, pg, r.Settings.DefaultProxyClass)
+	class, err := resolveProxyClass(ctx, r.Client, pg, r.Settings.DefaultProxyClass)
 	if err != nil {
 		return c, err
 	}
+	// The class the replicas are configured with: staging's limits are for testing, no guard then.
+	staging := class.staging()
 	domain := s.domain
 	for _, st := range s.states {
 		if st == nil {
@@ -268,20 +270,6 @@ func (r *HAIngressReconciler) ensureGroupCertSecret(ctx context.Context, pg *tsv
 		return err
 	}
 	return client.IgnoreAlreadyExists(create(ctx, r.Client, s))
-}
-
-// groupUsesStaging reports whether a group's ProxyClass (the one its replicas are configured
-// with) picks Let's Encrypt's staging directory, whose limits are for testing: no guard then.
-func groupUsesStaging(ctx context.Context, c client.Client, pg *tsv1alpha1.ProxyGroup, defaultClass string) (bool, error) {
-	name := groupProxyClassName(pg, defaultClass)
-	if name == "" {
-		return false, nil
-	}
-	pc := &tsv1alpha1.ProxyClass{}
-	if err := c.Get(ctx, client.ObjectKey{Name: name}, pc); err != nil {
-		return false, client.IgnoreNotFound(err)
-	}
-	return pc.Spec.UseLetsEncryptStagingEnvironment, nil
 }
 
 // docsFailure reports a group document that cannot be written.

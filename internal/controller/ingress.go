@@ -153,8 +153,8 @@ type ingressScope struct {
 }
 
 func (r *IngressReconciler) gather(ctx context.Context, s *ingressScope) error {
-	var err error
-	if s.class, s.classNotReady, err = readyProxyClass(ctx, r.Client, proxyClassName(s.ing, r.Settings.DefaultProxyClass)); err != nil || s.classNotReady != "" {
+	class, err := resolveProxyClass(ctx, r.Client, s.ing, r.Settings.DefaultProxyClass)
+	if s.class, s.classNotReady = class.ready(), class.notReady; err != nil || s.classNotReady != "" {
 		return err
 	}
 	s.info = r.proxies.tailnetInfo(ctx)
@@ -421,7 +421,7 @@ func (r *IngressReconciler) ingressesForProxyClass(ctx context.Context, o client
 		return nil
 	}
 	return ingressRequests(list.Items, func(ing *networkingv1.Ingress) bool {
-		return r.serves(ing) && proxyClassName(ing, r.Settings.DefaultProxyClass) == o.GetName()
+		return r.serves(ing) && proxyClassOf(ing, r.Settings.DefaultProxyClass) == o.GetName()
 	})
 }
 

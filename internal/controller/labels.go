@@ -92,6 +92,9 @@ func (p parent) proxyName() string {
 	return base + "-" + suffix
 }
 
+// replicas names the children of a parent's proxy, a single replica.
+func (p parent) replicas() replicaSet { return replicaSet{name: p.proxyName()} }
+
 // dnsLabelish lowercases s and replaces what a DNS label cannot hold (dots, in particular) with
 // dashes.
 func dnsLabelish(s string) string {

@@ -11,18 +11,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
-
-// authKeyExpiry bounds how long a minted key that was never used stays valid.
-const authKeyExpiry = 24 * time.Hour
 
 // proxies runs the standalone proxy machinery shared by the Ingress and Service reconcilers:
 // it applies a proxy's children, reads back its state and tears it down.
@@ -102,58 +96,25 @@ func (m *proxies) absent(ctx context.Context, obj client.Object) (bool, error) {
 }
 
 func (m *proxies) authKeyFor(ctx context.Context, p *standaloneProxy) (string, error) {
-	existing := &corev1.Secret{}
-	err := m.Get(ctx, client.ObjectKey{Namespace: m.settings.Namespace, Name: p.secretName()}, existing)
-	switch {
-	case apierrors.IsNotFound(err):
-	case err != nil:
-		return "", err
-	default:
-		if contract.LoggedIn(existing.Data) {
-			return "", nil // logged in: the key is spent and leaves the config
-		}
-		if cfg, _, err := contract.ProxyConfigs.Decode(existing.Data); err == nil && cfg.AuthKey != "" {
-			return cfg.AuthKey, nil
-		}
-	}
-	req := tailnet.AuthKeyRequest{
+	return p.parent.replicas().authKey(ctx, m.Client, m.tailnet, m.settings.Namespace, 0, tailnet.AuthKeyRequest{
 		Tags:        p.config.Tags,
 		Description: fmt.Sprintf("tsingress %s %s/%s", p.parent.typ, p.parent.namespace, p.parent.name),
 		Expiry:      authKeyExpiry,
-	}
-	key, err := m.tailnet.CreateAuthKey(ctx, req)
-	if err != nil {
-		return "", err
-	}
-	logAuthKey(ctx, req, key, p.name())
-	return key.Secret.Reveal(), nil
+	})
 }
 
-// state returns what the proxy of par reports, or nil while no running Pod has reported:
-// state left by an earlier Pod does not describe the running proxy. It also returns the Pod,
-// nil while there is none. A state that cannot be read (edited by hand) is not reported either,
-// and the finding says why: the object is still served as it asks.
+// state returns what the proxy of par reports, or nil while no running Pod has reported, and
+// the Pod, nil while there is none. A state that cannot be read (edited by hand) is not
+// reported either, and the finding says why: the object is still served as it asks.
 func (m *proxies) state(ctx context.Context, par parent) (*contract.ProxyState, *corev1.Pod, *finding, error) {
-	name := par.proxyName() + "-0"
-	key := client.ObjectKey{Namespace: m.settings.Namespace, Name: name}
-	pod := &corev1.Pod{}
-	if err := m.Get(ctx, key, pod); err != nil {
-		return nil, nil, nil, client.IgnoreNotFound(err)
+	rs := par.replicas()
+	r, err := rs.read(ctx, m.Client, m.settings.Namespace, 0)
+	if err != nil || r.unreadable == nil {
+		return r.state, r.pod, nil, err
 	}
-	secret := &corev1.Secret{}
-	if err := m.Get(ctx, key, secret); err != nil {
-		return nil, pod, nil, client.IgnoreNotFound(err)
-	}
-	st, err := contract.ParseState(secret.Data)
-	if err != nil {
-		f := warnf(ReasonProxyStateInvalid, "the proxy's state in Secret %s/%s cannot be read (%v); it is ignored until the proxy "+
-			"writes it again, which a restart of Pod %s makes it do at once", key.Namespace, key.Name, err, pod.Name)
-		return nil, pod, &f, nil
-	}
-	if !st.CurrentFor(string(pod.UID)) {
-		return nil, pod, nil, nil
-	}
-	return st, pod, nil, nil
+	f := warnf(ReasonProxyStateInvalid, "the proxy's state in Secret %s/%s cannot be read (%v); it is ignored until the proxy "+
+		"writes it again, which a restart of Pod %s makes it do at once", m.settings.Namespace, rs.stateSecret(0), r.unreadable, rs.pod(0))
+	return nil, r.pod, &f, nil
 }
 
 // podRefused says why the kubelet refused to run a proxy Pod (a Pod sysctl it does not allow:
@@ -183,14 +144,11 @@ func (m *proxies) cleanup(ctx context.Context, par parent) (done bool, err error
 		return false, err
 	}
 
-	secret := &corev1.Secret{}
-	switch err := m.Get(ctx, client.ObjectKey{Namespace: ns, Name: name + "-0"}, secret); {
+	state := &corev1.Secret{}
+	switch err := m.Get(ctx, client.ObjectKey{Namespace: ns, Name: par.replicas().stateSecret(0)}, state); {
 	case err == nil:
-		if id := string(secret.Data[contract.StateDeviceID]); id != "" {
-			if err := m.tailnet.DeleteDevice(ctx, id); err != nil {
-				return false, fmt.Errorf("deleting tailnet device %s: %w", id, err)
-			}
-			log.FromContext(ctx).Info("deleted tailnet device", "deviceID", id, "proxy", name)
+		if err := deleteDevice(ctx, m.tailnet, state); err != nil {
+			return false, err
 		}
 	case !apierrors.IsNotFound(err):
 		return false, err
@@ -202,7 +160,7 @@ func (m *proxies) cleanup(ctx context.Context, par parent) (done bool, err error
 		return false, err
 	}
 	for _, obj := range []client.Object{
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-0"}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: par.replicas().stateSecret(0)}},
 		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
 		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
@@ -212,44 +170,6 @@ func (m *proxies) cleanup(ctx context.Context, par parent) (done bool, err error
 		}
 	}
 	return true, nil
-}
-
-// logAuthKey logs a minted auth key by its ID, never its secret.
-func logAuthKey(ctx context.Context, req tailnet.AuthKeyRequest, key tailnet.AuthKey, proxy string) {
-	log.FromContext(ctx).Info("minted auth key", "keyID", key.ID, "proxy", proxy, "tags", req.Tags,
-		"description", req.Description, "expires", key.Expires)
-}
-
-// proxyClassName is the ProxyClass an object asks for: its label, else its annotation, else
-// the operator's default.
-func proxyClassName(obj client.Object, def string) string {
-	if v := obj.GetLabels()[LabelProxyClass]; v != "" {
-		return v
-	}
-	if v := obj.GetAnnotations()[LabelProxyClass]; v != "" {
-		return v
-	}
-	return def
-}
-
-// readyProxyClass returns the named ProxyClass when it is ready for use, or a message saying why
-// not. An empty name means no class.
-func readyProxyClass(ctx context.Context, c client.Client, name string) (*tsv1alpha1.ProxyClass, string, error) {
-	if name == "" {
-		return nil, "", nil
-	}
-	pc := &tsv1alpha1.ProxyClass{}
-	if err := c.Get(ctx, client.ObjectKey{Name: name}, pc); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, fmt.Sprintf("ProxyClass %q does not exist", name), nil
-		}
-		return nil, "", err
-	}
-	cond := meta.FindStatusCondition(pc.Status.Conditions, tsv1alpha1.ProxyClassReady)
-	if cond == nil || cond.Status != metav1.ConditionTrue || cond.ObservedGeneration != pc.Generation {
-		return nil, fmt.Sprintf("ProxyClass %q is not ready", name), nil
-	}
-	return pc, "", nil
 }
 
 // parseTags reads the tailscale.com/tags annotation: comma-separated tags replacing the

@@ -17,7 +17,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
@@ -49,9 +48,11 @@ type ProxyGroupReconciler struct {
 // group names a ProxyGroup's children.
 type group struct{ name string }
 
-func (g group) configMap() string         { return g.name + groupConfigMapSuffix }
-func (g group) stateSecret(i int) string  { return fmt.Sprintf("%s-%d", g.name, i) }
-func (g group) configSecret(i int) string { return g.stateSecret(i) + "-config" }
+func (g group) configMap() string { return g.name + groupConfigMapSuffix }
+
+// replicas names the replicas' children: a config Secret each, which they cannot write.
+func (g group) replicas() replicaSet { return replicaSet{name: g.name, separateConfig: true} }
+
 func (g group) labels() map[string]string {
 	return map[string]string{LabelManaged: "true", LabelParentName: g.name, LabelParentType: parentTypeProxyGroup}
 }
@@ -95,15 +96,15 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		scope.fail(ReasonProxyGroupInvalid, msg)
 		return ctrl.Result{}, nil
 	}
-	class, notReady, err := readyProxyClass(ctx, r.Client, groupProxyClassName(pg, r.Settings.DefaultProxyClass))
+	class, err := resolveProxyClass(ctx, r.Client, pg, r.Settings.DefaultProxyClass)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if notReady != "" {
-		scope.fail(ReasonProxyGroupPending, notReady+"; waiting for it")
+	if class.notReady != "" {
+		scope.fail(ReasonProxyGroupPending, class.notReady+"; waiting for it")
 		return ctrl.Result{}, nil
 	}
-	if err := r.ensure(ctx, pg, g, class); err != nil {
+	if err := r.ensure(ctx, pg, g, class.ready()); err != nil {
 		scope.fail(ReasonProxyGroupFailed, err.Error())
 		if tailnet.ReasonOf(err) != "" {
 			return r.tailnetFailure(pg, err)
@@ -117,14 +118,6 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		r.progress(pg, "ready", ReasonProxyGroupReady, "%d/%d replicas up on the tailnet", len(devices), replicas(pg))
 	}
 	return ctrl.Result{}, nil
-}
-
-// groupProxyClassName is the ProxyClass a ProxyGroup uses: its own, else the operator's default.
-func groupProxyClassName(pg *tsv1alpha1.ProxyGroup, def string) string {
-	if pg.Spec.ProxyClass != "" {
-		return pg.Spec.ProxyClass
-	}
-	return def
 }
 
 func replicas(pg *tsv1alpha1.ProxyGroup) int {
@@ -158,8 +151,8 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 			return err
 		}
 		objs = append(objs,
-			r.secret(g, g.configSecret(i), secretTypeConfig, i, data),
-			r.secret(g, g.stateSecret(i), secretTypeState, i, nil))
+			r.secret(g, g.replicas().configSecret(i), secretTypeConfig, i, data),
+			r.secret(g, g.replicas().stateSecret(i), secretTypeState, i, nil))
 	}
 	objs = append(objs, proxyPods{
 		name:      g.name,
@@ -259,7 +252,7 @@ func (r *ProxyGroupReconciler) replicaConfig(ctx context.Context, pg *tsv1alpha1
 		Hostname:          fmt.Sprintf("%s-%d", prefix, i),
 		Tags:              tags,
 		ControlURL:        r.Settings.ControlURL,
-		StateSecret:       g.stateSecret(i),
+		StateSecret:       g.replicas().stateSecret(i),
 		Firewall:          contract.FirewallConfig{Mode: r.Settings.FirewallMode},
 		TLS:               contract.TLSConfig{CertShareMode: contract.CertReader},
 		AdvertiseServices: services,
@@ -275,41 +268,14 @@ func (r *ProxyGroupReconciler) replicaConfig(ctx context.Context, pg *tsv1alpha1
 		}
 	}
 	cfg.Metrics = metricsEnabled(class)
-	key, err := r.replicaAuthKey(ctx, pg, g, i, tags)
+	// One single-use key per replica.
+	req := tailnet.AuthKeyRequest{Tags: tags, Description: fmt.Sprintf("tsingress proxygroup %s replica %d", pg.Name, i), Expiry: authKeyExpiry}
+	key, err := g.replicas().authKey(ctx, r.Client, r.Tailnet, r.Settings.Namespace, i, req)
 	if err != nil {
 		return nil, err
 	}
 	cfg.AuthKey = key
 	return cfg, nil
-}
-
-// replicaAuthKey mints one single-use key per replica, only while the replica has no device
-// and holds no unused key.
-func (r *ProxyGroupReconciler) replicaAuthKey(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g group, i int, tags []string) (string, error) {
-	ns := r.Settings.Namespace
-	state := &corev1.Secret{}
-	if err := r.Get(ctx, client.ObjectKey{Namespace: ns, Name: g.stateSecret(i)}, state); client.IgnoreNotFound(err) != nil {
-		return "", err
-	}
-	if contract.LoggedIn(state.Data) {
-		return "", nil
-	}
-	cfgSecret := &corev1.Secret{}
-	switch err := r.Get(ctx, client.ObjectKey{Namespace: ns, Name: g.configSecret(i)}, cfgSecret); {
-	case err == nil:
-		if cfg, _, err := contract.ProxyConfigs.Decode(cfgSecret.Data); err == nil && cfg.AuthKey != "" {
-			return cfg.AuthKey, nil
-		}
-	case !apierrors.IsNotFound(err):
-		return "", err
-	}
-	req := tailnet.AuthKeyRequest{Tags: tags, Description: fmt.Sprintf("tsingress proxygroup %s replica %d", pg.Name, i), Expiry: authKeyExpiry}
-	key, err := r.Tailnet.CreateAuthKey(ctx, req)
-	if err != nil {
-		return "", err
-	}
-	logAuthKey(ctx, req, key, g.stateSecret(i))
-	return key.Secret.Reveal(), nil
 }
 
 func (r *ProxyGroupReconciler) secret(g group, name, typ string, i int, data map[string][]byte) *corev1.Secret {
@@ -351,7 +317,7 @@ func (r *ProxyGroupReconciler) certSecretNames(ctx context.Context, g group) (gr
 func (r *ProxyGroupReconciler) buildRole(g group, n, shards int, certs groupCertSecrets) *rbacv1.Role {
 	var secrets, configMaps []string
 	for i := range n {
-		secrets = append(secrets, g.configSecret(i), g.stateSecret(i))
+		secrets = append(secrets, g.replicas().configSecret(i), g.replicas().stateSecret(i))
 	}
 	for i := range max(shards, 1) {
 		configMaps = append(configMaps, contract.ShardName(g.configMap(), i))
@@ -413,7 +379,7 @@ func (r *ProxyGroupReconciler) scaleDown(ctx context.Context, g group, n int) er
 		if i < n {
 			continue
 		}
-		if err := r.deleteDevice(ctx, s); err != nil {
+		if err := deleteDevice(ctx, r.Tailnet, s); err != nil {
 			return err
 		}
 		if err := remove(ctx, r.Client, s); err != nil {
@@ -427,18 +393,6 @@ func (r *ProxyGroupReconciler) scaleDown(ctx context.Context, g group, n int) er
 			}
 		}
 	}
-	return nil
-}
-
-func (r *ProxyGroupReconciler) deleteDevice(ctx context.Context, state *corev1.Secret) error {
-	id := string(state.Data[contract.StateDeviceID])
-	if id == "" {
-		return nil
-	}
-	if err := r.Tailnet.DeleteDevice(ctx, id); err != nil {
-		return fmt.Errorf("deleting tailnet device %s of %s: %w", id, state.Name, err)
-	}
-	log.FromContext(ctx).Info("deleted tailnet device", "deviceID", id, "proxy", state.Name)
 	return nil
 }
 
@@ -461,28 +415,15 @@ func (r *ProxyGroupReconciler) delete(ctx context.Context, pg *tsv1alpha1.ProxyG
 
 // devices lists the replicas whose running Pod has reported a tailnet device.
 func (r *ProxyGroupReconciler) devices(ctx context.Context, g group, n int) ([]tsv1alpha1.TailnetDevice, error) {
-	states, err := r.replicaSecrets(ctx, g, secretTypeState)
-	if err != nil {
-		return nil, err
-	}
 	var devices []tsv1alpha1.TailnetDevice
 	for i := range n {
-		s := states[i]
-		if s == nil {
-			continue
-		}
-		pod := &corev1.Pod{}
-		if err := r.Get(ctx, client.ObjectKey{Namespace: r.Settings.Namespace, Name: g.stateSecret(i)}, pod); err != nil {
-			if apierrors.IsNotFound(err) {
-				continue
-			}
+		rep, err := g.replicas().read(ctx, r.Client, r.Settings.Namespace, i)
+		if err != nil {
 			return nil, err
 		}
-		st, err := contract.ParseState(s.Data)
-		if err != nil || !st.CurrentFor(string(pod.UID)) || st.FQDN == "" {
-			continue
+		if st := rep.state; st != nil && st.FQDN != "" {
+			devices = append(devices, tsv1alpha1.TailnetDevice{Hostname: st.FQDN, TailnetIPs: st.TailnetIPs})
 		}
-		devices = append(devices, tsv1alpha1.TailnetDevice{Hostname: st.FQDN, TailnetIPs: st.TailnetIPs})
 	}
 	return devices, nil
 }
@@ -550,7 +491,7 @@ func (r *ProxyGroupReconciler) groupsForProxyClass(ctx context.Context, o client
 	}
 	var reqs []reconcile.Request
 	for _, pg := range list.Items {
-		if groupProxyClassName(&pg, r.Settings.DefaultProxyClass) == o.GetName() {
+		if proxyClassOf(&pg, r.Settings.DefaultProxyClass) == o.GetName() {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKey{Name: pg.Name}})
 		}
 	}

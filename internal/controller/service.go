@@ -139,10 +139,11 @@ type serviceScope struct {
 
 func (r *ServiceReconciler) gather(ctx context.Context, svc *corev1.Service) (serviceScope, error) {
 	s := serviceScope{}
-	var err error
-	if s.class, s.classNotReady, err = readyProxyClass(ctx, r.Client, proxyClassName(svc, r.Settings.DefaultProxyClass)); err != nil {
+	class, err := resolveProxyClass(ctx, r.Client, svc, r.Settings.DefaultProxyClass)
+	if err != nil {
 		return s, err
 	}
+	s.class, s.classNotReady = class.ready(), class.notReady
 	s.state, s.pod, s.unreadable, err = r.proxies.state(ctx, parentOf(parentTypeService, svc))
 	return s, err
 }
@@ -381,7 +382,7 @@ func (r *ServiceReconciler) servicesForProxyClass(ctx context.Context, o client.
 	var reqs []reconcile.Request
 	for i := range list.Items {
 		s := &list.Items[i]
-		if r.serves(s) && proxyClassName(s, r.Settings.DefaultProxyClass) == o.GetName() {
+		if r.serves(s) && proxyClassOf(s, r.Settings.DefaultProxyClass) == o.GetName() {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(s)})
 		}
 	}

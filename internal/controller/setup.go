@@ -57,7 +57,11 @@ func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
 	if err != nil {
 		return fmt.Errorf("registering the operator's metrics: %w", err)
 	}
+	// Every field index first: the watches of each reconciler rely on none set up by another.
 	if err := indexIngresses(mgr); err != nil {
+		return err
+	}
+	if err := indexGroupObjects(mgr); err != nil {
 		return err
 	}
 	if err := (&ProxyClassReconciler{Client: mgr.GetClient(), Recorder: rec, Mapper: mgr.GetRESTMapper(), metrics: m}).SetupWithManager(mgr); err != nil {
@@ -73,9 +77,6 @@ func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
 		return err
 	}
 	if err := (&ProxyGroupReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "proxygroup"), Settings: s, Tailnet: tc}).SetupWithManager(mgr); err != nil {
-		return err
-	}
-	if err := indexGroupObjects(mgr); err != nil {
 		return err
 	}
 	docs := groupDocs{Client: mgr.GetClient(), namespace: s.Namespace, w: newGroupWriter(mgr.GetClient(), mgr.GetAPIReader(), s.Namespace, s.GroupShardBytes)}

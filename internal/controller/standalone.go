@@ -42,9 +42,8 @@ type standaloneProxy struct {
 
 func (p *standaloneProxy) name() string { return p.parent.proxyName() }
 
-// secretName is the combined config and state Secret: named after the Pod, as the proxy
-// stores its state under its own Pod's name.
-func (p *standaloneProxy) secretName() string { return p.name() + "-0" }
+// secretName is the combined config and state Secret.
+func (p *standaloneProxy) secretName() string { return p.parent.replicas().stateSecret(0) }
 
 func (p *standaloneProxy) meta(name string) metav1.ObjectMeta {
 	return metav1.ObjectMeta{Name: name, Labels: p.parent.labels()}

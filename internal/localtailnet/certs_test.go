@@ -18,6 +18,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/tsingress/tsingress/internal/localacme"
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"tailscale.com/client/local"
 	"tailscale.com/tsnet"
@@ -189,7 +190,7 @@ func TestServiceCertificate(t *testing.T) {
 		t.Fatal(err)
 	}
 	serveHTTP(t, ln, "hello from web-0")
-	eventually(t, "the host to get the service's cert domain", func() bool { return slices.Contains(host.CertDomains(), name) })
+	poll.True(t, 10*time.Second, "the host to get the service's cert domain", func() bool { return slices.Contains(host.CertDomains(), name) })
 	client := joinNode(t, lt, "client", mintKey(t, c, "client"))
 	if cd := client.CertDomains(); !slices.Equal(cd, []string{"client.tailnet.test"}) {
 		t.Errorf("a node that does not host the service has cert domains %v", cd)

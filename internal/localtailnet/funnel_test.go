@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/poll"
 	"tailscale.com/ipn"
 	"tailscale.com/tailcfg"
 	"tailscale.com/tsnet"
@@ -56,7 +57,7 @@ func TestFunnel(t *testing.T) {
 		return st.Self.CapMap
 	}
 	lt.SetNodeAttrs([]localtailnet.NodeAttr{{Target: []string{"tag:k8s"}, Attr: []string{"funnel"}}})
-	eventually(t, "the funnel attribute", func() bool { return selfCaps().Contains(tailcfg.NodeAttrFunnel) })
+	poll.True(t, 10*time.Second, "the funnel attribute", func() bool { return selfCaps().Contains(tailcfg.NodeAttrFunnel) })
 
 	ln, err := web.ListenFunnel("tcp", ":443", tsnet.FunnelOnly())
 	if err != nil {
@@ -111,7 +112,7 @@ func TestFunnel(t *testing.T) {
 	// The policy takes the attribute away: the device still allows Funnel, the relay does not
 	// send it anything.
 	lt.SetNodeAttrs(nil)
-	eventually(t, "the funnel attribute gone", func() bool { return !selfCaps().Contains(tailcfg.NodeAttrFunnel) })
+	poll.True(t, 10*time.Second, "the funnel attribute gone", func() bool { return !selfCaps().Contains(tailcfg.NodeAttrFunnel) })
 	if _, err := client.Get("https://" + name + "/"); err == nil {
 		t.Error("served over Funnel after the policy took the attribute away")
 	}

@@ -178,15 +178,3 @@ func roundTrip(t *testing.T, node *tsnet.Server, addr, msg string) string {
 	t.Fatalf("no answer from %s: %v", addr, lastErr)
 	return ""
 }
-
-// eventually polls cond until it holds or 10 seconds pass.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}

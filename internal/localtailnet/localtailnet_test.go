@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"tailscale.com/client/local"
 	"tailscale.com/ipn"
@@ -158,7 +159,7 @@ func TestDeleteDevice(t *testing.T) {
 	b := joinNode(t, lt, "beta", mintKey(t, c, "beta"))
 	z := joinNode(t, lt, "zeta", mintKey(t, c, "zeta"))
 	aID, zID := selfID(t, a), selfID(t, z)
-	eventually(t, "beta to see alpha and zeta", func() bool {
+	poll.True(t, 10*time.Second, "beta to see alpha and zeta", func() bool {
 		ids := peerIDs(t, b)
 		return slices.Contains(ids, aID) && slices.Contains(ids, zID)
 	})
@@ -166,7 +167,7 @@ func TestDeleteDevice(t *testing.T) {
 	if err := c.DeleteDevice(t.Context(), aID); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "alpha to leave beta's peers", func() bool { return !slices.Contains(peerIDs(t, b), aID) })
+	poll.True(t, 10*time.Second, "alpha to leave beta's peers", func() bool { return !slices.Contains(peerIDs(t, b), aID) })
 	if _, err := c.Device(t.Context(), aID); !tailnet.IsNotFound(err) {
 		t.Errorf("Device after delete: err = %v, want NotFound", err)
 	}
@@ -181,7 +182,7 @@ func TestDeleteDevice(t *testing.T) {
 	if err := lc.Logout(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "zeta to leave beta's peers after logging out", func() bool { return len(peerIDs(t, b)) == 0 })
+	poll.True(t, 10*time.Second, "zeta to leave beta's peers after logging out", func() bool { return len(peerIDs(t, b)) == 0 })
 	devices, err := c.Devices(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -313,7 +314,7 @@ func TestServiceFailsOver(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, name+" to be told it hosts the service", func() bool {
+		poll.True(t, 10*time.Second, name+" to be told it hosts the service", func() bool {
 			st, err := lc.StatusWithoutPeers(t.Context())
 			if err != nil {
 				t.Fatal(err)
@@ -364,7 +365,7 @@ func TestServiceWithdrawn(t *testing.T) {
 	}
 	// Both must be hosts before the client's route is settled.
 	for name, lc := range hosts {
-		eventually(t, name+" to be told it hosts the service", func() bool {
+		poll.True(t, 10*time.Second, name+" to be told it hosts the service", func() bool {
 			st, err := lc.StatusWithoutPeers(t.Context())
 			if err != nil {
 				t.Fatal(err)
@@ -406,7 +407,7 @@ func routedTo(t *testing.T, client *tsnet.Server, addr netip.Addr, not string) s
 		t.Fatal(err)
 	}
 	var host string
-	eventually(t, "a route for "+addr.String(), func() bool {
+	poll.True(t, 10*time.Second, "a route for "+addr.String(), func() bool {
 		st, err := lc.Status(t.Context())
 		if err != nil {
 			t.Fatal(err)
@@ -505,7 +506,7 @@ func TestStopsWithContext(t *testing.T) {
 	joinNode(t, lt, "node", mintKey(t, apiClient(t, lt, nil), "node"))
 	start := time.Now()
 	cancel()
-	eventually(t, "the control server to stop", func() bool {
+	poll.True(t, 10*time.Second, "the control server to stop", func() bool {
 		res, err := http.Get(lt.ControlURL + "/key")
 		if err == nil {
 			res.Body.Close()

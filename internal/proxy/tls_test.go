@@ -30,6 +30,7 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/localacme"
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/tailnet"
@@ -206,13 +207,7 @@ func (w *acmeWorld) run(ctx context.Context, opts proxy.Options) <-chan error {
 // waitFor polls cond until it holds, failing the test after timeout.
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.True(t, timeout, what, cond)
 }
 
 // waitCert waits for proxy web-0 to report host's certificate as ok wants it, and fails with

@@ -1,6 +1,7 @@
 // Package testenv starts a real Kubernetes control plane for tests: kube-apiserver and etcd
 // through envtest, plus kube-controller-manager, so that StatefulSets really get Pods and
-// deletions really cascade. The binaries come from KUBEBUILDER_ASSETS (`make envtest`).
+// deletions really cascade (or, for tests of one component, the API server alone). The
+// binaries come from KUBEBUILDER_ASSETS (`make envtest`).
 package testenv
 
 import (
@@ -32,6 +33,16 @@ type ControlPlane struct {
 // Start runs the control plane with the CRDs in crdDirs installed. Its processes and files go
 // with Stop, or with this process however it ends.
 func Start(crdDirs ...string) (*ControlPlane, error) {
+	return start(crdDirs, true)
+}
+
+// StartAPIServer runs etcd and the API server only, as Start does: nothing reconciles what
+// the test creates.
+func StartAPIServer() (*ControlPlane, error) {
+	return start(nil, false)
+}
+
+func start(crdDirs []string, controllers bool) (*ControlPlane, error) {
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if assets == "" {
 		return nil, errors.New("KUBEBUILDER_ASSETS must point at kube-apiserver, etcd and kube-controller-manager: run the tests with `make test`")
@@ -68,14 +79,28 @@ func Start(crdDirs ...string) (*ControlPlane, error) {
 		return nil, errors.Join(err, cp.Stop())
 	}
 	cp.Config = cfg
-	if err := cp.startControllerManager(assets); err != nil {
+	if err := cp.writeKubeconfig(); err != nil {
 		return nil, errors.Join(err, cp.Stop())
+	}
+	if controllers {
+		if err := cp.startControllerManager(assets); err != nil {
+			return nil, errors.Join(err, cp.Stop())
+		}
 	}
 	return cp, nil
 }
 
-func (cp *ControlPlane) startControllerManager(assets string) error {
-	user, err := cp.env.AddUser(envtest.User{Name: "controller-manager", Groups: []string{"system:masters"}}, nil)
+// AddUser adds a user of that name and groups, and returns its client config.
+func (cp *ControlPlane) AddUser(name string, groups ...string) (*rest.Config, error) {
+	u, err := cp.env.AddUser(envtest.User{Name: name, Groups: groups}, cp.Config)
+	if err != nil {
+		return nil, err
+	}
+	return u.Config(), nil
+}
+
+func (cp *ControlPlane) writeKubeconfig() error {
+	user, err := cp.env.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
 		return err
 	}
@@ -84,9 +109,10 @@ func (cp *ControlPlane) startControllerManager(assets string) error {
 		return err
 	}
 	cp.Kubeconfig = filepath.Join(cp.dir, "kubeconfig")
-	if err := os.WriteFile(cp.Kubeconfig, kubeconfig, 0o600); err != nil {
-		return err
-	}
+	return os.WriteFile(cp.Kubeconfig, kubeconfig, 0o600)
+}
+
+func (cp *ControlPlane) startControllerManager(assets string) error {
 	// The controllers the operator's objects depend on, and the namespace controller, without
 	// which a deleted namespace stays Terminating; no service-account tokens controller, which
 	// would need a signing key.

@@ -11,21 +11,15 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 // A deleted namespace goes, with what it held, as in a cluster; then Stop leaves no process and
 // no file behind.
 func TestNamespaceDeletedThenStop(t *testing.T) {
 	cp, err := Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	t.Cleanup(func() {
-		if !stopped {
-			cp.Stop()
-		}
-	})
+	stop := stopLater(t, cp, err)
 	kube, err := kubernetes.NewForConfig(cp.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -58,15 +52,34 @@ func TestNamespaceDeletedThenStop(t *testing.T) {
 	if pids := naming(t, dir); len(pids) < 3 {
 		t.Fatalf("processes naming %s while running: %v, want etcd, kube-apiserver and kube-controller-manager", dir, pids)
 	}
-	stopped = true
-	if err := cp.Stop(); err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	if pids := naming(t, dir); len(pids) > 0 {
 		t.Errorf("processes naming %s after Stop: %v", dir, pids)
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("%s after Stop: %v", dir, err)
+	}
+}
+
+// stopLater fails the test when the control plane did not start, and stops it at the end of
+// the test unless the test calls stop first.
+func stopLater(t *testing.T, cp *ControlPlane, err error) (stop func()) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			cp.Stop()
+		}
+	})
+	return func() {
+		t.Helper()
+		stopped = true
+		if err := cp.Stop(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -86,4 +99,41 @@ func naming(t *testing.T, dir string) []string {
 		}
 	}
 	return found
+}
+
+// The API server alone: etcd and kube-apiserver, an admin kubeconfig, users with only the rights
+// given them; Stop leaves nothing behind.
+func TestAPIServerOnly(t *testing.T) {
+	cp, err := StartAPIServer()
+	stop := stopLater(t, cp, err)
+	dir := cp.dir
+	if pids := naming(t, dir); len(pids) != 2 {
+		t.Errorf("processes naming %s: %v, want etcd and kube-apiserver", dir, pids)
+	}
+	admin, err := clientcmd.BuildConfigFromFlags("", cp.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	userCfg, err := cp.AddUser("nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		cfg       *rest.Config
+		forbidden bool
+	}{{"admin", admin, false}, {"a user without a Role", userCfg, true}} {
+		kube, err := kubernetes.NewForConfig(tc.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = kube.CoreV1().Secrets("default").List(t.Context(), metav1.ListOptions{})
+		if apierrors.IsForbidden(err) != tc.forbidden || (!tc.forbidden && err != nil) {
+			t.Errorf("%s lists Secrets: %v, want forbidden %v", tc.name, err, tc.forbidden)
+		}
+	}
+	stop()
+	if pids := naming(t, dir); len(pids) > 0 {
+		t.Errorf("processes naming %s after Stop: %v", dir, pids)
+	}
 }

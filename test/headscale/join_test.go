@@ -27,6 +27,7 @@ import (
 	"tailscale.com/types/logger"
 
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
@@ -280,7 +281,7 @@ func (e *env) peerTags(t *testing.T, node *tsnet.Server, ip string) []string {
 		t.Fatal(err)
 	}
 	var tags []string
-	eventually(t, "the client to know the peer "+ip, func() error {
+	poll.Eventually(t, loginWait, "the client to know the peer "+ip, func() error {
 		who, err := lc.WhoIs(t.Context(), ip)
 		if err != nil {
 			return err
@@ -364,7 +365,7 @@ func (e *env) get(t *testing.T, node *tsnet.Server, url string) seen {
 	t.Helper()
 	c := &http.Client{Transport: &http.Transport{DialContext: node.Dial, DisableKeepAlives: true}, Timeout: 20 * time.Second}
 	var got seen
-	eventually(t, "an answer from "+url, func() error {
+	poll.Eventually(t, loginWait, "an answer from "+url, func() error {
 		res, err := c.Get(url)
 		if err != nil {
 			return err
@@ -403,7 +404,7 @@ func writeConfig(t *testing.T, dir string, cfg *contract.ProxyConfig) {
 func waitState(t *testing.T, path string, p *runningProxy) *contract.ProxyState {
 	t.Helper()
 	var st *contract.ProxyState
-	eventually(t, "the proxy to log in to Headscale", func() error {
+	poll.Eventually(t, loginWait, "the proxy to log in to Headscale", func() error {
 		select {
 		case <-p.done:
 			t.Fatalf("proxy.Run returned early: %v", p.err)
@@ -432,22 +433,8 @@ func waitState(t *testing.T, path string, p *runningProxy) *contract.ProxyState 
 	return st
 }
 
-// eventually retries f for up to a minute (a Headscale login takes seconds) and fails with
-// its last error.
-func eventually(t *testing.T, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s: %v", what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
+// loginWait bounds the waits for what follows a login: a Headscale login takes seconds.
+const loginWait = time.Minute
 
 func addrStrings(addrs []netip.Addr) []string {
 	var s []string

@@ -21,6 +21,7 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy"
 )
 
@@ -78,10 +79,10 @@ func TestFunnelIngress(t *testing.T) {
 
 	// Not permitted: said on each Ingress, served on the tailnet only.
 	for ing, fqdn := range names {
-		eventually(t, 90*time.Second, ing.Name+" status with Funnel not permitted", func() error {
+		poll.Eventually(t, 90*time.Second, ing.Name+" status with Funnel not permitted", func() error {
 			return wantPortError(w, ing, fqdn, controller.ReasonFunnelNotPermitted)
 		})
-		eventually(t, 10*time.Second, ing.Name+" FunnelNotPermitted Event", func() error {
+		poll.Eventually(t, 10*time.Second, ing.Name+" FunnelNotPermitted Event", func() error {
 			return wantEvent(w, ing, controller.ReasonFunnelNotPermitted, `{"target": ["tag:k8s"], "attr": ["funnel"]}`)
 		})
 	}
@@ -91,7 +92,7 @@ func TestFunnelIngress(t *testing.T) {
 	public := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		DialContext: w.lt.PublicDialer(), TLSClientConfig: &tls.Config{RootCAs: w.lt.ACME.Roots()}, DisableKeepAlives: true}}
 	for _, fqdn := range names {
-		eventually(t, 30*time.Second, "https://"+fqdn+" on the tailnet", func() error { return fetch(onTailnet, fqdn, "web /tailnet") })
+		poll.Eventually(t, 30*time.Second, "https://"+fqdn+" on the tailnet", func() error { return fetch(onTailnet, fqdn, "web /tailnet") })
 		if err := fetch(public, fqdn, "web /"); err == nil {
 			t.Errorf("https://%s answers the internet before the policy grants Funnel", fqdn)
 		}
@@ -102,13 +103,13 @@ func TestFunnelIngress(t *testing.T) {
 	w.lt.SetNodeAttrs([]localtailnet.NodeAttr{{Target: []string{"tag:k8s"}, Attr: []string{"funnel"}}})
 	granted := time.Now()
 	for ing, fqdn := range names {
-		eventually(t, 60*time.Second, "https://"+fqdn+" from the internet", func() error { return fetch(public, fqdn, "web /from-the-internet") })
+		poll.Eventually(t, 60*time.Second, "https://"+fqdn+" from the internet", func() error { return fetch(public, fqdn, "web /from-the-internet") })
 		if h := backend.lastHeaders(); h.Get("Tailscale-Funnel-Request") != "?1" || h.Get("Tailscale-User-Login") != "" ||
 			!strings.HasPrefix(h.Get("X-Forwarded-For"), "127.0.0.1") {
 			t.Errorf("%s: headers at the backend of a request from the internet: %v", ing.Name, h)
 		}
-		eventually(t, 30*time.Second, ing.Name+" status without a port error", func() error { return wantPortError(w, ing, fqdn, "") })
-		eventually(t, 10*time.Second, ing.Name+" FunnelEnabled Event", func() error {
+		poll.Eventually(t, 30*time.Second, ing.Name+" status without a port error", func() error { return wantPortError(w, ing, fqdn, "") })
+		poll.Eventually(t, 10*time.Second, ing.Name+" FunnelEnabled Event", func() error {
 			return wantEvent(w, ing, controller.ReasonFunnelEnabled, "https://"+fqdn)
 		})
 	}
@@ -123,7 +124,7 @@ func TestFunnelIngress(t *testing.T) {
 	}
 	replicas[1].start()
 	// Back before the next step, which expects the tailnet name served without a pause.
-	eventually(t, 60*time.Second, "replica 1 advertising svc:shared again", func() error { return replicas[1].advertises(w, "svc:shared") })
+	poll.Eventually(t, 60*time.Second, "replica 1 advertising svc:shared again", func() error { return replicas[1].advertises(w, "svc:shared") })
 
 	// The annotation goes: off the internet, still on the tailnet.
 	for ing, fqdn := range names {
@@ -132,7 +133,7 @@ func TestFunnelIngress(t *testing.T) {
 		if err := w.k8s.Patch(w.ctx, ing, patch); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 30*time.Second, "https://"+fqdn+" gone from the internet", func() error {
+		poll.Eventually(t, 30*time.Second, "https://"+fqdn+" gone from the internet", func() error {
 			if err := fetch(public, fqdn, "web /"); err == nil {
 				return fmt.Errorf("still answers the internet")
 			}
@@ -150,7 +151,7 @@ func runStandaloneProxy(t *testing.T, w *world, ingress string) {
 	t.Helper()
 	var secret corev1.Secret
 	var pod corev1.Pod
-	eventually(t, 30*time.Second, "proxy Secret and Pod of "+ingress, func() error {
+	poll.Eventually(t, 30*time.Second, "proxy Secret and Pod of "+ingress, func() error {
 		list := &corev1.SecretList{}
 		if err := w.k8s.List(w.ctx, list, client.InNamespace(w.opNS), client.MatchingLabels{controller.LabelParentName: ingress}); err != nil {
 			return err

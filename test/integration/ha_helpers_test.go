@@ -27,6 +27,7 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/tailnetdial"
@@ -48,7 +49,7 @@ func newHAReplica(t *testing.T, w *world, pg string, i int, certs *proxytest.CA,
 	t.Helper()
 	name := fmt.Sprintf("%s-%d", pg, i)
 	pod := &corev1.Pod{}
-	eventually(t, 30*time.Second, "Pod "+name, func() error {
+	poll.Eventually(t, 30*time.Second, "Pod "+name, func() error {
 		return w.k8s.Get(w.ctx, client.ObjectKey{Namespace: w.opNS, Name: name}, pod)
 	})
 	r := &haReplica{name: name, logs: &syncLog{}}

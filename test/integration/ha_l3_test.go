@@ -26,6 +26,7 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/tailnetdial"
@@ -93,7 +94,7 @@ func TestHAServiceFailover(t *testing.T) {
 
 	fqdn := "data-db." + w.lt.Domain
 	var vips []netip.Addr
-	eventually(t, 90*time.Second, "Service status", func() error {
+	poll.Eventually(t, 90*time.Second, "Service status", func() error {
 		ts, err := w.api.Service(w.ctx, svcName)
 		if err != nil {
 			return err
@@ -126,7 +127,7 @@ func TestHAServiceFailover(t *testing.T) {
 	for _, vip := range vips {
 		for _, network := range []string{"tcp", "udp"} {
 			port := map[string]uint16{"tcp": proxytest.EchoTCPPort, "udp": proxytest.EchoUDPPort}[network]
-			eventually(t, 20*time.Second, network+" to "+vip.String(), func() error {
+			poll.Eventually(t, 20*time.Second, network+" to "+vip.String(), func() error {
 				ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
 				defer cancel()
 				_, err := namedEcho(ctx, laptop, network, netip.AddrPortFrom(vip, port).String())
@@ -151,7 +152,7 @@ func TestHAServiceFailover(t *testing.T) {
 		stopped := make(chan struct{})
 		go func() { defer close(stopped); r.stop(t) }()
 		// Withdrawn, while its rules still serve the clients that have not moved yet.
-		eventually(t, 10*time.Second, r.name+" withdrawing", func() error {
+		poll.Eventually(t, 10*time.Second, r.name+" withdrawing", func() error {
 			if r.advertises(w, svcName) == nil {
 				return fmt.Errorf("%s still advertises", r.name)
 			}
@@ -161,7 +162,7 @@ func TestHAServiceFailover(t *testing.T) {
 		if left := proxytest.Leftovers(t, top.Proxy); len(left) == 0 {
 			t.Errorf("%s removed its TUN and rules before the end of its withdrawal wait", r.name)
 		}
-		eventually(t, 10*time.Second, "the operator counting one replica", func() error {
+		poll.Eventually(t, 10*time.Second, "the operator counting one replica", func() error {
 			if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(svc), svc); err != nil {
 				return err
 			}
@@ -182,7 +183,7 @@ func TestHAServiceFailover(t *testing.T) {
 		// one (a 5s stall, or 10s and failures); see docs/ha.md.
 		time.Sleep(restartGap)
 		r.start()
-		eventually(t, 30*time.Second, r.name+" advertising again", func() error { return r.advertises(w, svcName) })
+		poll.Eventually(t, 30*time.Second, r.name+" advertising again", func() error { return r.advertises(w, svcName) })
 		tl.mark(true, "%s advertises again", r.name)
 		time.Sleep(2 * time.Second)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 )
 
@@ -27,7 +28,7 @@ func TestHAIngressFailover(t *testing.T) {
 		r.start()
 	}
 	fqdn := host + "." + w.lt.Domain
-	eventually(t, 60*time.Second, "Ingress status", func() error {
+	poll.Eventually(t, 60*time.Second, "Ingress status", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(ing), ing); err != nil {
 			return err
 		}
@@ -37,7 +38,7 @@ func TestHAIngressFailover(t *testing.T) {
 		return nil
 	})
 	for _, r := range replicas {
-		eventually(t, 30*time.Second, r.name+" advertising", func() error { return r.advertises(w, svc) })
+		poll.Eventually(t, 30*time.Second, r.name+" advertising", func() error { return r.advertises(w, svc) })
 	}
 	t.Logf("Ingress served by both replicas %s after creation", time.Since(begin).Round(time.Millisecond))
 
@@ -58,7 +59,7 @@ func TestHAIngressFailover(t *testing.T) {
 		tl.mark(false, "%s stopped", r.name)
 		time.Sleep(restartGap) // see TestHAServiceFailover
 		r.start()
-		eventually(t, 30*time.Second, r.name+" advertising again", func() error { return r.advertises(w, svc) })
+		poll.Eventually(t, 30*time.Second, r.name+" advertising again", func() error { return r.advertises(w, svc) })
 		tl.mark(true, "%s advertises again", r.name)
 		time.Sleep(2 * time.Second)
 	}

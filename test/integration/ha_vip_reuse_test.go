@@ -19,6 +19,7 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/tailnetdial"
@@ -48,7 +49,7 @@ func TestHAServiceOnVIPsOfDeletedIngress(t *testing.T) {
 		r.start()
 	}
 	for _, r := range replicas {
-		eventually(t, 60*time.Second, r.name+" advertising "+webSvc, func() error { return r.advertises(w, webSvc) })
+		poll.Eventually(t, 60*time.Second, r.name+" advertising "+webSvc, func() error { return r.advertises(w, webSvc) })
 	}
 	ts, err := w.api.Service(w.ctx, webSvc)
 	if err != nil {
@@ -57,7 +58,7 @@ func TestHAServiceOnVIPsOfDeletedIngress(t *testing.T) {
 	webVIPs := ts.Addrs
 	laptop := joinClient(t, w, "laptop")
 	httpc := haHTTPClient(laptop, ca.Pool())
-	eventually(t, 30*time.Second, "HTTPS to the Ingress", func() error {
+	poll.Eventually(t, 30*time.Second, "HTTPS to the Ingress", func() error {
 		ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 		defer cancel()
 		return haGet(ctx, httpc, "https://"+host+"."+w.lt.Domain+"/", "web /")
@@ -66,7 +67,7 @@ func TestHAServiceOnVIPsOfDeletedIngress(t *testing.T) {
 	if err := w.k8s.Delete(w.ctx, ing); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, webSvc+" released", func() error {
+	poll.Eventually(t, 60*time.Second, webSvc+" released", func() error {
 		if _, err := w.api.Service(w.ctx, webSvc); !tailnet.IsNotFound(err) {
 			return fmt.Errorf("still there (%v)", err)
 		}
@@ -74,7 +75,7 @@ func TestHAServiceOnVIPsOfDeletedIngress(t *testing.T) {
 	})
 	for _, vip := range webVIPs {
 		dst := netip.AddrPortFrom(vip, 443).String()
-		eventually(t, 10*time.Second, "no route to "+dst, func() error {
+		poll.Eventually(t, 10*time.Second, "no route to "+dst, func() error {
 			ctx, cancel := context.WithTimeout(w.ctx, 3*time.Second)
 			defer cancel()
 			c, err := tailnetdial.Dial(ctx, laptop, "tcp", dst)
@@ -107,7 +108,7 @@ func TestHAServiceOnVIPsOfDeletedIngress(t *testing.T) {
 		}
 	}
 	var dbVIPs []netip.Addr
-	eventually(t, 90*time.Second, "Service configured on both replicas", func() error {
+	poll.Eventually(t, 90*time.Second, "Service configured on both replicas", func() error {
 		ts, err := w.api.Service(w.ctx, dbSvc)
 		if err != nil {
 			return err
@@ -128,7 +129,7 @@ func TestHAServiceOnVIPsOfDeletedIngress(t *testing.T) {
 	}
 	for _, vip := range dbVIPs {
 		dst := netip.AddrPortFrom(vip, proxytest.EchoTCPPort).String()
-		eventually(t, 30*time.Second, "TCP to "+dst, func() error {
+		poll.Eventually(t, 30*time.Second, "TCP to "+dst, func() error {
 			ctx, cancel := context.WithTimeout(w.ctx, 3*time.Second)
 			defer cancel()
 			_, err := namedEcho(ctx, laptop, "tcp", dst)

@@ -127,22 +127,6 @@ func startCluster(t *testing.T, lt *localtailnet.LocalTailnet, mode contract.Fir
 	return w
 }
 
-// eventually polls check until it succeeds or the timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // recordingBackend is an HTTP server on loopback that answers with its name and the path, and
 // keeps the headers of the last request.
 type recordingBackend struct {

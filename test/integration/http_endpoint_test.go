@@ -19,6 +19,7 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 )
 
@@ -93,8 +94,8 @@ func TestHAIngressHTTPEndpoint(t *testing.T) {
 			return nil
 		}
 	}
-	eventually(t, 60*time.Second, "Ingress status with ports 443 and 80", ports(443, 80))
-	eventually(t, 30*time.Second, "replica advertising", func() error { return r.advertises(w, svcName) })
+	poll.Eventually(t, 60*time.Second, "Ingress status with ports 443 and 80", ports(443, 80))
+	poll.Eventually(t, 30*time.Second, "replica advertising", func() error { return r.advertises(w, svcName) })
 
 	cl := joinClient(t, w, "laptop")
 	httpc := &http.Client{
@@ -112,7 +113,7 @@ func TestHAIngressHTTPEndpoint(t *testing.T) {
 		return resp.StatusCode, string(body), err
 	}
 	for url, want := range map[string]string{"http://" + fqdn + "/plain": "web /plain", "https://" + fqdn + "/secure": "web /secure"} {
-		eventually(t, 30*time.Second, "GET "+url, func() error {
+		poll.Eventually(t, 30*time.Second, "GET "+url, func() error {
 			code, body, err := get(url)
 			if err != nil || code != http.StatusOK || body != want {
 				return fmt.Errorf("%d %q %v", code, body, err)
@@ -121,7 +122,7 @@ func TestHAIngressHTTPEndpoint(t *testing.T) {
 		})
 	}
 
-	eventually(t, 30*time.Second, "the replica's metrics and the group's metrics Service", func() error {
+	poll.Eventually(t, 30*time.Second, "the replica's metrics and the group's metrics Service", func() error {
 		code, fs, err := scrapeProxy(ln.Addr().String())
 		if err != nil || code != http.StatusOK {
 			return fmt.Errorf("/metrics: %d %v", code, err)
@@ -157,7 +158,7 @@ func TestHAIngressHTTPEndpoint(t *testing.T) {
 	if err := w.k8s.Patch(w.ctx, ing, patch); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "port 80 redirecting", func() error {
+	poll.Eventually(t, 30*time.Second, "port 80 redirecting", func() error {
 		code, _, err := get("http://" + fqdn + "/plain")
 		if err != nil || code != http.StatusMovedPermanently {
 			return fmt.Errorf("%d %v", code, err)
@@ -169,5 +170,5 @@ func TestHAIngressHTTPEndpoint(t *testing.T) {
 	if err := w.k8s.Patch(w.ctx, ing, patch); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "status without port 80", ports(443))
+	poll.Eventually(t, 30*time.Second, "status without port 80", ports(443))
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/poll"
 )
 
 // On a tailnet without HTTPS the operator says so on the Ingress (and still creates the proxy,
@@ -35,7 +36,7 @@ func TestIngressOnTailnetWithoutHTTPS(t *testing.T) {
 	if err := w.k8s.Create(w.ctx, ing); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "HTTPSNotEnabled Event", func() error {
+	poll.Eventually(t, 30*time.Second, "HTTPSNotEnabled Event", func() error {
 		list := &eventsv1.EventList{}
 		if err := w.k8s.List(w.ctx, list); err != nil {
 			return err

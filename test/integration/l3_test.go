@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"log/slog"
 	"net/netip"
@@ -87,7 +88,7 @@ func testL3Flow(t *testing.T, mode contract.FirewallMode) {
 	parent := client.MatchingLabels{controller.LabelParentName: "db", controller.LabelParentNS: ns, controller.LabelParentType: "svc"}
 	var sts appsv1.StatefulSet
 	var pod corev1.Pod
-	eventually(t, 30*time.Second, "proxy StatefulSet, Secret and Pod", func() error {
+	poll.Eventually(t, 30*time.Second, "proxy StatefulSet, Secret and Pod", func() error {
 		list := &appsv1.StatefulSetList{}
 		if err := w.k8s.List(w.ctx, list, client.InNamespace(w.opNS), parent); err != nil {
 			return err
@@ -123,7 +124,7 @@ func testL3Flow(t *testing.T, mode contract.FirewallMode) {
 
 	fqdn := ns + "-db." + w.lt.Domain
 	var tailnetIPs []string
-	eventually(t, 60*time.Second, "Service ready", func() error {
+	poll.Eventually(t, 60*time.Second, "Service ready", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(svc), svc); err != nil {
 			return err
 		}
@@ -182,7 +183,7 @@ func testL3Flow(t *testing.T, mode contract.FirewallMode) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, "cleanup", func() error {
+	poll.Eventually(t, 60*time.Second, "cleanup", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(svc), svc); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("Service still there (%v)", err)
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/tailnet"
@@ -61,7 +62,7 @@ func TestL7IngressWholeFlow(t *testing.T) {
 	// runs here in-process from that Secret, as the Pod would.
 	var secret corev1.Secret
 	var pod corev1.Pod
-	eventually(t, 30*time.Second, "proxy Secret and Pod", func() error {
+	poll.Eventually(t, 30*time.Second, "proxy Secret and Pod", func() error {
 		list := &corev1.SecretList{}
 		if err := w.k8s.List(w.ctx, list, client.InNamespace(w.opNS), client.MatchingLabels{controller.LabelParentName: "store"}); err != nil {
 			return err
@@ -83,7 +84,7 @@ func TestL7IngressWholeFlow(t *testing.T) {
 	}()
 	t.Cleanup(func() { stopProxy(); <-proxyDone })
 
-	eventually(t, 60*time.Second, "Ingress status", func() error {
+	poll.Eventually(t, 60*time.Second, "Ingress status", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(ing), ing); err != nil {
 			return err
 		}
@@ -143,7 +144,7 @@ func TestL7IngressWholeFlow(t *testing.T) {
 	if err := w.k8s.Patch(w.ctx, ing, patch); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "new route", func() error {
+	poll.Eventually(t, 30*time.Second, "new route", func() error {
 		if _, body, _ := get(base + "/new"); body != "api /new" {
 			return fmt.Errorf("got %q", body)
 		}
@@ -163,7 +164,7 @@ func TestL7IngressWholeFlow(t *testing.T) {
 	if err := w.k8s.Delete(w.ctx, ing); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, "cleanup", func() error {
+	poll.Eventually(t, 60*time.Second, "cleanup", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(ing), ing); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("Ingress still there (%v)", err)
 		}

@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/tsingress/tsingress/internal/poll"
 )
 
 // families are scraped or gathered metrics by name.
@@ -116,7 +118,7 @@ func installServiceMonitorCRD(t *testing.T, w *world) {
 	if err := c.Create(w.ctx, crd); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "ServiceMonitor CRD established", func() error {
+	poll.Eventually(t, 30*time.Second, "ServiceMonitor CRD established", func() error {
 		if err := c.Get(w.ctx, client.ObjectKeyFromObject(crd), crd); err != nil {
 			return err
 		}

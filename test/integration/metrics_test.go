@@ -25,6 +25,7 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 )
@@ -67,7 +68,7 @@ func TestMetricsWholeFlow(t *testing.T) {
 			return nil
 		}
 	}
-	eventually(t, 30*time.Second, "the class refused without the ServiceMonitor CRD", classReady(metav1.ConditionFalse, "ServiceMonitor CRD"))
+	poll.Eventually(t, 30*time.Second, "the class refused without the ServiceMonitor CRD", classReady(metav1.ConditionFalse, "ServiceMonitor CRD"))
 
 	installServiceMonitorCRD(t, w)
 	patch := client.MergeFrom(pc.DeepCopy())
@@ -75,7 +76,7 @@ func TestMetricsWholeFlow(t *testing.T) {
 	if err := w.k8s.Patch(w.ctx, pc, patch); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the class accepted with the CRD", classReady(metav1.ConditionTrue, ""))
+	poll.Eventually(t, 30*time.Second, "the class accepted with the CRD", classReady(metav1.ConditionTrue, ""))
 
 	ing := &networkingv1.Ingress{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "store", Labels: map[string]string{controller.LabelProxyClass: pc.Name}},
@@ -91,7 +92,7 @@ func TestMetricsWholeFlow(t *testing.T) {
 	}
 	var secret corev1.Secret
 	var pod corev1.Pod
-	eventually(t, 30*time.Second, "proxy Secret and Pod", func() error {
+	poll.Eventually(t, 30*time.Second, "proxy Secret and Pod", func() error {
 		list := &corev1.SecretList{}
 		if err := w.k8s.List(w.ctx, list, client.InNamespace(w.opNS), client.MatchingLabels{controller.LabelParentName: "store"}); err != nil {
 			return err
@@ -122,7 +123,7 @@ func TestMetricsWholeFlow(t *testing.T) {
 		})
 	}()
 	t.Cleanup(func() { stopProxy(); <-proxyDone })
-	eventually(t, 60*time.Second, "Ingress status", func() error {
+	poll.Eventually(t, 60*time.Second, "Ingress status", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(ing), ing); err != nil {
 			return err
 		}
@@ -144,7 +145,7 @@ func TestMetricsWholeFlow(t *testing.T) {
 	}
 
 	// The proxy's metrics, at its health address as the metrics Service reaches them.
-	eventually(t, 30*time.Second, "the proxy's metrics", func() error {
+	poll.Eventually(t, 30*time.Second, "the proxy's metrics", func() error {
 		code, fs, err := scrapeProxy(health)
 		if err != nil || code != http.StatusOK {
 			return fmt.Errorf("/metrics: %d %v", code, err)
@@ -169,7 +170,7 @@ func TestMetricsWholeFlow(t *testing.T) {
 	sm := &unstructured.Unstructured{}
 	sm.SetAPIVersion("monitoring.coreos.com/v1")
 	sm.SetKind("ServiceMonitor")
-	eventually(t, 30*time.Second, "metrics Service and ServiceMonitor", func() error {
+	poll.Eventually(t, 30*time.Second, "metrics Service and ServiceMonitor", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKey{Namespace: w.opNS, Name: proxyName + "-metrics"}, svc); err != nil {
 			return err
 		}
@@ -187,7 +188,7 @@ func TestMetricsWholeFlow(t *testing.T) {
 	}
 
 	// The operator's metrics.
-	eventually(t, 30*time.Second, "the operator's metrics", func() error {
+	poll.Eventually(t, 30*time.Second, "the operator's metrics", func() error {
 		fs := gather(t, w.metrics)
 		for _, check := range []error{
 			fs.expectValue("tsingress_operator_managed_proxies", map[string]string{"type": "ingress"}, "1", func(v float64) bool { return v == 1 }),
@@ -218,7 +219,7 @@ func TestMetricsWholeFlow(t *testing.T) {
 	if err := w.k8s.Patch(w.ctx, pc, patch); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the ServiceMonitor removed", func() error {
+	poll.Eventually(t, 30*time.Second, "the ServiceMonitor removed", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(sm), sm); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("ServiceMonitor still there (%v)", err)
 		}
@@ -230,7 +231,7 @@ func TestMetricsWholeFlow(t *testing.T) {
 	if err := w.k8s.Patch(w.ctx, pc, patch); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "metrics off", func() error {
+	poll.Eventually(t, 30*time.Second, "metrics off", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(svc), svc); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("metrics Service still there (%v)", err)
 		}

@@ -25,6 +25,7 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
@@ -113,11 +114,11 @@ func TestMultiClusterIngress(t *testing.T) {
 	operatorIDs := []string{idOf(t, east), idOf(t, west)}
 	slices.Sort(operatorIDs)
 	for _, svc := range []string{webSvc, dbSvc} {
-		eventually(t, 60*time.Second, svc+" owned by both operators", func() error {
+		poll.Eventually(t, 60*time.Second, svc+" owned by both operators", func() error {
 			return wantOwners(api, svc, operatorIDs)
 		})
 		for _, c := range clusters {
-			eventually(t, 60*time.Second, c.name+" advertising "+svc, func() error { return c.replica.advertises(c.w, svc) })
+			poll.Eventually(t, 60*time.Second, c.name+" advertising "+svc, func() error { return c.replica.advertises(c.w, svc) })
 		}
 	}
 	ts, err := api.Service(east.w.ctx, dbSvc)
@@ -134,7 +135,7 @@ func TestMultiClusterIngress(t *testing.T) {
 		cl := joinClient(t, east.w, host) // the tailnet is the same from either cluster
 		httpc := haHTTPClient(cl, ca.Pool())
 		var web, db string
-		eventually(t, 30*time.Second, host+" reaching both services", func() error {
+		poll.Eventually(t, 30*time.Second, host+" reaching both services", func() error {
 			ctx, cancel := context.WithTimeout(east.w.ctx, 5*time.Second)
 			defer cancel()
 			var err error
@@ -161,7 +162,7 @@ func TestMultiClusterIngress(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantPorts := []string{"tcp:443", "tcp:80"}
-	eventually(t, 30*time.Second, webSvc+" with east's port 80", func() error { return wantServicePorts(api, webSvc, wantPorts) })
+	poll.Eventually(t, 30*time.Second, webSvc+" with east's port 80", func() error { return wantServicePorts(api, webSvc, wantPorts) })
 	patch = client.MergeFrom(west.ing.DeepCopy())
 	west.ing.Labels = map[string]string{"rollout": "next"} // west's operator passes over its Ingress again
 	if err := west.w.k8s.Patch(west.w.ctx, west.ing, patch); err != nil {
@@ -196,7 +197,7 @@ func TestMultiClusterIngress(t *testing.T) {
 		if err := wantOwners(api, name, []string{idOf(t, west)}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 3*sharedResync, "east recording itself again on "+name, func() error { return wantOwners(api, name, operatorIDs) })
+		poll.Eventually(t, 3*sharedResync, "east recording itself again on "+name, func() error { return wantOwners(api, name, operatorIDs) })
 	}
 
 	// West's ProxyGroup goes; its replica stops as its Pod does. The client it served moves to
@@ -217,7 +218,7 @@ func TestMultiClusterIngress(t *testing.T) {
 	if err := west.w.k8s.Delete(west.w.ctx, &tsv1alpha1.ProxyGroup{ObjectMeta: metav1.ObjectMeta{Name: pg}}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, "west's replica Pod going", func() error {
+	poll.Eventually(t, 60*time.Second, "west's replica Pod going", func() error {
 		pod := &corev1.Pod{}
 		err := west.w.k8s.Get(west.w.ctx, client.ObjectKey{Namespace: west.w.opNS, Name: pg + "-0"}, pod)
 		if apierrors.IsNotFound(err) || (err == nil && pod.DeletionTimestamp != nil) {
@@ -267,7 +268,7 @@ func TestMultiClusterIngress(t *testing.T) {
 		if err := west.w.k8s.Delete(west.w.ctx, o); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 30*time.Second, "west's "+o.GetName()+" deleted", func() error {
+		poll.Eventually(t, 30*time.Second, "west's "+o.GetName()+" deleted", func() error {
 			if err := west.w.k8s.Get(west.w.ctx, client.ObjectKeyFromObject(o), o); !apierrors.IsNotFound(err) {
 				return fmt.Errorf("still there (%v)", err)
 			}
@@ -292,7 +293,7 @@ func TestMultiClusterIngress(t *testing.T) {
 	if err := east.w.k8s.Delete(east.w.ctx, east.ing); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, webSvc+" deleted with its last owner", func() error {
+	poll.Eventually(t, 30*time.Second, webSvc+" deleted with its last owner", func() error {
 		if _, err := api.Service(east.w.ctx, webSvc); !tailnet.IsNotFound(err) {
 			return fmt.Errorf("still there (%v)", err)
 		}

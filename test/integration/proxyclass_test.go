@@ -25,6 +25,7 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 )
@@ -94,7 +95,7 @@ func TestProxyClassAndGroupFieldsWholeFlow(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 30*time.Second, "the contradicting class refused", func() error {
+	poll.Eventually(t, 30*time.Second, "the contradicting class refused", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(contradiction), contradiction); err != nil {
 			return err
 		}
@@ -171,7 +172,7 @@ func TestProxyClassAndGroupFieldsWholeFlow(t *testing.T) {
 	if cfg, _, err := contract.ProxyConfigs.Decode(mustSecret(t, w, l7.Name).Data); err != nil || !cfg.AcceptRoutes || cfg.TLS.ACMEDirectoryURL != controller.LetsEncryptStaging {
 		t.Errorf("the L7 proxy's config: acceptRoutes %v, ACME directory %q (%v)", cfg.AcceptRoutes, cfg.TLS.ACMEDirectoryURL, err)
 	}
-	eventually(t, 30*time.Second, "ProxyClassFieldIgnored on the Ingress", func() error {
+	poll.Eventually(t, 30*time.Second, "ProxyClassFieldIgnored on the Ingress", func() error {
 		list := &eventsv1.EventList{}
 		if err := w.k8s.List(w.ctx, list, client.InNamespace(ns)); err != nil {
 			return err
@@ -194,7 +195,7 @@ func TestProxyClassAndGroupFieldsWholeFlow(t *testing.T) {
 	t.Cleanup(func() { stop(); <-done })
 	cl := joinClient(t, w, "laptop")
 	httpc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: cl.Dial, TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}}}
-	eventually(t, 60*time.Second, "the Ingress served over the tailnet", func() error {
+	poll.Eventually(t, 60*time.Second, "the Ingress served over the tailnet", func() error {
 		resp, err := httpc.Get("https://site.tailnet.test/x")
 		if err != nil {
 			return err
@@ -225,7 +226,7 @@ func TestProxyClassAndGroupFieldsWholeFlow(t *testing.T) {
 		t.Errorf("the replica's Pod does not carry its ProxyClass: init containers %+v, labels %v", ic, replicaPod.Labels)
 	}
 	r.start()
-	eventually(t, 60*time.Second, "the replica on the tailnet as edge-px-0", func() error {
+	poll.Eventually(t, 60*time.Second, "the replica on the tailnet as edge-px-0", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(group), group); err != nil {
 			return err
 		}
@@ -246,7 +247,7 @@ func TestProxyClassAndGroupFieldsWholeFlow(t *testing.T) {
 	if err := w.k8s.Create(w.ctx, egress); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "an egress group refused", func() error {
+	poll.Eventually(t, 30*time.Second, "an egress group refused", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(egress), egress); err != nil {
 			return err
 		}
@@ -263,7 +264,7 @@ func TestProxyClassAndGroupFieldsWholeFlow(t *testing.T) {
 func proxyPodOf(t *testing.T, w *world, sel client.MatchingLabels) *corev1.Pod {
 	t.Helper()
 	var pod corev1.Pod
-	eventually(t, 30*time.Second, fmt.Sprintf("proxy Pod %v", sel), func() error {
+	poll.Eventually(t, 30*time.Second, fmt.Sprintf("proxy Pod %v", sel), func() error {
 		list := &corev1.PodList{}
 		if err := w.k8s.List(w.ctx, list, client.InNamespace(w.opNS), sel); err != nil {
 			return err

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tailscale/wireguard-go/tun"
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"golang.org/x/net/dns/dnsmessage"
@@ -368,18 +369,15 @@ func udpEcho(ctx context.Context, client *tsnet.Server, dst netip.Addr, payload 
 // the last outcome otherwise.
 func eventually(tb testing.TB, what string, timeout time.Duration, want string, probe func(context.Context) (string, error)) {
 	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	var got string
-	var err error
-	for time.Now().Before(deadline) {
+	poll.Eventually(tb, timeout, what, func() error {
 		ctx, cancel := context.WithTimeout(tb.Context(), time.Second)
-		got, err = probe(ctx)
-		cancel()
-		if err == nil && got == want {
-			return
+		defer cancel()
+		got, err := probe(ctx)
+		if err == nil && got != want {
+			err = fmt.Errorf("reached %q, want %s", got, want)
 		}
-	}
-	tb.Fatalf("%s: reached %q (%v), want %s", what, got, err, want)
+		return err
+	})
 }
 
 // dnsServer answers A and AAAA queries for the names it knows on 127.0.0.1; other names do not

@@ -15,12 +15,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/tsingress/tsingress/internal/testenv"
 )
 
 // Kube is a running apiserver with a client for it.
 type Kube struct {
-	env    *envtest.Environment
+	cp     *testenv.ControlPlane
 	Config *rest.Config
 	Client kubernetes.Interface
 	// KubeConfig is a kubeconfig file's content for the apiserver.
@@ -31,24 +32,24 @@ type Kube struct {
 // KUBEBUILDER_ASSETS is unset: CI always sets it, so a skip would hide a broken setup.
 func StartKube(t testing.TB) *Kube {
 	t.Helper()
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Fatal("KUBEBUILDER_ASSETS must point at kube-apiserver and etcd: run the tests with `make test`")
-	}
-	te := &envtest.Environment{}
-	cfg, err := te.Start()
+	cp, err := testenv.StartAPIServer()
 	if err != nil {
-		t.Fatalf("starting envtest: %v", err)
+		t.Fatalf("starting the apiserver: %v", err)
 	}
 	t.Cleanup(func() {
-		if err := te.Stop(); err != nil {
-			t.Errorf("stopping envtest: %v", err)
+		if err := cp.Stop(); err != nil {
+			t.Errorf("stopping the apiserver: %v", err)
 		}
 	})
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := kubernetes.NewForConfig(cp.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Kube{env: te, Config: cfg, Client: cs, KubeConfig: te.KubeConfig}
+	kubeconfig, err := os.ReadFile(cp.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Kube{cp: cp, Config: cp.Config, Client: cs, KubeConfig: kubeconfig}
 }
 
 // Secret creates a Secret with data in namespace, creating the namespace if needed.
@@ -92,14 +93,14 @@ func (e *Kube) User(t testing.TB, namespace, name string, rules ...rbacv1.Policy
 	if _, err := e.Client.RbacV1().RoleBindings(namespace).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	u, err := e.env.AddUser(envtest.User{Name: name}, e.Config)
+	cfg, err := e.cp.AddUser(name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(rules) > 0 {
-		waitAllowed(t, u.Config(), namespace, rules[0])
+		waitAllowed(t, cfg, namespace, rules[0])
 	}
-	return u.Config()
+	return cfg
 }
 
 // waitAllowed waits until the apiserver's authorizer, which learns of new Roles from its own
