@@ -233,3 +233,58 @@ func (w *WebService) withHold() WebService {
 	cp.TLS.Hold = &IssuanceHold{Reason: "DuplicateCertificateLimit", Message: "m"}
 	return cp
 }
+
+// FuzzParseReport reads a report of two shards, which a replica writes and the operator
+// reads; each is a JSON object of key → value as strings.
+func FuzzParseReport(f *testing.F) {
+	st := &ProxyState{PodUID: "p", Advertised: []string{"svc:a", "svc:b"},
+		Firewall:     &FirewallStatus{Mode: FirewallNFTables, PodUID: "p", Mappings: map[string]AppliedDNAT{"svc:b": {Error: "e"}}},
+		Certificates: map[string]CertificateStatus{"a.t.test": {Serial: "0a"}}}
+	data, err := st.Data()
+	if err != nil {
+		f.Fatal(err)
+	}
+	shards, err := SplitReport(data, 2)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(stateJSON(f, shards[0]), stateJSON(f, shards[1]))
+	f.Add([]byte(`{"pod_uid":"p","report-shards.v1.json":"{\"version\":1,\"count\":2}"}`), []byte(`{"pod_uid":"p","firewall_status":"{\"mappings\":null}","funnel":"{\"x\":{}}"}`))
+	f.Add([]byte(`{"report-shards.v1.json":"{\"version\":1,\"count\":0}"}`), []byte(`{}`))
+	f.Fuzz(func(t *testing.T, raw0, raw1 []byte) {
+		var shards []map[string][]byte
+		for _, raw := range [][]byte{raw0, raw1} {
+			var strs map[string]string
+			if json.Unmarshal(raw, &strs) != nil {
+				return
+			}
+			data := map[string][]byte{}
+			for k, v := range strs {
+				data[k] = []byte(v)
+			}
+			shards = append(shards, data)
+		}
+		st, err := ParseReport(shards)
+		if err != nil {
+			return
+		}
+		// What the operator read, written back by a replica over any count, reads the same.
+		resplit := func(st *ProxyState, count int) *ProxyState {
+			s, err := SplitReport(mustStateData(t, st), count)
+			if err != nil {
+				t.Fatalf("a parsed report does not split: %v", err)
+			}
+			back, err := ParseReport(s)
+			if err != nil {
+				t.Fatalf("a split report does not parse: %v\n%q", err, s)
+			}
+			return back
+		}
+		once := resplit(st, 2)
+		for _, count := range []int{1, 2, 5} {
+			if a, b := mustStateData(t, once), mustStateData(t, resplit(once, count)); !equalData(a, b) {
+				t.Errorf("report changes when split over %d:\n%q\n%q", count, a, b)
+			}
+		}
+	})
+}
