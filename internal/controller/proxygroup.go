@@ -160,6 +160,7 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 		objs = append(objs,
 			r.secret(g, g.configSecret(i), secretTypeConfig, i, data),
 			r.secret(g, g.stateSecret(i), secretTypeState, i, nil))
+		objs = append(objs, r.reportSecrets(g, i, shards)...)
 	}
 	objs = append(objs, proxyPods{
 		name:      g.name,
@@ -352,6 +353,7 @@ func (r *ProxyGroupReconciler) buildRole(g group, n, shards int, certs groupCert
 	var secrets, configMaps []string
 	for i := range n {
 		secrets = append(secrets, g.configSecret(i), g.stateSecret(i))
+		secrets = append(secrets, reportSecretNames(g, i, shards)...)
 	}
 	for i := range max(shards, 1) {
 		configMaps = append(configMaps, contract.ShardName(g.configMap(), i))
@@ -427,7 +429,7 @@ func (r *ProxyGroupReconciler) scaleDown(ctx context.Context, g group, n int) er
 			}
 		}
 	}
-	return nil
+	return r.removeReportSecrets(ctx, g, n)
 }
 
 func (r *ProxyGroupReconciler) deleteDevice(ctx context.Context, state *corev1.Secret) error {
