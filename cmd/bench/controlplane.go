@@ -13,14 +13,16 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/proxy/secretstore"
 )
 
 const (
@@ -74,7 +76,11 @@ func measureScale(ctx context.Context, operatorBin string, n int, logf func(stri
 	}); err != nil {
 		return res, err
 	}
-	rep := &replicas{k8s: k, pods: pods}
+	kube, err := kubernetes.NewForConfig(c.cp.Config)
+	if err != nil {
+		return res, err
+	}
+	rep := &replicas{k8s: k, secrets: kube.CoreV1().Secrets(opNS), pods: pods}
 	rctx, stopReplicas := context.WithCancel(ctx)
 	defer stopReplicas()
 	go rep.run(rctx)
@@ -161,8 +167,9 @@ func measureScale(ctx context.Context, operatorBin string, n int, logf func(stri
 
 // groupDocs is what a replica reads: the group's Serve config and DNAT mappings.
 type groupDocs struct {
-	serve *contract.ServeConfig
-	dnat  *contract.DNATConfig
+	serve  *contract.ServeConfig
+	dnat   *contract.DNATConfig
+	shards int
 }
 
 func (d groupDocs) names() []string {
@@ -194,7 +201,7 @@ func readGroupDocs(ctx context.Context, k client.Client) (groupDocs, error) {
 		shards = append(shards, data)
 	}
 	docs := contract.MergeShards(shards)
-	d := groupDocs{serve: &contract.ServeConfig{}, dnat: &contract.DNATConfig{}}
+	d := groupDocs{serve: &contract.ServeConfig{}, dnat: &contract.DNATConfig{}, shards: len(shards)}
 	if docs.ServeErr == nil {
 		d.serve = docs.Serve
 	}
@@ -205,10 +212,13 @@ func readGroupDocs(ctx context.Context, k client.Client) (groupDocs, error) {
 }
 
 // replicas play a ProxyGroup's two replicas: once a second at most, when the documents
-// changed, each reports advertising every service in them, with a certificate for each name.
+// changed, each reports advertising every service in them, with a certificate for each name,
+// through the proxy's own writer (over as many Secrets as the documents).
 type replicas struct {
-	k8s  client.Client
-	pods []*corev1.Pod
+	k8s     client.Client
+	secrets corev1client.SecretInterface
+	pods    []*corev1.Pod
+	stores  []*secretstore.Store
 
 	mu      sync.Mutex
 	reports []replicaReport
@@ -273,21 +283,15 @@ func (r *replicas) report(ctx context.Context, d groupDocs, names []string) erro
 		if err != nil {
 			return err
 		}
-		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: opNS, Name: pod.Name}}
-		err = r.k8s.Get(ctx, client.ObjectKeyFromObject(s), s)
-		switch {
-		case apierrors.IsNotFound(err):
-			s.Data = data
-			err = r.k8s.Create(ctx, s)
-		case err == nil:
-			before := s.DeepCopy()
-			if s.Data == nil {
-				s.Data = map[string][]byte{}
+		if len(r.stores) <= i {
+			store, err := secretstore.New(ctx, r.secrets, pod.Name)
+			if err != nil {
+				return err
 			}
-			maps.Copy(s.Data, data)
-			err = r.k8s.Patch(ctx, s, client.MergeFrom(before))
+			r.stores = append(r.stores, store)
 		}
-		if err != nil {
+		r.stores[i].SetReportShards(d.shards)
+		if err := r.stores[i].Report(ctx, data); err != nil {
 			return err
 		}
 	}
