@@ -104,13 +104,9 @@ func FuzzParseState(f *testing.F) {
 	f.Add([]byte(`{"config_version":"-1","device_ips":"null","firewall_status":"{}","certificates":"{\"x\":{\"notAfter\":\"2026-01-01T00:00:00+05:00\"}}"}`))
 	f.Add([]byte(`{"device_fqdn":"..","advertised_services":"[\"\"]"}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		var strs map[string]string
-		if json.Unmarshal(raw, &strs) != nil {
+		data, ok := secretData(raw)
+		if !ok {
 			return
-		}
-		data := map[string][]byte{}
-		for k, v := range strs {
-			data[k] = []byte(v)
 		}
 		st, err := ParseState(data)
 		if err != nil {
@@ -196,6 +192,19 @@ func versionOf(f *testing.F, key string) int {
 	return v
 }
 
+// secretData reads a fuzzed Secret's data: a JSON object of key → value as strings.
+func secretData(raw []byte) (map[string][]byte, bool) {
+	var strs map[string]string
+	if json.Unmarshal(raw, &strs) != nil {
+		return nil, false
+	}
+	data := map[string][]byte{}
+	for k, v := range strs {
+		data[k] = []byte(v)
+	}
+	return data, true
+}
+
 func stateJSON(f *testing.F, data map[string][]byte) []byte {
 	strs := map[string]string{}
 	for k, v := range data {
@@ -254,13 +263,9 @@ func FuzzParseReport(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw0, raw1 []byte) {
 		var shards []map[string][]byte
 		for _, raw := range [][]byte{raw0, raw1} {
-			var strs map[string]string
-			if json.Unmarshal(raw, &strs) != nil {
+			data, ok := secretData(raw)
+			if !ok {
 				return
-			}
-			data := map[string][]byte{}
-			for k, v := range strs {
-				data[k] = []byte(v)
 			}
 			shards = append(shards, data)
 		}

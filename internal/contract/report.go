@@ -45,22 +45,8 @@ var ReportShardIndexes = codec[ReportShards]{
 }
 
 // ReportShardCount reads the number of shards from a state Secret's data: 1 without an index.
-// An empty value is no index, as the writer's way of removing it.
 func ReportShardCount(state map[string][]byte) (int, error) {
-	idx := map[string][]byte{}
-	for _, v := range ReportShardIndexes.found(state) {
-		if b := state[ReportShardIndexes.key(v)]; len(b) > 0 {
-			idx[ReportShardIndexes.key(v)] = b
-		}
-	}
-	if len(idx) == 0 {
-		return 1, nil
-	}
-	s, _, err := ReportShardIndexes.Decode(idx)
-	if err != nil {
-		return 0, err
-	}
-	return s.Count, nil
+	return indexCount(ReportShardIndexes, state, func(s *ReportShards) int { return s.Count })
 }
 
 // ReportShardName is the Secret holding shard k of the report kept in the state Secret state.

@@ -61,21 +61,26 @@ var GroupShardIndexes = codec[GroupShards]{
 
 // ShardCount reads the shard count from a group's first ConfigMap: 1 when it has no index.
 func ShardCount(main map[string][]byte) (int, error) {
-	found := false
-	for k := range main {
-		if GroupShardIndexes.keyPattern().MatchString(k) {
-			found = true
-			break
+	return indexCount(GroupShardIndexes, main, func(s *GroupShards) int { return s.Count })
+}
+
+// indexCount reads the count of a shard index in data: 1 without one. An empty value is no
+// index, as a writer's way of removing it.
+func indexCount[T any](c codec[T], data map[string][]byte, count func(*T) int) (int, error) {
+	idx := map[string][]byte{}
+	for _, v := range c.found(data) {
+		if b := data[c.key(v)]; len(b) > 0 {
+			idx[c.key(v)] = b
 		}
 	}
-	if !found {
+	if len(idx) == 0 {
 		return 1, nil
 	}
-	s, _, err := GroupShardIndexes.Decode(main)
+	doc, _, err := c.Decode(idx)
 	if err != nil {
 		return 0, err
 	}
-	return s.Count, nil
+	return count(doc), nil
 }
 
 // ShardName is the name of shard i of the group whose first ConfigMap is main.
