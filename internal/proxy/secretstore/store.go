@@ -195,6 +195,9 @@ func (s *Store) writeShards(ctx context.Context, shards []map[string][]byte) err
 func changedKeys(last, data map[string][]byte) map[string][]byte {
 	out := map[string][]byte{}
 	for k, v := range data {
+		if len(v) == 0 {
+			v = nil
+		}
 		if old, ok := last[k]; last == nil || !ok || !bytes.Equal(old, v) {
 			out[k] = v
 		}
