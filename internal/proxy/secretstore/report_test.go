@@ -235,7 +235,13 @@ func TestReportWithoutShardSecrets(t *testing.T) {
 	}
 	st.SetReportShards(4)
 	state := replicaReport(20)
-	report(t, st, state)
+	data, err := state.Data()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Report(t.Context(), data); err == nil {
+		t.Error("a report written whole for want of its shards' Secrets: no error, so nobody writes the shards again")
+	}
 	first, err := w.kube.CoreV1().Secrets(ns).Get(context.Background(), "pg-0", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

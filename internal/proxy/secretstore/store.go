@@ -113,7 +113,7 @@ func (s *Store) WriteState(id ipn.StateKey, bs []byte) error {
 // entries from last, with the state Secret, which holds the index, between them: a reader never
 // sees a count without the entries of its shards. Without the Secrets of the shards (not
 // created yet, or by an operator that does not make them) the report is written whole in the
-// state Secret, as before shards.
+// state Secret, as before shards, and Report still fails, so that it is called again.
 func (s *Store) Report(ctx context.Context, data map[string][]byte) error {
 	for k := range data {
 		if isTailscaleKey(k) {
@@ -129,7 +129,11 @@ func (s *Store) Report(ctx context.Context, data map[string][]byte) error {
 	err = s.writeShards(ctx, shards)
 	if len(shards) > 1 && (apierrors.IsNotFound(err) || apierrors.IsForbidden(err)) {
 		whole, _ := contract.SplitReport(data, 1)
-		return s.writeShards(ctx, whole)
+		if werr := s.writeShards(ctx, whole); werr != nil {
+			return werr
+		}
+		// Still an error, so that the caller tries the shards again.
+		return fmt.Errorf("the report is written whole in the state Secret until the Secrets of its shards can be written: %w", err)
 	}
 	return err
 }
