@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -253,17 +254,21 @@ func (r *replicas) run(ctx context.Context) {
 		if slices.Equal(names, last) {
 			continue
 		}
-		if err := r.report(ctx, d, names); err != nil {
+		again, err := r.report(ctx, d, names)
+		if err != nil {
 			continue
 		}
-		last = names
+		if last = names; again {
+			last = nil
+		}
 		r.mu.Lock()
 		r.reports = append(r.reports, replicaReport{at: time.Now(), services: len(names)})
 		r.mu.Unlock()
 	}
 }
 
-func (r *replicas) report(ctx context.Context, d groupDocs, names []string) error {
+// report writes the replicas' reports, and says whether to write them again.
+func (r *replicas) report(ctx context.Context, d groupDocs, names []string) (again bool, err error) {
 	now := time.Now()
 	certs := map[string]contract.CertificateStatus{}
 	for name := range d.serve.Services {
@@ -281,21 +286,25 @@ func (r *replicas) report(ctx context.Context, d groupDocs, names []string) erro
 		}
 		data, err := st.Data()
 		if err != nil {
-			return err
+			return false, err
 		}
 		if len(r.stores) <= i {
 			store, err := secretstore.New(ctx, r.secrets, pod.Name)
 			if err != nil {
-				return err
+				return false, err
 			}
 			r.stores = append(r.stores, store)
 		}
 		r.stores[i].SetReportShards(d.shards)
-		if err := r.stores[i].Report(ctx, data); err != nil {
-			return err
+		// Written whole while the operator makes the Secrets of new shards: reported, and
+		// to be written again.
+		if err := r.stores[i].Report(ctx, data); errors.Is(err, secretstore.ErrWrittenWhole) {
+			again = true
+		} else if err != nil {
+			return false, err
 		}
 	}
-	return nil
+	return again, nil
 }
 
 // configured counts the Ingresses with a load-balancer hostname and the Services whose

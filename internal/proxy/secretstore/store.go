@@ -133,10 +133,13 @@ func (s *Store) Report(ctx context.Context, data map[string][]byte) error {
 			return werr
 		}
 		// Still an error, so that the caller tries the shards again.
-		return fmt.Errorf("the report is written whole in the state Secret until the Secrets of its shards can be written: %w", err)
+		return fmt.Errorf("%w until the Secrets of its shards can be written: %w", ErrWrittenWhole, err)
 	}
 	return err
 }
+
+// ErrWrittenWhole says that Report wrote the report, but whole, in the state Secret.
+var ErrWrittenWhole = errors.New("the report is written whole in the state Secret")
 
 // SetReportShards sets the number of Secrets the report is spread over, and reports whether
 // it changed.
