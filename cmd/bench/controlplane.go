@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -13,15 +14,17 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/poll"
+	"github.com/tsingress/tsingress/internal/proxy/secretstore"
 )
 
 const (
@@ -75,7 +78,11 @@ func measureScale(ctx context.Context, operatorBin string, n int, logf func(stri
 	}); err != nil {
 		return res, err
 	}
-	rep := &replicas{k8s: k, pods: pods}
+	kube, err := kubernetes.NewForConfig(c.cp.Config)
+	if err != nil {
+		return res, err
+	}
+	rep := &replicas{k8s: k, secrets: kube.CoreV1().Secrets(opNS), pods: pods}
 	rctx, stopReplicas := context.WithCancel(ctx)
 	defer stopReplicas()
 	go rep.run(rctx)
@@ -162,8 +169,9 @@ func measureScale(ctx context.Context, operatorBin string, n int, logf func(stri
 
 // groupDocs is what a replica reads: the group's Serve config and DNAT mappings.
 type groupDocs struct {
-	serve *contract.ServeConfig
-	dnat  *contract.DNATConfig
+	serve  *contract.ServeConfig
+	dnat   *contract.DNATConfig
+	shards int
 }
 
 func (d groupDocs) names() []string {
@@ -195,7 +203,7 @@ func readGroupDocs(ctx context.Context, k client.Client) (groupDocs, error) {
 		shards = append(shards, data)
 	}
 	docs := contract.MergeShards(shards)
-	d := groupDocs{serve: &contract.ServeConfig{}, dnat: &contract.DNATConfig{}}
+	d := groupDocs{serve: &contract.ServeConfig{}, dnat: &contract.DNATConfig{}, shards: len(shards)}
 	if docs.ServeErr == nil {
 		d.serve = docs.Serve
 	}
@@ -206,10 +214,13 @@ func readGroupDocs(ctx context.Context, k client.Client) (groupDocs, error) {
 }
 
 // replicas play a ProxyGroup's two replicas: once a second at most, when the documents
-// changed, each reports advertising every service in them, with a certificate for each name.
+// changed, each reports advertising every service in them, with a certificate for each name,
+// through the proxy's own writer (over as many Secrets as the documents).
 type replicas struct {
-	k8s  client.Client
-	pods []*corev1.Pod
+	k8s     client.Client
+	secrets corev1client.SecretInterface
+	pods    []*corev1.Pod
+	stores  []*secretstore.Store
 
 	mu      sync.Mutex
 	reports []replicaReport
@@ -244,17 +255,21 @@ func (r *replicas) run(ctx context.Context) {
 		if slices.Equal(names, last) {
 			continue
 		}
-		if err := r.report(ctx, d, names); err != nil {
+		again, err := r.report(ctx, d, names)
+		if err != nil {
 			continue
 		}
-		last = names
+		if last = names; again {
+			last = nil
+		}
 		r.mu.Lock()
 		r.reports = append(r.reports, replicaReport{at: time.Now(), services: len(names)})
 		r.mu.Unlock()
 	}
 }
 
-func (r *replicas) report(ctx context.Context, d groupDocs, names []string) error {
+// report writes the replicas' reports, and says whether to write them again.
+func (r *replicas) report(ctx context.Context, d groupDocs, names []string) (again bool, err error) {
 	now := time.Now()
 	certs := map[string]contract.CertificateStatus{}
 	for name := range d.serve.Services {
@@ -272,27 +287,25 @@ func (r *replicas) report(ctx context.Context, d groupDocs, names []string) erro
 		}
 		data, err := st.Data()
 		if err != nil {
-			return err
+			return false, err
 		}
-		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: opNS, Name: pod.Name}}
-		err = r.k8s.Get(ctx, client.ObjectKeyFromObject(s), s)
-		switch {
-		case apierrors.IsNotFound(err):
-			s.Data = data
-			err = r.k8s.Create(ctx, s)
-		case err == nil:
-			before := s.DeepCopy()
-			if s.Data == nil {
-				s.Data = map[string][]byte{}
+		if len(r.stores) <= i {
+			store, err := secretstore.New(ctx, r.secrets, pod.Name)
+			if err != nil {
+				return false, err
 			}
-			maps.Copy(s.Data, data)
-			err = r.k8s.Patch(ctx, s, client.MergeFrom(before))
+			r.stores = append(r.stores, store)
 		}
-		if err != nil {
-			return err
+		r.stores[i].SetReportShards(d.shards)
+		// Written whole while the operator makes the Secrets of new shards: reported, and
+		// to be written again.
+		if err := r.stores[i].Report(ctx, data); errors.Is(err, secretstore.ErrWrittenWhole) {
+			again = true
+		} else if err != nil {
+			return false, err
 		}
 	}
-	return nil
+	return again, nil
 }
 
 // configured counts the Ingresses with a load-balancer hostname and the Services whose

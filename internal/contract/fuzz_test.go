@@ -104,13 +104,9 @@ func FuzzParseState(f *testing.F) {
 	f.Add([]byte(`{"config_version":"-1","device_ips":"null","firewall_status":"{}","certificates":"{\"x\":{\"notAfter\":\"2026-01-01T00:00:00+05:00\"}}"}`))
 	f.Add([]byte(`{"device_fqdn":"..","advertised_services":"[\"\"]"}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		var strs map[string]string
-		if json.Unmarshal(raw, &strs) != nil {
+		data, ok := secretData(raw)
+		if !ok {
 			return
-		}
-		data := map[string][]byte{}
-		for k, v := range strs {
-			data[k] = []byte(v)
 		}
 		st, err := ParseState(data)
 		if err != nil {
@@ -196,6 +192,19 @@ func versionOf(f *testing.F, key string) int {
 	return v
 }
 
+// secretData reads a fuzzed Secret's data: a JSON object of key → value as strings.
+func secretData(raw []byte) (map[string][]byte, bool) {
+	var strs map[string]string
+	if json.Unmarshal(raw, &strs) != nil {
+		return nil, false
+	}
+	data := map[string][]byte{}
+	for k, v := range strs {
+		data[k] = []byte(v)
+	}
+	return data, true
+}
+
 func stateJSON(f *testing.F, data map[string][]byte) []byte {
 	strs := map[string]string{}
 	for k, v := range data {
@@ -232,4 +241,55 @@ func (w *WebService) withHold() WebService {
 	cp := *w
 	cp.TLS.Hold = &IssuanceHold{Reason: "DuplicateCertificateLimit", Message: "m"}
 	return cp
+}
+
+// FuzzParseReport reads a report of two shards, which a replica writes and the operator
+// reads; each is a JSON object of key → value as strings.
+func FuzzParseReport(f *testing.F) {
+	st := &ProxyState{PodUID: "p", Advertised: []string{"svc:a", "svc:b"},
+		Firewall:     &FirewallStatus{Mode: FirewallNFTables, PodUID: "p", Mappings: map[string]AppliedDNAT{"svc:b": {Error: "e"}}},
+		Certificates: map[string]CertificateStatus{"a.t.test": {Serial: "0a"}}}
+	data, err := st.Data()
+	if err != nil {
+		f.Fatal(err)
+	}
+	shards, err := SplitReport(data, 2)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(stateJSON(f, shards[0]), stateJSON(f, shards[1]))
+	f.Add([]byte(`{"pod_uid":"p","report-shards.v1.json":"{\"version\":1,\"count\":2}"}`), []byte(`{"pod_uid":"p","firewall_status":"{\"mappings\":null}","funnel":"{\"x\":{}}"}`))
+	f.Add([]byte(`{"report-shards.v1.json":"{\"version\":1,\"count\":0}"}`), []byte(`{}`))
+	f.Fuzz(func(t *testing.T, raw0, raw1 []byte) {
+		var shards []map[string][]byte
+		for _, raw := range [][]byte{raw0, raw1} {
+			data, ok := secretData(raw)
+			if !ok {
+				return
+			}
+			shards = append(shards, data)
+		}
+		st, err := ParseReport(shards)
+		if err != nil {
+			return
+		}
+		// What the operator read, written back by a replica over any count, reads the same.
+		resplit := func(st *ProxyState, count int) *ProxyState {
+			s, err := SplitReport(mustStateData(t, st), count)
+			if err != nil {
+				t.Fatalf("a parsed report does not split: %v", err)
+			}
+			back, err := ParseReport(s)
+			if err != nil {
+				t.Fatalf("a split report does not parse: %v\n%q", err, s)
+			}
+			return back
+		}
+		once := resplit(st, 2)
+		for _, count := range []int{1, 2, 5} {
+			if a, b := mustStateData(t, once), mustStateData(t, resplit(once, count)); !equalData(a, b) {
+				t.Errorf("report changes when split over %d:\n%q\n%q", count, a, b)
+			}
+		}
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math/bits"
 )
 
 // A ProxyGroup's documents may be spread over several ConfigMaps ("shards"), so that no object
@@ -13,15 +14,16 @@ import (
 // service's entries (Serve, DNAT) are in shard ShardOf(service, count). Readers take the
 // union of every shard's documents, once they have read every shard.
 //
-// The count is a power of two and only grows: growing from n to 2n moves entries from shard i
-// to shard i+n only, and the writer stores them in their new shard before it raises the count
-// in shard 0, then removes them from the old one; a reader that waits for every shard of the
-// count it read never misses an entry.
+// The count only grows, by one shard at a time (linear hashing, see ShardOf): growing moves
+// entries from one shard only, to the new one. The writer stores them in the new shard before
+// it raises the count in shard 0, then removes them from the old one; a reader that waits for
+// every shard of the count it read never misses an entry.
 
-// GroupShards is the shard index in a group's first ConfigMap.
+// GroupShards is the shard index in a group's first ConfigMap. Version 1 knows counts that are
+// powers of two only; version 2 any count.
 type GroupShards struct {
 	Version int `json:"version"`
-	// Count of ConfigMaps holding the documents, shard 0 included; a power of two.
+	// Count of ConfigMaps holding the documents, shard 0 included.
 	Count int `json:"count"`
 }
 
@@ -30,40 +32,55 @@ const MaxShards = 64
 
 // Validate checks the count.
 func (s *GroupShards) Validate() error {
-	if s.Count < 1 || s.Count > MaxShards || s.Count&(s.Count-1) != 0 {
-		return fmt.Errorf("shard count %d must be a power of two from 1 to %d", s.Count, MaxShards)
+	if s.Count < 1 || s.Count > MaxShards {
+		return fmt.Errorf("shard count %d must be from 1 to %d", s.Count, MaxShards)
 	}
 	return nil
 }
 
-// GroupShardIndexes stores GroupShards documents.
+func (s *GroupShards) powerOfTwo() bool { return s.Count&(s.Count-1) == 0 }
+
+// GroupShardIndexes stores GroupShards documents: a count that is a power of two in v1 and
+// v2, which say the same of it, any other in v2 alone.
 var GroupShardIndexes = codec[GroupShards]{
 	name: "group-shards",
 	encode: map[int]func(*GroupShards) ([]byte, error){
-		1: jsonEncoder(1, func(s *GroupShards, v int) { s.Version = v }),
+		1: onlyIf((*GroupShards).powerOfTwo, jsonEncoder(1, func(s *GroupShards, v int) { s.Version = v })),
+		2: jsonEncoder(2, func(s *GroupShards, v int) { s.Version = v }),
 	},
 	decode: map[int]func([]byte) (*GroupShards, error){
-		1: jsonDecoder(1, func(s *GroupShards) int { return s.Version }, (*GroupShards).Validate),
+		1: jsonDecoder(1, func(s *GroupShards) int { return s.Version }, func(s *GroupShards) error {
+			if !s.powerOfTwo() {
+				return fmt.Errorf("shard count %d must be a power of two in version 1", s.Count)
+			}
+			return s.Validate()
+		}),
+		2: jsonDecoder(2, func(s *GroupShards) int { return s.Version }, (*GroupShards).Validate),
 	},
 }
 
 // ShardCount reads the shard count from a group's first ConfigMap: 1 when it has no index.
 func ShardCount(main map[string][]byte) (int, error) {
-	found := false
-	for k := range main {
-		if GroupShardIndexes.keyPattern().MatchString(k) {
-			found = true
-			break
+	return indexCount(GroupShardIndexes, main, func(s *GroupShards) int { return s.Count })
+}
+
+// indexCount reads the count of a shard index in data: 1 without one. An empty value is no
+// index, as a writer's way of removing it.
+func indexCount[T any](c codec[T], data map[string][]byte, count func(*T) int) (int, error) {
+	idx := map[string][]byte{}
+	for _, v := range c.found(data) {
+		if b := data[c.key(v)]; len(b) > 0 {
+			idx[c.key(v)] = b
 		}
 	}
-	if !found {
+	if len(idx) == 0 {
 		return 1, nil
 	}
-	s, _, err := GroupShardIndexes.Decode(main)
+	doc, _, err := c.Decode(idx)
 	if err != nil {
 		return 0, err
 	}
-	return s.Count, nil
+	return count(doc), nil
 }
 
 // ShardName is the name of shard i of the group whose first ConfigMap is main.
@@ -74,14 +91,28 @@ func ShardName(main string, i int) string {
 	return fmt.Sprintf("%s-%d", main, i)
 }
 
-// ShardOf is the shard, of count, that holds a service's entries.
+// ShardOf is the shard, of count, that holds a service's entries: its hash modulo the power of
+// two at or above count, or, when that shard does not exist yet, modulo the power below.
+// Growing the count by one then splits one shard only (linear hashing); for a count that is a
+// power of two it is the hash modulo the count, as version 1 of the index says.
 func ShardOf(service string, count int) int {
 	if count <= 1 {
 		return 0
 	}
 	h := fnv.New32a()
 	h.Write([]byte(service))
-	return int(h.Sum32() % uint32(count))
+	sum := h.Sum32()
+	size := uint32(1) << bits.Len(uint(count-1))
+	if s := sum % size; s < uint32(count) {
+		return int(s)
+	}
+	return int(sum % (size / 2))
+}
+
+// SplitShard is the shard whose entries growing from count shards to count+1 moves to the new
+// one, shard count; the others keep theirs.
+func SplitShard(count int) int {
+	return count - 1<<(bits.Len(uint(count))-1)
 }
 
 // GroupDocuments is what a group's shards say together. A document that some shard holds in

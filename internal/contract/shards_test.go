@@ -2,27 +2,38 @@ package contract
 
 import (
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"testing"
 )
 
 func TestShardOfGrowsInPlace(t *testing.T) {
-	// Doubling the count moves an entry from shard i to i or i+n only: the writer relies on it
-	// to grow without a reader missing an entry.
+	// Growing the count by one moves entries from SplitShard to the new shard only, and a count
+	// that is a power of two spreads entries as version 1 of the index says (hash mod count):
+	// the writer relies on the first, readers of version 1 on the second.
 	spread := map[int]int{}
 	for j := range 1000 {
 		name := fmt.Sprintf("svc:site-%04d", j)
-		for n := 1; n < MaxShards; n *= 2 {
-			a, b := ShardOf(name, n), ShardOf(name, 2*n)
-			if a < 0 || a >= n || (b != a && b != a+n) {
-				t.Fatalf("%s: shard %d of %d became %d of %d", name, a, n, b, 2*n)
+		for n := 1; n < MaxShards; n++ {
+			a, b := ShardOf(name, n), ShardOf(name, n+1)
+			if a < 0 || a >= n || (b != a && (a != SplitShard(n) || b != n)) {
+				t.Fatalf("%s: shard %d of %d became %d of %d (the split shard is %d)", name, a, n, b, n+1, SplitShard(n))
 			}
 		}
-		spread[ShardOf(name, 8)]++
+		for n := 1; n <= MaxShards; n *= 2 {
+			h := fnv.New32a()
+			h.Write([]byte(name))
+			if got, want := ShardOf(name, n), int(h.Sum32()%uint32(n)); got != want {
+				t.Fatalf("%s: shard %d of %d; version 1 of the index says %d", name, got, n, want)
+			}
+		}
+		spread[ShardOf(name, 6)]++
 	}
-	for i := range 8 {
-		if spread[i] < 1000/8/2 {
-			t.Errorf("shard %d of 8 holds %d of 1000 names: %v", i, spread[i], spread)
+	// Of 6 shards, 2 have been split (0 and 1 into 4 and 5): those hold an eighth each, the
+	// others a quarter.
+	for i, want := range []int{125, 125, 250, 250, 125, 125} {
+		if spread[i] < want/2 || spread[i] > want*2 {
+			t.Errorf("shard %d of 6 holds %d of 1000 names, expected about %d: %v", i, spread[i], want, spread)
 		}
 	}
 }
@@ -38,12 +49,29 @@ func TestShardCount(t *testing.T) {
 	if n, err := ShardCount(idx); n != 4 || err != nil {
 		t.Errorf("with count 4: %d, %v", n, err)
 	}
-	for _, bad := range []string{`{"version":1,"count":3}`, `{"version":1,"count":0}`, `{"version":1,"count":128}`, `nope`} {
-		if _, err := ShardCount(map[string][]byte{"group-shards.v1.json": []byte(bad)}); err == nil {
+	if _, ok := idx["group-shards.v1.json"]; !ok {
+		t.Error("a count that is a power of two is not written for version 1 readers")
+	}
+	// Any other count is in version 2 alone: a reader of version 1 fails rather than misread it.
+	idx, err = GroupShardIndexes.Encode(&GroupShards{Count: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := idx["group-shards.v1.json"]; ok || len(idx) != 1 {
+		t.Errorf("count 5 written as %v; want group-shards.v2.json alone", idx)
+	}
+	if n, err := ShardCount(idx); n != 5 || err != nil {
+		t.Errorf("with count 5: %d, %v", n, err)
+	}
+	for key, bad := range map[string]string{
+		"group-shards.v1.json": `{"version":1,"count":3}`, "group-shards.v2.json": `{"version":2,"count":0}`,
+		"group-shards.v1.json ": `{"version":1,"count":128}`, "group-shards.v2.json ": `nope`,
+	} {
+		if _, err := ShardCount(map[string][]byte{strings.TrimSpace(key): []byte(bad)}); err == nil {
 			t.Errorf("%s: no error", bad)
 		}
 	}
-	if _, err := ShardCount(map[string][]byte{"group-shards.v2.json": []byte(`{"version":2,"count":2}`)}); err == nil {
+	if _, err := ShardCount(map[string][]byte{"group-shards.v3.json": []byte(`{"version":3,"count":2}`)}); err == nil {
 		t.Error("an index of a newer version than this build reads: no error")
 	}
 	if ShardName("pg-ingress-config", 0) != "pg-ingress-config" || ShardName("pg-ingress-config", 3) != "pg-ingress-config-3" {

@@ -150,22 +150,27 @@ func TestChangedServices(t *testing.T) {
 	changed := base
 	changed.Advertised = []string{"svc:b", "svc:c"}
 	changed.Certificates = map[string]contract.CertificateStatus{"a.tailnet.test": {Source: "acme", Serial: "02", NotBefore: now, NotAfter: now.Add(time.Hour)}}
-	names, all := changedServices(secret(base), secret(changed))
+	names, all := changedServices(secret(base), secret(changed), true)
 	if all || len(names) != 2 || names[0] != "svc:a" || names[1] != "svc:c" {
 		t.Errorf("changed services = %v (all %t), want [svc:a svc:c]", names, all)
 	}
-	if names, all := changedServices(secret(base), secret(base)); all || len(names) != 0 {
+	if names, all := changedServices(secret(base), secret(base), true); all || len(names) != 0 {
 		t.Errorf("same report: %v (all %t), want none", names, all)
 	}
 	funnel := base
 	funnel.Funnel = map[string]contract.FunnelStatus{"b.tailnet.test": {Public: true}}
-	if names, all := changedServices(secret(base), secret(funnel)); all || !slices.Equal(names, []string{"svc:b"}) {
+	if names, all := changedServices(secret(base), secret(funnel), true); all || !slices.Equal(names, []string{"svc:b"}) {
 		t.Errorf("Funnel on for b: %v (all %t), want [svc:b]", names, all)
 	}
 	restarted := base
 	restarted.PodUID = "u2"
-	if _, all := changedServices(secret(base), secret(restarted)); !all {
+	if _, all := changedServices(secret(base), secret(restarted), true); !all {
 		t.Error("a new Pod's report must concern every object")
+	}
+	// Another shard of the report: a new Pod's first write concerns the entries it changed.
+	restarted.Advertised = []string{"svc:a"}
+	if names, all := changedServices(secret(base), secret(restarted), false); all || !slices.Equal(names, []string{"svc:b"}) {
+		t.Errorf("a report shard written by a new Pod: %v (all %t), want [svc:b]", names, all)
 	}
 }
 

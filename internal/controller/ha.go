@@ -14,7 +14,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -369,41 +368,6 @@ func groupStates(ctx context.Context, c client.Client, namespace string, pg *tsv
 		states[i] = r.state
 	}
 	return states, nil
-}
-
-// stateCache keeps the last parse of each state Secret: a replica's report grows with the
-// objects on its group, and every reconcile of one of them reads it.
-type stateCache struct {
-	mu     sync.Mutex
-	parsed map[types.UID]parsedState
-}
-
-type parsedState struct {
-	resourceVersion string
-	state           *contract.ProxyState
-}
-
-var parsedStates = &stateCache{parsed: map[types.UID]parsedState{}}
-
-// parse returns the state s reports. The result is shared: callers must not change it.
-func (c *stateCache) parse(s *corev1.Secret) (*contract.ProxyState, error) {
-	c.mu.Lock()
-	p, ok := c.parsed[s.UID]
-	c.mu.Unlock()
-	if ok && p.resourceVersion == s.ResourceVersion && s.ResourceVersion != "" {
-		return p.state, nil
-	}
-	st, err := contract.ParseState(s.Data)
-	if err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.parsed) > 1024 { // Secrets of deleted groups: start over rather than track deletions
-		clear(c.parsed)
-	}
-	c.parsed[s.UID] = parsedState{resourceVersion: s.ResourceVersion, state: st}
-	return st, nil
 }
 
 // advertisers counts the group's replicas whose running Pod advertises svcName, and returns

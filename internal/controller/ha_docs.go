@@ -193,23 +193,26 @@ func (g *groupContent) names() []string {
 	return names
 }
 
-// grown spreads the entries over twice as many shards, every one of them changed.
+// grown adds a shard: the entries of the one shard it splits that belong to it move there
+// (contract.ShardOf), and shard 0 takes the new count; the others are left as they are.
 func (s *groupShards) grown() *groupShards {
-	n := 2 * len(s.shards)
-	out := &groupShards{shards: make([]*groupContent, n), touched: make([]bool, n)}
-	for i := range out.shards {
-		out.shards[i], out.touched[i] = emptyContent(), true
-	}
-	for _, sh := range s.shards {
-		for name, ws := range sh.serve.Services {
-			out.shards[contract.ShardOf(name, n)].serve.Services[name] = ws
+	n := len(s.shards)
+	out := &groupShards{shards: append(slices.Clone(s.shards), emptyContent()), touched: append(slices.Clone(s.touched), true)}
+	out.touch(0)
+	from := out.touch(contract.SplitShard(n))
+	for _, name := range from.names() {
+		if contract.ShardOf(name, n+1) != n {
+			continue
 		}
-		for name, m := range sh.dnat.Services {
-			out.shards[contract.ShardOf(name, n)].dnat.Services[name] = m
+		to := out.shards[n]
+		if ws, ok := from.serve.Services[name]; ok {
+			to.setServe(name, &ws, from.owners[name])
 		}
-		for name, o := range sh.owners {
-			out.shards[contract.ShardOf(name, n)].owners[name] = o
+		if m, ok := from.dnat.Services[name]; ok {
+			to.setDNAT(name, &m, from.owners[name])
 		}
+		from.setServe(name, nil, "")
+		from.setDNAT(name, nil, "")
 	}
 	return out
 }
@@ -472,29 +475,37 @@ func firstError(errs []error) error {
 	return nil
 }
 
-// fit encodes the changed shards, doubling the count while one is too large; errConfigFull
-// when that would take more than contract.MaxShards.
+// fit encodes the changed shards, adding shards while one is too large, or while the shards
+// hold more than half the bound on average: then the next split comes before a shard fills,
+// and growing writes the shard it splits and the new one, not every shard. errConfigFull when
+// a shard would still be too large at contract.MaxShards.
 func (w *groupWriter) fit(s *groupShards, cms []*corev1.ConfigMap) (*groupShards, map[int]map[string]string, []string, error) {
 	for {
 		data, keys, err := s.encodeChanged()
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		fits := true
-		for i, d := range data {
+		over, total := false, 0
+		for i := range s.shards {
 			var current map[string]string
 			if i < len(cms) && cms[i] != nil {
 				current = cms[i].Data
 			}
-			if dataSize(current, d, keys) > w.shardBytes {
-				fits = false
-				break
+			d, changed := data[i]
+			if !changed {
+				total += dataSize(current, nil, nil)
+				continue
 			}
+			size := dataSize(current, d, keys)
+			total += size
+			over = over || size > w.shardBytes
 		}
-		if fits {
+		n := len(s.shards)
+		full := n > 1 && total > n*w.shardBytes/2
+		if !over && (!full || n == contract.MaxShards) {
 			return s, data, keys, nil
 		}
-		if 2*len(s.shards) > contract.MaxShards {
+		if n == contract.MaxShards {
 			return nil, nil, nil, errConfigFull
 		}
 		s = s.grown()

@@ -194,3 +194,57 @@ func TestGroupWriterCacheLag(t *testing.T) {
 		t.Errorf("%d of 200 entries stored", len(docs.Serve.Services))
 	}
 }
+
+// Growing adds one shard at a time and writes the shard it splits, the new one and shard 0
+// (the count) only; the other shards keep what they hold.
+func TestGroupWriterGrowsOneShardAtATime(t *testing.T) {
+	const bound = 4 << 10
+	w, c := shardedWriter(t, bound)
+	ctx := context.Background()
+	versions := func() map[string]string {
+		list := &corev1.ConfigMapList{}
+		if err := c.List(ctx, list, client.InNamespace("ns")); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, cm := range list.Items {
+			out[cm.Name] = cm.ResourceVersion
+		}
+		return out
+	}
+	counts := map[int]bool{}
+	for i := range 300 {
+		before := versions()
+		name := fmt.Sprintf("svc:site-%03d", i)
+		if err := w.flush("pg", []func(*groupShards){func(g *groupShards) { g.setServe(name, webEntry("/"+name), "Ingress/apps/"+name) }})[0]; err != nil {
+			t.Fatal(err)
+		}
+		after := versions()
+		counts[len(after)] = true
+		if len(after) == len(before) {
+			continue
+		}
+		// Out of one ConfigMap the documents go to three at once: two hold more than half the
+		// bound on average.
+		if len(after) != len(before)+1 && len(before) > 1 {
+			t.Fatalf("entry %d: from %d shards to %d; want one more", i, len(before), len(after))
+		}
+		rewritten := 0
+		for cm, v := range before {
+			if after[cm] != v {
+				rewritten++
+			}
+		}
+		// The split shard and shard 0, and the shard of the entry added, if another.
+		if rewritten > 3 {
+			t.Errorf("entry %d: growing to %d shards rewrote %d of the %d there were", i, len(after), rewritten, len(before))
+		}
+	}
+	cms, docs := storedShards(t, c, bound)
+	if len(docs.Serve.Services) != 300 {
+		t.Errorf("%d of 300 entries stored", len(docs.Serve.Services))
+	}
+	if len(cms) < 6 || !counts[5] || !counts[6] {
+		t.Errorf("300 entries in %d shards, through the counts %v: the test wants growth past counts that are not powers of two", len(cms), counts)
+	}
+}

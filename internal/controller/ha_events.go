@@ -66,8 +66,9 @@ var haControllerOptions = controller.Options{MaxConcurrentReconciles: 128}
 // groupEvents maps the events of a ProxyGroup's own objects to the objects of one kind
 // ("Ingress" or "Service") served on it that they concern:
 //   - the ProxyGroup, and the creation or deletion of its (first) ConfigMap: every one;
-//   - a replica's state Secret: those whose services its report changed (advertised,
-//     certificate, Funnel, DNAT rules), or every one when the replica itself changed;
+//   - a replica's state Secret or another shard of its report: those whose services it
+//     changed (advertised, certificate, Funnel, DNAT rules), or, in the state Secret, every
+//     one when the replica itself changed;
 //   - a group certificate Secret deleted: the one of that name, which creates it again;
 //   - its ConfigMap changed by anyone but this operator's last write (a hand edit, garbage):
 //     those whose entries changed, which write them again.
@@ -148,14 +149,15 @@ func (e groupEvents) onUpdate(ctx context.Context, old, cur client.Object) []rec
 		}
 		return e.entriesChanged(e.docs.w.content(oldCM), e.docs.w.content(cur))
 	case *corev1.Secret:
-		if cur.Labels[LabelSecretType] != secretTypeState {
+		// A report's shards change alone: each says what changed in its entries.
+		if t := cur.Labels[LabelSecretType]; t != secretTypeState && t != secretTypeReport {
 			return nil
 		}
 		oldSecret, ok := old.(*corev1.Secret)
 		if !ok {
 			return e.all(ctx, pg)
 		}
-		names, all := changedServices(oldSecret, cur)
+		names, all := changedServices(oldSecret, cur, cur.Labels[LabelSecretType] == secretTypeState)
 		if all {
 			return e.all(ctx, pg)
 		}
@@ -233,13 +235,14 @@ func (e groupEvents) owning(ctx context.Context, pg string, svcNames []string) [
 	return reqs
 }
 
-// changedServices compares two reports of a replica: the services whose advertisement,
-// certificate, Funnel or DNAT rules changed, or all when the replica's identity or Pod did (or a report
-// cannot be read).
-func changedServices(old, cur *corev1.Secret) (names []string, all bool) {
+// changedServices compares two versions of a Secret of a replica's report: the services whose
+// advertisement, certificate, Funnel or DNAT rules changed, or all when a report cannot be
+// read or, in the state Secret (first), the replica's identity or Pod changed. Another shard
+// names a new Pod with its first write: its entries say what changed.
+func changedServices(old, cur *corev1.Secret, first bool) (names []string, all bool) {
 	a, errA := contract.ParseState(old.Data)
 	b, errB := contract.ParseState(cur.Data)
-	if errA != nil || errB != nil || a.PodUID != b.PodUID || a.FQDN != b.FQDN || a.DeviceID != b.DeviceID {
+	if errA != nil || errB != nil || (first && (a.PodUID != b.PodUID || a.FQDN != b.FQDN || a.DeviceID != b.DeviceID)) {
 		return nil, true
 	}
 	changed := map[string]bool{}

@@ -153,6 +153,7 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 		objs = append(objs,
 			r.secret(g, g.replicas().configSecret(i), secretTypeConfig, i, data),
 			r.secret(g, g.replicas().stateSecret(i), secretTypeState, i, nil))
+		objs = append(objs, r.reportSecrets(g, i, shards)...)
 	}
 	objs = append(objs, proxyPods{
 		name:      g.name,
@@ -318,6 +319,7 @@ func (r *ProxyGroupReconciler) buildRole(g group, n, shards int, certs groupCert
 	var secrets, configMaps []string
 	for i := range n {
 		secrets = append(secrets, g.replicas().configSecret(i), g.replicas().stateSecret(i))
+		secrets = append(secrets, reportSecretNames(g, i, shards)...)
 	}
 	for i := range max(shards, 1) {
 		configMaps = append(configMaps, contract.ShardName(g.configMap(), i))
@@ -393,7 +395,7 @@ func (r *ProxyGroupReconciler) scaleDown(ctx context.Context, g group, n int) er
 			}
 		}
 	}
-	return nil
+	return r.removeReportSecrets(ctx, g, n)
 }
 
 // delete removes every replica's device; the children go with the ProxyGroup through their

@@ -179,6 +179,10 @@ func (r *replica) onStatus(ctx context.Context) error {
 // onDocs takes the documents of the group's ConfigMaps (every shard). A document that cannot be
 // read is reported and the last good one stays in force.
 func (r *replica) onDocs(shards []map[string][]byte) {
+	// The report is spread over as many Secrets as the documents: written again when that changes.
+	if r.store != nil && r.store.SetReportShards(len(shards)) {
+		r.reported = nil
+	}
 	docs := contract.MergeShards(shards)
 	if docs.ServeErr != nil {
 		r.opts.metrics.rejected(docServeConfig)

@@ -13,9 +13,11 @@
 package secretstore
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -28,6 +30,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"tailscale.com/ipn"
+
+	"github.com/tsingress/tsingress/internal/contract"
 )
 
 // writeTimeout bounds a write that tailscale makes without a context.
@@ -41,9 +45,14 @@ type Store struct {
 
 	writeMu sync.Mutex // keeps writes in order, without holding up reads
 
+	reportMu sync.Mutex          // one report written at a time
+	reported []map[string][]byte // each shard's keys as last written; nil where unknown
+
 	mu     sync.Mutex
 	cache  map[string][]byte // the tailnet client's keys as stored (prefixed); this Store is their only writer
 	shared map[string]string // certificate domain → Secret that holds its certificate
+
+	reportShards int // Secrets the report is spread over (0: one)
 }
 
 var _ ipn.StateStore = (*Store)(nil)
@@ -98,19 +107,117 @@ func (s *Store) WriteState(id ipn.StateKey, bs []byte) error {
 }
 
 // Report sets the given keys (the contract's State* keys); a nil or empty value removes its key.
+// A ProxyGroup replica's report is spread over the Secrets of its shards (SetReportShards,
+// contract.SplitReport): only the keys that changed since the last write are sent, so a change
+// of one service writes one shard. Shards the count adds are written first and those it takes
+// entries from last, with the state Secret, which holds the index, between them: a reader never
+// sees a count without the entries of its shards. Without the Secrets of the shards (not
+// created yet, or by an operator that does not make them) the report is written whole in the
+// state Secret, as before shards, and Report still fails, so that it is called again.
 func (s *Store) Report(ctx context.Context, data map[string][]byte) error {
-	set := make(map[string][]byte, len(data))
-	for k, v := range data {
+	for k := range data {
 		if isTailscaleKey(k) {
 			return fmt.Errorf("key %q is reserved for the tailnet client", k)
 		}
-		if len(v) > 0 {
-			set[k] = v
-		} else {
-			set[k] = nil
+	}
+	s.reportMu.Lock()
+	defer s.reportMu.Unlock()
+	shards, err := contract.SplitReport(data, s.shardCount())
+	if err != nil {
+		return err
+	}
+	err = s.writeShards(ctx, shards)
+	if len(shards) > 1 && (apierrors.IsNotFound(err) || apierrors.IsForbidden(err)) {
+		whole, _ := contract.SplitReport(data, 1)
+		if werr := s.writeShards(ctx, whole); werr != nil {
+			return werr
+		}
+		// Still an error, so that the caller tries the shards again.
+		return fmt.Errorf("%w until the Secrets of its shards can be written: %w", ErrWrittenWhole, err)
+	}
+	return err
+}
+
+// ErrWrittenWhole says that Report wrote the report, but whole, in the state Secret.
+var ErrWrittenWhole = errors.New("the report is written whole in the state Secret")
+
+// SetReportShards sets the number of Secrets the report is spread over, and reports whether
+// it changed.
+func (s *Store) SetReportShards(n int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed := max(n, 1) != max(s.reportShards, 1)
+	s.reportShards = n
+	return changed
+}
+
+// shardCount is the number of Secrets the report is spread over.
+func (s *Store) shardCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return max(s.reportShards, 1)
+}
+
+// writeShards writes what changed in each shard, in the order Report gives.
+func (s *Store) writeShards(ctx context.Context, shards []map[string][]byte) error {
+	prev := len(s.reported)
+	var phases [][]int
+	if prev > 0 && len(shards) > prev {
+		phases = [][]int{seq(prev, len(shards)), {0}, seq(1, prev)}
+	} else {
+		phases = [][]int{seq(1, len(shards)), {0}}
+	}
+	written := make([]map[string][]byte, len(shards))
+	copy(written, s.reported)
+	defer func() { s.reported = written }()
+	for _, phase := range phases {
+		errs := make([]error, len(phase))
+		var wg sync.WaitGroup
+		for j, k := range phase {
+			var last map[string][]byte
+			if k < prev {
+				last = s.reported[k]
+			}
+			changed := changedKeys(last, shards[k])
+			if len(changed) == 0 {
+				continue
+			}
+			written[k] = nil // unknown until the write succeeds
+			wg.Go(func() {
+				if errs[j] = s.patch(ctx, contract.ReportShardName(s.name, k), changed); errs[j] == nil {
+					written[k] = shards[k]
+				}
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return err
 		}
 	}
-	return s.patch(ctx, s.name, set)
+	return nil
+}
+
+// changedKeys is what of data differs from last (all of it when last is unknown); empty values
+// stay nil, which removes their keys.
+func changedKeys(last, data map[string][]byte) map[string][]byte {
+	out := map[string][]byte{}
+	for k, v := range data {
+		if len(v) == 0 {
+			v = nil
+		}
+		if old, ok := last[k]; last == nil || !ok || !bytes.Equal(old, v) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func seq(from, to int) []int {
+	var out []int
+	for i := from; i < to; i++ {
+		out = append(out, i)
+	}
+	return out
 }
 
 // ShareCert keeps the certificate of domain in the kubernetes.io/tls Secret named secret (keys

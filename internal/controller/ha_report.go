@@ -1,0 +1,106 @@
+package controller
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+// secretTypeReport labels the Secrets a replica's report is spread over besides its state
+// Secret (contract.ReportShardName): one fewer than the group's document shards.
+const secretTypeReport = "report"
+
+// reportSecretNames names replica i's report Secrets for a group of the given document shards.
+func reportSecretNames(g group, i, shards int) []string {
+	var names []string
+	for k := 1; k < shards; k++ {
+		names = append(names, contract.ReportShardName(g.replicas().stateSecret(i), k))
+	}
+	return names
+}
+
+// reportSecrets are replica i's report Secrets, empty: the replica writes them.
+func (r *ProxyGroupReconciler) reportSecrets(g group, i, shards int) []client.Object {
+	var objs []client.Object
+	for _, name := range reportSecretNames(g, i, shards) {
+		objs = append(objs, r.secret(g, name, secretTypeReport, i, nil))
+	}
+	return objs
+}
+
+// removeReportSecrets removes the report Secrets of replicas at or above n.
+func (r *ProxyGroupReconciler) removeReportSecrets(ctx context.Context, g group, n int) error {
+	list := &corev1.SecretList{}
+	labels := g.labels()
+	labels[LabelSecretType] = secretTypeReport
+	if err := r.List(ctx, list, client.InNamespace(r.Settings.Namespace), client.MatchingLabels(labels)); err != nil {
+		return err
+	}
+	for i := range list.Items {
+		if ord, err := strconv.Atoi(list.Items[i].Labels[labelReplica]); err == nil && ord >= n {
+			if err := remove(ctx, r.Client, &list.Items[i]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// stateCache keeps the last parse of each replica's report: it grows with the objects on its
+// group, and every reconcile of one of them reads it.
+type stateCache struct {
+	mu     sync.Mutex
+	parsed map[types.UID]parsedState
+}
+
+type parsedState struct {
+	versions string // of the report's Secrets, in order
+	state    *contract.ProxyState
+}
+
+var parsedStates = &stateCache{parsed: map[types.UID]parsedState{}}
+
+// parse returns the report whose state Secret is s, read with the Secrets of its other shards.
+// The result is shared: callers must not change it.
+func (c *stateCache) parse(ctx context.Context, cl client.Reader, s *corev1.Secret) (*contract.ProxyState, error) {
+	count, err := contract.ReportShardCount(s.Data)
+	if err != nil {
+		return nil, err
+	}
+	shards := []map[string][]byte{s.Data}
+	versions := []string{s.ResourceVersion}
+	for k := 1; k < count; k++ {
+		shard := &corev1.Secret{}
+		err := cl.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: contract.ReportShardName(s.Name, k)}, shard)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return nil, err
+		}
+		shards, versions = append(shards, shard.Data), append(versions, shard.ResourceVersion)
+	}
+	key := strings.Join(versions, ",")
+	c.mu.Lock()
+	p, ok := c.parsed[s.UID]
+	c.mu.Unlock()
+	if ok && p.versions == key && s.ResourceVersion != "" {
+		return p.state, nil
+	}
+	st, err := contract.ParseReport(shards)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.parsed) > 1024 { // Secrets of deleted groups: start over rather than track deletions
+		clear(c.parsed)
+	}
+	c.parsed[s.UID] = parsedState{versions: key, state: st}
+	return st, nil
+}

@@ -1,0 +1,135 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+func TestGroupStatesReadShardedReports(t *testing.T) {
+	ctx := context.Background()
+	pg := &tsv1alpha1.ProxyGroup{ObjectMeta: metav1.ObjectMeta{Name: "pg"}, Spec: tsv1alpha1.ProxyGroupSpec{Replicas: ptr.To[int32](2)}}
+	g := group{pg.Name}
+	report := func(pod string, n int) contract.ProxyState {
+		st := contract.ProxyState{PodUID: pod, DeviceID: "n-" + pod, FQDN: pod + ".tailnet.test"}
+		for i := range n {
+			st.Advertised = append(st.Advertised, fmt.Sprintf("svc:web-%03d", i))
+		}
+		return st
+	}
+	shardSecrets := func(i int, st contract.ProxyState, count int) []client.Object {
+		data, err := st.Data()
+		if err != nil {
+			t.Fatal(err)
+		}
+		shards, err := contract.SplitReport(data, count)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var objs []client.Object
+		for k, d := range shards {
+			objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: contract.ReportShardName(g.replicas().stateSecret(i), k)}, Data: d})
+		}
+		return objs
+	}
+	objs := []client.Object{
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: g.replicas().stateSecret(0), UID: "pod-a"}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: g.replicas().stateSecret(1), UID: "pod-b"}},
+	}
+	objs = append(objs, shardSecrets(0, report("pod-a", 40), 4)...) // sharded
+	objs = append(objs, shardSecrets(1, report("pod-b", 40), 1)...) // as a replica older than report shards writes it
+	c := fake.NewClientBuilder().WithObjects(objs...).Build()
+
+	states, err := groupStates(ctx, c, "ns", pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, st := range states {
+		if st == nil || len(st.Advertised) != 40 {
+			t.Fatalf("replica %d: %+v; want 40 services advertised", i, st)
+		}
+	}
+
+	// One shard changes alone: the next read sees it.
+	name := contract.ReportShardName(g.replicas().stateSecret(0), 2)
+	shard := &corev1.Secret{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "ns", Name: name}, shard); err != nil {
+		t.Fatal(err)
+	}
+	part, err := contract.ParseState(shard.Data)
+	if err != nil || len(part.Advertised) == 0 {
+		t.Fatalf("shard 2 of 4 holds %+v (%v); the test wants some services in it", part, err)
+	}
+	shard.Data[contract.StateAdvertised] = nil
+	if err := c.Update(ctx, shard); err != nil {
+		t.Fatal(err)
+	}
+	states, err = groupStates(ctx, c, "ns", pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(states[0].Advertised); got != 40-len(part.Advertised) {
+		t.Errorf("after shard 2 withdrew %d services: %d advertised", len(part.Advertised), got)
+	}
+	for _, svc := range part.Advertised {
+		if slices.Contains(states[0].Advertised, svc) {
+			t.Errorf("%s still read as advertised", svc)
+		}
+	}
+}
+
+// Each replica may write the Secrets of its report's shards, one fewer than the documents',
+// which the reconciler makes; those of replicas scaled away go.
+func TestReportSecretsOfReplicas(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientBuilder().Build()
+	r := &ProxyGroupReconciler{Client: c, Settings: Settings{Namespace: "ns"}}
+	g := group{"pg"}
+	role := r.buildRole(g, 2, 3, groupCertSecrets{})
+	var writable []string
+	for _, rule := range role.Rules {
+		if slices.Contains(rule.Resources, "secrets") && slices.Contains(rule.Verbs, "patch") {
+			writable = append(writable, rule.ResourceNames...)
+		}
+	}
+	for _, name := range []string{"pg-0", "pg-0-report1", "pg-0-report2", "pg-1", "pg-1-report1", "pg-1-report2"} {
+		if !slices.Contains(writable, name) {
+			t.Errorf("the replicas may not write %s: %v", name, writable)
+		}
+	}
+	if slices.Contains(writable, "pg-0-report3") {
+		t.Errorf("a report shard beyond the count is writable: %v", writable)
+	}
+	for i := range 3 {
+		for _, obj := range r.reportSecrets(g, i, 3) {
+			if err := c.Create(ctx, obj); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := r.removeReportSecrets(ctx, g, 2); err != nil {
+		t.Fatal(err)
+	}
+	list := &corev1.SecretList{}
+	if err := c.List(ctx, list); err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, s := range list.Items {
+		left = append(left, s.Name)
+	}
+	slices.Sort(left)
+	if want := []string{"pg-0-report1", "pg-0-report2", "pg-1-report1", "pg-1-report2"}; !slices.Equal(left, want) {
+		t.Errorf("after scaling to 2 replicas: %v; want %v", left, want)
+	}
+}
