@@ -393,9 +393,16 @@ func TestServiceWithdrawn(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// Back as a host, it takes no client from the other: moving one would reset its connections.
+	// (TestRoutesStickToTheirHost shows it without timing; here the client's own view.)
 	advertise(first, "svc:db")
+	time.Sleep(time.Second)
+	if still := routedTo(t, client, svc.Addrs[0], ""); still != other {
+		t.Fatalf("after %s advertised again: routed to %q, want %q still", first, still, other)
+	}
+	advertise(other)
 	if back := routedTo(t, client, svc.Addrs[0], other); back != first {
-		t.Fatalf("after %s advertised again: routed to %q", first, back)
+		t.Fatalf("after %s withdrew: routed to %q", other, back)
 	}
 }
 
