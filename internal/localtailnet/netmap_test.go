@@ -56,15 +56,9 @@ func TestNewNodeShownWhenReachable(t *testing.T) {
 // A restarted host of a Tailscale Service, hidden from its peers until it has had its netmap,
 // hosts nothing meanwhile: the clients that pick it go to another host instead of nowhere.
 func TestHiddenNodeHostsNothing(t *testing.T) {
-	s, register := lockedServer(t)
 	const svc = tailcfg.ServiceName("svc:web")
-	s.services[svc] = &service{name: svc, addrs: []netip.Addr{netip.MustParseAddr("100.100.0.1")}}
-	var replicas []*node
-	for _, name := range []string{"pg-0", "pg-1"} {
-		n := register(name)
-		n.stream, n.mapped, n.homeDERP, n.services = make(chan struct{}, 1), true, 1, []tailcfg.ServiceName{svc}
-		replicas = append(replicas, n)
-	}
+	s, register := lockedServer(t)
+	replicas := hostsOf(s, register, svc, "pg-0", "pg-1")
 	if hosts := s.serviceHostsLocked()[svc]; len(hosts) != 2 {
 		t.Fatalf("hosts of %s: %d, want both replicas", svc, len(hosts))
 	}
@@ -96,15 +90,9 @@ func lockedServer(t *testing.T) (*server, func(name string) *node) {
 // A client moved off a host that went away stays on its new host when the old one comes back
 // (moving it would reset its connections in flight); a client with no route yet is spread.
 func TestRoutesStickToTheirHost(t *testing.T) {
-	s, register := lockedServer(t)
 	const svc = tailcfg.ServiceName("svc:web")
-	s.services[svc] = &service{name: svc, addrs: []netip.Addr{netip.MustParseAddr("100.100.0.1")}}
-	var replicas []*node
-	for _, name := range []string{"pg-0", "pg-1"} {
-		n := register(name)
-		n.stream, n.mapped, n.homeDERP, n.services = make(chan struct{}, 1), true, 1, []tailcfg.ServiceName{svc}
-		replicas = append(replicas, n)
-	}
+	s, register := lockedServer(t)
+	replicas := hostsOf(s, register, svc, "pg-0", "pg-1")
 	clients := []*node{register("client-a"), register("client-b")}
 	route := func(c *node) *node { return routeLocked(s.serviceHostsLocked()[svc], c, svc) }
 	first := map[*node]*node{}
@@ -134,4 +122,17 @@ func TestRoutesStickToTheirHost(t *testing.T) {
 	if got := route(replicas[0]); got != nil {
 		t.Errorf("a host is routed to %s for its own service", got.label)
 	}
+}
+
+// hostsOf makes Tailscale Service svc and registers connected, reachable nodes named names
+// that advertise it.
+func hostsOf(s *server, register func(string) *node, svc tailcfg.ServiceName, names ...string) []*node {
+	s.services[svc] = &service{name: svc, addrs: []netip.Addr{netip.MustParseAddr("100.100.0.1")}}
+	var hosts []*node
+	for _, name := range names {
+		n := register(name)
+		n.stream, n.mapped, n.homeDERP, n.services = make(chan struct{}, 1), true, 1, []tailcfg.ServiceName{svc}
+		hosts = append(hosts, n)
+	}
+	return hosts
 }
