@@ -28,9 +28,7 @@ set -e
 done_stage
 [ -f "$out/envtest.md" ] || echo "test/reliability wrote no figures (exit status $envtest_status)." > "$out/envtest.md"
 
-# Many proxies get certificates in one run, and runs repeat on one cluster: the guard of Let's
-# Encrypt's limits would hold issuance for the local CA, which has none.
-export KIND_OPERATOR_SETTINGS="ACME_NEW_CERTIFICATES_PER_WEEK=100000 ACME_CERTIFICATES_PER_NAME_PER_WEEK=100000"
+# hack/kind-deploy.sh lifts Let's Encrypt's limits for the local CA, which has none.
 source "$root/hack/kind-deploy.sh"
 
 stage "test/chaos on kind cluster $KIND_CLUSTER"
