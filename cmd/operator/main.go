@@ -165,6 +165,10 @@ func run(o *options) error {
 	utilruntime.Must(tsv1alpha1.AddToScheme(scheme))
 
 	cfg := ctrl.GetConfigOrDie()
+	ctx := ctrl.SetupSignalHandler()
+	if err := waitForAPIServer(ctx, cfg, o.probeAddr); err != nil {
+		return err
+	}
 	const leaderElectionID = "tsingress-operator.tailscale.com"
 	var lock resourcelock.Interface
 	if o.leaderElect {
@@ -223,5 +227,5 @@ func run(o *options) error {
 	}
 	log.Info("starting operator", "version", version.Version, "namespace", o.settings.Namespace,
 		"ingressClass", o.settings.IngressClassName)
-	return mgr.Start(ctrl.SetupSignalHandler())
+	return mgr.Start(ctx)
 }
