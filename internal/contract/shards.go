@@ -172,7 +172,7 @@ func addShard[V any](into, from map[string]V, shard, count int) {
 
 // decodeIfPresent decodes a document that data holds in some version; nil when it holds none.
 func decodeIfPresent[T any](c codec[T], data map[string][]byte) (*T, error) {
-	if len(c.found(data)) == 0 {
+	if !c.Present(data) {
 		return nil, nil
 	}
 	doc, _, err := c.Decode(data)

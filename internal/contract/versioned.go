@@ -97,6 +97,9 @@ func (c codec[T]) found(data map[string][]byte) []int {
 	return vs
 }
 
+// Present reports whether data holds the document in any version, readable here or not.
+func (c codec[T]) Present(data map[string][]byte) bool { return len(c.found(data)) > 0 }
+
 // Decode reads the newest version in data that this side understands and returns the document
 // and its version. An error decoding that version is returned as is: falling back to an older
 // version would hide a broken writer.

@@ -26,6 +26,8 @@ type groupContent struct {
 	serve  *contract.ServeConfig
 	dnat   *contract.DNATConfig
 	owners map[string]string
+	// Documents this build could not read, counted as empty.
+	serveUnreadable, dnatUnreadable bool
 }
 
 // decodeGroup reads a group ConfigMap's documents. A document this build cannot read counts as
@@ -36,12 +38,12 @@ func decodeGroup(cm *corev1.ConfigMap) *groupContent {
 	if doc, _, err := contract.ServeConfigs.Decode(data); err == nil {
 		g.serve = doc
 	} else {
-		g.serve = &contract.ServeConfig{}
+		g.serve, g.serveUnreadable = &contract.ServeConfig{}, contract.ServeConfigs.Present(data)
 	}
 	if doc, _, err := contract.DNATConfigs.Decode(data); err == nil {
 		g.dnat = doc
 	} else {
-		g.dnat = &contract.DNATConfig{}
+		g.dnat, g.dnatUnreadable = &contract.DNATConfig{}, contract.DNATConfigs.Present(data)
 	}
 	if g.serve.Services == nil {
 		g.serve.Services = map[string]contract.WebService{}
@@ -606,6 +608,18 @@ func (w *groupWriter) content(cm *corev1.ConfigMap) *groupContent {
 		return d.content
 	}
 	c := decodeGroup(cm)
+	// A document made unreadable (edited by hand, or by a newer operator) is rebuilt from the
+	// last one read here, not from nothing: the owners whose entries it held are brought back
+	// one batch at a time, and a document written with only the first batch's entries would
+	// make the replicas withdraw the others meanwhile.
+	if ok && (c.serveUnreadable || c.dnatUnreadable) {
+		if c.serveUnreadable && !d.content.serveUnreadable {
+			c.serve, c.serveUnreadable = d.content.serve, false
+		}
+		if c.dnatUnreadable && !d.content.dnatUnreadable {
+			c.dnat, c.dnatUnreadable = d.content.dnat, false
+		}
+	}
 	w.remember(cm, c)
 	return c
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 
@@ -246,5 +248,45 @@ func TestGroupWriterGrowsOneShardAtATime(t *testing.T) {
 	}
 	if len(cms) < 6 || !counts[5] || !counts[6] {
 		t.Errorf("300 entries in %d shards, through the counts %v: the test wants growth past counts that are not powers of two", len(cms), counts)
+	}
+}
+
+// A group document made unreadable (a hand edit leaving only a future version) is rebuilt from
+// the last one the writer read, so that the first change written after it keeps the other
+// owners' entries: written with only its own, the replicas would withdraw the others.
+func TestGroupWriterRebuildsUnreadableDocumentFromLastRead(t *testing.T) {
+	w, c := shardedWriter(t, 1<<20)
+	ctx := context.Background()
+	set := func(name string) func(*groupShards) {
+		return func(g *groupShards) { g.setServe(name, webEntry("/"+name), "Ingress/apps/"+name) }
+	}
+	for _, err := range w.flush("pg", []func(*groupShards){set("svc:a"), set("svc:b")}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	cm := &corev1.ConfigMap{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "ns", Name: group{"pg"}.configMap()}, cm); err != nil {
+		t.Fatal(err)
+	}
+	for k := range cm.Data {
+		if strings.HasPrefix(k, "serve-config.") {
+			delete(cm.Data, k)
+		}
+	}
+	cm.Data["serve-config.v99.json"] = `{"version":99}`
+	if err := c.Update(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range w.flush("pg", []func(*groupShards){set("svc:c")}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, docs := storedShards(t, c, 1<<20)
+	for _, name := range []string{"svc:a", "svc:b", "svc:c"} {
+		if _, ok := docs.Serve.Services[name]; !ok {
+			t.Errorf("%s is missing from the rewritten document: %v", name, slices.Sorted(maps.Keys(docs.Serve.Services)))
+		}
 	}
 }
