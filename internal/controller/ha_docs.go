@@ -268,6 +268,8 @@ type groupWriter struct {
 type decodedContent struct {
 	resourceVersion string
 	content         *groupContent
+	// lastReadable is the last content whose documents could all be read; nil for none.
+	lastReadable *groupContent
 }
 
 func newGroupWriter(c client.Client, api client.Reader, namespace string, shardBytes int) *groupWriter {
@@ -398,7 +400,7 @@ func (w *groupWriter) write(ctx context.Context, cms []*corev1.ConfigMap, batch 
 		if cm == nil {
 			contents[i] = emptyContent()
 		} else {
-			contents[i] = w.content(cm)
+			contents[i] = w.base(cm)
 		}
 	}
 	apply := func(skip func(int) bool) *groupShards {
@@ -595,7 +597,37 @@ func isDigits(s string) bool {
 func (w *groupWriter) remember(cm *corev1.ConfigMap, content *groupContent) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.decoded[cm.Name] = decodedContent{resourceVersion: cm.ResourceVersion, content: content}
+	d := decodedContent{resourceVersion: cm.ResourceVersion, content: content, lastReadable: content}
+	if prev, ok := w.decoded[cm.Name]; ok && (content.serveUnreadable || content.dnatUnreadable) {
+		d.lastReadable = prev.lastReadable
+	}
+	w.decoded[cm.Name] = d
+}
+
+// base is what a write starts from: the content of cm, with each document this build cannot
+// read (edited by hand, or by a newer operator) taken from the last one read here. Readers see
+// the document as empty, so the owners of its entries are brought back; the writer rebuilds it
+// from the last readable one, so that the first of them to be written does not make a document
+// of its entry alone, from which the replicas would withdraw the others meanwhile.
+func (w *groupWriter) base(cm *corev1.ConfigMap) *groupContent {
+	c := w.content(cm)
+	if !c.serveUnreadable && !c.dnatUnreadable {
+		return c
+	}
+	w.mu.Lock()
+	last := w.decoded[cm.Name].lastReadable
+	w.mu.Unlock()
+	if last == nil {
+		return c
+	}
+	out := *c
+	if out.serveUnreadable && !last.serveUnreadable {
+		out.serve, out.serveUnreadable = last.serve, false
+	}
+	if out.dnatUnreadable && !last.dnatUnreadable {
+		out.dnat, out.dnatUnreadable = last.dnat, false
+	}
+	return &out
 }
 
 // content returns the decoded documents of cm, decoding them only when cm is at another
@@ -608,18 +640,6 @@ func (w *groupWriter) content(cm *corev1.ConfigMap) *groupContent {
 		return d.content
 	}
 	c := decodeGroup(cm)
-	// A document made unreadable (edited by hand, or by a newer operator) is rebuilt from the
-	// last one read here, not from nothing: the owners whose entries it held are brought back
-	// one batch at a time, and a document written with only the first batch's entries would
-	// make the replicas withdraw the others meanwhile.
-	if ok && (c.serveUnreadable || c.dnatUnreadable) {
-		if c.serveUnreadable && !d.content.serveUnreadable {
-			c.serve, c.serveUnreadable = d.content.serve, false
-		}
-		if c.dnatUnreadable && !d.content.dnatUnreadable {
-			c.dnat, c.dnatUnreadable = d.content.dnat, false
-		}
-	}
 	w.remember(cm, c)
 	return c
 }
