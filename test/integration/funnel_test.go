@@ -17,7 +17,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/localtailnet"
@@ -39,19 +38,7 @@ func TestFunnelIngress(t *testing.T) {
 		t.Fatal(err)
 	}
 	const ns, pg = "public", "edge"
-	if err := w.k8s.Create(w.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		t.Fatal(err)
-	}
-	backend := newRecordingBackend(t, "web")
-	if err := w.k8s.Create(w.ctx, loopbackService(ns, "web", backend.port())); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.k8s.Create(w.ctx, &tsv1alpha1.ProxyGroup{
-		ObjectMeta: metav1.ObjectMeta{Name: pg},
-		Spec:       tsv1alpha1.ProxyGroupSpec{Type: tsv1alpha1.ProxyGroupTypeIngress, Replicas: ptr.To[int32](2)},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	backend := newHAGroupWithBackend(t, w, ns, pg)
 	newIngress := func(name string, annotations map[string]string) *networkingv1.Ingress {
 		annotations[controller.AnnotationFunnel] = "true"
 		return &networkingv1.Ingress{

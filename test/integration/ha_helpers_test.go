@@ -299,9 +299,9 @@ func freeUDPPort(t *testing.T) uint16 {
 	return uint16(c.LocalAddr().(*net.UDPAddr).Port)
 }
 
-// newHAIngressWorld creates namespace ns with a recording backend behind Service "web", a
-// ProxyGroup pg of two Ingress replicas, and Ingress "store" on it for host.
-func newHAIngressWorld(t *testing.T, w *world, ns, pg, host string) *networkingv1.Ingress {
+// newHAGroupWithBackend creates namespace ns with a recording backend behind Service "web", and
+// a ProxyGroup pg of two Ingress replicas.
+func newHAGroupWithBackend(t *testing.T, w *world, ns, pg string) *recordingBackend {
 	t.Helper()
 	if err := w.k8s.Create(w.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatal(err)
@@ -316,6 +316,13 @@ func newHAIngressWorld(t *testing.T, w *world, ns, pg, host string) *networkingv
 	}); err != nil {
 		t.Fatal(err)
 	}
+	return backend
+}
+
+// newHAIngressWorld is newHAGroupWithBackend with Ingress "store" on the group for host.
+func newHAIngressWorld(t *testing.T, w *world, ns, pg, host string) *networkingv1.Ingress {
+	t.Helper()
+	newHAGroupWithBackend(t, w, ns, pg)
 	ing := &networkingv1.Ingress{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "store", Annotations: map[string]string{controller.AnnotationProxyGroup: pg}},
 		Spec: networkingv1.IngressSpec{
