@@ -372,18 +372,19 @@ func (c *core) shutdown(u unit) {
 	u.drain()
 }
 
-// hostsTimer judges bring-your-own certificates again when one becomes valid or expires.
-type hostsTimer struct{ t *time.Timer }
+// wakeTimer wakes the loop at a set time: to judge bring-your-own certificates again when one
+// becomes valid or expires, or to advertise what has settled.
+type wakeTimer struct{ t *time.Timer }
 
-// at sets the next judgement; a zero next means none.
-func (h *hostsTimer) at(ctx context.Context, c *core, next time.Time) {
+// at sets the next wake; a zero next means none.
+func (h *wakeTimer) at(ctx context.Context, c *core, next time.Time) {
 	h.stop()
 	if !next.IsZero() {
 		h.t = time.AfterFunc(time.Until(next), func() { c.wake(ctx) })
 	}
 }
 
-func (h *hostsTimer) stop() {
+func (h *wakeTimer) stop() {
 	if h.t != nil {
 		h.t.Stop()
 	}

@@ -34,6 +34,15 @@ const (
 	// defaultWithdrawWait is how long a replica that stopped advertising keeps serving at
 	// shutdown: long enough for the control plane to tell clients, well within a Pod's grace.
 	defaultWithdrawWait = 5 * time.Second
+	// keepAliveCloseWait is how long a departing replica gives its clients to see their idle
+	// connections close before it withdraws: a tailnet round trip, with room to spare.
+	keepAliveCloseWait = 300 * time.Millisecond
+	// serviceProxySettle is how long a replica waits after installing a DNAT mapping before it
+	// advertises it. The cluster's service proxy may not yet route the ClusterIP of a Service
+	// created a moment ago (kube-proxy syncs at most once a second by default), and a connection
+	// whose first packet leaves the node before it does stays unrouted: the node's conntrack keeps
+	// that first decision for the connection's life.
+	serviceProxySettle = 2 * time.Second
 	// webRetryDelay separates a failed L7 service's drain from its next attempt.
 	webRetryDelay = 5 * time.Second
 )
@@ -54,13 +63,16 @@ type replica struct {
 
 	web      map[string]*webService
 	draining map[string]bool // L7 services whose previous server still drains
-	judge    hostsTimer      // judges bring-your-own certificates again when one expires
+	judge    wakeTimer      // judges bring-your-own certificates again when one expires
 
 	backendsOK map[string]bool // L7 services with a reachable backend, at the last check
 	checking   bool            // a backend check is under way
 	checkAgain bool            // asked for during one
 
 	advertised []string // as the node's prefs say, sorted
+
+	dnatSince map[string]time.Time // when each L3 service's mapping was last found installed
+	settle    wakeTimer            // advertises a mapping once it has settled
 
 	fun       *funnel // taking Funnel connections; nil while no service is served over Funnel
 	funnelErr string  // why Funnel could not be set up, at the last attempt
@@ -329,9 +341,36 @@ func (r *replica) reconcile(ctx context.Context) error {
 		// from being advertised until a later attempt succeeds.
 		r.l3.install(ctx, mappings, nil) //nolint:errcheck // logged, and retried after backoff
 	}
+	r.settle.at(ctx, r.core, r.noteInstalled(time.Now()))
 	r.reconcileWeb(ctx)
 	r.advertise(ctx)
 	return nil
+}
+
+// noteInstalled records when each DNAT mapping was found installed, and returns when the next
+// one settles (zero if none is pending).
+func (r *replica) noteInstalled(now time.Time) time.Time {
+	var fs contract.FirewallStatus
+	if r.l3 != nil && r.tunIPs != nil {
+		fs = r.l3.fwd.Status()
+	}
+	since := map[string]time.Time{}
+	var next time.Time
+	for name, m := range fs.Mappings {
+		if m.Error != "" {
+			continue
+		}
+		at, ok := r.dnatSince[name]
+		if !ok {
+			at = now
+		}
+		since[name] = at
+		if due := at.Add(serviceProxySettle); due.After(now) && (next.IsZero() || due.Before(next)) {
+			next = due
+		}
+	}
+	r.dnatSince = since
+	return next
 }
 
 // dnatMappings are the forwarder's mappings of the group's DNAT document, by service name.
@@ -622,7 +661,8 @@ func (r *replica) servable() []string {
 		_, inDNAT := r.dnat.Services[name]
 		m, installed := fs.Mappings[name]
 		web := inServe && e != nil && e.applied != nil && e.fqdn == r.fqdn(name) && e.certReady() && r.backendsOK[name]
-		if web || (inDNAT && installed && m.Error == "") {
+		settled := !r.dnatSince[name].IsZero() && time.Since(r.dnatSince[name]) >= serviceProxySettle
+		if web || (inDNAT && installed && m.Error == "" && settled) {
 			out = append(out, name)
 		}
 	}
@@ -714,11 +754,17 @@ func (r *replica) drain() {
 	}
 	if r.lc != nil && len(r.advertised) > 0 {
 		was := r.advertised
+		// Kept-alive connections close while clients still route the services here: once a
+		// client's route moves, it drops what this replica sends from the service's address, a
+		// FIN included, and would send its next request into a connection no one serves.
+		if len(r.web) > 0 {
+			for _, e := range r.web {
+				e.srv.StopKeepAlives()
+			}
+			time.Sleep(keepAliveCloseWait)
+		}
 		r.advertise(ctx)
 		r.sync(ctx, r) //nolint:errcheck // logged; the operator then sees the Pod go
-		for _, e := range r.web {
-			e.srv.StopKeepAlives()
-		}
 		r.log.Info("stopped advertising; serving on while clients move to other replicas", "services", was, "for", r.opts.GroupWithdrawWait)
 		time.Sleep(r.opts.GroupWithdrawWait)
 	}

@@ -414,6 +414,20 @@ func TestGroupL3(t *testing.T) {
 	if _, err := w.client.Up(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	// The first report of svc:db's rules in place does not advertise it yet: the cluster's
+	// service proxy gets time to route the Service's ClusterIP first.
+	var installed *contract.ProxyState
+	eventually(t, "svc:db's rules in place", func() bool {
+		installed = g.state(t)
+		if installed.Firewall == nil {
+			return false
+		}
+		m, ok := installed.Firewall.Mappings["svc:db"]
+		return ok && m.Error == ""
+	})
+	if slices.Contains(installed.Advertised, "svc:db") {
+		t.Errorf("svc:db advertised as soon as its rules were in place: %v", installed.Advertised)
+	}
 	st := g.waitAdvertised(t, "svc:db")
 	fw := st.Firewall
 	if fw == nil || fw.PodUID != "pod-a" || fw.Mappings["svc:db"].Error != "" || fw.Mappings["svc:bad"].Error == "" {

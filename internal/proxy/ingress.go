@@ -30,7 +30,7 @@ type ingress struct {
 	acme     *acmeCert // the certificate of the tailnet name; nil while the tailnet offers none
 	acmeStop context.CancelFunc
 	hosts    hostCerts // as last given to the server
-	judge    hostsTimer
+	judge    wakeTimer
 
 	fun        *funnel // taking Funnel connections for funnelName; nil while Funnel is off
 	funnelName string

@@ -175,7 +175,15 @@ func tailnetHTTPClient(timeout time.Duration) *http.Client {
 
 func expectEcho(ctx context.Context, hc *http.Client, base string) {
 	GinkgoHelper()
-	Eventually(ctx, func() error { return echoOnce(ctx, hc, base) }).Should(Succeed(), "GET %s/echo over the tailnet", base)
+	Eventually(ctx, func() error {
+		err := echoOnce(ctx, hc, base)
+		if err != nil {
+			// Not asked again: a connection made before the path was in place may lead elsewhere
+			// for its whole life (the node's conntrack keeps its first routing decision).
+			hc.CloseIdleConnections()
+		}
+		return err
+	}).Should(Succeed(), "GET %s/echo over the tailnet", base)
 }
 
 // echoOnce asks the backend at base to echo a fresh word, and fails unless it does.
