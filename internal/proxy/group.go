@@ -63,7 +63,7 @@ type replica struct {
 
 	web      map[string]*webService
 	draining map[string]bool // L7 services whose previous server still drains
-	judge    wakeTimer      // judges bring-your-own certificates again when one expires
+	judge    wakeTimer       // judges bring-your-own certificates again when one expires
 
 	backendsOK map[string]bool // L7 services with a reachable backend, at the last check
 	checking   bool            // a backend check is under way
