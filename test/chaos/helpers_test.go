@@ -210,6 +210,21 @@ func expectServing(ctx context.Context, r request, what string) {
 type loadResult struct {
 	sent, failed int64
 	errs         []string // the first failures
+	spans        []span   // of every failed request
+}
+
+// span is when a request was sent and when it ended.
+type span struct{ start, end time.Time }
+
+// atMoves counts the failures in flight while the client's route to their service moved.
+func (l loadResult) atMoves(m *routeMoves) int {
+	n := 0
+	for _, s := range l.spans {
+		if m.during(s.start, s.end) {
+			n++
+		}
+	}
+	return n
 }
 
 func (l loadResult) String() string {
@@ -226,6 +241,7 @@ func load(ctx context.Context, rate int, d time.Duration, r request) loadResult 
 	var sent, failed atomic.Int64
 	var mu sync.Mutex
 	var errs []string
+	var spans []span
 	var wg sync.WaitGroup
 	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
@@ -242,11 +258,13 @@ loop:
 		wg.Go(func() {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
+			start := time.Now()
 			err := r(rctx)
 			sent.Add(1)
 			if err != nil {
 				failed.Add(1)
 				mu.Lock()
+				spans = append(spans, span{start, time.Now()})
 				if len(errs) < 3 {
 					errs = append(errs, time.Now().Format("15:04:05.0")+" "+strings.TrimSpace(err.Error()))
 				}
@@ -255,7 +273,7 @@ loop:
 		})
 	}
 	wg.Wait()
-	return loadResult{sent: sent.Load(), failed: failed.Load(), errs: errs}
+	return loadResult{sent: sent.Load(), failed: failed.Load(), errs: errs, spans: spans}
 }
 
 // background runs load until stop is called, which returns its result.
