@@ -11,7 +11,6 @@ import (
 
 	"tailscale.com/ipn"
 	"tailscale.com/tailcfg"
-	"tailscale.com/types/netmap"
 )
 
 // routeMoves records when the test client's route to a Tailscale Service address moved from one
@@ -28,23 +27,37 @@ func watchRoutes(ctx context.Context) (*routeMoves, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := lc.WatchIPNBus(ctx, ipn.NotifyInitialNetMap)
+	// On Linux the bus carries a netmap only at first; peer changes come as deltas.
+	w, err := lc.WatchIPNBus(ctx, ipn.NotifyInitialNetMap|ipn.NotifyPeerChanges)
 	if err != nil {
 		return nil, err
 	}
 	m := &routeMoves{}
 	go func() {
 		defer w.Close()
+		peers := map[tailcfg.NodeID]tailcfg.NodeView{}
 		var last map[netip.Prefix]tailcfg.StableNodeID
 		for {
 			n, err := w.Next()
 			if err != nil {
 				return
 			}
-			if n.NetMap == nil {
+			if n.NetMap == nil && n.PeersChanged == nil && n.PeersRemoved == nil {
 				continue
 			}
-			now := serviceRoutes(n.NetMap)
+			if n.NetMap != nil {
+				clear(peers)
+				for _, p := range n.NetMap.Peers {
+					peers[p.ID()] = p
+				}
+			}
+			for _, p := range n.PeersChanged {
+				peers[p.ID] = p.View()
+			}
+			for _, id := range n.PeersRemoved {
+				delete(peers, id)
+			}
+			now := serviceRoutes(peers)
 			if last != nil && movedAny(last, now) {
 				m.mu.Lock()
 				m.times = append(m.times, time.Now())
@@ -58,9 +71,9 @@ func watchRoutes(ctx context.Context) (*routeMoves, error) {
 
 // serviceRoutes maps each address a peer is routed for beyond its own (Tailscale Service
 // addresses) to that peer.
-func serviceRoutes(nm *netmap.NetworkMap) map[netip.Prefix]tailcfg.StableNodeID {
+func serviceRoutes(peers map[tailcfg.NodeID]tailcfg.NodeView) map[netip.Prefix]tailcfg.StableNodeID {
 	out := map[netip.Prefix]tailcfg.StableNodeID{}
-	for _, p := range nm.Peers {
+	for _, p := range peers {
 		own := p.Addresses().AsSlice()
 		for _, pfx := range p.AllowedIPs().All() {
 			if !slices.Contains(own, pfx) {
