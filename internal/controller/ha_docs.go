@@ -343,6 +343,24 @@ func (w *groupWriter) flush(pg string, batch []func(*groupShards)) []error {
 	}
 }
 
+// holds reports whether group pg's documents, as last read or written here, already hold what
+// has looks for in the home shard of svcName. A change that would write it again is then left
+// out, as if applied to that version: most passes over an object on a group change nothing
+// there, and would otherwise each wait for a turn at the writer. Changes queued meanwhile by
+// others are ordered after it, as they would be after a write.
+func (w *groupWriter) holds(ctx context.Context, pg, svcName string, has func(*groupContent) bool) bool {
+	cms, err := w.read(ctx, w.client, group{pg}.configMap())
+	if err != nil {
+		return false
+	}
+	cm := cms[contract.ShardOf(svcName, len(cms))]
+	if cm == nil {
+		return false
+	}
+	c := w.content(cm)
+	return !c.serveUnreadable && !c.dnatUnreadable && has(c)
+}
+
 // read gets a group's shards, by index: nil for a shard not created yet. The first must exist
 // (the ProxyGroup reconciler creates it).
 func (w *groupWriter) read(ctx context.Context, reader client.Reader, main string) ([]*corev1.ConfigMap, error) {
@@ -360,7 +378,7 @@ func (w *groupWriter) read(ctx context.Context, reader client.Reader, main strin
 	if err != nil {
 		return nil, err
 	}
-	count, err := contract.ShardCount(cmData(first))
+	count, err := contract.ShardCountOf(first.Data)
 	if err != nil {
 		return nil, fmt.Errorf("group ConfigMap %s: %w", main, err)
 	}
