@@ -87,11 +87,8 @@ func ownWrites(finalizer string) predicate.Funcs {
 // sameButFinalizer reports whether two versions of an object's metadata differ at most by
 // finalizer being added (and so in resourceVersion and managed fields).
 func sameButFinalizer(a, b metav1.ObjectMeta, finalizer string) bool {
-	fa := a.Finalizers
-	if !slices.Contains(fa, finalizer) {
-		fa = append(slices.Clone(fa), finalizer)
-	}
-	if !slices.Equal(fa, b.Finalizers) {
+	if !slices.Equal(a.Finalizers, b.Finalizers) &&
+		(slices.Contains(a.Finalizers, finalizer) || !slices.Equal(append(slices.Clone(a.Finalizers), finalizer), b.Finalizers)) {
 		return false
 	}
 	a.Finalizers, b.Finalizers = nil, nil
