@@ -370,3 +370,24 @@ func mustShards(t *testing.T, c client.Client) []*corev1.ConfigMap {
 	cms, _ := storedShards(t, c, 4<<10)
 	return cms
 }
+
+// Readers at two versions in turn (the cache, and the writer's last write ahead of it) find
+// both decoded; only versions beyond keptVersions are dropped.
+func TestGroupWriterKeepsRecentVersions(t *testing.T) {
+	w := newGroupWriter(nil, nil, "ns", 0)
+	at := func(rv int) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: group{"pg"}.configMap(), ResourceVersion: fmt.Sprint(rv)}}
+	}
+	a, b := w.content(at(1)), w.content(at(2))
+	for range 3 {
+		if w.content(at(1)) != a || w.content(at(2)) != b {
+			t.Fatal("a version read in turn with another was decoded again")
+		}
+	}
+	for rv := 3; rv < 3+keptVersions; rv++ {
+		w.content(at(rv))
+	}
+	if w.content(at(1)) == a {
+		t.Errorf("more than %d versions kept", keptVersions)
+	}
+}
