@@ -64,6 +64,18 @@ func ShardCount(main map[string][]byte) (int, error) {
 	return indexCount(GroupShardIndexes, main, func(s *GroupShards) int { return s.Count })
 }
 
+// ShardCountOf is ShardCount of a ConfigMap's data as strings, without copying its documents.
+func ShardCountOf(main map[string]string) (int, error) {
+	re := GroupShardIndexes.keyPattern()
+	idx := map[string][]byte{}
+	for k, v := range main {
+		if re.MatchString(k) {
+			idx[k] = []byte(v)
+		}
+	}
+	return ShardCount(idx)
+}
+
 // indexCount reads the count of a shard index in data: 1 without one. An empty value is no
 // index, as a writer's way of removing it.
 func indexCount[T any](c codec[T], data map[string][]byte, count func(*T) int) (int, error) {

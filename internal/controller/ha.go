@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -122,12 +123,32 @@ func ownerOf(kind string, obj client.Object) string {
 
 // setServe sets (or, with ws nil, removes) one service's entry in a group's Serve config.
 func (d groupDocs) setServe(ctx context.Context, pg, svcName string, ws *contract.WebService, owner string) error {
+	if ws != nil && d.w.holds(ctx, pg, svcName, func(g *groupContent) bool {
+		cur, ok := g.serve.Services[svcName]
+		return ok && g.owners[svcName] == owner && sameJSON(cur, *ws)
+	}) {
+		return nil
+	}
 	return d.w.change(ctx, pg, func(g *groupShards) { g.setServe(svcName, ws, owner) })
 }
 
 // setDNAT sets (or, with m nil, removes) one service's entry in a group's DNAT mappings.
 func (d groupDocs) setDNAT(ctx context.Context, pg, svcName string, m *contract.DNATService, owner string) error {
+	if m != nil && d.w.holds(ctx, pg, svcName, func(g *groupContent) bool {
+		cur, ok := g.dnat.Services[svcName]
+		return ok && g.owners[svcName] == owner && sameJSON(cur, *m)
+	}) {
+		return nil
+	}
 	return d.w.change(ctx, pg, func(g *groupShards) { g.setDNAT(svcName, m, owner) })
+}
+
+// sameJSON reports whether two entries are written the same: one decoded from a document and
+// one built by a reconciler may differ in empty fields that encode alike.
+func sameJSON[V any](a, b V) bool {
+	x, errA := json.Marshal(a)
+	y, errB := json.Marshal(b)
+	return errA == nil && errB == nil && bytes.Equal(x, y)
 }
 
 // errConfigFull says a group's documents would outgrow its ConfigMaps.

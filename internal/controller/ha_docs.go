@@ -266,11 +266,21 @@ type groupWriter struct {
 }
 
 type decodedContent struct {
-	resourceVersion string
-	content         *groupContent
+	// recent are the contents of the last versions decoded or written, newest first. Readers
+	// at one version (the cache, an event's old and new objects) and at another (the writer's
+	// last write, newer than the cache) then do not decode again and again in turn.
+	recent []versionContent
 	// lastReadable is the last content whose documents could all be read; nil for none.
 	lastReadable *groupContent
 }
+
+type versionContent struct {
+	resourceVersion string
+	content         *groupContent
+}
+
+// keptVersions is how many versions of a ConfigMap's content are kept.
+const keptVersions = 4
 
 func newGroupWriter(c client.Client, api client.Reader, namespace string, shardBytes int) *groupWriter {
 	w := &groupWriter{client: c, api: api, namespace: namespace, decoded: map[string]decodedContent{}, shardBytes: cmp.Or(shardBytes, maxShardBytes)}
@@ -343,6 +353,24 @@ func (w *groupWriter) flush(pg string, batch []func(*groupShards)) []error {
 	}
 }
 
+// holds reports whether group pg's documents, as last read or written here, already hold what
+// has looks for in the home shard of svcName. A change that would write it again is then left
+// out, as if applied to that version: most passes over an object on a group change nothing
+// there, and would otherwise each wait for a turn at the writer. Changes queued meanwhile by
+// others are ordered after it, as they would be after a write.
+func (w *groupWriter) holds(ctx context.Context, pg, svcName string, has func(*groupContent) bool) bool {
+	cms, err := w.read(ctx, w.client, group{pg}.configMap())
+	if err != nil {
+		return false
+	}
+	cm := cms[contract.ShardOf(svcName, len(cms))]
+	if cm == nil {
+		return false
+	}
+	c := w.content(cm)
+	return !c.serveUnreadable && !c.dnatUnreadable && has(c)
+}
+
 // read gets a group's shards, by index: nil for a shard not created yet. The first must exist
 // (the ProxyGroup reconciler creates it).
 func (w *groupWriter) read(ctx context.Context, reader client.Reader, main string) ([]*corev1.ConfigMap, error) {
@@ -360,7 +388,7 @@ func (w *groupWriter) read(ctx context.Context, reader client.Reader, main strin
 	if err != nil {
 		return nil, err
 	}
-	count, err := contract.ShardCount(cmData(first))
+	count, err := contract.ShardCountOf(first.Data)
 	if err != nil {
 		return nil, fmt.Errorf("group ConfigMap %s: %w", main, err)
 	}
@@ -597,9 +625,15 @@ func isDigits(s string) bool {
 func (w *groupWriter) remember(cm *corev1.ConfigMap, content *groupContent) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	d := decodedContent{resourceVersion: cm.ResourceVersion, content: content, lastReadable: content}
-	if prev, ok := w.decoded[cm.Name]; ok && (content.serveUnreadable || content.dnatUnreadable) {
+	prev, ok := w.decoded[cm.Name]
+	d := decodedContent{recent: []versionContent{{cm.ResourceVersion, content}}, lastReadable: content}
+	if ok && (content.serveUnreadable || content.dnatUnreadable) {
 		d.lastReadable = prev.lastReadable
+	}
+	for _, v := range prev.recent {
+		if len(d.recent) < keptVersions && v.resourceVersion != cm.ResourceVersion {
+			d.recent = append(d.recent, v)
+		}
 	}
 	w.decoded[cm.Name] = d
 }
@@ -630,15 +664,17 @@ func (w *groupWriter) base(cm *corev1.ConfigMap) *groupContent {
 	return &out
 }
 
-// content returns the decoded documents of cm, decoding them only when cm is at another
-// resourceVersion than last time. The result is shared: callers must not change it.
+// content returns the decoded documents of cm, decoding them only when cm is at none of the
+// resourceVersions kept. The result is shared: callers must not change it.
 func (w *groupWriter) content(cm *corev1.ConfigMap) *groupContent {
 	w.mu.Lock()
-	d, ok := w.decoded[cm.Name]
-	w.mu.Unlock()
-	if ok && d.resourceVersion == cm.ResourceVersion {
-		return d.content
+	for _, v := range w.decoded[cm.Name].recent {
+		if v.resourceVersion == cm.ResourceVersion {
+			w.mu.Unlock()
+			return v.content
+		}
 	}
+	w.mu.Unlock()
 	c := decodeGroup(cm)
 	w.remember(cm, c)
 	return c

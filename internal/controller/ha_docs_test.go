@@ -290,3 +290,104 @@ func TestGroupWriterRebuildsUnreadableDocumentFromLastRead(t *testing.T) {
 		}
 	}
 }
+
+// A change the documents already hold takes no turn at the writer; any other does: another
+// owner, another entry, a document this build cannot read, an entry removed by someone else.
+func TestGroupDocsSkipWhatTheyHold(t *testing.T) {
+	w, c := shardedWriter(t, 4<<10)
+	ctx := context.Background()
+	d := groupDocs{Client: c, namespace: "ns", w: w}
+	flushes := 0
+	flush := w.batch.flush
+	w.batch.flush = func(key string, batch []func(*groupShards)) []error {
+		flushes++
+		return flush(key, batch)
+	}
+	name := func(i int) string { return fmt.Sprintf("svc:site-%03d", i) }
+	for i := range 40 {
+		if err := d.setServe(ctx, "pg", name(i), webEntry("/"+name(i)), "Ingress/apps/"+name(i)); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.setDNAT(ctx, "pg", name(i), &contract.DNATService{VIPs: []string{"100.100.0.1"}, Destination: contract.Destination{DNSName: "db.apps.svc"}}, "Ingress/apps/"+name(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cms, _ := storedShards(t, c, 4<<10); len(cms) < 2 {
+		t.Fatalf("%d shards; the test wants several", len(cms))
+	}
+	step := func(what string, wantFlush bool, set func() error) {
+		t.Helper()
+		before := flushes
+		if err := set(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got := flushes > before; got != wantFlush {
+			t.Errorf("%s: written %v, want %v", what, got, wantFlush)
+		}
+	}
+	for i := range 40 {
+		step("the same Serve entry", false, func() error {
+			return d.setServe(ctx, "pg", name(i), webEntry("/"+name(i)), "Ingress/apps/"+name(i))
+		})
+		step("the same DNAT entry", false, func() error {
+			return d.setDNAT(ctx, "pg", name(i), &contract.DNATService{VIPs: []string{"100.100.0.1"}, Destination: contract.Destination{DNSName: "db.apps.svc"}}, "Ingress/apps/"+name(i))
+		})
+	}
+	step("another owner", true, func() error { return d.setServe(ctx, "pg", name(1), webEntry("/"+name(1)), "Ingress/other/x") })
+	step("another entry", true, func() error { return d.setServe(ctx, "pg", name(2), webEntry("/changed"), "Ingress/apps/"+name(2)) })
+	step("another DNAT entry", true, func() error {
+		return d.setDNAT(ctx, "pg", name(3), &contract.DNATService{VIPs: []string{"100.100.0.2"}, Destination: contract.Destination{DNSName: "db.apps.svc"}}, "Ingress/apps/"+name(3))
+	})
+
+	// Removed by another writer, then edited by hand into a version this build cannot read.
+	for _, err := range w.flush("pg", []func(*groupShards){func(g *groupShards) { g.setServe(name(4), nil, "") }}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	step("an entry removed", true, func() error { return d.setServe(ctx, "pg", name(4), webEntry("/"+name(4)), "Ingress/apps/"+name(4)) })
+	home := contract.ShardName(group{"pg"}.configMap(), contract.ShardOf(name(5), len(mustShards(t, c))))
+	cm := &corev1.ConfigMap{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "ns", Name: home}, cm); err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["dnat-config.v99.json"] = `{"version":99}`
+	for k := range cm.Data {
+		if strings.HasPrefix(k, "dnat-config.v") && k != "dnat-config.v99.json" {
+			delete(cm.Data, k)
+		}
+	}
+	if err := c.Update(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	step("a document this build cannot read", true, func() error {
+		return d.setServe(ctx, "pg", name(5), webEntry("/"+name(5)), "Ingress/apps/"+name(5))
+	})
+}
+
+func mustShards(t *testing.T, c client.Client) []*corev1.ConfigMap {
+	t.Helper()
+	cms, _ := storedShards(t, c, 4<<10)
+	return cms
+}
+
+// Readers at two versions in turn (the cache, and the writer's last write ahead of it) find
+// both decoded; only versions beyond keptVersions are dropped.
+func TestGroupWriterKeepsRecentVersions(t *testing.T) {
+	w := newGroupWriter(nil, nil, "ns", 0)
+	at := func(rv int) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: group{"pg"}.configMap(), ResourceVersion: fmt.Sprint(rv)}}
+	}
+	a, b := w.content(at(1)), w.content(at(2))
+	for range 3 {
+		if w.content(at(1)) != a || w.content(at(2)) != b {
+			t.Fatal("a version read in turn with another was decoded again")
+		}
+	}
+	for rv := 3; rv < 3+keptVersions; rv++ {
+		w.content(at(rv))
+	}
+	if w.content(at(1)) == a {
+		t.Errorf("more than %d versions kept", keptVersions)
+	}
+}

@@ -9,12 +9,15 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/tsingress/tsingress/internal/contract"
@@ -62,6 +65,37 @@ func indexGroupObjects(mgr ctrl.Manager) error {
 // and the writers batch what they write at once, so that the more wait together, the more
 // each write carries: with many objects on a group, throughput grows with this number.
 var haControllerOptions = controller.Options{MaxConcurrentReconciles: 128}
+
+// ownWrites drops the update events of an object on a ProxyGroup that show only what its
+// reconciler wrote: its status, or its finalizer added. Each ran one more pass that found
+// nothing to do, through the tailnet's API and the group writer; with many objects on a group
+// such passes were most of what the writer waited for.
+func ownWrites(finalizer string) predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		switch old := e.ObjectOld.(type) {
+		case *networkingv1.Ingress:
+			cur, ok := e.ObjectNew.(*networkingv1.Ingress)
+			return !ok || !equality.Semantic.DeepEqual(old.Spec, cur.Spec) || !sameButFinalizer(old.ObjectMeta, cur.ObjectMeta, finalizer)
+		case *corev1.Service:
+			cur, ok := e.ObjectNew.(*corev1.Service)
+			return !ok || !equality.Semantic.DeepEqual(old.Spec, cur.Spec) || !sameButFinalizer(old.ObjectMeta, cur.ObjectMeta, finalizer)
+		}
+		return true
+	}}
+}
+
+// sameButFinalizer reports whether two versions of an object's metadata differ at most by
+// finalizer being added (and so in resourceVersion and managed fields).
+func sameButFinalizer(a, b metav1.ObjectMeta, finalizer string) bool {
+	if !slices.Equal(a.Finalizers, b.Finalizers) &&
+		(slices.Contains(a.Finalizers, finalizer) || !slices.Equal(append(slices.Clone(a.Finalizers), finalizer), b.Finalizers)) {
+		return false
+	}
+	a.Finalizers, b.Finalizers = nil, nil
+	a.ResourceVersion, b.ResourceVersion = "", ""
+	a.ManagedFields, b.ManagedFields = nil, nil
+	return equality.Semantic.DeepEqual(a, b)
+}
 
 // groupEvents maps the events of a ProxyGroup's own objects to the objects of one kind
 // ("Ingress" or "Service") served on it that they concern:

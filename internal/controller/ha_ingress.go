@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -363,7 +364,7 @@ func (r *HAIngressReconciler) SetupWithManager(mgr ctrl.Manager, docs groupDocs,
 	r.docs, r.services = docs, services
 	group := groupEvents{c: r.Client, docs: docs, kind: "Ingress", all: r.onGroup}.handler()
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&networkingv1.Ingress{}).
+		For(&networkingv1.Ingress{}, builder.WithPredicates(ownWrites(FinalizerIngressPG))).
 		Named("ingress-proxygroup").
 		WithOptions(haControllerOptions).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {

@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -295,7 +296,7 @@ func (r *HAServiceReconciler) SetupWithManager(mgr ctrl.Manager, docs groupDocs,
 	r.standalone = ServiceReconciler{Settings: r.Settings}
 	group := groupEvents{c: r.Client, docs: docs, kind: "Service", all: r.onGroup}.handler()
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&corev1.Service{}).
+		For(&corev1.Service{}, builder.WithPredicates(ownWrites(FinalizerServicePG))).
 		Named("service-proxygroup").
 		WithOptions(haControllerOptions).
 		Watches(&tsv1alpha1.ProxyGroup{}, group).

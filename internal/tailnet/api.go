@@ -41,6 +41,9 @@ var _ Client = (*APIClient)(nil)
 
 const requestTimeout = 30 * time.Second
 
+// maxIdleConns is how many connections to the API are kept for reuse.
+const maxIdleConns = 64
+
 // NewAPIClient returns a client for the API described by cfg. It does not contact the API;
 // missing credential files show up as errors of the first call.
 func NewAPIClient(cfg APIConfig) (*APIClient, error) {
@@ -55,7 +58,10 @@ func NewAPIClient(cfg APIConfig) (*APIClient, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	rt := http.DefaultTransport
+	// The reconcilers of a large ProxyGroup call the API side by side. HTTP/1.1 keeps two idle
+	// connections per host by default and dials (with TLS) for every other request.
+	rt := http.DefaultTransport.(*http.Transport).Clone()
+	rt.MaxIdleConnsPerHost = maxIdleConns
 	creds := &fileCredentials{
 		idFile:     cfg.ClientIDFile,
 		secretFile: cfg.ClientSecretFile,
