@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 
+	"golang.org/x/sync/errgroup"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -155,7 +156,7 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 			r.secret(g, g.replicas().stateSecret(i), secretTypeState, i, nil))
 		objs = append(objs, r.reportSecrets(g, i, shards)...)
 	}
-	objs = append(objs, proxyPods{
+	pods := proxyPods{
 		name:      g.name,
 		namespace: ns,
 		labels:    g.labels(),
@@ -167,17 +168,31 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 		caBundle:  r.Settings.ProxyCAConfigMap,
 		noLogs:    r.Settings.ProxyNoLogs,
 		class:     class,
-	}.build())
-	for _, obj := range objs {
+	}.build()
+	for _, obj := range append(objs, pods) {
 		if err := controllerutil.SetControllerReference(pg, obj, r.Scheme()); err != nil {
 			return err
 		}
-		if err := apply(ctx, r.Client, obj); err != nil {
-			return err
-		}
+	}
+	// A group has some thirty children, applied on every change of its documents: in turn,
+	// with a busy API server, that took seconds, which every new service waited for in the
+	// replicas' config. The Pods come after what they read.
+	var applies errgroup.Group
+	applies.SetLimit(childApplies)
+	for _, obj := range objs {
+		applies.Go(func() error { return apply(ctx, r.Client, obj) })
+	}
+	if err := applies.Wait(); err != nil {
+		return err
+	}
+	if err := apply(ctx, r.Client, pods); err != nil {
+		return err
 	}
 	return applyMetricsObjects(ctx, r.Client, pg, g.name, ns, g.labels(), g.labels(), class)
 }
+
+// childApplies is how many of a group's children are applied at once.
+const childApplies = 8
 
 // groupConfigMap returns the group's ConfigMap as the reconciler owns it (metadata only: the
 // HA Ingress and Service reconcilers own its documents and its other shards), the Tailscale

@@ -139,7 +139,15 @@ var _ = AfterSuite(func(ctx SpecContext) {
 	if suite.client == nil {
 		return
 	}
-	suite.client.Close()
+	// tsnet's Close can hang in netstack (v1.102: aborting a connection while the outbound queue
+	// is full, nobody draining it); the device is deleted below either way.
+	closed := make(chan struct{})
+	go func() { suite.client.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		GinkgoWriter.Println("the test client's tsnet node did not close within 30s; going on")
+	}
 	Expect(suite.api.DeleteDevice(ctx, suite.clientID)).To(Succeed(), "deleting the client's device")
 	searchCredentials(ctx)
 	Expect(suite.report.flush()).To(Succeed())
