@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"tailscale.com/ipn"
@@ -58,22 +59,41 @@ type sample struct {
 	bytes        int64
 	dur          time.Duration
 	p99          time.Duration
+	cpu          time.Duration // the whole process's, client and every node included
 }
 
 func (s sample) rate() float64     { return float64(s.reqs) / s.dur.Seconds() }
 func (s sample) mbPerSec() float64 { return float64(s.bytes) / 1e6 / s.dur.Seconds() }
+
+// cpuPer is the process's CPU time per request, or per MB: steadier than the rates on a busy
+// machine, where a path's rate is mostly the CPU it needs.
+func (s sample) cpuPer(byBytes bool) string {
+	if byBytes {
+		return fmt.Sprintf("%.1f cpu-ms/MB", float64(s.cpu.Microseconds())/1e3/(float64(s.bytes)/1e6))
+	}
+	return fmt.Sprintf("%.0f cpu-µs/req", float64(s.cpu.Microseconds())/float64(s.reqs))
+}
+
+// processCPU is the process's user and system CPU time so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
 
 // quiet drops what servers log about clients cut off at the end of a sample.
 var quiet = log.New(io.Discard, "", 0)
 
 // dataPath is the tailnet, the backend and the four ways to it.
 type dataPath struct {
-	lt      *localtailnet.LocalTailnet
-	backend *http.Server
-	nodes   []*tsnet.Server
-	targets []target
-	ours    *web.Server
-	roots   *tls.Config
+	lt         *localtailnet.LocalTailnet
+	backend    *http.Server
+	nodes      []*tsnet.Server
+	targets    []target
+	scenarios  []scenario // what measure runs
+	backendURL string     // the backend's
+	ours       *web.Server
+	roots      *tls.Config
 }
 
 func smallBackend() http.Handler {
@@ -94,7 +114,7 @@ func startDataPath(ctx context.Context) (*dataPath, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &dataPath{lt: lt}
+	d := &dataPath{lt: lt, scenarios: scenarios}
 	if err := lt.ACME.UseInProcess(func(k, v string) { os.Setenv(k, v) }); err != nil {
 		return nil, err
 	}
@@ -105,6 +125,7 @@ func startDataPath(ctx context.Context) (*dataPath, error) {
 	d.backend = &http.Server{Handler: smallBackend()}
 	go d.backend.Serve(bln)
 	backendURL := "http://" + bln.Addr().String()
+	d.backendURL = backendURL
 
 	up := func(name string, user bool) (*tsnet.Server, error) {
 		// The client is a person's device, so that both proxies set identity headers.
@@ -263,7 +284,7 @@ func (d *dataPath) run(ctx context.Context, t target, sc scenario, dur time.Dura
 		firstErr  error
 		wg        sync.WaitGroup
 	)
-	start := time.Now()
+	start, cpu := time.Now(), processCPU()
 	for range sc.clients {
 		wg.Add(1)
 		go func() {
@@ -304,7 +325,7 @@ func (d *dataPath) run(ctx context.Context, t target, sc scenario, dur time.Dura
 		}()
 	}
 	wg.Wait()
-	s := sample{reqs: len(latencies), failed: int(failed.Load()), bytes: bytes.Load(), dur: time.Since(start)}
+	s := sample{reqs: len(latencies), failed: int(failed.Load()), bytes: bytes.Load(), dur: time.Since(start), cpu: processCPU() - cpu}
 	if s.reqs == 0 {
 		return s, cmpErr(firstErr, errors.New("no request succeeded"))
 	}
@@ -333,7 +354,7 @@ type dataPathResult struct {
 // share whatever else the machine does at the time.
 func (d *dataPath) measure(ctx context.Context, samples int, dur time.Duration, logf func(string, ...any)) ([]dataPathResult, error) {
 	var out []dataPathResult
-	for _, sc := range scenarios {
+	for _, sc := range d.scenarios {
 		all := map[string][]sample{}
 		for i := range samples {
 			order := slices.Clone(d.targets)
@@ -356,6 +377,17 @@ func (d *dataPath) measure(ctx context.Context, samples int, dur time.Duration, 
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// only keeps the targets whose names start with one of paths (comma-separated) and the
+// scenarios whose names contain name; empty keeps all.
+func (d *dataPath) only(paths, name string) {
+	if paths != "" {
+		d.targets = slices.DeleteFunc(d.targets, func(t target) bool {
+			return !slices.ContainsFunc(strings.Split(paths, ","), func(p string) bool { return strings.HasPrefix(t.name, strings.TrimSpace(p)) })
+		})
+	}
+	d.scenarios = slices.DeleteFunc(slices.Clone(scenarios), func(sc scenario) bool { return !strings.Contains(sc.name, name) })
 }
 
 // median picks the median sample by rate, with the median p99 of the samples.
@@ -407,7 +439,7 @@ func (r dataPathResult) ratio() float64 {
 func (r dataPathResult) summary(ts []target) string {
 	var parts []string
 	for _, t := range ts {
-		parts = append(parts, t.name+" "+r.value(t.name))
+		parts = append(parts, t.name+" "+r.value(t.name)+" ("+r.medians[t.name].cpuPer(r.sc.bytes)+")")
 	}
 	return strings.Join(parts, "; ") + fmt.Sprintf("; ratio %.2f×", r.ratio())
 }

@@ -93,7 +93,7 @@ func (d *dataPath) measureFirst200(ctx context.Context, i int) (firstResult, err
 	srv.SetName(fqdn)
 	srv.SetCertificate(cert)
 	if err := srv.Apply(contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix,
-		Backend: contract.Backend{URL: d.targets[3].base}}}}); err != nil {
+		Backend: contract.Backend{URL: d.backendURL}}}}); err != nil {
 		return res, err
 	}
 	defer srv.Shutdown(context.Background())

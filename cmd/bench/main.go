@@ -63,6 +63,9 @@ func main() {
 		pprofAddr  = flag.String("operator-pprof", "", "control plane: have the operator serve its profiles at this address")
 		port       = flag.Uint("first200-port", 0, "first 200: the new nodes' WireGuard port (0: random)")
 		cpuProfile = flag.String("cpuprofile", "", "write a CPU profile of the bench's own process")
+		memProfile = flag.String("memprofile", "", "write an allocation profile of the bench's own process at the end")
+		paths      = flag.String("paths", "", "data path: only the paths whose names start with these (comma-separated: ours, original, plain, direct), to profile one at a time")
+		only       = flag.String("scenarios", "", "data path: only the scenarios whose names contain this")
 	)
 	flag.Parse()
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
@@ -92,6 +95,7 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
+		d.only(*paths, *only)
 		rep.targets = d.targets
 		if want["datapath"] {
 			if rep.dataPath, err = d.measure(ctx, *samples, *sampleDur, log.Printf); err != nil {
@@ -150,6 +154,14 @@ func main() {
 				log.Fatal(err)
 			}
 		}
+	}
+	if *memProfile != "" {
+		f, err := os.Create(*memProfile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		pprof.Lookup("allocs").WriteTo(f, 0)
+		f.Close()
 	}
 	rep.finished, rep.loadAfter = time.Now(), loadAverage()
 	md := rep.markdown()
