@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"tailscale.com/ipn"
 	"tailscale.com/ipn/store/mem"
 	"tailscale.com/tsnet"
@@ -163,7 +164,9 @@ func startDataPath(ctx context.Context) (*dataPath, error) {
 		return nil, err
 	}
 	oursLC, _ := oursNode.LocalClient()
-	d.ours = web.NewServer(web.Config{Listen: oursNode.Listen, WhoIs: oursLC.WhoIs, Logger: slog.New(slog.DiscardHandler)})
+	// With the request metrics, as a proxy counts its requests.
+	d.ours = web.NewServer(web.Config{Listen: oursNode.Listen, WhoIs: oursLC.WhoIs, Logger: slog.New(slog.DiscardHandler),
+		Metrics: web.NewMetrics(prometheus.NewRegistry())})
 	d.ours.SetName(oursName)
 	cert, err := nodeCert(ctx, oursNode, oursName)
 	if err != nil {
