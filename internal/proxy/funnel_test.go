@@ -62,6 +62,7 @@ func TestStandaloneFunnel(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitReady(t, health, done)
+	w.waitPeer(t, "web.tailnet.test")
 	eventually(t, "Funnel reported not permitted", func() bool {
 		st, ok := funnelState()
 		return ok && st.Reason == contract.FunnelNotPermitted && strings.Contains(st.Message, "funnel")

@@ -100,6 +100,7 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitReady(t, health, done)
+	w.waitPeer(t, "web.tailnet.test")
 	if code, _ := scrape(t, health); code != http.StatusNotFound {
 		t.Fatalf("/metrics answers %d while the config does not enable them; want 404", code)
 	}

@@ -256,6 +256,28 @@ func waitReady(t *testing.T, health string, done <-chan error) {
 	})
 }
 
+// waitPeer waits until the client's netmap holds fqdn: until then its dialer asks the host's
+// resolver, which does not know tailnet names.
+func (w *world) waitPeer(t *testing.T, fqdn string) {
+	t.Helper()
+	lc, err := w.client.LocalClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the client to know "+fqdn, func() bool {
+		st, err := lc.Status(t.Context())
+		if err != nil {
+			return false
+		}
+		for _, p := range st.Peer {
+			if strings.TrimSuffix(p.DNSName, ".") == fqdn {
+				return true
+			}
+		}
+		return false
+	})
+}
+
 func waitDone(t *testing.T, done <-chan error) error {
 	t.Helper()
 	select {
@@ -326,6 +348,7 @@ func TestRunFromSecret(t *testing.T) {
 	}
 	waitReady(t, health, done)
 	const fqdn = "web.tailnet.test"
+	w.waitPeer(t, fqdn)
 	base := "https://" + fqdn
 
 	var deviceID string
@@ -520,6 +543,7 @@ func TestRunFromDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitReady(t, health, done)
+	w.waitPeer(t, "web.tailnet.test")
 	base := "https://web.tailnet.test"
 	if r := w.get(t, base+"/metrics", nil); r.body != "b /metrics" {
 		t.Errorf("/metrics: %q", r.body)
