@@ -74,10 +74,11 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err := addFinalizer(ctx, r.Client, pg, FinalizerName); err != nil {
 		return ctrl.Result{}, err
 	}
-	devices, err := r.devices(ctx, g, replicas(pg))
+	reps, err := r.readReplicas(ctx, g, replicas(pg))
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	devices := replicaDevices(reps)
 	scope := groupScope{replicas: replicas(pg), devices: devices}
 	// The status, from what this pass found, is written once whatever it then fails on.
 	defer func() {
@@ -105,7 +106,7 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		scope.fail(ReasonProxyGroupPending, class.notReady+"; waiting for it")
 		return ctrl.Result{}, nil
 	}
-	if err := r.ensure(ctx, pg, g, class.ready()); err != nil {
+	if err := r.ensure(ctx, pg, g, class.ready(), reps); err != nil {
 		scope.fail(ReasonProxyGroupFailed, err.Error())
 		if tailnet.ReasonOf(err) != "" {
 			return r.tailnetFailure(pg, err)
@@ -130,12 +131,18 @@ func replicas(pg *tsv1alpha1.ProxyGroup) int {
 
 // ensure applies the group's children: RBAC, the ConfigMap, per-replica Secrets and the
 // StatefulSet.
-func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g group, class *tsv1alpha1.ProxyClass) error {
+func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g group, class *tsv1alpha1.ProxyClass, reps []replica) error {
 	ns := r.Settings.Namespace
 	n := replicas(pg)
-	cm, services, shards, err := r.groupConfigMap(ctx, g)
+	cm, docs, shards, err := r.groupConfigMap(ctx, g)
 	if err != nil {
 		return err
+	}
+	// Only a replica that reads configs older than v4 needs the list of services, which grows
+	// with the group: decoding every document for it costs as much.
+	var services []string
+	if slices.ContainsFunc(reps, func(rep replica) bool { return configReads(rep) < 4 }) {
+		services = groupServices(docs)
 	}
 	certs, err := r.certSecretNames(ctx, g)
 	if err != nil {
@@ -147,7 +154,7 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 		if err != nil {
 			return err
 		}
-		data, err := contract.ProxyConfigs.Encode(cfg)
+		data, err := contract.ProxyConfigs.EncodeFrom(cfg, configReads(reps[i]))
 		if err != nil {
 			return err
 		}
@@ -195,9 +202,9 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 const childApplies = 8
 
 // groupConfigMap returns the group's ConfigMap as the reconciler owns it (metadata only: the
-// HA Ingress and Service reconcilers own its documents and its other shards), the Tailscale
-// Services the documents name, which every replica may advertise, and the number of shards.
-func (r *ProxyGroupReconciler) groupConfigMap(ctx context.Context, g group) (*corev1.ConfigMap, []string, int, error) {
+// HA Ingress and Service reconcilers own its documents and its other shards), the data of its
+// shards, and the number of shards.
+func (r *ProxyGroupReconciler) groupConfigMap(ctx context.Context, g group) (*corev1.ConfigMap, []map[string][]byte, int, error) {
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: g.configMap(), Namespace: r.Settings.Namespace, Labels: g.labels()}}
 	existing := &corev1.ConfigMap{}
 	err := r.Get(ctx, client.ObjectKeyFromObject(cm), existing)
@@ -223,7 +230,7 @@ func (r *ProxyGroupReconciler) groupConfigMap(ctx context.Context, g group) (*co
 		}
 		shards = append(shards, cmData(s))
 	}
-	return cm, groupServices(shards), count, nil
+	return cm, shards, count, nil
 }
 
 // groupServices lists the Tailscale Services in a group's documents (one data map per
@@ -431,18 +438,36 @@ func (r *ProxyGroupReconciler) delete(ctx context.Context, pg *tsv1alpha1.ProxyG
 }
 
 // devices lists the replicas whose running Pod has reported a tailnet device.
-func (r *ProxyGroupReconciler) devices(ctx context.Context, g group, n int) ([]tsv1alpha1.TailnetDevice, error) {
-	var devices []tsv1alpha1.TailnetDevice
+func (r *ProxyGroupReconciler) readReplicas(ctx context.Context, g group, n int) ([]replica, error) {
+	reps := make([]replica, n)
 	for i := range n {
-		rep, err := g.replicas().read(ctx, r.Client, r.Settings.Namespace, i)
-		if err != nil {
+		var err error
+		if reps[i], err = g.replicas().read(ctx, r.Client, r.Settings.Namespace, i); err != nil {
 			return nil, err
 		}
+	}
+	return reps, nil
+}
+
+// replicaDevices lists the replicas up on the tailnet.
+func replicaDevices(reps []replica) []tsv1alpha1.TailnetDevice {
+	var devices []tsv1alpha1.TailnetDevice
+	for _, rep := range reps {
 		if st := rep.state; st != nil && st.FQDN != "" {
 			devices = append(devices, tsv1alpha1.TailnetDevice{Hostname: st.FQDN, TailnetIPs: st.TailnetIPs})
 		}
 	}
-	return devices, nil
+	return devices
+}
+
+// configReads is the config version a replica's running proxy reported it reads, 0 while it
+// has not: its config is then written in every version an older proxy might need (a Pod
+// replaced with an older image reads an older one).
+func configReads(rep replica) int {
+	if rep.state == nil {
+		return 0
+	}
+	return rep.state.ConfigVersion
 }
 
 // groupScope is what one pass found about a ProxyGroup: its replicas up on the tailnet, and
