@@ -476,7 +476,7 @@ func TestStateRoundTrip(t *testing.T) {
 }
 
 func keys(m map[string][]byte) []string { return slices.Sorted(maps.Keys(m)) }
-func fmtV(v any) string { return fmt.Sprintf("%v %+v %s", v, v, v) }
+func fmtV(v any) string                 { return fmt.Sprintf("%v %+v %s", v, v, v) }
 
 // The operator's guard and the proxy both renew by this rule: two thirds of the lifetime.
 func TestRenewalRule(t *testing.T) {
