@@ -7,17 +7,22 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"sync"
 
 	"golang.org/x/sync/errgroup"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
@@ -40,6 +45,9 @@ type ProxyGroupReconciler struct {
 	reporter
 	Settings Settings
 	Tailnet  tailnet.Client
+	// documentsRead holds the groups whose replicas all read their services from the
+	// documents (config v4 on), as the last pass found.
+	documentsRead sync.Map
 }
 
 // +kubebuilder:rbac:groups=tailscale.com,resources=proxygroups,verbs=get;list;watch;update;patch
@@ -63,6 +71,7 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err := r.Get(ctx, req.NamespacedName, pg); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.forget(req.NamespacedName)
+			r.documentsRead.Delete(req.Name)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -79,6 +88,7 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		return ctrl.Result{}, err
 	}
 	devices := replicaDevices(reps)
+	r.documentsRead.Store(pg.Name, !slices.ContainsFunc(reps, needsServiceList))
 	scope := groupScope{replicas: replicas(pg), devices: devices}
 	// The status, from what this pass found, is written once whatever it then fails on.
 	defer func() {
@@ -141,7 +151,7 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 	// Only a replica that reads configs older than v4 needs the list of services, which grows
 	// with the group: decoding every document for it costs as much.
 	var services []string
-	if slices.ContainsFunc(reps, func(rep replica) bool { return configReads(rep) < 4 }) {
+	if slices.ContainsFunc(reps, needsServiceList) {
 		services = groupServices(docs)
 	}
 	certs, err := r.certSecretNames(ctx, g)
@@ -460,6 +470,9 @@ func replicaDevices(reps []replica) []tsv1alpha1.TailnetDevice {
 	return devices
 }
 
+// needsServiceList says whether a replica may read a config before v4, which lists its services.
+func needsServiceList(rep replica) bool { return configReads(rep) < 4 }
+
 // configReads is the config version a replica's running proxy reported it reads, 0 while it
 // has not: its config is then written in every version an older proxy might need (a Pod
 // replaced with an older image reads an older one).
@@ -520,10 +533,32 @@ func (r *ProxyGroupReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("proxygroup").
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Secret{}).
-		Owns(&corev1.ConfigMap{}).
+		Owns(&corev1.ConfigMap{}, builder.WithPredicates(r.documentWrites())).
 		Watches(&corev1.Pod{}, toGroup).
 		Watches(&tsv1alpha1.ProxyClass{}, handler.EnqueueRequestsFromMapFunc(r.groupsForProxyClass)).
 		Complete(r)
+}
+
+// documentWrites drops the writes of a group's documents when nothing the reconciler writes
+// follows from them: its replicas read their services from the documents, so only the shard
+// count (their Role, their report Secrets) and the ConfigMaps' metadata matter. With many
+// objects on a group the documents change several times a second, and each pass applies
+// some thirty children.
+func (r *ProxyGroupReconciler) documentWrites() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		old, okOld := e.ObjectOld.(*corev1.ConfigMap)
+		cur, okCur := e.ObjectNew.(*corev1.ConfigMap)
+		if !okOld || !okCur {
+			return true
+		}
+		if read, _ := r.documentsRead.Load(cur.Labels[LabelParentName]); read != true {
+			return true
+		}
+		oldCount, oldErr := contract.ShardCountOf(old.Data)
+		curCount, curErr := contract.ShardCountOf(cur.Data)
+		return oldCount != curCount || (oldErr == nil) != (curErr == nil) ||
+			!maps.Equal(old.Labels, cur.Labels) || !equality.Semantic.DeepEqual(old.OwnerReferences, cur.OwnerReferences)
+	}}
 }
 
 func (r *ProxyGroupReconciler) groupsForProxyClass(ctx context.Context, o client.Object) []reconcile.Request {
