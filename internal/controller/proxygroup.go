@@ -71,7 +71,7 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err := r.Get(ctx, req.NamespacedName, pg); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.forget(req.NamespacedName)
-			r.documentsRead.Delete(req.Name)
+			r.documentsRead.LoadAndDelete(req.Name)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
