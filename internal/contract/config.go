@@ -67,8 +67,10 @@ type ProxyConfig struct {
 	Serve *WebService `json:"serve,omitempty"`
 	// Forward is the destination of a standalone L3 Service proxy.
 	Forward *Destination `json:"forward,omitempty"`
-	// AdvertiseServices lists the Tailscale Services a ProxyGroup replica may advertise. The
-	// replica advertises each one only once it can serve it.
+	// AdvertiseServices lists the Tailscale Services a ProxyGroup replica may advertise, up to
+	// version 3. The replica advertises each one only once it can serve it. From version 4 a
+	// replica may advertise every service its group's documents name, and the list is not
+	// written: it grew with the group in every replica's config (see AdvertisesDocuments).
 	AdvertiseServices []string `json:"advertiseServices,omitempty"`
 	// Metrics makes the proxy serve Prometheus metrics at /metrics on its health address (a
 	// ProxyClass's metrics.enable). Optional in any version: an older proxy ignores it and serves
@@ -157,6 +159,9 @@ func (c *ProxyConfig) Validate() error {
 		if c.Serve != nil || c.Forward != nil {
 			add("a proxygroup replica takes serve and forward from the group's ConfigMap, not its config")
 		}
+		if c.AdvertisesDocuments() && len(c.AdvertiseServices) > 0 {
+			add("advertiseServices is not read from version 4: a replica advertises the services of its group's documents")
+		}
 		for _, s := range c.AdvertiseServices {
 			if !ValidServiceName(s) {
 				add("advertised service %q must look like svc:name", s)
@@ -190,7 +195,7 @@ func (d *Destination) Validate() error {
 // ProxyConfigs stores ProxyConfig documents. The operator writes every version in its encode
 // set that can express the document; the proxy reads the newest version it understands.
 // Version 2 added the Serve config's certificate settings and route hosts, version 3 wildcard
-// hosts (see ServeConfigs).
+// hosts (see ServeConfigs), version 4 a replica advertising its group's documents.
 var ProxyConfigs = codec[ProxyConfig]{
 	name: "proxy-config",
 	encode: map[int]func(*ProxyConfig) ([]byte, error){
@@ -198,14 +203,26 @@ var ProxyConfigs = codec[ProxyConfig]{
 			jsonEncoder(1, func(c *ProxyConfig, v int) { c.Version = v })),
 		2: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 2 },
 			jsonEncoder(2, func(c *ProxyConfig, v int) { c.Version = v })),
-		3: jsonEncoder(3, func(c *ProxyConfig, v int) { c.Version = v }),
+		3: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 3 },
+			jsonEncoder(3, func(c *ProxyConfig, v int) { c.Version = v })),
+		4: jsonEncoder(4, func(c *ProxyConfig, v int) {
+			c.Version = v
+			if c.Kind == KindProxyGroup {
+				c.AdvertiseServices = nil
+			}
+		}),
 	},
 	decode: map[int]func([]byte) (*ProxyConfig, error){
 		1: jsonDecoder(1, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 		2: jsonDecoder(2, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 		3: jsonDecoder(3, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		4: jsonDecoder(4, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 	},
 }
+
+// AdvertisesDocuments reports whether a ProxyGroup replica may advertise every service its
+// group's documents name (version 4 on) rather than only those AdvertiseServices lists.
+func (c *ProxyConfig) AdvertisesDocuments() bool { return c.Version >= 4 }
 
 func (c *ProxyConfig) minVersion() int {
 	if c.Serve == nil {

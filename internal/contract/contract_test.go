@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -51,11 +53,14 @@ func TestProxyConfigRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if v != 3 || got.Version != 3 {
-				t.Errorf("version = %d / %d, want the newest, 3", v, got.Version)
+			if v != 4 || got.Version != 4 {
+				t.Errorf("version = %d / %d, want the newest, 4", v, got.Version)
 			}
 			want := *cfg
-			want.Version = 3
+			want.Version = 4
+			if cfg.Kind == KindProxyGroup {
+				want.AdvertiseServices = nil // v4 replicas advertise their group's documents
+			}
 			if !reflect.DeepEqual(*got, want) {
 				t.Errorf("round trip changed the config:\n got %+v\nwant %+v", *got, want)
 			}
@@ -73,20 +78,68 @@ func TestEncodeDoesNotMutateInput(t *testing.T) {
 	}
 }
 
-// A newer operator writes v3 and a v4 this proxy has never heard of: the proxy reads v3.
+// A newer operator writes v4 and a v5 this proxy has never heard of: the proxy reads v4.
 func TestOlderReaderTakesNewestVersionItUnderstands(t *testing.T) {
 	data, err := ProxyConfigs.Encode(validIngressConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	data["proxy-config.v4.json"] = []byte(`{"version":4,"listeners":[{"totally":"different"}]}`)
+	data["proxy-config.v5.json"] = []byte(`{"version":5,"listeners":[{"totally":"different"}]}`)
 	data["proxy-config.v10.json"] = []byte(`not even json`)
 	got, v, err := ProxyConfigs.Decode(data)
 	if err != nil {
 		t.Fatalf("older reader failed on a newer writer's output: %v", err)
 	}
-	if v != 3 || got.Hostname != "web" {
-		t.Errorf("got version %d hostname %q, want v3 web", v, got.Hostname)
+	if v != 4 || got.Hostname != "web" {
+		t.Errorf("got version %d hostname %q, want v4 web", v, got.Hostname)
+	}
+}
+
+// A replica's config lists the services it may advertise up to v3; from v4 it advertises its
+// group's documents and the list, which grows with the group, is not written. Once the replica
+// reports that it reads v4, the operator writes v4 alone.
+func TestGroupConfigV4AdvertisesDocuments(t *testing.T) {
+	cfg := &ProxyConfig{Kind: KindProxyGroup, Hostname: "pg-1", StateSecret: "pg-1",
+		TLS: TLSConfig{CertShareMode: CertReader}, AdvertiseServices: []string{"svc:web", "svc:db"}}
+	data, err := ProxyConfigs.Encode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for v := 1; v <= 4; v++ {
+		reader := codec[ProxyConfig]{name: "proxy-config", decode: map[int]func([]byte) (*ProxyConfig, error){}}
+		for w := 1; w <= v; w++ {
+			reader.decode[w] = ProxyConfigs.decode[w]
+		}
+		got, gotV, err := reader.Decode(data)
+		if err != nil {
+			t.Fatalf("v%d reader: %v", v, err)
+		}
+		wantV, wantList := 1, cfg.AdvertiseServices
+		if v == 4 {
+			wantV, wantList = 4, nil
+		}
+		if gotV != wantV || !reflect.DeepEqual(got.AdvertiseServices, wantList) || got.AdvertisesDocuments() != (v == 4) {
+			t.Errorf("v%d reader: read v%d, list %v, documents %v; want v%d, list %v", v, gotV, got.AdvertiseServices,
+				got.AdvertisesDocuments(), wantV, wantList)
+		}
+	}
+	only, err := ProxyConfigs.EncodeFrom(cfg, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(keys(only), []string{"proxy-config.v4.json"}) {
+		t.Errorf("EncodeFrom(4) wrote %v, want v4 alone", keys(only))
+	}
+	from3, err := ProxyConfigs.EncodeFrom(cfg, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(keys(from3), []string{"proxy-config.v3.json", "proxy-config.v4.json"}) {
+		t.Errorf("EncodeFrom(3) wrote %v, want v3 and v4", keys(from3))
+	}
+	listed := []byte(`{"version":4,"kind":"proxygroup","hostname":"pg-1","stateSecret":"pg-1","tls":{"certShareMode":"reader"},"advertiseServices":["svc:web"]}`)
+	if _, _, err := ProxyConfigs.Decode(map[string][]byte{"proxy-config.v4.json": listed}); err == nil || !strings.Contains(err.Error(), "advertiseServices") {
+		t.Errorf("a v4 config with a list: err = %v, want one naming advertiseServices", err)
 	}
 }
 
@@ -137,12 +190,12 @@ func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for v := 1; v <= 3; v++ {
+			for v := 1; v <= 4; v++ {
 				// The oldest version that can express it and the newest are written; a reader
 				// that stops between them reads the oldest.
 				_, written := data[ProxyConfigs.key(v)]
-				if written != (v == tc.oldest || v == 3) {
-					t.Errorf("v%d written = %v, want v%d and v3", v, written, tc.oldest)
+				if written != (v == tc.oldest || v == 4) {
+					t.Errorf("v%d written = %v, want v%d and v4", v, written, tc.oldest)
 				}
 				got, gotV, err := readerUpTo(v).Decode(data)
 				if v < tc.oldest {
@@ -152,8 +205,8 @@ func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
 					continue
 				}
 				wantV := tc.oldest
-				if v == 3 {
-					wantV = 3
+				if v == 4 {
+					wantV = 4
 				}
 				if err != nil || gotV != wantV {
 					t.Fatalf("v%d reader: v%d %v, want v%d", v, gotV, err, wantV)
@@ -186,7 +239,7 @@ func TestUnknownFieldsInKnownVersionAreIgnored(t *testing.T) {
 
 func TestNoSupportedVersion(t *testing.T) {
 	cases := map[string]map[string][]byte{
-		"only newer":   {"proxy-config.v4.json": []byte(`{"version":4}`)},
+		"only newer":   {"proxy-config.v5.json": []byte(`{"version":5}`)},
 		"nothing":      {"unrelated": []byte("x")},
 		"wrong prefix": {"proxy-config.v1.yaml": []byte("x")},
 	}
@@ -196,7 +249,7 @@ func TestNoSupportedVersion(t *testing.T) {
 			if !errors.Is(err, ErrNoSupportedVersion) {
 				t.Fatalf("err = %v, want ErrNoSupportedVersion", err)
 			}
-			if !strings.Contains(err.Error(), "this build reads v3, v2, v1") {
+			if !strings.Contains(err.Error(), "this build reads v4, v3, v2, v1") {
 				t.Errorf("error %q does not say which versions this build reads", err)
 			}
 		})
@@ -313,10 +366,17 @@ func TestProxyConfigValidation(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Validate = %v, want error containing %q", err, tc.want)
 			}
-			// An invalid document is refused by the reader as well.
+			// An invalid document is refused by the reader as well, in every version that
+			// carries the fault (v4 does not write a replica's list of services).
 			data, _ := ProxyConfigs.Encode(cfg)
-			if _, _, err := ProxyConfigs.Decode(data); err == nil {
-				t.Error("Decode accepted an invalid document")
+			refused := 0
+			for k, b := range data {
+				if _, _, err := ProxyConfigs.Decode(map[string][]byte{k: b}); err != nil {
+					refused++
+				}
+			}
+			if refused == 0 {
+				t.Error("Decode accepted an invalid document in every version written")
 			}
 		})
 	}
@@ -415,14 +475,8 @@ func TestStateRoundTrip(t *testing.T) {
 	}
 }
 
-func keys(m map[string][]byte) []string {
-	var ks []string
-	for k := range m {
-		ks = append(ks, k)
-	}
-	return ks
-}
-func fmtV(v any) string { return fmt.Sprintf("%v %+v %s", v, v, v) }
+func keys(m map[string][]byte) []string { return slices.Sorted(maps.Keys(m)) }
+func fmtV(v any) string                 { return fmt.Sprintf("%v %+v %s", v, v, v) }
 
 // The operator's guard and the proxy both renew by this rule: two thirds of the lifetime.
 func TestRenewalRule(t *testing.T) {

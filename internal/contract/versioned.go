@@ -49,10 +49,16 @@ func onlyIf[T any](expressible func(*T) bool, enc func(*T) ([]byte, error)) func
 // newest. The versions between would add nothing: a reader takes the newest version it
 // understands, and one that stops between them reads the oldest, which says the same. A writer
 // that patches rather than replaces must remove the keys of Keys that are not in the result.
-func (c codec[T]) Encode(doc *T) (map[string][]byte, error) {
+func (c codec[T]) Encode(doc *T) (map[string][]byte, error) { return c.EncodeFrom(doc, 0) }
+
+// EncodeFrom is Encode for a reader known to read version min or newer: the versions before
+// min are not written.
+func (c codec[T]) EncodeFrom(doc *T, min int) (map[string][]byte, error) {
 	out := make(map[string][]byte, 2)
 	versions := sortedDesc(c.encode)
 	slices.Reverse(versions)
+	newest := versions[len(versions)-1]
+	versions = slices.DeleteFunc(versions, func(v int) bool { return v < min && v != newest })
 	for i, v := range versions {
 		b, err := c.encode[v](doc)
 		if errors.Is(err, errNotExpressible) {
@@ -62,7 +68,7 @@ func (c codec[T]) Encode(doc *T) (map[string][]byte, error) {
 			return nil, fmt.Errorf("encoding %s: %w", c.key(v), err)
 		}
 		out[c.key(v)] = b
-		if newest := versions[len(versions)-1]; i < len(versions)-1 {
+		if i < len(versions)-1 {
 			if b, err = c.encode[newest](doc); err != nil {
 				return nil, fmt.Errorf("encoding %s: %w", c.key(newest), err)
 			}

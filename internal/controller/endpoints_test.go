@@ -83,7 +83,7 @@ var _ = Describe("Ingress backends' endpoints", func() {
 		}).Should(Succeed())
 	})
 
-	It("serves a wildcard rule host with a bring-your-own wildcard certificate, written as config v3 only", func() {
+	It("serves a wildcard rule host with a bring-your-own wildcard certificate, written as config v3 and v4, not older", func() {
 		ns := newNamespace()
 		newBackendService(ns, "web")
 		now := time.Now()
@@ -104,7 +104,7 @@ var _ = Describe("Ingress backends' endpoints", func() {
 			g.Expect(s.Data).NotTo(HaveKey("proxy-config.v2.json"), "a v2 reader would refuse the wildcard")
 			cfg, v, err := contract.ProxyConfigs.Decode(s.Data)
 			g.Expect(err).NotTo(HaveOccurred())
-			g.Expect(v).To(Equal(3))
+			g.Expect(v).To(Equal(4))
 			g.Expect(cfg.Serve.TLS.Certificates).To(ConsistOf(HaveField("Hosts", []string{"*.example.com"})))
 			g.Expect(cfg.Serve.Routes).To(ContainElements(HaveField("Host", "*.example.com"), HaveField("Host", "api.example.com")))
 			g.Expect(cfg.Serve.Routes).NotTo(ContainElement(HaveField("Host", "*.other.com")))

@@ -138,7 +138,7 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 
 		By("letting every replica advertise it")
 		for i := range 2 {
-			Eventually(func(g Gomega) []string { return replicaConfig(g, "ha", i).AdvertiseServices }).Should(ContainElement("svc:ha-shop"))
+			Eventually(func(g Gomega) []string { return olderProxyAdvertises(g, "ha", i) }).Should(ContainElement("svc:ha-shop"))
 		}
 
 		By("reporting the name once a replica advertises it")
@@ -162,7 +162,7 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 		}).ShouldNot(HaveKey("svc:ha-shop"))
 		_, err = tailscaleService("svc:ha-shop")
 		Expect(tailnet.IsNotFound(err)).To(BeTrue(), "Tailscale Service still there: %v", err)
-		Eventually(func(g Gomega) []string { return replicaConfig(g, "ha", 0).AdvertiseServices }).ShouldNot(ContainElement("svc:ha-shop"))
+		Eventually(func(g Gomega) []string { return olderProxyAdvertises(g, "ha", 0) }).ShouldNot(ContainElement("svc:ha-shop"))
 	})
 
 	It("serves a Service at L3 through the Tailscale Service's VIPs", func() {

@@ -7,17 +7,22 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"sync"
 
 	"golang.org/x/sync/errgroup"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
@@ -40,6 +45,9 @@ type ProxyGroupReconciler struct {
 	reporter
 	Settings Settings
 	Tailnet  tailnet.Client
+	// documentsRead holds the groups whose replicas all read their services from the
+	// documents (config v4 on), as the last pass found.
+	documentsRead sync.Map
 }
 
 // +kubebuilder:rbac:groups=tailscale.com,resources=proxygroups,verbs=get;list;watch;update;patch
@@ -63,6 +71,7 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err := r.Get(ctx, req.NamespacedName, pg); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.forget(req.NamespacedName)
+			r.documentsRead.LoadAndDelete(req.Name)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -74,10 +83,12 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err := addFinalizer(ctx, r.Client, pg, FinalizerName); err != nil {
 		return ctrl.Result{}, err
 	}
-	devices, err := r.devices(ctx, g, replicas(pg))
+	reps, err := r.readReplicas(ctx, g, replicas(pg))
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	devices := replicaDevices(reps)
+	r.documentsRead.Store(pg.Name, !slices.ContainsFunc(reps, needsServiceList))
 	scope := groupScope{replicas: replicas(pg), devices: devices}
 	// The status, from what this pass found, is written once whatever it then fails on.
 	defer func() {
@@ -105,7 +116,7 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		scope.fail(ReasonProxyGroupPending, class.notReady+"; waiting for it")
 		return ctrl.Result{}, nil
 	}
-	if err := r.ensure(ctx, pg, g, class.ready()); err != nil {
+	if err := r.ensure(ctx, pg, g, class.ready(), reps); err != nil {
 		scope.fail(ReasonProxyGroupFailed, err.Error())
 		if tailnet.ReasonOf(err) != "" {
 			return r.tailnetFailure(pg, err)
@@ -130,12 +141,18 @@ func replicas(pg *tsv1alpha1.ProxyGroup) int {
 
 // ensure applies the group's children: RBAC, the ConfigMap, per-replica Secrets and the
 // StatefulSet.
-func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g group, class *tsv1alpha1.ProxyClass) error {
+func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g group, class *tsv1alpha1.ProxyClass, reps []replica) error {
 	ns := r.Settings.Namespace
 	n := replicas(pg)
-	cm, services, shards, err := r.groupConfigMap(ctx, g)
+	cm, docs, shards, err := r.groupConfigMap(ctx, g)
 	if err != nil {
 		return err
+	}
+	// Only a replica that reads configs older than v4 needs the list of services, which grows
+	// with the group: decoding every document for it costs as much.
+	var services []string
+	if slices.ContainsFunc(reps, needsServiceList) {
+		services = groupServices(docs)
 	}
 	certs, err := r.certSecretNames(ctx, g)
 	if err != nil {
@@ -147,7 +164,7 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 		if err != nil {
 			return err
 		}
-		data, err := contract.ProxyConfigs.Encode(cfg)
+		data, err := contract.ProxyConfigs.EncodeFrom(cfg, configReads(reps[i]))
 		if err != nil {
 			return err
 		}
@@ -195,9 +212,9 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 const childApplies = 8
 
 // groupConfigMap returns the group's ConfigMap as the reconciler owns it (metadata only: the
-// HA Ingress and Service reconcilers own its documents and its other shards), the Tailscale
-// Services the documents name, which every replica may advertise, and the number of shards.
-func (r *ProxyGroupReconciler) groupConfigMap(ctx context.Context, g group) (*corev1.ConfigMap, []string, int, error) {
+// HA Ingress and Service reconcilers own its documents and its other shards), the data of its
+// shards, and the number of shards.
+func (r *ProxyGroupReconciler) groupConfigMap(ctx context.Context, g group) (*corev1.ConfigMap, []map[string][]byte, int, error) {
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: g.configMap(), Namespace: r.Settings.Namespace, Labels: g.labels()}}
 	existing := &corev1.ConfigMap{}
 	err := r.Get(ctx, client.ObjectKeyFromObject(cm), existing)
@@ -223,7 +240,7 @@ func (r *ProxyGroupReconciler) groupConfigMap(ctx context.Context, g group) (*co
 		}
 		shards = append(shards, cmData(s))
 	}
-	return cm, groupServices(shards), count, nil
+	return cm, shards, count, nil
 }
 
 // groupServices lists the Tailscale Services in a group's documents (one data map per
@@ -431,18 +448,39 @@ func (r *ProxyGroupReconciler) delete(ctx context.Context, pg *tsv1alpha1.ProxyG
 }
 
 // devices lists the replicas whose running Pod has reported a tailnet device.
-func (r *ProxyGroupReconciler) devices(ctx context.Context, g group, n int) ([]tsv1alpha1.TailnetDevice, error) {
-	var devices []tsv1alpha1.TailnetDevice
+func (r *ProxyGroupReconciler) readReplicas(ctx context.Context, g group, n int) ([]replica, error) {
+	reps := make([]replica, n)
 	for i := range n {
-		rep, err := g.replicas().read(ctx, r.Client, r.Settings.Namespace, i)
-		if err != nil {
+		var err error
+		if reps[i], err = g.replicas().read(ctx, r.Client, r.Settings.Namespace, i); err != nil {
 			return nil, err
 		}
+	}
+	return reps, nil
+}
+
+// replicaDevices lists the replicas up on the tailnet.
+func replicaDevices(reps []replica) []tsv1alpha1.TailnetDevice {
+	var devices []tsv1alpha1.TailnetDevice
+	for _, rep := range reps {
 		if st := rep.state; st != nil && st.FQDN != "" {
 			devices = append(devices, tsv1alpha1.TailnetDevice{Hostname: st.FQDN, TailnetIPs: st.TailnetIPs})
 		}
 	}
-	return devices, nil
+	return devices
+}
+
+// needsServiceList says whether a replica may read a config before v4, which lists its services.
+func needsServiceList(rep replica) bool { return configReads(rep) < 4 }
+
+// configReads is the config version a replica's running proxy reported it reads, 0 while it
+// has not: its config is then written in every version an older proxy might need (a Pod
+// replaced with an older image reads an older one).
+func configReads(rep replica) int {
+	if rep.state == nil {
+		return 0
+	}
+	return rep.state.ConfigVersion
 }
 
 // groupScope is what one pass found about a ProxyGroup: its replicas up on the tailnet, and
@@ -495,10 +533,32 @@ func (r *ProxyGroupReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("proxygroup").
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Secret{}).
-		Owns(&corev1.ConfigMap{}).
+		Owns(&corev1.ConfigMap{}, builder.WithPredicates(r.documentWrites())).
 		Watches(&corev1.Pod{}, toGroup).
 		Watches(&tsv1alpha1.ProxyClass{}, handler.EnqueueRequestsFromMapFunc(r.groupsForProxyClass)).
 		Complete(r)
+}
+
+// documentWrites drops the writes of a group's documents when nothing the reconciler writes
+// follows from them: its replicas read their services from the documents, so only the shard
+// count (their Role, their report Secrets) and the ConfigMaps' metadata matter. With many
+// objects on a group the documents change several times a second, and each pass applies
+// some thirty children.
+func (r *ProxyGroupReconciler) documentWrites() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		old, okOld := e.ObjectOld.(*corev1.ConfigMap)
+		cur, okCur := e.ObjectNew.(*corev1.ConfigMap)
+		if !okOld || !okCur {
+			return true
+		}
+		if read, _ := r.documentsRead.Load(cur.Labels[LabelParentName]); read != true {
+			return true
+		}
+		oldCount, oldErr := contract.ShardCountOf(old.Data)
+		curCount, curErr := contract.ShardCountOf(cur.Data)
+		return oldCount != curCount || (oldErr == nil) != (curErr == nil) ||
+			!maps.Equal(old.Labels, cur.Labels) || !equality.Semantic.DeepEqual(old.OwnerReferences, cur.OwnerReferences)
+	}}
 }
 
 func (r *ProxyGroupReconciler) groupsForProxyClass(ctx context.Context, o client.Object) []reconcile.Request {

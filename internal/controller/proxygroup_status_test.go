@@ -3,10 +3,13 @@ package controller
 import (
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
 )
 
 func TestGroupStatus(t *testing.T) {
@@ -53,6 +56,54 @@ func TestGroupStatus(t *testing.T) {
 			}
 			if len(st.Devices) != len(c.scope.devices) {
 				t.Errorf("devices %v, want %v", st.Devices, c.scope.devices)
+			}
+		})
+	}
+}
+
+// A write of a group's documents reconciles the group only when something it writes follows
+// from it: while a replica may read a config that lists the services, or when the shard count
+// or the ConfigMap's metadata changed.
+func TestDocumentWrites(t *testing.T) {
+	cm := func(count int, serve string, mutate ...func(*corev1.ConfigMap)) *corev1.ConfigMap {
+		c := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "pg-ingress-config", Labels: group{"pg"}.labels()},
+			Data: map[string]string{"serve-config.v1.json": serve}}
+		if count > 1 {
+			idx, err := contract.GroupShardIndexes.Encode(&contract.GroupShards{Count: count})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range idx {
+				c.Data[k] = string(v)
+			}
+		}
+		for _, m := range mutate {
+			m(c)
+		}
+		return c
+	}
+	relabelled := func(c *corev1.ConfigMap) { c.Labels = map[string]string{LabelManaged: "true"} }
+	for name, c := range map[string]struct {
+		documentsRead  any // the group's entry, nil for none
+		old, cur       *corev1.ConfigMap
+		wantReconciled bool
+	}{
+		"replicas read the documents, services changed": {true, cm(1, "a"), cm(1, "b"), false},
+		"a replica may read a list":                     {false, cm(1, "a"), cm(1, "b"), true},
+		"group not seen yet":                            {nil, cm(1, "a"), cm(1, "b"), true},
+		"shard count grew":                              {true, cm(2, "a"), cm(3, "a"), true},
+		"shard index added":                             {true, cm(1, "a"), cm(2, "a"), true},
+		"labels changed by hand":                        {true, cm(1, "a"), cm(1, "a", relabelled), true},
+		"shard count unchanged in a sharded group":      {true, cm(4, "a"), cm(4, "b"), false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := &ProxyGroupReconciler{}
+			if c.documentsRead != nil {
+				r.documentsRead.Store("pg", c.documentsRead)
+			}
+			got := r.documentWrites().Update(event.UpdateEvent{ObjectOld: c.old, ObjectNew: c.cur})
+			if got != c.wantReconciled {
+				t.Errorf("reconciled = %v, want %v", got, c.wantReconciled)
 			}
 		})
 	}

@@ -2,6 +2,8 @@ package controller
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -38,6 +40,18 @@ func replicaConfig(g Gomega, pg string, i int) *contract.ProxyConfig {
 	cfg, _, err := contract.ProxyConfigs.Decode(s.Data)
 	g.Expect(err).NotTo(HaveOccurred())
 	return cfg
+}
+
+// olderProxyAdvertises is what replica i may advertise when it runs a proxy that reads configs
+// before v4: the list in its config's oldest version.
+func olderProxyAdvertises(g Gomega, pg string, i int) []string {
+	s := &corev1.Secret{}
+	g.Expect(k8s.Get(ctx, nsKey(fmt.Sprintf("%s-%d-config", pg, i)), s)).To(Succeed())
+	g.Expect(s.Data).To(HaveKey("proxy-config.v1.json"))
+	cfg, v, err := contract.ProxyConfigs.Decode(map[string][]byte{"proxy-config.v1.json": s.Data["proxy-config.v1.json"]})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(v).To(Equal(1))
+	return cfg.AdvertiseServices
 }
 
 // reportReplica plays replica i: it writes state for its live Pod.
@@ -109,9 +123,21 @@ var _ = Describe("ProxyGroup reconciler", func() {
 		reportReplica("edge", 0, contract.ProxyState{DeviceID: "nEdge0", FQDN: "edge-proxy-0.tailnet.test", TailnetIPs: []string{"100.64.0.20"}})
 		Eventually(groupCondition("edge", tsv1alpha1.ProxyGroupAvailable)).Should(HaveField("Status", metav1.ConditionTrue))
 		Expect(groupCondition("edge", tsv1alpha1.ProxyGroupReady)(Default)).To(HaveField("Status", metav1.ConditionFalse))
-		reportReplica("edge", 1, contract.ProxyState{DeviceID: "nEdge1", FQDN: "edge-proxy-1.tailnet.test", TailnetIPs: []string{"100.64.0.21"}})
+		reportReplica("edge", 1, contract.ProxyState{DeviceID: "nEdge1", FQDN: "edge-proxy-1.tailnet.test", TailnetIPs: []string{"100.64.0.21"}, ConfigVersion: 4})
 		Eventually(groupCondition("edge", tsv1alpha1.ProxyGroupReady)).Should(And(
 			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", ReasonProxyGroupReady)))
+
+		By("writing v4 alone, without the list of services, to a replica that reads it")
+		configKeys := func(name string) func(g Gomega) []string {
+			return func(g Gomega) []string {
+				s := &corev1.Secret{}
+				g.Expect(k8s.Get(ctx, nsKey(name), s)).To(Succeed())
+				return slices.Sorted(maps.Keys(s.Data))
+			}
+		}
+		Eventually(configKeys("edge-1-config")).Should(Equal([]string{"proxy-config.v4.json"}))
+		Expect(configKeys("edge-0-config")(Default)).To(Equal([]string{"proxy-config.v1.json", "proxy-config.v4.json"}),
+			"a replica that has not said what it reads gets the oldest version too")
 		Expect(k8s.Get(ctx, client.ObjectKey{Name: "edge"}, pg)).To(Succeed())
 		Expect(pg.Status.Devices).To(ConsistOf(
 			tsv1alpha1.TailnetDevice{Hostname: "edge-proxy-0.tailnet.test", TailnetIPs: []string{"100.64.0.20"}},

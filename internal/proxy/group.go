@@ -314,9 +314,25 @@ func watchConfigMap(ctx context.Context, kube kubernetes.Interface, namespace, n
 	informer.RunWithContext(ctx)
 }
 
-// allowed reports whether the config lets this replica advertise a service.
+// allowed reports whether this replica may advertise a service: one its group's documents
+// name (config v4 on), or one its config lists (older configs).
 func (r *replica) allowed(name string) bool {
+	if r.cfg.cfg.AdvertisesDocuments() {
+		_, inServe := r.serve.Services[name]
+		_, inDNAT := r.dnat.Services[name]
+		return inServe || inDNAT
+	}
 	return slices.Contains(r.cfg.cfg.AdvertiseServices, name)
+}
+
+// mayAdvertise lists the services allowed.
+func (r *replica) mayAdvertise() []string {
+	if !r.cfg.cfg.AdvertisesDocuments() {
+		return r.cfg.cfg.AdvertiseServices
+	}
+	names := slices.AppendSeq(slices.Collect(maps.Keys(r.serve.Services)), maps.Keys(r.dnat.Services))
+	slices.Sort(names)
+	return slices.Compact(names)
 }
 
 // fqdn is the MagicDNS name of a Tailscale Service: its label in the node's tailnet domain.
@@ -655,7 +671,7 @@ func (r *replica) servable() []string {
 	if r.l3 != nil && r.tunIPs != nil {
 		fs = r.l3.fwd.Status()
 	}
-	for _, name := range r.cfg.cfg.AdvertiseServices {
+	for _, name := range r.mayAdvertise() {
 		e := r.web[name]
 		_, inServe := r.serve.Services[name]
 		_, inDNAT := r.dnat.Services[name]
@@ -711,7 +727,7 @@ func (r *replica) report(state *contract.ProxyState) string {
 	}
 	state.Funnel = r.funnelStatus()
 	var pending []string
-	for _, name := range r.cfg.cfg.AdvertiseServices {
+	for _, name := range r.mayAdvertise() {
 		_, inServe := r.serve.Services[name]
 		_, inDNAT := r.dnat.Services[name]
 		if (inServe || inDNAT) && !slices.Contains(r.advertised, name) {
