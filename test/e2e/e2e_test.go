@@ -3,8 +3,11 @@
 package e2e
 
 import (
+	"fmt"
+	"maps"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -170,6 +173,15 @@ var _ = Describe("An Ingress on a ProxyGroup", func() {
 		Expect(err).NotTo(HaveOccurred(), "the Tailscale Service")
 		Expect(svc.Name).To(Equal("svc:" + host))
 		expectHTTPSEcho(ctx, fqdn)
+
+		By("writing each replica's config as v4 alone once its proxy reports it reads v4")
+		for i := range 2 {
+			Eventually(ctx, func(g Gomega) []string {
+				s := &corev1.Secret{}
+				g.Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: fmt.Sprintf("%s-%d-config", pg.Name, i)}, s)).To(Succeed())
+				return slices.Sorted(maps.Keys(s.Data))
+			}).Should(Equal([]string{"proxy-config.v4.json"}), "replica %d's config", i)
+		}
 	})
 })
 
