@@ -80,11 +80,7 @@ func (d groupDocs) ownedBy(ctx context.Context, owner string) ([]string, error) 
 	}
 	var names []string
 	for i := range cms {
-		for name, o := range d.w.content(&cms[i]).owners {
-			if o == owner {
-				names = append(names, name)
-			}
-		}
+		names = append(names, d.w.content(&cms[i]).owned(owner)...)
 	}
 	slices.Sort(names)
 	return slices.Compact(names), nil

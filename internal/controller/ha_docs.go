@@ -28,6 +28,22 @@ type groupContent struct {
 	owners map[string]string
 	// Documents this build could not read, counted as empty.
 	serveUnreadable, dnatUnreadable bool
+
+	byOwnerOnce sync.Once
+	byOwner     map[string][]string // owners inverted, built on first use
+}
+
+// owned lists the entries written for owner. The inverted index is built once: a content is
+// not changed once it is shared, and scanning every entry of every group per pass made the
+// work grow with the square of the group's size.
+func (g *groupContent) owned(owner string) []string {
+	g.byOwnerOnce.Do(func() {
+		g.byOwner = make(map[string][]string, len(g.owners))
+		for name, o := range g.owners {
+			g.byOwner[o] = append(g.byOwner[o], name)
+		}
+	})
+	return g.byOwner[owner]
 }
 
 // decodeGroup reads a group ConfigMap's documents. A document this build cannot read counts as
@@ -359,13 +375,21 @@ func (w *groupWriter) flush(pg string, batch []func(*groupShards)) []error {
 // there, and would otherwise each wait for a turn at the writer. Changes queued meanwhile by
 // others are ordered after it, as they would be after a write.
 func (w *groupWriter) holds(ctx context.Context, pg, svcName string, has func(*groupContent) bool) bool {
-	cms, err := w.read(ctx, w.client, group{pg}.configMap())
+	main := group{pg}.configMap()
+	first, err := w.readShard(ctx, w.client, main, 0)
 	if err != nil {
 		return false
 	}
-	cm := cms[contract.ShardOf(svcName, len(cms))]
-	if cm == nil {
+	count, err := contract.ShardCountOf(first.Data)
+	if err != nil {
 		return false
+	}
+	// The home shard alone: reading every shard per pass grew with the group.
+	cm := first
+	if home := contract.ShardOf(svcName, count); home > 0 {
+		if cm, err = w.readShard(ctx, w.client, main, home); err != nil || cm == nil {
+			return false
+		}
 	}
 	c := w.content(cm)
 	return !c.serveUnreadable && !c.dnatUnreadable && has(c)
@@ -374,17 +398,7 @@ func (w *groupWriter) holds(ctx context.Context, pg, svcName string, has func(*g
 // read gets a group's shards, by index: nil for a shard not created yet. The first must exist
 // (the ProxyGroup reconciler creates it).
 func (w *groupWriter) read(ctx context.Context, reader client.Reader, main string) ([]*corev1.ConfigMap, error) {
-	get := func(name string) (*corev1.ConfigMap, error) {
-		cm := &corev1.ConfigMap{}
-		if err := reader.Get(ctx, client.ObjectKey{Namespace: w.namespace, Name: name}, cm); err != nil {
-			return nil, err
-		}
-		if last, ok := w.last.get(name); ok && reader == w.client {
-			cm = freshest(cm, last)
-		}
-		return cm, nil
-	}
-	first, err := get(main)
+	first, err := w.readShard(ctx, reader, main, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -394,20 +408,33 @@ func (w *groupWriter) read(ctx context.Context, reader client.Reader, main strin
 	}
 	cms := []*corev1.ConfigMap{first}
 	for i := 1; i < count; i++ {
-		name := contract.ShardName(main, i)
-		cm, err := get(name)
-		if apierrors.IsNotFound(err) && reader == w.client {
-			// Created by an earlier flush and not in the cache yet.
-			if last, ok := w.last.get(name); ok {
-				cm, err = last.DeepCopy(), nil
-			}
-		}
-		if err != nil && !apierrors.IsNotFound(err) {
+		cm, err := w.readShard(ctx, reader, main, i)
+		if err != nil {
 			return nil, err
 		}
 		cms = append(cms, cm)
 	}
 	return cms, nil
+}
+
+// readShard gets shard i of a group's documents: nil for a shard i > 0 not created yet.
+func (w *groupWriter) readShard(ctx context.Context, reader client.Reader, main string, i int) (*corev1.ConfigMap, error) {
+	name := contract.ShardName(main, i)
+	cm := &corev1.ConfigMap{}
+	err := reader.Get(ctx, client.ObjectKey{Namespace: w.namespace, Name: name}, cm)
+	last, written := w.last.get(name)
+	switch {
+	case err == nil && written && reader == w.client:
+		return freshest(cm, last), nil
+	case err == nil:
+		return cm, nil
+	case apierrors.IsNotFound(err) && i > 0 && written && reader == w.client:
+		// Created by an earlier flush and not in the cache yet.
+		return last.DeepCopy(), nil
+	case apierrors.IsNotFound(err) && i > 0:
+		return nil, nil
+	}
+	return nil, err
 }
 
 // freshest is the object to start a read-modify-write from: the cached one, or a copy of the
@@ -654,7 +681,7 @@ func (w *groupWriter) base(cm *corev1.ConfigMap) *groupContent {
 	if last == nil {
 		return c
 	}
-	out := *c
+	out := groupContent{serve: c.serve, dnat: c.dnat, owners: c.owners, serveUnreadable: c.serveUnreadable, dnatUnreadable: c.dnatUnreadable}
 	if out.serveUnreadable && !last.serveUnreadable {
 		out.serve, out.serveUnreadable = last.serve, false
 	}

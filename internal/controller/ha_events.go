@@ -5,6 +5,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -31,6 +32,8 @@ const (
 	indexIngressHostname = "tsingress.ingress.proxygroup-hostname"
 	indexServiceGroup    = "tsingress.service.proxygroup"
 	indexServiceHostname = "tsingress.service.proxygroup-hostname"
+	// indexReportOf indexes a replica's report Secrets by its state Secret's name.
+	indexReportOf = "tsingress.secret.report-of"
 )
 
 // indexGroupObjects registers the indexes, once per manager.
@@ -57,7 +60,14 @@ func indexGroupObjects(mgr ctrl.Manager) error {
 			return err
 		}
 	}
-	return nil
+	return idx.IndexField(ctx, &corev1.Secret{}, indexReportOf, func(o client.Object) []string {
+		l := o.GetLabels()
+		ord, err := strconv.Atoi(l[labelReplica])
+		if l[LabelSecretType] != secretTypeReport || l[LabelParentType] != parentTypeProxyGroup || err != nil {
+			return nil
+		}
+		return []string{group{l[LabelParentName]}.replicas().stateSecret(ord)}
+	})
 }
 
 // haControllerOptions let the reconcilers of objects on ProxyGroups run side by side: most of

@@ -68,6 +68,36 @@ type parsedState struct {
 
 var parsedStates = &stateCache{parsed: map[types.UID]parsedState{}}
 
+// reportShards returns the Secrets of the other shards of the report whose state Secret is s,
+// by name; a missing one is absent. Every HA reconcile reads its group's reports: from the
+// cache's index, without the copy a Get makes of each (a large group's reports are spread
+// over dozens of Secrets, and copying them per reconcile made the work grow with the square
+// of the group's size). They are the cache's own objects: read, never changed.
+func reportShards(ctx context.Context, cl client.Reader, s *corev1.Secret, count int) (map[string]*corev1.Secret, error) {
+	out := map[string]*corev1.Secret{}
+	if count <= 1 {
+		return out, nil
+	}
+	list := &corev1.SecretList{}
+	err := cl.List(ctx, list, client.InNamespace(s.Namespace), client.MatchingFields{indexReportOf: s.Name}, client.UnsafeDisableDeepCopy)
+	if err == nil {
+		for i := range list.Items {
+			out[list.Items[i].Name] = &list.Items[i]
+		}
+		return out, nil
+	}
+	// A reader without the index (the API server): one Get each.
+	for k := 1; k < count; k++ {
+		shard := &corev1.Secret{}
+		err := cl.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: contract.ReportShardName(s.Name, k)}, shard)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return nil, err
+		}
+		out[shard.Name] = shard
+	}
+	return out, nil
+}
+
 // parse returns the report whose state Secret is s, read with the Secrets of its other shards.
 // The result is shared: callers must not change it.
 func (c *stateCache) parse(ctx context.Context, cl client.Reader, s *corev1.Secret) (*contract.ProxyState, error) {
@@ -77,12 +107,12 @@ func (c *stateCache) parse(ctx context.Context, cl client.Reader, s *corev1.Secr
 	}
 	shards := []map[string][]byte{s.Data}
 	versions := []string{s.ResourceVersion}
+	others, err := reportShards(ctx, cl, s, count)
+	if err != nil {
+		return nil, err
+	}
 	for k := 1; k < count; k++ {
-		shard := &corev1.Secret{}
-		err := cl.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: contract.ReportShardName(s.Name, k)}, shard)
-		if err != nil && !apierrors.IsNotFound(err) {
-			return nil, err
-		}
+		shard := others[contract.ReportShardName(s.Name, k)]
 		shards, versions = append(shards, shard.Data), append(versions, shard.ResourceVersion)
 	}
 	key := strings.Join(versions, ",")
