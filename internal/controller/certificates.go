@@ -13,11 +13,13 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"weak"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -185,15 +187,24 @@ func (c certSecrets) resolve(ctx context.Context, ing *networkingv1.Ingress, pre
 	return out, nil
 }
 
+// indexCertCopies indexes the certificate copies among the operator's Secrets, which both
+// Ingress reconcilers prune on every pass: a label selector alone scanned every Secret of the
+// namespace (each Ingress on a group has one), which grew with the square of their number.
+const indexCertCopies = "tsingress.secret.certificate-copy"
+
+func indexCertificateCopies(mgr ctrl.Manager) error {
+	return mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Secret{}, indexCertCopies, func(o client.Object) []string {
+		if o.GetLabels()[LabelSecretType] != secretTypeCertCopy {
+			return nil
+		}
+		return []string{"true"}
+	})
+}
+
 // pruneCertCopies deletes the certificate copies labelled with labels that are not in keep.
 func pruneCertCopies(ctx context.Context, c client.Client, namespace string, labels map[string]string, keep []*corev1.Secret) error {
-	sel := client.MatchingLabels{}
-	for k, v := range labels {
-		sel[k] = v
-	}
-	sel[LabelSecretType] = secretTypeCertCopy
 	list := &corev1.SecretList{}
-	if err := c.List(ctx, list, client.InNamespace(namespace), sel); err != nil {
+	if err := c.List(ctx, list, client.InNamespace(namespace), client.MatchingLabels(labels), client.MatchingFields{indexCertCopies: "true"}); err != nil {
 		return err
 	}
 	for i := range list.Items {
@@ -236,9 +247,34 @@ type certGuard struct {
 	// group in every report, and each reconcile of an object on the group passes them all here.
 	observedMu sync.Mutex
 	observed   map[string]string
+	// observedReports are the parsed reports (shared, unchanged while their Secrets are) whose
+	// every certificate was counted: each reconcile of an object on a large group would
+	// otherwise look at every certificate of the group again.
+	observedReports map[weak.Pointer[contract.ProxyState]]bool
 
 	decodedMu      sync.Mutex
 	decodedLedgers map[string]decodedLedger // by domain
+}
+
+// observeReport is observe for a replica's parsed report, once per report.
+func (g *certGuard) observeReport(ctx context.Context, st *contract.ProxyState, staging bool) error {
+	key := weak.Make(st)
+	g.observedMu.Lock()
+	done := g.observedReports[key]
+	g.observedMu.Unlock()
+	if done {
+		return nil
+	}
+	if err := g.observe(ctx, st.Certificates, staging); err != nil {
+		return err
+	}
+	g.observedMu.Lock()
+	defer g.observedMu.Unlock()
+	if g.observedReports == nil || len(g.observedReports) >= 1024 { // reports replaced since: start over
+		g.observedReports = map[weak.Pointer[contract.ProxyState]]bool{}
+	}
+	g.observedReports[key] = true
+	return nil
 }
 
 func (g *certGuard) alreadyObserved(name, serial string) bool {

@@ -234,7 +234,7 @@ func (r *HAIngressReconciler) certificate(ctx context.Context, s *haIngressScope
 		if _, d, ok := strings.Cut(st.FQDN, "."); ok {
 			domain = d
 		}
-		if err := r.guard.observe(ctx, st.Certificates, staging); err != nil {
+		if err := r.guard.observeReport(ctx, st, staging); err != nil {
 			return c, err
 		}
 	}

@@ -64,6 +64,9 @@ func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
 	if err := indexGroupObjects(mgr); err != nil {
 		return err
 	}
+	if err := indexCertificateCopies(mgr); err != nil {
+		return err
+	}
 	if err := (&ProxyClassReconciler{Client: mgr.GetClient(), Recorder: rec, Mapper: mgr.GetRESTMapper(), metrics: m}).SetupWithManager(mgr); err != nil {
 		return err
 	}
