@@ -443,3 +443,32 @@ var _ = Describe("Certificates from Let's Encrypt's staging directory", func() {
 		Expect(err).NotTo(HaveOccurred())
 	})
 })
+
+var _ = Describe("The certificate guard", func() {
+	It("counts a replica's parsed report once, however many objects read it, and a new report again", func() {
+		ns := newNamespace()
+		guard := &certGuard{Client: k8s, namespace: ns, limits: acmebudget.LetsEncrypt, now: time.Now}
+		issued := func(serial string) contract.CertificateStatus {
+			return contract.CertificateStatus{Source: contract.CertSourceACME, Serial: serial,
+				NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(90 * 24 * time.Hour)}
+		}
+		ledger := func() string {
+			cm := &corev1.ConfigMap{}
+			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: ledgerConfigMap}, cm)).To(Succeed())
+			return cm.Data["once.example.json"]
+		}
+		report := &contract.ProxyState{Certificates: map[string]contract.CertificateStatus{"a.once.example": issued("a1a1")}}
+		Expect(guard.observeReport(ctx, report, false)).To(Succeed())
+		Expect(ledger()).To(ContainSubstring("a1a1"))
+
+		// Parsed reports are never changed; this one is, only to show it is not read again.
+		report.Certificates["b.once.example"] = issued("b2b2")
+		Expect(guard.observeReport(ctx, report, false)).To(Succeed())
+		Expect(ledger()).NotTo(ContainSubstring("b2b2"))
+
+		next := &contract.ProxyState{Certificates: map[string]contract.CertificateStatus{
+			"a.once.example": issued("a1a1"), "b.once.example": issued("b2b2")}}
+		Expect(guard.observeReport(ctx, next, false)).To(Succeed())
+		Expect(ledger()).To(ContainSubstring("b2b2"))
+	})
+})
