@@ -29,28 +29,33 @@ type groupContent struct {
 	// Documents this build could not read, counted as empty.
 	serveUnreadable, dnatUnreadable bool
 
-	byOwnerOnce sync.Once
-	byOwner     map[string][]string // owners inverted, built on first use
+	byOwner *ownerIndex // of owners; shared by copies that keep them
+}
+
+// ownerIndex is the owner index inverted, built on first use.
+type ownerIndex struct {
+	once    sync.Once
+	entries map[string][]string
 }
 
 // owned lists the entries written for owner. The inverted index is built once: a content is
 // not changed once it is shared, and scanning every entry of every group per pass made the
 // work grow with the square of the group's size.
 func (g *groupContent) owned(owner string) []string {
-	g.byOwnerOnce.Do(func() {
-		g.byOwner = make(map[string][]string, len(g.owners))
+	g.byOwner.once.Do(func() {
+		g.byOwner.entries = make(map[string][]string, len(g.owners))
 		for name, o := range g.owners {
-			g.byOwner[o] = append(g.byOwner[o], name)
+			g.byOwner.entries[o] = append(g.byOwner.entries[o], name)
 		}
 	})
-	return g.byOwner[owner]
+	return g.byOwner.entries[owner]
 }
 
 // decodeGroup reads a group ConfigMap's documents. A document this build cannot read counts as
 // empty: the writer then replaces it with one it can.
 func decodeGroup(cm *corev1.ConfigMap) *groupContent {
 	data := cmData(cm)
-	g := &groupContent{owners: owners(cm)}
+	g := &groupContent{owners: owners(cm), byOwner: &ownerIndex{}}
 	if doc, _, err := contract.ServeConfigs.Decode(data); err == nil {
 		g.serve = doc
 	} else {
@@ -75,7 +80,7 @@ func decodeGroup(cm *corev1.ConfigMap) *groupContent {
 func (g *groupContent) clone() *groupContent {
 	serve, dnat := *g.serve, *g.dnat
 	serve.Services, dnat.Services = maps.Clone(g.serve.Services), maps.Clone(g.dnat.Services)
-	return &groupContent{serve: &serve, dnat: &dnat, owners: maps.Clone(g.owners)}
+	return &groupContent{serve: &serve, dnat: &dnat, owners: maps.Clone(g.owners), byOwner: &ownerIndex{}}
 }
 
 // has reports whether the group serves svcName, in either document.
@@ -144,7 +149,7 @@ func (g *groupContent) encode() (data map[string]string, keys []string, err erro
 // emptyContent is the content of a shard not created yet.
 func emptyContent() *groupContent {
 	return &groupContent{serve: &contract.ServeConfig{Services: map[string]contract.WebService{}},
-		dnat: &contract.DNATConfig{Services: map[string]contract.DNATService{}}, owners: map[string]string{}}
+		dnat: &contract.DNATConfig{Services: map[string]contract.DNATService{}}, owners: map[string]string{}, byOwner: &ownerIndex{}}
 }
 
 // groupShards is a group's documents over its shards (contract.MergeShards), as a flush
@@ -681,7 +686,7 @@ func (w *groupWriter) base(cm *corev1.ConfigMap) *groupContent {
 	if last == nil {
 		return c
 	}
-	out := groupContent{serve: c.serve, dnat: c.dnat, owners: c.owners, serveUnreadable: c.serveUnreadable, dnatUnreadable: c.dnatUnreadable}
+	out := *c
 	if out.serveUnreadable && !last.serveUnreadable {
 		out.serve, out.serveUnreadable = last.serve, false
 	}

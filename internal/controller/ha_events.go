@@ -60,14 +60,18 @@ func indexGroupObjects(mgr ctrl.Manager) error {
 			return err
 		}
 	}
-	return idx.IndexField(ctx, &corev1.Secret{}, indexReportOf, func(o client.Object) []string {
-		l := o.GetLabels()
-		ord, err := strconv.Atoi(l[labelReplica])
-		if l[LabelSecretType] != secretTypeReport || l[LabelParentType] != parentTypeProxyGroup || err != nil {
-			return nil
-		}
-		return []string{group{l[LabelParentName]}.replicas().stateSecret(ord)}
-	})
+	return idx.IndexField(ctx, &corev1.Secret{}, indexReportOf, reportOf)
+}
+
+// reportOf is the indexReportOf value of a Secret: the state Secret of the report it is a
+// shard of, from the labels the ProxyGroup reconciler gives it.
+func reportOf(o client.Object) []string {
+	l := o.GetLabels()
+	ord, err := strconv.Atoi(l[labelReplica])
+	if l[LabelSecretType] != secretTypeReport || l[LabelParentType] != parentTypeProxyGroup || err != nil {
+		return nil
+	}
+	return []string{group{l[LabelParentName]}.replicas().stateSecret(ord)}
 }
 
 // haControllerOptions let the reconcilers of objects on ProxyGroups run side by side: most of

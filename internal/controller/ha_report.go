@@ -7,7 +7,6 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -69,7 +68,7 @@ type parsedState struct {
 var parsedStates = &stateCache{parsed: map[types.UID]parsedState{}}
 
 // reportShards returns the Secrets of the other shards of the report whose state Secret is s,
-// by name; a missing one is absent. Every HA reconcile reads its group's reports: from the
+// by name. Every HA reconcile reads its group's reports: from the
 // cache's index, without the copy a Get makes of each (a large group's reports are spread
 // over dozens of Secrets, and copying them per reconcile made the work grow with the square
 // of the group's size). They are the cache's own objects: read, never changed.
@@ -79,21 +78,11 @@ func reportShards(ctx context.Context, cl client.Reader, s *corev1.Secret, count
 		return out, nil
 	}
 	list := &corev1.SecretList{}
-	err := cl.List(ctx, list, client.InNamespace(s.Namespace), client.MatchingFields{indexReportOf: s.Name}, client.UnsafeDisableDeepCopy)
-	if err == nil {
-		for i := range list.Items {
-			out[list.Items[i].Name] = &list.Items[i]
-		}
-		return out, nil
+	if err := cl.List(ctx, list, client.InNamespace(s.Namespace), client.MatchingFields{indexReportOf: s.Name}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, err
 	}
-	// A reader without the index (the API server): one Get each.
-	for k := 1; k < count; k++ {
-		shard := &corev1.Secret{}
-		err := cl.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: contract.ReportShardName(s.Name, k)}, shard)
-		if err != nil && !apierrors.IsNotFound(err) {
-			return nil, err
-		}
-		out[shard.Name] = shard
+	for i := range list.Items {
+		out[list.Items[i].Name] = &list.Items[i]
 	}
 	return out, nil
 }
@@ -112,8 +101,12 @@ func (c *stateCache) parse(ctx context.Context, cl client.Reader, s *corev1.Secr
 		return nil, err
 	}
 	for k := 1; k < count; k++ {
-		shard := others[contract.ReportShardName(s.Name, k)]
-		shards, versions = append(shards, shard.Data), append(versions, shard.ResourceVersion)
+		var data map[string][]byte
+		var version string
+		if shard := others[contract.ReportShardName(s.Name, k)]; shard != nil { // a missing one reads as empty
+			data, version = shard.Data, shard.ResourceVersion
+		}
+		shards, versions = append(shards, data), append(versions, version)
 	}
 	key := strings.Join(versions, ",")
 	c.mu.Lock()

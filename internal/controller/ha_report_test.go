@@ -37,8 +37,14 @@ func TestGroupStatesReadShardedReports(t *testing.T) {
 			t.Fatal(err)
 		}
 		var objs []client.Object
+		r := &ProxyGroupReconciler{Settings: Settings{Namespace: "ns"}}
 		for k, d := range shards {
-			objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: contract.ReportShardName(g.replicas().stateSecret(i), k)}, Data: d})
+			name := contract.ReportShardName(g.replicas().stateSecret(i), k)
+			if k == 0 {
+				objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}, Data: d})
+			} else { // labelled as the reconciler makes them
+				objs = append(objs, r.secret(g, name, secretTypeReport, i, d))
+			}
 		}
 		return objs
 	}
@@ -48,7 +54,7 @@ func TestGroupStatesReadShardedReports(t *testing.T) {
 	}
 	objs = append(objs, shardSecrets(0, report("pod-a", 40), 4)...) // sharded
 	objs = append(objs, shardSecrets(1, report("pod-b", 40), 1)...) // as a replica older than report shards writes it
-	c := fake.NewClientBuilder().WithObjects(objs...).Build()
+	c := fake.NewClientBuilder().WithObjects(objs...).WithIndex(&corev1.Secret{}, indexReportOf, reportOf).Build()
 
 	states, err := groupStates(ctx, c, "ns", pg)
 	if err != nil {
