@@ -92,6 +92,18 @@ func TestGroupStatesReadShardedReports(t *testing.T) {
 			t.Errorf("%s still read as advertised", svc)
 		}
 	}
+
+	// A shard's Secret gone (deleted by hand): it reads as empty.
+	if err := c.Delete(ctx, shard); err != nil {
+		t.Fatal(err)
+	}
+	states, err = groupStates(ctx, c, "ns", pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(states[0].Advertised); got != 40-len(part.Advertised) {
+		t.Errorf("with shard 2 gone: %d advertised, want %d", got, 40-len(part.Advertised))
+	}
 }
 
 // Each replica may write the Secrets of its report's shards, one fewer than the documents',
