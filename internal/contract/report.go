@@ -149,10 +149,16 @@ func SplitReport(data map[string][]byte, count int) ([]map[string][]byte, error)
 // a shard not found): the state, with the entries of every shard written by the Pod that wrote
 // shard 0. Shards beyond the count that shard 0 gives are ignored.
 func ParseReport(shards []map[string][]byte) (*ProxyState, error) {
+	return ReadReport(shards, func(k int) (*ProxyState, error) { return ParseState(shards[k]) })
+}
+
+// ReadReport is ParseReport with shard k's data parsed by parse(k): a reader that keeps each
+// shard's parse across reports. ReadReport does not change what parse returns.
+func ReadReport(shards []map[string][]byte, parse func(k int) (*ProxyState, error)) (*ProxyState, error) {
 	if len(shards) == 0 {
 		return nil, errors.New("no state")
 	}
-	st, err := ParseState(shards[0])
+	first, err := parse(0)
 	if err != nil {
 		return nil, err
 	}
@@ -160,14 +166,28 @@ func ParseReport(shards []map[string][]byte) (*ProxyState, error) {
 	if err != nil {
 		return nil, err
 	}
+	parts := []*ProxyState{first}
 	for k := 1; k < min(count, len(shards)); k++ {
-		if shards[k] == nil || string(shards[k][StatePodUID]) != st.PodUID {
+		if shards[k] == nil || string(shards[k][StatePodUID]) != first.PodUID {
 			continue
 		}
-		part, err := ParseState(shards[k])
+		part, err := parse(k)
 		if err != nil {
 			return nil, fmt.Errorf("report shard %d of %d: %w", k, count, err)
 		}
+		parts = append(parts, part)
+	}
+	return mergeReport(parts), nil
+}
+
+// mergeReport is the state of parts[0] with the entries of every part, in new maps and slices.
+func mergeReport(parts []*ProxyState) *ProxyState {
+	st := *parts[0]
+	st.Advertised, st.Certificates, st.Funnel = slices.Clone(st.Advertised), maps.Clone(st.Certificates), maps.Clone(st.Funnel)
+	if fw := st.Firewall; fw != nil {
+		st.Firewall = &FirewallStatus{Mode: fw.Mode, PodUID: fw.PodUID, Families: fw.Families, Mappings: maps.Clone(fw.Mappings)}
+	}
+	for _, part := range parts[1:] {
 		st.Advertised = append(st.Advertised, part.Advertised...)
 		st.Certificates = mergeInto(st.Certificates, part.Certificates)
 		st.Funnel = mergeInto(st.Funnel, part.Funnel)
@@ -179,7 +199,7 @@ func ParseReport(shards []map[string][]byte) (*ProxyState, error) {
 		}
 	}
 	slices.Sort(st.Advertised)
-	return st, nil
+	return &st
 }
 
 func mergeInto[V any](into, from map[string]V) map[string]V {

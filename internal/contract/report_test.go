@@ -3,6 +3,7 @@ package contract
 import (
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -229,4 +230,43 @@ func withoutIndex(data map[string][]byte) map[string][]byte {
 		delete(out, k)
 	}
 	return out
+}
+
+// A reader that keeps each shard's parse hands the same parts to every report it reads: a
+// report must not change them.
+func TestReadReportLeavesPartsAlone(t *testing.T) {
+	shards, err := SplitReport(mustData(t, reportOf(30)), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := make([]*ProxyState, len(shards))
+	for k := range shards {
+		if parts[k], err = ParseState(shards[k]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := make([]string, len(parts))
+	for k, p := range parts {
+		before[k] = fmt.Sprintf("%+v %+v", *p, p.Firewall)
+	}
+	kept := func(k int) (*ProxyState, error) { return parts[k], nil }
+	first, err := ReadReport(shards, kept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := ReadReport(shards, kept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, p := range parts {
+		if got := fmt.Sprintf("%+v %+v", *p, p.Firewall); got != before[k] {
+			t.Errorf("part %d changed by reading the report:\n%s\nwas\n%s", k, got, before[k])
+		}
+	}
+	if !reflect.DeepEqual(first, second) || len(first.Advertised) != len(reportOf(30).Advertised) {
+		t.Errorf("two reads of the same parts differ or miss entries: %d and %d advertised", len(first.Advertised), len(second.Advertised))
+	}
+	if want, err := ParseReport(shards); err != nil || !reflect.DeepEqual(first, want) {
+		t.Errorf("ReadReport differs from ParseReport (%v)", err)
+	}
 }

@@ -402,7 +402,7 @@ func advertisers(ctx context.Context, c client.Client, namespace string, pg *tsv
 		if _, d, ok := strings.Cut(st.FQDN, "."); ok {
 			domain = d
 		}
-		if slices.Contains(st.Advertised, svcName) {
+		if advertises(st, svcName) {
 			n++
 			continue
 		}
@@ -413,6 +413,13 @@ func advertisers(ctx context.Context, c client.Client, namespace string, pg *tsv
 		}
 	}
 	return n, replicas(pg), domain, dnatErrs, nil
+}
+
+// advertises reports whether a parsed report lists svcName: its list is sorted, and large
+// groups look up every one of their services in it.
+func advertises(st *contract.ProxyState, svcName string) bool {
+	_, found := slices.BinarySearch(st.Advertised, svcName)
+	return found
 }
 
 // vipsFor picks, per family, the VIPs a Service's destination can be reached from.

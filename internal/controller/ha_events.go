@@ -288,19 +288,20 @@ func (e groupEvents) owning(ctx context.Context, pg string, svcNames []string) [
 // read or, in the state Secret (first), the replica's identity or Pod changed. Another shard
 // names a new Pod with its first write: its entries say what changed.
 func changedServices(old, cur *corev1.Secret, first bool) (names []string, all bool) {
-	a, errA := contract.ParseState(old.Data)
-	b, errB := contract.ParseState(cur.Data)
+	a, errA := parsedShards.parse(old)
+	b, errB := parsedShards.parse(cur)
 	if errA != nil || errB != nil || (first && (a.PodUID != b.PodUID || a.FQDN != b.FQDN || a.DeviceID != b.DeviceID)) {
 		return nil, true
 	}
 	changed := map[string]bool{}
-	for _, n := range a.Advertised {
-		if !slices.Contains(b.Advertised, n) {
+	inA, inB := setOf(a.Advertised), setOf(b.Advertised)
+	for n := range inA {
+		if !inB[n] {
 			changed[n] = true
 		}
 	}
-	for _, n := range b.Advertised {
-		if !slices.Contains(a.Advertised, n) {
+	for n := range inB {
+		if !inA[n] {
 			changed[n] = true
 		}
 	}
@@ -337,4 +338,12 @@ func unionKeys[V any](a, b map[string]V) []string {
 		}
 	}
 	return keys
+}
+
+func setOf(names []string) map[string]bool {
+	set := make(map[string]bool, len(names))
+	for _, n := range names {
+		set[n] = true
+	}
+	return set
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 	"time"
 
@@ -320,7 +319,7 @@ func haIngressLoadBalancer(svcName string, ws *contract.WebService, cert tailnet
 
 func firstAdvertising(states []*contract.ProxyState, svcName string) *contract.ProxyState {
 	for _, st := range states {
-		if st != nil && slices.Contains(st.Advertised, svcName) {
+		if st != nil && advertises(st, svcName) {
 			return st
 		}
 	}

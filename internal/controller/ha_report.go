@@ -67,6 +67,43 @@ type parsedState struct {
 
 var parsedStates = &stateCache{parsed: map[types.UID]parsedState{}}
 
+// shardCache keeps the parse of each report Secret at its last version: a replica rewrites one
+// shard of its report at a time, and the event handlers (old and new version) and the
+// reconcilers read the same versions.
+type shardCache struct {
+	mu     sync.Mutex
+	parsed map[types.UID]parsedShard
+}
+
+type parsedShard struct {
+	version string
+	state   *contract.ProxyState
+	err     error
+}
+
+var parsedShards = &shardCache{parsed: map[types.UID]parsedShard{}}
+
+// parse is contract.ParseState of s's data, shared: callers must not change it.
+func (c *shardCache) parse(s *corev1.Secret) (*contract.ProxyState, error) {
+	if s.UID == "" || s.ResourceVersion == "" { // not from the API server: nothing to key it by
+		return contract.ParseState(s.Data)
+	}
+	c.mu.Lock()
+	p, ok := c.parsed[s.UID]
+	c.mu.Unlock()
+	if ok && p.version == s.ResourceVersion {
+		return p.state, p.err
+	}
+	st, err := contract.ParseState(s.Data)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.parsed) > 4096 { // Secrets of deleted groups: start over rather than track deletions
+		clear(c.parsed)
+	}
+	c.parsed[s.UID] = parsedShard{version: s.ResourceVersion, state: st, err: err}
+	return st, err
+}
+
 // reportShards returns the Secrets of the other shards of the report whose state Secret is s,
 // by name. Every HA reconcile reads its group's reports: from the
 // cache's index, without the copy a Get makes of each (a large group's reports are spread
@@ -94,6 +131,7 @@ func (c *stateCache) parse(ctx context.Context, cl client.Reader, s *corev1.Secr
 	if err != nil {
 		return nil, err
 	}
+	secrets := []*corev1.Secret{s}
 	shards := []map[string][]byte{s.Data}
 	versions := []string{s.ResourceVersion}
 	others, err := reportShards(ctx, cl, s, count)
@@ -101,12 +139,13 @@ func (c *stateCache) parse(ctx context.Context, cl client.Reader, s *corev1.Secr
 		return nil, err
 	}
 	for k := 1; k < count; k++ {
+		shard := others[contract.ReportShardName(s.Name, k)] // a missing one reads as empty
 		var data map[string][]byte
 		var version string
-		if shard := others[contract.ReportShardName(s.Name, k)]; shard != nil { // a missing one reads as empty
+		if shard != nil {
 			data, version = shard.Data, shard.ResourceVersion
 		}
-		shards, versions = append(shards, data), append(versions, version)
+		secrets, shards, versions = append(secrets, shard), append(shards, data), append(versions, version)
 	}
 	key := strings.Join(versions, ",")
 	c.mu.Lock()
@@ -115,7 +154,7 @@ func (c *stateCache) parse(ctx context.Context, cl client.Reader, s *corev1.Secr
 	if ok && p.versions == key && s.ResourceVersion != "" {
 		return p.state, nil
 	}
-	st, err := contract.ParseReport(shards)
+	st, err := contract.ReadReport(shards, func(k int) (*contract.ProxyState, error) { return parsedShards.parse(secrets[k]) })
 	if err != nil {
 		return nil, err
 	}

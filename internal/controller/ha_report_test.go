@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -149,5 +150,35 @@ func TestReportSecretsOfReplicas(t *testing.T) {
 	slices.Sort(left)
 	if want := []string{"pg-0-report1", "pg-0-report2", "pg-1-report1", "pg-1-report2"}; !slices.Equal(left, want) {
 		t.Errorf("after scaling to 2 replicas: %v; want %v", left, want)
+	}
+}
+
+// Each version of a report Secret is parsed once, whoever reads it; a new version is parsed
+// again, and an object without identity (not from the API server) every time.
+func TestShardCacheParsesEachVersionOnce(t *testing.T) {
+	data := func(svc string) map[string][]byte {
+		d, err := (&contract.ProxyState{PodUID: "pod-a", Advertised: []string{svc}}).Data()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	c := &shardCache{parsed: map[types.UID]parsedShard{}}
+	v1 := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{UID: "s1", ResourceVersion: "10"}, Data: data("svc:a")}
+	first, err := c.parse(v1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, _ := c.parse(v1.DeepCopy())
+	if again != first {
+		t.Error("the same version was parsed again")
+	}
+	v2 := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{UID: "s1", ResourceVersion: "11"}, Data: data("svc:b")}
+	if st, _ := c.parse(v2); st == first || !slices.Equal(st.Advertised, []string{"svc:b"}) {
+		t.Errorf("a new version read as %v", st.Advertised)
+	}
+	anonymous := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{ResourceVersion: "11"}, Data: data("svc:c")}
+	if st, _ := c.parse(anonymous); !slices.Equal(st.Advertised, []string{"svc:c"}) {
+		t.Errorf("a Secret without a UID read as %v", st.Advertised)
 	}
 }

@@ -37,7 +37,7 @@ func (s replicaSet) configSecret(i int) string {
 
 // replica is what a pass read of one replica.
 type replica struct {
-	pod *corev1.Pod // nil while there is none
+	pod *corev1.Pod // nil while there is none; the cache's: do not change it
 	// state is what the running Pod reports, nil while it has not: state left by an earlier Pod
 	// does not describe the running proxy. It is shared (parsedStates): do not change it.
 	state *contract.ProxyState
@@ -49,13 +49,15 @@ type replica struct {
 // read reads replica i of the set, in namespace ns.
 func (s replicaSet) read(ctx context.Context, c client.Reader, ns string, i int) (replica, error) {
 	var r replica
+	// The cache's own objects, not copies: every reconcile of an object on a group reads all
+	// its replicas, and copying their state Secrets grew with the group.
 	pod := &corev1.Pod{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.pod(i)}, pod); err != nil {
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.pod(i)}, pod, client.UnsafeDisableDeepCopy); err != nil {
 		return r, client.IgnoreNotFound(err)
 	}
 	r.pod = pod
 	secret := &corev1.Secret{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.stateSecret(i)}, secret); err != nil {
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.stateSecret(i)}, secret, client.UnsafeDisableDeepCopy); err != nil {
 		return r, client.IgnoreNotFound(err)
 	}
 	st, err := parsedStates.parse(ctx, c, secret)
