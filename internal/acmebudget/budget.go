@@ -112,6 +112,30 @@ func (l *Ledger) Clone() *Ledger {
 	return &Ledger{Entries: slices.Clone(l.Entries), Known: maps.Clone(l.Known)}
 }
 
+// Union is the ledger kept in parts (segments of storage): their entries in order, and each
+// known name at the earliest time a part knows it.
+func Union(parts ...*Ledger) *Ledger {
+	u := &Ledger{}
+	for _, p := range parts {
+		if p == nil {
+			continue
+		}
+		u.Entries = append(u.Entries, p.Entries...)
+		for name, at := range p.Known {
+			if prev, ok := u.Known[name]; !ok || at.Before(prev) {
+				if u.Known == nil {
+					u.Known = map[string]time.Time{}
+				}
+				u.Known[name] = at
+			}
+		}
+	}
+	return u
+}
+
+// Empty reports whether the ledger holds nothing.
+func (l *Ledger) Empty() bool { return len(l.Entries) == 0 && len(l.Known) == 0 }
+
 func (l *Ledger) reservation(name string) int {
 	return slices.IndexFunc(l.Entries, func(e Entry) bool { return e.Name == name && e.Reserved })
 }

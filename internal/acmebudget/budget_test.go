@@ -201,3 +201,21 @@ func TestCloneIsIndependent(t *testing.T) {
 		t.Errorf("a change of the clone reached the original: %+v", l)
 	}
 }
+
+func TestUnionOfParts(t *testing.T) {
+	a := &Ledger{Entries: []Entry{{Name: "a.x.ts.net", At: t0, Serial: "1"}}, Known: map[string]time.Time{"a.x.ts.net": t0, "b.x.ts.net": t0.Add(time.Hour)}}
+	b := &Ledger{Entries: []Entry{{Name: "b.x.ts.net", At: t0.Add(time.Hour), Reserved: true}}, Known: map[string]time.Time{"b.x.ts.net": t0}}
+	u := Union(a, nil, b)
+	if len(u.Entries) != 2 || u.Entries[0].Name != "a.x.ts.net" || u.Entries[1].Name != "b.x.ts.net" {
+		t.Errorf("entries %+v; want a's then b's", u.Entries)
+	}
+	if !u.Known["b.x.ts.net"].Equal(t0) || len(u.Known) != 2 {
+		t.Errorf("known %v; want each name at its earliest", u.Known)
+	}
+	if !u.HasReservation("b.x.ts.net", t0.Add(2*time.Hour), LetsEncrypt) {
+		t.Error("the union lost b's reservation")
+	}
+	if Union().Empty() != true || u.Empty() {
+		t.Error("Empty is wrong")
+	}
+}

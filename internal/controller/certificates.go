@@ -6,9 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -227,9 +225,6 @@ func secretNames(ss []*corev1.Secret) []string {
 	return names
 }
 
-// ledgerConfigMap keeps the account of certificates per registered domain, one key each.
-const ledgerConfigMap = "tsingress-acme-ledger"
-
 // certGuard keeps proxies within the ACME CA's rate limits: it records every certificate the
 // proxies report and decides, before a proxy may ask the CA, whether the limits allow it.
 type certGuard struct {
@@ -252,8 +247,10 @@ type certGuard struct {
 	// otherwise look at every certificate of the group again.
 	observedReports map[weak.Pointer[contract.ProxyState]]bool
 
-	decodedMu      sync.Mutex
-	decodedLedgers map[string]decodedLedger // by domain
+	parts       ledgerParts
+	domainsMu   sync.Mutex
+	domains     map[string]*domainLedger // as last read
+	segmentSize int                      // of the ledger's segments; ledgerSegmentBytes when 0
 }
 
 // observeReport is observe for a replica's parsed report, once per report.
@@ -374,54 +371,14 @@ func (g *certGuard) observe(ctx context.Context, certs map[string]contract.Certi
 	return nil
 }
 
-// decodedLedger is a domain's ledger as decoded from the ledger ConfigMap at a resourceVersion.
-type decodedLedger struct {
-	resourceVersion string
-	ledger          *acmebudget.Ledger
-}
-
-// decoded returns a domain's ledger in cm, decoding it only when cm is at another
-// resourceVersion than last time: with many names, decoding per change cost more than the
-// change. The result is shared: callers clone it to change it.
-func (g *certGuard) decoded(ctx context.Context, cm *corev1.ConfigMap, domain string) *acmebudget.Ledger {
-	g.decodedMu.Lock()
-	d, ok := g.decodedLedgers[domain]
-	g.decodedMu.Unlock()
-	if ok && cm.ResourceVersion != "" && d.resourceVersion == cm.ResourceVersion {
-		return d.ledger
-	}
-	l := &acmebudget.Ledger{}
-	if v := cm.Data[domain+".json"]; v != "" {
-		if err := json.Unmarshal([]byte(v), l); err != nil {
-			// A damaged ledger must not stop certificates: start a new account.
-			log.FromContext(ctx).Error(err, "the certificate ledger is damaged; starting it again", "domain", domain)
-			l = &acmebudget.Ledger{}
-		}
-	}
-	g.keepDecoded(cm, domain, l)
-	return l
-}
-
-func (g *certGuard) keepDecoded(cm *corev1.ConfigMap, domain string, l *acmebudget.Ledger) {
-	g.decodedMu.Lock()
-	defer g.decodedMu.Unlock()
-	if g.decodedLedgers == nil {
-		g.decodedLedgers = map[string]decodedLedger{}
-	}
-	g.decodedLedgers[domain] = decodedLedger{resourceVersion: cm.ResourceVersion, ledger: l}
-}
-
 // reserved reports whether the ledger, as last read, holds a reservation for name that still
 // counts at now: Reserve would then change nothing and allow the request.
 func (g *certGuard) reserved(ctx context.Context, domain, name string, now time.Time) bool {
-	cm := &corev1.ConfigMap{}
-	if err := g.Get(ctx, client.ObjectKey{Namespace: g.namespace, Name: ledgerConfigMap}, cm); err != nil {
+	segs, err := g.segments(ctx, g.Client, true)
+	if err != nil {
 		return false
 	}
-	if last, ok := g.last.get(ledgerConfigMap); ok {
-		cm = freshest(cm, last)
-	}
-	return g.decoded(ctx, cm, domain).HasReservation(name, now, g.limits)
+	return g.readDomain(ctx, segs, domain).ledger.HasReservation(name, now, g.limits)
 }
 
 // ledgerChange is a change of one domain's ledger.
@@ -435,7 +392,7 @@ type ledgerChange struct {
 // every new name reserves in.
 func (g *certGuard) update(ctx context.Context, domain string, change func(*acmebudget.Ledger)) error {
 	g.batchOnce.Do(func() { g.batch.flush = g.flushLedger })
-	return g.batch.do(ctx, ledgerConfigMap, ledgerChange{domain: domain, change: change})
+	return g.batch.do(ctx, ledgerConfigMap, ledgerChange{domain: domain, change: change}) // one queue for every segment
 }
 
 // flushLedger applies a batch of changes to the ledger ConfigMap.
@@ -448,68 +405,6 @@ func (g *certGuard) flushLedger(_ string, batch []ledgerChange) []error {
 		errs[i] = err
 	}
 	return errs
-}
-
-func (g *certGuard) writeLedger(ctx context.Context, batch []ledgerChange) error {
-	var reader client.Reader = g.Client
-	for attempt := 1; ; attempt++ {
-		cm := &corev1.ConfigMap{}
-		err := reader.Get(ctx, client.ObjectKey{Namespace: g.namespace, Name: ledgerConfigMap}, cm)
-		missing := apierrors.IsNotFound(err)
-		if err != nil && !missing {
-			return err
-		}
-		if last, ok := g.last.get(ledgerConfigMap); ok && !missing && attempt == 1 {
-			cm = freshest(cm, last)
-		}
-		ledgers := map[string]*acmebudget.Ledger{}
-		for _, c := range batch {
-			l := ledgers[c.domain]
-			if l == nil {
-				l = g.decoded(ctx, cm, c.domain).Clone()
-				ledgers[c.domain] = l
-			}
-			c.change(l)
-		}
-		before := cm.DeepCopy()
-		if cm.Data == nil {
-			cm.Data = map[string]string{}
-		}
-		for domain, l := range ledgers {
-			l.Prune(g.now(), g.limits)
-			b, err := json.Marshal(l)
-			if err != nil {
-				return err
-			}
-			cm.Data[domain+".json"] = string(b)
-		}
-
-		if !missing && maps.Equal(before.Data, cm.Data) {
-			return nil
-		}
-		if missing {
-			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ledgerConfigMap, Namespace: g.namespace,
-				Labels: map[string]string{LabelManaged: "true"}}, Data: cm.Data}
-			err = create(ctx, g.Client, cm)
-		} else {
-			err = patchShared(ctx, g.Client, before, cm)
-		}
-		if (apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err)) && attempt < maxFlushAttempts {
-			if g.api != nil {
-				reader = g.api
-			}
-			continue
-		}
-		if err != nil {
-			g.last.forget(ledgerConfigMap)
-			return err
-		}
-		g.last.set(ledgerConfigMap, cm)
-		for domain, l := range ledgers {
-			g.keepDecoded(cm, domain, l)
-		}
-		return nil
-	}
 }
 
 // decide sets c.hold for the tailnet name (none when staging: its limits are for testing) and

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math/big"
 	"reflect"
+	"sync"
 	"testing"
 	"time"
 
@@ -155,18 +156,32 @@ func TestCertPortError(t *testing.T) {
 
 // ledgerOf reads the guard's account of one registered domain.
 func ledgerOf(g Gomega, domain string) *acmebudget.Ledger {
-	cm := &corev1.ConfigMap{}
-	g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: ledgerConfigMap}, cm)).To(Succeed())
-	l := &acmebudget.Ledger{}
-	g.Expect(json.Unmarshal([]byte(cm.Data[domain+".json"]), l)).To(Succeed())
-	return l
+	return ledgerIn(g, testSetup.Namespace, domain)
 }
 
-// writeLedger replaces the account of one registered domain, as if certificates had been issued.
+// ledgerIn reads a domain's account from the ledger's segments in namespace ns.
+func ledgerIn(g Gomega, ns, domain string) *acmebudget.Ledger {
+	segs, err := listLedgerSegments(ctx, k8s, ns)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(segs).NotTo(BeEmpty())
+	var parts []*acmebudget.Ledger
+	for _, seg := range segs {
+		if v := seg.cm.Data[ledgerKey(domain)]; v != "" {
+			l := &acmebudget.Ledger{}
+			g.Expect(json.Unmarshal([]byte(v), l)).To(Succeed())
+			parts = append(parts, l)
+		}
+	}
+	return acmebudget.Union(parts...)
+}
+
+// writeLedger replaces the account of one registered domain, as if certificates had been
+// issued, in the one ConfigMap an operator before ledger segments kept.
 func writeLedger(domain string, l *acmebudget.Ledger) {
 	b, err := json.Marshal(l)
 	Expect(err).NotTo(HaveOccurred())
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: testSetup.Namespace, Name: ledgerConfigMap}}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: testSetup.Namespace, Name: ledgerConfigMap,
+		Labels: map[string]string{LabelManaged: "true"}}}
 	err = k8s.Get(ctx, client.ObjectKeyFromObject(cm), cm)
 	if err != nil {
 		cm.Data = map[string]string{domain + ".json": string(b)}
@@ -470,5 +485,78 @@ var _ = Describe("The certificate guard", func() {
 			"a.once.example": issued("a1a1"), "b.once.example": issued("b2b2")}}
 		Expect(guard.observeReport(ctx, next, false)).To(Succeed())
 		Expect(ledger()).To(ContainSubstring("b2b2"))
+	})
+
+	It("keeps the ledger in bounded segments, rewriting only those a change touches", func() {
+		ns := newNamespace()
+		now := time.Now()
+		guard := &certGuard{Client: k8s, namespace: ns, limits: acmebudget.Limits{PerDomain: 1000, PerName: 5, Window: 7 * 24 * time.Hour},
+			now: func() time.Time { return now }, segmentSize: 4 << 10}
+		const domain = "seg.example"
+		names := make([]string, 120)
+		for i := range names {
+			names[i] = fmt.Sprintf("web-%03d.%s", i, domain)
+		}
+		// Reserved from many reconcilers at once, as a large group's would.
+		var wg sync.WaitGroup
+		for _, name := range names {
+			wg.Go(func() {
+				defer GinkgoRecover()
+				hold, err := guard.hold(ctx, name, contract.CertificateStatus{})
+				Expect(err).NotTo(HaveOccurred())
+				Expect(hold).To(BeNil())
+			})
+		}
+		wg.Wait()
+		segments := func() map[string]*corev1.ConfigMap {
+			segs, err := listLedgerSegments(ctx, k8s, ns)
+			Expect(err).NotTo(HaveOccurred())
+			out := map[string]*corev1.ConfigMap{}
+			for _, s := range segs {
+				Expect(s.size()).To(BeNumerically("<=", 4<<10*4/3), "segment %s", s.cm.Name)
+				out[s.cm.Name] = s.cm.DeepCopy()
+			}
+			return out
+		}
+		before := segments()
+		Expect(len(before)).To(BeNumerically(">=", 3), "120 reservations in segments of 4 KiB")
+		l := ledgerIn(Default, ns, domain)
+		Expect(l.Entries).To(HaveLen(len(names)))
+		for _, name := range names {
+			Expect(l.HasReservation(name, now, guard.limits)).To(BeTrue(), name)
+		}
+
+		// One certificate issued: one segment written, the others untouched.
+		Expect(guard.observe(ctx, map[string]contract.CertificateStatus{names[5]: {Source: contract.CertSourceACME, Serial: "c0ffee",
+			NotBefore: now, NotAfter: now.Add(90 * 24 * time.Hour)}}, false)).To(Succeed())
+		after := segments()
+		var rewritten []string
+		for name, cm := range after {
+			if before[name] == nil || before[name].ResourceVersion != cm.ResourceVersion {
+				rewritten = append(rewritten, name)
+			}
+		}
+		Expect(rewritten).To(HaveLen(1))
+		Expect(after[rewritten[0]].Data[ledgerKey(domain)]).To(ContainSubstring("c0ffee"))
+		Expect(ledgerIn(Default, ns, domain).Entries).To(ContainElement(And(HaveField("Name", names[5]), HaveField("Serial", "c0ffee"), HaveField("Reserved", false))))
+
+		// A new operator (nothing cached) reads the same account and reserves nothing twice.
+		fresh := &certGuard{Client: k8s, namespace: ns, limits: guard.limits, now: guard.now, segmentSize: 4 << 10}
+		Expect(fresh.hold(ctx, names[7], contract.CertificateStatus{})).To(BeNil())
+		Expect(ledgerIn(Default, ns, domain).Entries).To(HaveLen(len(names)))
+
+		// Past the window and the names' 90 days, every segment but the first is removed.
+		now = now.Add(100 * 24 * time.Hour)
+		Expect(fresh.hold(ctx, "late."+domain, contract.CertificateStatus{})).To(BeNil())
+		Eventually(func(g Gomega) []string {
+			segs, err := listLedgerSegments(ctx, k8s, ns)
+			g.Expect(err).NotTo(HaveOccurred())
+			var names []string
+			for _, s := range segs {
+				names = append(names, s.cm.Name)
+			}
+			return names
+		}).Should(Equal([]string{ledgerConfigMap}))
+		Expect(ledgerIn(Default, ns, domain).Entries).To(ConsistOf(HaveField("Name", "late."+domain)))
 	})
 })

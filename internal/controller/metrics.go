@@ -176,18 +176,24 @@ func (s *stateCollector) collectProxies(ctx context.Context, ch chan<- prometheu
 func (s *stateCollector) collectLedger(ctx context.Context, ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descLimits, prometheus.GaugeValue, float64(s.limits.PerDomain), "new_per_domain")
 	ch <- prometheus.MustNewConstMetric(descLimits, prometheus.GaugeValue, float64(s.limits.PerName), "per_name")
-	cm := &corev1.ConfigMap{}
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: s.namespace, Name: ledgerConfigMap}, cm); err != nil {
-		return // none yet: no certificate counted
+	segs, err := listLedgerSegments(ctx, s.c, s.namespace)
+	if err != nil {
+		return
+	}
+	parts := map[string][]*acmebudget.Ledger{}
+	for _, seg := range segs {
+		for key, v := range seg.cm.Data {
+			domain, ok := strings.CutSuffix(key, ".json")
+			l := &acmebudget.Ledger{}
+			if !ok || json.Unmarshal([]byte(v), l) != nil {
+				continue
+			}
+			parts[domain] = append(parts[domain], l)
+		}
 	}
 	now := s.now()
-	for key, v := range cm.Data {
-		domain, ok := strings.CutSuffix(key, ".json")
-		l := &acmebudget.Ledger{}
-		if !ok || json.Unmarshal([]byte(v), l) != nil {
-			continue
-		}
-		n, perName := l.Usage(now, s.limits)
+	for domain, ps := range parts {
+		n, perName := acmebudget.Union(ps...).Usage(now, s.limits)
 		ch <- prometheus.MustNewConstMetric(descDomainCerts, prometheus.GaugeValue, float64(n), domain)
 		for name, n := range perName {
 			ch <- prometheus.MustNewConstMetric(descNameCerts, prometheus.GaugeValue, float64(n), name)
