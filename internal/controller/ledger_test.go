@@ -36,7 +36,9 @@ func TestPlaceLedger(t *testing.T) {
 		return l
 	}
 	cost := entryBytes(entry(0, "")) + knownBytes(entry(0, "").Name)
-	part := func(i int, l *acmebudget.Ledger) segmentPart { return segmentPart{index: i, bytes: len(l.Entries) * cost, ledger: l} }
+	part := func(i int, l *acmebudget.Ledger) segmentPart {
+		return segmentPart{index: i, bytes: len(l.Entries) * cost, ledger: l}
+	}
 	names := func(l *acmebudget.Ledger) []string {
 		var out []string
 		for _, e := range l.Entries {
@@ -53,7 +55,7 @@ func TestPlaceLedger(t *testing.T) {
 		want  map[int][]string // entries of the parts that changed
 	}{
 		{
-			name: "nothing changed, nothing written",
+			name:  "nothing changed, nothing written",
 			parts: []segmentPart{part(0, ledger(entry(1, "a"), entry(2, "b"))), part(1, ledger(entry(3, "")))},
 			next:  ledger(entry(1, "a"), entry(2, "b"), entry(3, "")),
 			bound: 3 * cost,
