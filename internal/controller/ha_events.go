@@ -288,8 +288,8 @@ func (e groupEvents) owning(ctx context.Context, pg string, svcNames []string) [
 // read or, in the state Secret (first), the replica's identity or Pod changed. Another shard
 // names a new Pod with its first write: its entries say what changed.
 func changedServices(old, cur *corev1.Secret, first bool) (names []string, all bool) {
-	a, errA := parsedShards.parse(old)
-	b, errB := parsedShards.parse(cur)
+	a, errA := parseShard(old)
+	b, errB := parseShard(cur)
 	if errA != nil || errB != nil || (first && (a.PodUID != b.PodUID || a.FQDN != b.FQDN || a.DeviceID != b.DeviceID)) {
 		return nil, true
 	}

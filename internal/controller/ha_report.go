@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,55 +54,58 @@ func (r *ProxyGroupReconciler) removeReportSecrets(ctx context.Context, g group,
 	return nil
 }
 
-// stateCache keeps the last parse of each replica's report: it grows with the objects on its
-// group, and every reconcile of one of them reads it.
-type stateCache struct {
-	mu     sync.Mutex
-	parsed map[types.UID]parsedState
+// versioned keeps one value per object (by UID), computed from a version of it: the last
+// version asked for. Callers asking for a version being computed wait for it rather than
+// compute it too: when a report changes, every in-flight reconcile of its group asks at once.
+type versioned[V any] struct {
+	mu      sync.Mutex
+	entries map[types.UID]*versionedEntry[V]
 }
 
-type parsedState struct {
-	versions string // of the report's Secrets, in order
-	state    *contract.ProxyState
-}
-
-var parsedStates = &stateCache{parsed: map[types.UID]parsedState{}}
-
-// shardCache keeps the parse of each report Secret at its last version: a replica rewrites one
-// shard of its report at a time, and the event handlers (old and new version) and the
-// reconcilers read the same versions.
-type shardCache struct {
-	mu     sync.Mutex
-	parsed map[types.UID]parsedShard
-}
-
-type parsedShard struct {
+type versionedEntry[V any] struct {
 	version string
-	state   *contract.ProxyState
+	done    chan struct{} // closed once value and err are set
+	value   V
 	err     error
 }
 
-var parsedShards = &shardCache{parsed: map[types.UID]parsedShard{}}
-
-// parse is contract.ParseState of s's data, shared: callers must not change it.
-func (c *shardCache) parse(s *corev1.Secret) (*contract.ProxyState, error) {
-	if s.UID == "" || s.ResourceVersion == "" { // not from the API server: nothing to key it by
-		return contract.ParseState(s.Data)
+// get returns the value for uid at version, computing it when it has another; without a uid
+// or a version (not from the API server) nothing keys it and it is computed each time.
+func (c *versioned[V]) get(uid types.UID, version string, compute func() (V, error)) (V, error) {
+	if uid == "" || version == "" {
+		return compute()
 	}
 	c.mu.Lock()
-	p, ok := c.parsed[s.UID]
+	e, ok := c.entries[uid]
+	if !ok || e.version != version {
+		if c.entries == nil || len(c.entries) > 4096 { // objects since deleted: start over rather than track deletions
+			c.entries = map[types.UID]*versionedEntry[V]{}
+		}
+		e = &versionedEntry[V]{version: version, done: make(chan struct{}), err: errors.New("computing it panicked")}
+		c.entries[uid] = e
+		c.mu.Unlock()
+		defer close(e.done)
+		e.value, e.err = compute()
+		return e.value, e.err
+	}
 	c.mu.Unlock()
-	if ok && p.version == s.ResourceVersion {
-		return p.state, p.err
-	}
-	st, err := contract.ParseState(s.Data)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.parsed) > 4096 { // Secrets of deleted groups: start over rather than track deletions
-		clear(c.parsed)
-	}
-	c.parsed[s.UID] = parsedShard{version: s.ResourceVersion, state: st, err: err}
-	return st, err
+	<-e.done
+	return e.value, e.err
+}
+
+// parsedStates keeps each replica's report, parsed: it grows with the objects on its group,
+// and every reconcile of one of them reads it. Keyed by the state Secret, at the versions of
+// all the report's Secrets.
+var parsedStates versioned[*contract.ProxyState]
+
+// parsedShards keeps the parse of each report Secret: a replica rewrites one shard of its
+// report at a time, and the event handlers (old and new version) and the reconcilers read the
+// same versions.
+var parsedShards versioned[*contract.ProxyState]
+
+// parseShard is contract.ParseState of s's data, shared: callers must not change it.
+func parseShard(s *corev1.Secret) (*contract.ProxyState, error) {
+	return parsedShards.get(s.UID, s.ResourceVersion, func() (*contract.ProxyState, error) { return contract.ParseState(s.Data) })
 }
 
 // reportShards returns the Secrets of the other shards of the report whose state Secret is s,
@@ -124,9 +128,9 @@ func reportShards(ctx context.Context, cl client.Reader, s *corev1.Secret, count
 	return out, nil
 }
 
-// parse returns the report whose state Secret is s, read with the Secrets of its other shards.
-// The result is shared: callers must not change it.
-func (c *stateCache) parse(ctx context.Context, cl client.Reader, s *corev1.Secret) (*contract.ProxyState, error) {
+// parseReport returns the report whose state Secret is s, read with the Secrets of its other
+// shards. The result is shared: callers must not change it.
+func parseReport(ctx context.Context, cl client.Reader, s *corev1.Secret) (*contract.ProxyState, error) {
 	count, err := contract.ReportShardCount(s.Data)
 	if err != nil {
 		return nil, err
@@ -147,22 +151,11 @@ func (c *stateCache) parse(ctx context.Context, cl client.Reader, s *corev1.Secr
 		}
 		secrets, shards, versions = append(secrets, shard), append(shards, data), append(versions, version)
 	}
-	key := strings.Join(versions, ",")
-	c.mu.Lock()
-	p, ok := c.parsed[s.UID]
-	c.mu.Unlock()
-	if ok && p.versions == key && s.ResourceVersion != "" {
-		return p.state, nil
+	version := strings.Join(versions, ",")
+	if s.ResourceVersion == "" {
+		version = ""
 	}
-	st, err := contract.ReadReport(shards, func(k int) (*contract.ProxyState, error) { return parsedShards.parse(secrets[k]) })
-	if err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.parsed) > 1024 { // Secrets of deleted groups: start over rather than track deletions
-		clear(c.parsed)
-	}
-	c.parsed[s.UID] = parsedState{versions: key, state: st}
-	return st, nil
+	return parsedStates.get(s.UID, version, func() (*contract.ProxyState, error) {
+		return contract.ReadReport(shards, func(k int) (*contract.ProxyState, error) { return parseShard(secrets[k]) })
+	})
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -153,32 +155,38 @@ func TestReportSecretsOfReplicas(t *testing.T) {
 	}
 }
 
-// Each version of a report Secret is parsed once, whoever reads it; a new version is parsed
-// again, and an object without identity (not from the API server) every time.
-func TestShardCacheParsesEachVersionOnce(t *testing.T) {
-	data := func(svc string) map[string][]byte {
-		d, err := (&contract.ProxyState{PodUID: "pod-a", Advertised: []string{svc}}).Data()
-		if err != nil {
-			t.Fatal(err)
+// Each version of a report Secret is parsed once, however many ask for it at once; a new
+// version is parsed again, and an object without identity (not from the API server) every time.
+func TestVersionedParsesEachVersionOnce(t *testing.T) {
+	var c versioned[*contract.ProxyState]
+	var parses atomic.Int32
+	parse := func(svc string) func() (*contract.ProxyState, error) {
+		return func() (*contract.ProxyState, error) {
+			parses.Add(1)
+			time.Sleep(10 * time.Millisecond) // long enough for the others to ask meanwhile
+			return &contract.ProxyState{Advertised: []string{svc}}, nil
 		}
-		return d
 	}
-	c := &shardCache{parsed: map[types.UID]parsedShard{}}
-	v1 := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{UID: "s1", ResourceVersion: "10"}, Data: data("svc:a")}
-	first, err := c.parse(v1)
-	if err != nil {
-		t.Fatal(err)
+	var wg sync.WaitGroup
+	got := make([]*contract.ProxyState, 16)
+	for i := range got {
+		wg.Go(func() { got[i], _ = c.get("s1", "10", parse("svc:a")) })
 	}
-	again, _ := c.parse(v1.DeepCopy())
-	if again != first {
-		t.Error("the same version was parsed again")
+	wg.Wait()
+	if parses.Load() != 1 {
+		t.Errorf("version 10 parsed %d times", parses.Load())
 	}
-	v2 := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{UID: "s1", ResourceVersion: "11"}, Data: data("svc:b")}
-	if st, _ := c.parse(v2); st == first || !slices.Equal(st.Advertised, []string{"svc:b"}) {
-		t.Errorf("a new version read as %v", st.Advertised)
+	for _, st := range got {
+		if st != got[0] {
+			t.Fatal("callers got different parses of one version")
+		}
 	}
-	anonymous := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{ResourceVersion: "11"}, Data: data("svc:c")}
-	if st, _ := c.parse(anonymous); !slices.Equal(st.Advertised, []string{"svc:c"}) {
-		t.Errorf("a Secret without a UID read as %v", st.Advertised)
+	if st, _ := c.get("s1", "11", parse("svc:b")); st == got[0] || !slices.Equal(st.Advertised, []string{"svc:b"}) || parses.Load() != 2 {
+		t.Errorf("a new version read as %v after %d parses", st.Advertised, parses.Load())
+	}
+	c.get("", "11", parse("svc:c"))
+	c.get("", "11", parse("svc:c"))
+	if parses.Load() != 4 {
+		t.Errorf("an object without a UID was kept: %d parses", parses.Load())
 	}
 }

@@ -60,7 +60,7 @@ func (s replicaSet) read(ctx context.Context, c client.Reader, ns string, i int)
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.stateSecret(i)}, secret, client.UnsafeDisableDeepCopy); err != nil {
 		return r, client.IgnoreNotFound(err)
 	}
-	st, err := parsedStates.parse(ctx, c, secret)
+	st, err := parseReport(ctx, c, secret)
 	if err != nil {
 		r.unreadable = err
 		return r, nil
