@@ -2,8 +2,10 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -14,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	clientevents "k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/acmebudget"
@@ -121,4 +124,43 @@ func TestProxyMetricsObjects(t *testing.T) {
 		first["sourceLabels"].([]any)[0] != "__meta_kubernetes_service_label_tailscale_com_parent_resource_type" || first["targetLabel"] != "ts_proxy_type" {
 		t.Errorf("ServiceMonitor endpoint %v", ep)
 	}
+}
+
+// The certificate-use gauges count a domain's whole account, over every segment of the ledger.
+func TestLedgerMetricsReadEverySegment(t *testing.T) {
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	segment := func(i int, names ...string) *corev1.ConfigMap {
+		l := &acmebudget.Ledger{}
+		for _, n := range names {
+			l.Entries = append(l.Entries, acmebudget.Entry{Name: n, At: now.Add(-time.Hour), Serial: n})
+		}
+		b, err := json.Marshal(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "op", Name: ledgerSegmentName(i), Labels: map[string]string{LabelManaged: "true"}},
+			Data: map[string]string{ledgerKey("x.ts.net"): string(b)}}
+	}
+	c := fake.NewClientBuilder().WithObjects(segment(0, "a.x.ts.net", "b.x.ts.net"), segment(3, "c.x.ts.net"), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "op", Name: "tsingress-acme-ledger-x", Labels: map[string]string{LabelManaged: "true"}}, Data: map[string]string{ledgerKey("x.ts.net"): `{"entries":[{"name":"d.x.ts.net","at":"2026-12-04T11:00:00Z"}]}`}}).Build()
+	s := &stateCollector{c: c, namespace: "op", limits: acmebudget.LetsEncrypt, now: func() time.Time { return now }}
+	want := `
+# HELP tsingress_operator_acme_new_certificates New certificates of a registered domain in the CA's window (reservations included), counted against the weekly new-certificates-per-domain limit.
+# TYPE tsingress_operator_acme_new_certificates gauge
+tsingress_operator_acme_new_certificates{domain="x.ts.net"} 3
+`
+	if err := testutil.CollectAndCompare(ledgerCollector{s}, strings.NewReader(want), "tsingress_operator_acme_new_certificates"); err != nil {
+		t.Error(err)
+	}
+}
+
+type ledgerCollector struct{ s *stateCollector }
+
+func (l ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descDomainCerts, descNameCerts, descLimits} {
+		ch <- d
+	}
+}
+
+func (l ledgerCollector) Collect(ch chan<- prometheus.Metric) {
+	l.s.collectLedger(context.Background(), ch)
 }
