@@ -199,6 +199,7 @@ func run(o *options) error {
 		RetryPeriod:                         ptr.To(retryPeriod),
 		LeaderElectionReleaseOnCancel:       true,
 		Cache:                               controller.CacheOptions(o.settings),
+		MapperProvider:                      controller.MapperProvider,
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)

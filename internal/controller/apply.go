@@ -18,7 +18,7 @@ import (
 const fieldOwner = "tsingress-operator"
 
 // This file holds every write of the reconcilers: children are applied (or, when their content
-// belongs to someone else once they exist, created), shared documents are patched under their
+// belongs to someone else once they exist, created), shared documents are written under their
 // resourceVersion, status is patched once per pass, and children are removed.
 
 // apply writes a child object. Server-side apply makes it idempotent and lets the operator own
@@ -54,11 +54,15 @@ func create(ctx context.Context, c client.Client, obj client.Object) error {
 	return nil
 }
 
-// patchShared writes obj, changed from before, under before's resourceVersion: an object that
-// several writers change by read-modify-write (a ProxyGroup's ConfigMap, the certificate
-// ledger) never loses a concurrent change; the conflict goes back to the caller to retry.
-func patchShared(ctx context.Context, c client.Client, before, obj client.Object) error {
-	return c.Patch(ctx, obj, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+// writeShared writes obj, changed from before, under before's resourceVersion: an object that
+// several writers change by read-modify-write (a ProxyGroup's ConfigMap, a segment of the
+// certificate ledger) never loses a concurrent change; the conflict goes back to the caller to
+// retry. A whole update rather than a merge patch: these objects are large documents with few
+// keys, whose changed key is sent whole either way, and computing the patch took two encodings
+// and a diff of both versions.
+func writeShared(ctx context.Context, c client.Client, before, obj client.Object) error {
+	obj.SetResourceVersion(before.GetResourceVersion())
+	return c.Update(ctx, obj)
 }
 
 // remove deletes a child; one already gone is not an error.

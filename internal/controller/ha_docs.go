@@ -615,7 +615,7 @@ func (w *groupWriter) writeShard(ctx context.Context, main *corev1.ConfigMap, i 
 		w.remember(cm, content)
 		return nil, nil
 	}
-	if err := patchShared(ctx, w.client, before, cm); err != nil {
+	if err := writeShared(ctx, w.client, before, cm); err != nil {
 		return nil, err
 	}
 	w.last.set(cm.Name, cm)

@@ -435,7 +435,7 @@ func (g *certGuard) writeSegment(ctx context.Context, i int, cur *corev1.ConfigM
 	default:
 		cm := cur.DeepCopy()
 		cm.Data = data
-		if err = patchShared(ctx, g.Client, cur, cm); err == nil {
+		if err = writeShared(ctx, g.Client, cur, cm); err == nil {
 			g.wrote(cm, parts)
 		}
 	}

@@ -75,9 +75,10 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:  scheme,
-		Metrics: metricsserver.Options{BindAddress: "0"},
-		Cache:   CacheOptions(testSetup),
+		Scheme:         scheme,
+		Metrics:        metricsserver.Options{BindAddress: "0"},
+		Cache:          CacheOptions(testSetup),
+		MapperProvider: MapperProvider,
 	})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(Setup(mgr, testSetup, tsClient)).To(Succeed())
