@@ -163,22 +163,25 @@ func (l *Ledger) Reserve(name string, hadCertificate bool, now time.Time, lim Li
 		return nil
 	}
 	renewal := hadCertificate || l.knownBefore(name, now)
-	var forName, forDomain []time.Time
+	// Counted first: a large domain reserves often, and is rarely held.
+	nName, nDomain := 0, 0
 	for _, e := range l.Entries {
 		if e.Name == name {
-			forName = append(forName, e.At)
+			nName++
 		}
 		if !e.Renewal {
-			forDomain = append(forDomain, e.At)
+			nDomain++
 		}
 	}
-	if len(forName) >= lim.PerName {
+	if nName >= lim.PerName {
+		forName := l.times(func(e Entry) bool { return e.Name == name })
 		until := nthOldest(forName, len(forName)-lim.PerName).Add(lim.Window)
 		return &Hold{Reason: ReasonNameLimit, Until: until, Message: fmt.Sprintf(
 			"%d certificates for %s in the last %s reach the CA's limit of %d; the next may be requested after %s",
 			len(forName), name, lim.Window, lim.PerName, until.UTC().Format(time.RFC3339))}
 	}
-	if !renewal && len(forDomain) >= lim.PerDomain {
+	if !renewal && nDomain >= lim.PerDomain {
+		forDomain := l.times(func(e Entry) bool { return !e.Renewal })
 		until := nthOldest(forDomain, len(forDomain)-lim.PerDomain).Add(lim.Window)
 		return &Hold{Reason: ReasonDomainLimit, Until: until, Message: fmt.Sprintf(
 			"%d new certificates for the tailnet's domain in the last %s reach the CA's limit of %d; %s may get one after %s",
@@ -186,6 +189,17 @@ func (l *Ledger) Reserve(name string, hadCertificate bool, now time.Time, lim Li
 	}
 	l.Entries = append(l.Entries, Entry{Name: name, At: now, Renewal: renewal, Reserved: true})
 	return nil
+}
+
+// times are the times of the entries that match.
+func (l *Ledger) times(match func(Entry) bool) []time.Time {
+	var ts []time.Time
+	for _, e := range l.Entries {
+		if match(e) {
+			ts = append(ts, e.At)
+		}
+	}
+	return ts
 }
 
 // nthOldest returns the i-th oldest time (0 is the oldest): once it leaves the window, one
