@@ -69,20 +69,40 @@ func (l *Ledger) Prune(now time.Time, lim Limits) {
 	}
 }
 
-// Observe records a certificate a proxy serves. Each serial counts once: it fills the name's
-// reservation if there is one, else it is a certificate the operator did not see coming (a
-// proxy that lost its cache) and is added. It reports whether the ledger changed.
-func (l *Ledger) Observe(name, serial string, now time.Time) bool {
-	if serial == "" || slices.ContainsFunc(l.Entries, func(e Entry) bool { return e.Serial == serial }) {
-		return false
+// Issued is a certificate a proxy serves: the name it is for and its serial.
+type Issued struct{ Name, Serial string }
+
+// Observe records certificates proxies serve, and returns the names of those it counted. Each
+// serial counts once: it fills its name's reservation if there is one, else it is a
+// certificate the operator did not see coming (a proxy that lost its cache) and is added.
+// The ledger is indexed once per call: a large group's report brings thousands at once.
+func (l *Ledger) Observe(now time.Time, certs ...Issued) (counted []string) {
+	serials := make(map[string]bool, len(l.Entries))
+	reservations := map[string]int{}
+	for i, e := range l.Entries {
+		if e.Serial != "" {
+			serials[e.Serial] = true
+		}
+		if _, ok := reservations[e.Name]; e.Reserved && !ok {
+			reservations[e.Name] = i
+		}
 	}
-	l.remember(name, now)
-	if i := l.reservation(name); i >= 0 {
-		l.Entries[i].Serial, l.Entries[i].Reserved = serial, false
-		return true
+	for _, c := range certs {
+		if c.Serial == "" || serials[c.Serial] {
+			continue
+		}
+		serials[c.Serial] = true
+		counted = append(counted, c.Name)
+		renewal := l.knownBefore(c.Name, now)
+		l.remember(c.Name, now)
+		if i, ok := reservations[c.Name]; ok {
+			l.Entries[i].Serial, l.Entries[i].Reserved = c.Serial, false
+			delete(reservations, c.Name)
+			continue
+		}
+		l.Entries = append(l.Entries, Entry{Name: c.Name, At: now, Serial: c.Serial, Renewal: renewal})
 	}
-	l.Entries = append(l.Entries, Entry{Name: name, At: now, Serial: serial, Renewal: l.knownBefore(name, now)})
-	return true
+	return counted
 }
 
 func (l *Ledger) remember(name string, now time.Time) {

@@ -2,6 +2,7 @@ package acmebudget
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 )
@@ -14,7 +15,7 @@ func issue(t *testing.T, l *Ledger, name string, now time.Time, lim Limits) {
 	if h := l.Reserve(name, false, now, lim); h != nil {
 		t.Fatalf("%s at %s: held: %s", name, now, h.Message)
 	}
-	l.Observe(name, fmt.Sprintf("%s-%d", name, now.UnixNano()), now)
+	l.Observe(now, Issued{name, fmt.Sprintf("%s-%d", name, now.UnixNano())})
 }
 
 func TestDomainLimitOverARollingWeek(t *testing.T) {
@@ -77,10 +78,10 @@ func TestReservationIsReusedUntilObserved(t *testing.T) {
 	if len(l.Entries) != 1 {
 		t.Fatalf("%d entries after retries, want 1", len(l.Entries))
 	}
-	if !l.Observe("web.tail1.ts.net", "01", t0.Add(time.Hour)) {
+	if len(l.Observe(t0.Add(time.Hour), Issued{"web.tail1.ts.net", "01"})) == 0 {
 		t.Fatal("observing the certificate changed nothing")
 	}
-	if l.Observe("web.tail1.ts.net", "01", t0.Add(2*time.Hour)) {
+	if len(l.Observe(t0.Add(2*time.Hour), Issued{"web.tail1.ts.net", "01"})) > 0 {
 		t.Error("the same serial counted twice")
 	}
 	if len(l.Entries) != 1 || l.Entries[0].Reserved || l.Entries[0].Serial != "01" {
@@ -92,14 +93,46 @@ func TestReservationIsReusedUntilObserved(t *testing.T) {
 func TestUnexpectedCertificateCounts(t *testing.T) {
 	l := &Ledger{}
 	lim := Limits{PerDomain: 1, PerName: 5, Window: 24 * time.Hour}
-	l.Observe("a.tail1.ts.net", "01", t0)
+	l.Observe(t0, Issued{"a.tail1.ts.net", "01"})
 	if h := l.Reserve("b.tail1.ts.net", false, t0.Add(time.Hour), lim); h == nil {
 		t.Error("an observed, unreserved certificate did not count against the domain")
 	}
 	// A second serial of a known name is a renewal: it counts for the name only.
-	l.Observe("a.tail1.ts.net", "02", t0.Add(2*time.Hour))
+	l.Observe(t0.Add(2*time.Hour), Issued{"a.tail1.ts.net", "02"})
 	if n := len(l.Entries); n != 2 || !l.Entries[1].Renewal {
 		t.Errorf("entries = %+v, want the second serial counted as a renewal", l.Entries)
+	}
+}
+
+// One call observes a report's certificates at once: each reservation filled by its own
+// serial, a serial met twice counted once, an unreserved one added.
+func TestObserveMany(t *testing.T) {
+	lim := Limits{PerDomain: 10, PerName: 5, Window: 24 * time.Hour}
+	l := &Ledger{}
+	for _, name := range []string{"a.tail1.ts.net", "b.tail1.ts.net"} {
+		if h := l.Reserve(name, false, t0, lim); h != nil {
+			t.Fatal(h.Message)
+		}
+	}
+	counted := l.Observe(t0.Add(time.Minute),
+		Issued{"b.tail1.ts.net", "0b"}, Issued{"a.tail1.ts.net", "0a"}, Issued{"b.tail1.ts.net", "0b"},
+		Issued{"c.tail1.ts.net", "0c"}, Issued{"d.tail1.ts.net", ""})
+	if want := []string{"b.tail1.ts.net", "a.tail1.ts.net", "c.tail1.ts.net"}; !slices.Equal(counted, want) {
+		t.Errorf("counted %v, want %v", counted, want)
+	}
+	want := []Entry{
+		{Name: "a.tail1.ts.net", At: t0, Serial: "0a"},
+		{Name: "b.tail1.ts.net", At: t0, Serial: "0b"},
+		{Name: "c.tail1.ts.net", At: t0.Add(time.Minute), Serial: "0c"},
+	}
+	if !slices.Equal(l.Entries, want) {
+		t.Errorf("entries = %+v, want %+v", l.Entries, want)
+	}
+	if len(l.Known) != 3 {
+		t.Errorf("known = %v, want the three names", l.Known)
+	}
+	if again := l.Observe(t0.Add(time.Hour), Issued{"a.tail1.ts.net", "0a"}); len(again) != 0 {
+		t.Errorf("a serial counted in an earlier call counted again: %v", again)
 	}
 }
 
@@ -185,7 +218,7 @@ func TestHasReservationAgreesWithReserve(t *testing.T) {
 	if l.HasReservation("other.tail1.ts.net", t0, lim) {
 		t.Error("a reservation for another name")
 	}
-	l.Observe("web.tail1.ts.net", "01", t0.Add(time.Minute))
+	l.Observe(t0.Add(time.Minute), Issued{"web.tail1.ts.net", "01"})
 	if l.HasReservation("web.tail1.ts.net", t0.Add(time.Minute), lim) {
 		t.Error("a filled reservation still counts as one")
 	}
@@ -234,5 +267,24 @@ func BenchmarkReserveLargeDomain(b *testing.B) {
 			b.Fatal(h.Message)
 		}
 		l.Entries = l.Entries[:5000] // the next reserves anew
+	}
+}
+
+// A report of a large group observes every one of its certificates in one call.
+func BenchmarkObserveLargeDomain(b *testing.B) {
+	lim := Limits{PerDomain: 100000, PerName: 5, Window: 7 * 24 * time.Hour}
+	base := &Ledger{}
+	var certs []Issued
+	for i := range 5000 {
+		name := fmt.Sprintf("web-%05d.x.ts.net", i)
+		base.Reserve(name, false, t0, lim)
+		certs = append(certs, Issued{name, fmt.Sprintf("%05d", i)})
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		l := base.Clone()
+		if n := len(l.Observe(t0, certs...)); n != len(certs) {
+			b.Fatalf("counted %d of %d", n, len(certs))
+		}
 	}
 }

@@ -335,8 +335,7 @@ func (g *certGuard) observe(ctx context.Context, certs map[string]contract.Certi
 		return nil
 	}
 	now := g.now()
-	type seen struct{ name, serial string }
-	byDomain := map[string][]seen{}
+	byDomain := map[string][]acmebudget.Issued{}
 	for name, c := range certs {
 		if c.Source != contract.CertSourceACME || c.Serial == "" || g.alreadyObserved(name, c.Serial) {
 			continue
@@ -345,24 +344,17 @@ func (g *certGuard) observe(ctx context.Context, certs map[string]contract.Certi
 		if err != nil {
 			continue
 		}
-		byDomain[domain] = append(byDomain[domain], seen{name, c.Serial})
+		byDomain[domain] = append(byDomain[domain], acmebudget.Issued{Name: name, Serial: c.Serial})
 	}
 	// One change per domain for every new certificate: a report of a large group brings many.
 	for domain, certs := range byDomain {
 		var counted []string
-		err := g.update(ctx, domain, func(l *acmebudget.Ledger) {
-			counted = counted[:0]
-			for _, c := range certs {
-				if l.Observe(c.name, c.serial, now) {
-					counted = append(counted, c.name)
-				}
-			}
-		})
+		err := g.update(ctx, domain, func(l *acmebudget.Ledger) { counted = l.Observe(now, certs...) })
 		if err != nil {
 			return err
 		}
 		for _, c := range certs {
-			g.markObserved(c.name, c.serial)
+			g.markObserved(c.Name, c.Serial)
 		}
 		if len(counted) > 0 {
 			log.FromContext(ctx).Info("counted certificates against the CA's limits", "domain", domain, "names", counted)

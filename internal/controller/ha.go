@@ -230,6 +230,42 @@ type tailscaleServices struct {
 	idOnce sync.Once
 	id     string
 	idErr  error
+
+	// read remembers, by service name, the last read that found a service as this operator
+	// wants it (readService), and now is the clock it is dated by (time.Now when nil).
+	read sync.Map
+	now  func() time.Time
+}
+
+// readService is a read of a Tailscale Service that found this operator's record as wanted.
+type readService struct {
+	svc         tailnet.Service
+	ports, tags string // what this operator asked for, joined
+	at          time.Time
+}
+
+// serviceReadReuse is how long such a read stands in for another: a burst of reconciles (a
+// group's report changes the status of every object it serves) costs one read per service
+// instead of one per reconcile. A change made elsewhere is seen within it, at the next
+// reconcile, or at the ownership check (sharedResync, when shorter).
+const serviceReadReuse = time.Minute
+
+func (t *tailscaleServices) clock() time.Time {
+	if t.now != nil {
+		return t.now()
+	}
+	return time.Now()
+}
+
+// recentRead returns the read of name to reuse for what this operator asks now, if any.
+func (t *tailscaleServices) recentRead(name, ports, tags string) (tailnet.Service, bool) {
+	v, ok := t.read.Load(name)
+	if !ok {
+		return tailnet.Service{}, false
+	}
+	r := v.(readService)
+	fresh := t.clock().Before(r.at.Add(min(serviceReadReuse, t.sharedResync())))
+	return r.svc, fresh && r.ports == ports && r.tags == tags
 }
 
 // operatorID identifies this operator installation among the owners of a Tailscale Service:
@@ -285,7 +321,15 @@ func (t *tailscaleServices) ensure(ctx context.Context, name string, ports, tags
 	if err != nil {
 		return serviceClaim{}, err
 	}
+	mine := ownerRef{OperatorID: id, Ports: slices.Sorted(slices.Values(ports)), Tags: slices.Sorted(slices.Values(tags))}
+	asked, askedTags := strings.Join(mine.Ports, ","), strings.Join(mine.Tags, ",")
+	if svc, ok := t.recentRead(name, asked, askedTags); ok {
+		return serviceClaim{Service: svc, recheck: jitter(t.sharedResync())}, nil
+	}
+	// Forgotten until read again: a write below, or a failure, leaves it unknown.
+	t.read.LoadAndDelete(name)
 	refs := ownerRefs{}
+	at := t.clock()
 	existing, err := t.tailnet.Service(ctx, name)
 	switch {
 	case err == nil:
@@ -297,7 +341,6 @@ func (t *tailscaleServices) ensure(ctx context.Context, name string, ports, tags
 		return serviceClaim{}, err
 	}
 	created := err != nil
-	mine := ownerRef{OperatorID: id, Ports: slices.Sorted(slices.Values(ports)), Tags: slices.Sorted(slices.Values(tags))}
 	if i := slices.IndexFunc(refs.OwnerRefs, func(r ownerRef) bool { return r.OperatorID == id }); i >= 0 {
 		refs.OwnerRefs[i] = mine
 	} else {
@@ -313,6 +356,7 @@ func (t *tailscaleServices) ensure(ctx context.Context, name string, ports, tags
 		existing.Annotations[annotationOwnerRefs] == string(raw) && len(existing.Addrs) > 0 {
 		// Rechecked even while the only owner: another cluster may have joined since, and that
 		// join is no event here.
+		t.read.Store(name, readService{svc: existing, ports: asked, tags: askedTags, at: at})
 		return serviceClaim{Service: existing, recheck: jitter(t.sharedResync())}, nil
 	}
 	svc, err := t.tailnet.PutService(ctx, want)
@@ -338,6 +382,7 @@ func (t *tailscaleServices) release(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
+	t.read.LoadAndDelete(name)
 	existing, err := t.tailnet.Service(ctx, name)
 	if tailnet.IsNotFound(err) {
 		return nil

@@ -5,14 +5,16 @@ import (
 	"encoding/json"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/tsingress/tsingress/internal/localtailnet"
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
-// operatorOn is one operator's view of the Tailscale Services of a tailnet, with a fixed ID.
-func operatorOn(api tailnet.Client, id string) *tailscaleServices {
-	t := &tailscaleServices{tailnet: api}
+// operatorOn is one operator's view of the Tailscale Services of a tailnet, with a fixed ID,
+// on a clock the test moves.
+func operatorOn(api tailnet.Client, id string, clock *time.Time) *tailscaleServices {
+	t := &tailscaleServices{tailnet: api, now: func() time.Time { return *clock }}
 	t.idOnce.Do(func() { t.id = id })
 	return t
 }
@@ -36,8 +38,9 @@ func serviceOwners(t *testing.T, api tailnet.Client, name string) []string {
 }
 
 // Two operators (clusters) share a Tailscale Service: both are recorded, the service carries what
-// either asks for, a record dropped by a concurrent write is restored at the next check, and the
-// service is deleted with its last owner only.
+// either asks for, a record dropped by a concurrent write is restored at the next check (a read
+// that found all as wanted stands for serviceReadReuse, a write for nothing), and the service is
+// deleted with its last owner only.
 func TestSharedTailscaleService(t *testing.T) {
 	lt, err := localtailnet.Start(t.Context(), localtailnet.Options{})
 	if err != nil {
@@ -50,7 +53,8 @@ func TestSharedTailscaleService(t *testing.T) {
 	}
 	ctx := t.Context()
 	const name = "svc:web"
-	east, west := operatorOn(api, "east"), operatorOn(api, "west")
+	clock := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
+	east, west := operatorOn(api, "east", &clock), operatorOn(api, "west", &clock)
 
 	claim, err := east.ensure(ctx, name, []string{"tcp:443"}, []string{"tag:k8s"})
 	if err != nil || !claim.created || claim.recheck < ownershipVerify {
@@ -83,11 +87,48 @@ func TestSharedTailscaleService(t *testing.T) {
 	if _, err := api.PutService(ctx, svc); err != nil {
 		t.Fatal(err)
 	}
+	// East's reconciles soon after its last read reuse that read: nothing is restored yet.
+	clock = clock.Add(serviceReadReuse - time.Second)
 	if _, err := east.ensure(ctx, name, []string{"tcp:443"}, []string{"tag:k8s"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := serviceOwners(t, api, name); !slices.Equal(got, []string{"west"}) {
+		t.Fatalf("owners after east's reconcile within a read's reuse %v; want the service not read again", got)
+	}
+	// Asking for something else reads (and writes) at once.
+	if _, err := east.ensure(ctx, name, []string{"tcp:443", "tcp:8443"}, []string{"tag:k8s"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := serviceOwners(t, api, name); !slices.Equal(got, []string{"east", "west"}) {
+		t.Fatalf("owners after east asked for a new port %v; want east restored", got)
+	}
+	svc.Annotations = map[string]string{annotationOwnerRefs: `{"ownerRefs":[{"operatorID":"west","ports":["tcp:443","tcp:80"],"tags":["tag:web"]}]}`}
+	if _, err := api.PutService(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := east.ensure(ctx, name, []string{"tcp:443", "tcp:8443"}, []string{"tag:k8s"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := serviceOwners(t, api, name); !slices.Equal(got, []string{"east", "west"}) {
+		t.Fatalf("owners after east's write then its check %v; want east restored (a write is no read to reuse)", got)
+	}
+	// Once a read is old, any reconcile reads again.
+	if _, err := east.ensure(ctx, name, []string{"tcp:443", "tcp:8443"}, []string{"tag:k8s"}); err != nil {
+		t.Fatal(err) // a read that finds all as wanted: reused from here on
+	}
+	svc.Annotations = map[string]string{annotationOwnerRefs: `{"ownerRefs":[{"operatorID":"west","ports":["tcp:443","tcp:80"],"tags":["tag:web"]}]}`}
+	if _, err := api.PutService(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	clock = clock.Add(serviceReadReuse)
+	if _, err := east.ensure(ctx, name, []string{"tcp:443", "tcp:8443"}, []string{"tag:k8s"}); err != nil {
 		t.Fatal(err)
 	}
 	if got := serviceOwners(t, api, name); !slices.Equal(got, []string{"east", "west"}) {
 		t.Fatalf("owners after east's check %v; want east restored", got)
+	}
+	if _, err := east.ensure(ctx, name, []string{"tcp:443"}, []string{"tag:k8s"}); err != nil {
+		t.Fatal(err)
 	}
 
 	// West leaves: the service stays, with east's ports and tags only.
