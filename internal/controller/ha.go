@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -107,6 +108,28 @@ func releaseOwned(ctx context.Context, d groupDocs, t *tailscaleServices, owner,
 	}
 	return nil
 }
+
+// placement is where an object's group entries are: on group pg, under svcName. The object is
+// known by its UID, so that one deleted and created again under its name starts afresh.
+type placement struct {
+	uid         types.UID
+	pg, svcName string
+}
+
+// placedAt reports whether an earlier pass of owner in this process left its entries at p
+// alone (removeElsewhere and releaseOwned done). Only this operator writes the entries of its
+// objects, so until the object moves or is renamed, nothing can have gone elsewhere since: its
+// later passes skip both, which read every group's documents.
+func (d groupDocs) placedAt(owner string, p placement) bool {
+	v, ok := d.w.placed.Load(owner)
+	return ok && v.(placement) == p
+}
+
+// place records that owner's entries are at p alone.
+func (d groupDocs) place(owner string, p placement) { d.w.placed.Store(owner, p) }
+
+// unplace forgets where owner's entries are: it is leaving its group.
+func (d groupDocs) unplace(owner string) { d.w.placed.LoadAndDelete(owner) }
 
 func hasService[V any](services map[string]V, name string) bool {
 	_, ok := services[name]

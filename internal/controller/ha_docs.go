@@ -279,6 +279,8 @@ type groupWriter struct {
 	namespace string
 	batch     batcher[func(*groupShards)]
 	last      lastWritten[*corev1.ConfigMap] // by ConfigMap name
+	// placed is, by owner, where each object's entries were last left alone (placement).
+	placed sync.Map
 	// shardBytes bounds the data of one shard: the count doubles when a shard would exceed it.
 	shardBytes int
 

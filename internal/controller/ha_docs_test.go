@@ -391,3 +391,38 @@ func TestGroupWriterKeepsRecentVersions(t *testing.T) {
 		t.Errorf("more than %d versions kept", keptVersions)
 	}
 }
+
+// An object's entries are known to be alone only where its last pass left them: a move to
+// another group, a new name or a new object of the same name (another UID) searches again,
+// and so does every pass after the object leaves its group.
+func TestPlacementRemembered(t *testing.T) {
+	w, _ := shardedWriter(t, 4<<10)
+	d := groupDocs{w: w}
+	const owner = "Ingress/apps/web"
+	at := placement{uid: "uid-1", pg: "pg", svcName: "svc:web"}
+	if d.placedAt(owner, at) {
+		t.Fatal("placed before any pass")
+	}
+	d.place(owner, at)
+	for _, c := range []struct {
+		name string
+		p    placement
+		want bool
+	}{
+		{"same object, group and name", at, true},
+		{"moved to another group", placement{uid: "uid-1", pg: "pg2", svcName: "svc:web"}, false},
+		{"renamed", placement{uid: "uid-1", pg: "pg", svcName: "svc:site"}, false},
+		{"created again under its name", placement{uid: "uid-2", pg: "pg", svcName: "svc:web"}, false},
+	} {
+		if got := d.placedAt(owner, c.p); got != c.want {
+			t.Errorf("%s: placedAt = %t, want %t", c.name, got, c.want)
+		}
+	}
+	if d.placedAt("Service/apps/web", at) {
+		t.Error("another owner found placed")
+	}
+	d.unplace(owner)
+	if d.placedAt(owner, at) {
+		t.Error("still placed after leaving its group")
+	}
+}

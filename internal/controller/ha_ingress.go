@@ -115,13 +115,17 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	r.certificateIssued(ing, s.cert, r.guard.now())
 	ws.TLS.Hold = s.cert.hold
-	if err := r.docs.removeElsewhere(ctx, s.svcName, pg.Name); err != nil {
-		return ctrl.Result{}, err
+	owner, here := ownerOf("Ingress", ing), placement{uid: ing.UID, pg: pg.Name, svcName: s.svcName}
+	if !r.docs.placedAt(owner, here) {
+		if err := r.docs.removeElsewhere(ctx, s.svcName, pg.Name); err != nil {
+			return ctrl.Result{}, err
+		}
+		if err := releaseOwned(ctx, r.docs, r.services, owner, s.svcName); err != nil {
+			return r.tailnetFailure(ing, err)
+		}
+		r.docs.place(owner, here)
 	}
-	if err := releaseOwned(ctx, r.docs, r.services, ownerOf("Ingress", ing), s.svcName); err != nil {
-		return r.tailnetFailure(ing, err)
-	}
-	if err := r.docs.setServe(ctx, pg.Name, s.svcName, ws, ownerOf("Ingress", ing)); err != nil {
+	if err := r.docs.setServe(ctx, pg.Name, s.svcName, ws, owner); err != nil {
 		return r.docsFailure(ing, err)
 	}
 	s.configured = ws
@@ -332,6 +336,7 @@ func (r *HAIngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ing
 		r.forget(client.ObjectKeyFromObject(ing))
 		return ctrl.Result{}, nil
 	}
+	r.docs.unplace(ownerOf("Ingress", ing))
 	if err := r.docs.removeElsewhere(ctx, svcName, ""); err != nil {
 		return ctrl.Result{}, err
 	}

@@ -112,13 +112,17 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{RequeueAfter: tailnetRetry}, nil
 	}
 	st.valid()
-	if err := r.docs.removeElsewhere(ctx, svcName, pg.Name); err != nil {
-		return ctrl.Result{}, err
+	owner, here := ownerOf("Service", svc), placement{uid: svc.UID, pg: pg.Name, svcName: svcName}
+	if !r.docs.placedAt(owner, here) {
+		if err := r.docs.removeElsewhere(ctx, svcName, pg.Name); err != nil {
+			return ctrl.Result{}, err
+		}
+		if err := releaseOwned(ctx, r.docs, r.services, owner, svcName); err != nil {
+			return r.tailnetFailure(svc, err)
+		}
+		r.docs.place(owner, here)
 	}
-	if err := releaseOwned(ctx, r.docs, r.services, ownerOf("Service", svc), svcName); err != nil {
-		return r.tailnetFailure(svc, err)
-	}
-	if err := r.docs.setDNAT(ctx, pg.Name, svcName, &contract.DNATService{VIPs: vips, Destination: *cfg.Forward}, ownerOf("Service", svc)); err != nil {
+	if err := r.docs.setDNAT(ctx, pg.Name, svcName, &contract.DNATService{VIPs: vips, Destination: *cfg.Forward}, owner); err != nil {
 		if errors.Is(err, errConfigFull) {
 			st.failed(ReasonConfigMapFull, err.Error())
 		}
@@ -254,6 +258,7 @@ func (r *HAServiceReconciler) unserve(ctx context.Context, svc *corev1.Service, 
 		r.forget(client.ObjectKeyFromObject(svc))
 		return ctrl.Result{}, nil
 	}
+	r.docs.unplace(ownerOf("Service", svc))
 	if err := r.docs.removeElsewhere(ctx, svcName, ""); err != nil {
 		return ctrl.Result{}, err
 	}
