@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 
+	uberzap "go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -146,7 +148,8 @@ func main() {
 		fmt.Fprintf(os.Stderr, "invalid settings: %v\n", err)
 		os.Exit(2)
 	}
-	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts),
+		zap.RawZapOpts(uberzap.WrapCore(func(c zapcore.Core) zapcore.Core { return lazyFields{c} }))))
 	err = run(o)
 	if leaseLost(err) {
 		ctrl.Log.Info("lost the leader lease (the API server unreachable for longer than the renewal deadline, or another replica took it); starting over", "renewDeadline", renewDeadline)
