@@ -5,7 +5,6 @@ import (
 	"maps"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -32,8 +31,6 @@ const (
 	indexIngressHostname = "tsingress.ingress.proxygroup-hostname"
 	indexServiceGroup    = "tsingress.service.proxygroup"
 	indexServiceHostname = "tsingress.service.proxygroup-hostname"
-	// indexReportOf indexes a replica's report Secrets by its state Secret's name.
-	indexReportOf = "tsingress.secret.report-of"
 )
 
 // indexGroupObjects registers the indexes, once per manager.
@@ -60,18 +57,7 @@ func indexGroupObjects(mgr ctrl.Manager) error {
 			return err
 		}
 	}
-	return idx.IndexField(ctx, &corev1.Secret{}, indexReportOf, reportOf)
-}
-
-// reportOf is the indexReportOf value of a Secret: the state Secret of the report it is a
-// shard of, from the labels the ProxyGroup reconciler gives it.
-func reportOf(o client.Object) []string {
-	l := o.GetLabels()
-	ord, err := strconv.Atoi(l[labelReplica])
-	if l[LabelSecretType] != secretTypeReport || l[LabelParentType] != parentTypeProxyGroup || err != nil {
-		return nil
-	}
-	return []string{group{l[LabelParentName]}.replicas().stateSecret(ord)}
+	return nil
 }
 
 // haControllerOptions let the reconcilers of objects on ProxyGroups run side by side: most of

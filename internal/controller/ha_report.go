@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -105,57 +106,54 @@ var parsedShards versioned[*contract.ProxyState]
 
 // parseShard is contract.ParseState of s's data, shared: callers must not change it.
 func parseShard(s *corev1.Secret) (*contract.ProxyState, error) {
-	return parsedShards.get(s.UID, s.ResourceVersion, func() (*contract.ProxyState, error) { return contract.ParseState(s.Data) })
+	return reportPart{s.UID, s.ResourceVersion, s.Data}.parse()
 }
 
-// reportShards returns the Secrets of the other shards of the report whose state Secret is s,
-// by name. Every HA reconcile reads its group's reports: from the
-// cache's index, without the copy a Get makes of each (a large group's reports are spread
-// over dozens of Secrets, and copying them per reconcile made the work grow with the square
-// of the group's size). They are the cache's own objects: read, never changed.
-func reportShards(ctx context.Context, cl client.Reader, s *corev1.Secret, count int) (map[string]*corev1.Secret, error) {
-	out := map[string]*corev1.Secret{}
-	if count <= 1 {
-		return out, nil
-	}
-	list := &corev1.SecretList{}
-	if err := cl.List(ctx, list, client.InNamespace(s.Namespace), client.MatchingFields{indexReportOf: s.Name}, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, err
-	}
-	for i := range list.Items {
-		out[list.Items[i].Name] = &list.Items[i]
-	}
-	return out, nil
+// reportPart is one Secret of a replica's report, as the cache holds it: data shared with the
+// cache, never changed.
+type reportPart struct {
+	uid     types.UID
+	version string
+	data    map[string][]byte
+}
+
+func (p reportPart) parse() (*contract.ProxyState, error) {
+	return parsedShards.get(p.uid, p.version, func() (*contract.ProxyState, error) { return contract.ParseState(p.data) })
 }
 
 // parseReport returns the report whose state Secret is s, read with the Secrets of its other
-// shards. The result is shared: callers must not change it.
+// shards. The result is shared: callers must not change it. Every HA reconcile reads its
+// group's reports, and a large group's reports are spread over dozens of Secrets: each is
+// read from the cache by name into one reused object, keeping only its version and data.
 func parseReport(ctx context.Context, cl client.Reader, s *corev1.Secret) (*contract.ProxyState, error) {
 	count, err := contract.ReportShardCount(s.Data)
 	if err != nil {
 		return nil, err
 	}
-	secrets := []*corev1.Secret{s}
-	shards := []map[string][]byte{s.Data}
-	versions := []string{s.ResourceVersion}
-	others, err := reportShards(ctx, cl, s, count)
-	if err != nil {
-		return nil, err
-	}
+	parts := make([]reportPart, count)
+	parts[0] = reportPart{s.UID, s.ResourceVersion, s.Data}
+	versions := make([]string, count)
+	versions[0] = s.ResourceVersion
+	shard := &corev1.Secret{}
 	for k := 1; k < count; k++ {
-		shard := others[contract.ReportShardName(s.Name, k)] // a missing one reads as empty
-		var data map[string][]byte
-		var version string
-		if shard != nil {
-			data, version = shard.Data, shard.ResourceVersion
+		key := client.ObjectKey{Namespace: s.Namespace, Name: contract.ReportShardName(s.Name, k)}
+		if err := cl.Get(ctx, key, shard, client.UnsafeDisableDeepCopy); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue // a missing one reads as empty
+			}
+			return nil, err
 		}
-		secrets, shards, versions = append(secrets, shard), append(shards, data), append(versions, version)
+		parts[k], versions[k] = reportPart{shard.UID, shard.ResourceVersion, shard.Data}, shard.ResourceVersion
 	}
 	version := strings.Join(versions, ",")
 	if s.ResourceVersion == "" {
 		version = ""
 	}
 	return parsedStates.get(s.UID, version, func() (*contract.ProxyState, error) {
-		return contract.ReadReport(shards, func(k int) (*contract.ProxyState, error) { return parseShard(secrets[k]) })
+		datas := make([]map[string][]byte, count)
+		for k, p := range parts {
+			datas[k] = p.data
+		}
+		return contract.ReadReport(datas, func(k int) (*contract.ProxyState, error) { return parts[k].parse() })
 	})
 }

@@ -57,7 +57,7 @@ func TestGroupStatesReadShardedReports(t *testing.T) {
 	}
 	objs = append(objs, shardSecrets(0, report("pod-a", 40), 4)...) // sharded
 	objs = append(objs, shardSecrets(1, report("pod-b", 40), 1)...) // as a replica older than report shards writes it
-	c := fake.NewClientBuilder().WithObjects(objs...).WithIndex(&corev1.Secret{}, indexReportOf, reportOf).Build()
+	c := fake.NewClientBuilder().WithObjects(objs...).Build()
 
 	states, err := groupStates(ctx, c, "ns", pg)
 	if err != nil {
