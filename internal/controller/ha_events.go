@@ -119,18 +119,25 @@ type groupEvents struct {
 
 type requestQueue = workqueue.TypedRateLimitingInterface[reconcile.Request]
 
+// handler counts every event of a report shard (reportWrites) before it queues what the
+// event concerns: a reconcile it queues then reads the shards again.
 func (e groupEvents) handler() handler.EventHandler {
+	reportWrites.watch()
 	return handler.Funcs{
 		CreateFunc: func(ctx context.Context, ev event.CreateEvent, q requestQueue) {
+			reportWrites.saw(ev.Object)
 			e.add(q, e.onCreateOrDelete(ctx, ev.Object, false))
 		},
 		DeleteFunc: func(ctx context.Context, ev event.DeleteEvent, q requestQueue) {
+			reportWrites.saw(ev.Object)
 			e.add(q, e.onCreateOrDelete(ctx, ev.Object, true))
 		},
 		UpdateFunc: func(ctx context.Context, ev event.UpdateEvent, q requestQueue) {
+			reportWrites.saw(ev.ObjectNew)
 			e.add(q, e.onUpdate(ctx, ev.ObjectOld, ev.ObjectNew))
 		},
 		GenericFunc: func(ctx context.Context, ev event.GenericEvent, q requestQueue) {
+			reportWrites.saw(ev.Object)
 			e.add(q, e.onCreateOrDelete(ctx, ev.Object, false))
 		},
 	}

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -123,12 +124,23 @@ func (p reportPart) parse() (*contract.ProxyState, error) {
 
 // parseReport returns the report whose state Secret is s, read with the Secrets of its other
 // shards. The result is shared: callers must not change it. Every HA reconcile reads its
-// group's reports, and a large group's reports are spread over dozens of Secrets: each is
-// read from the cache by name into one reused object, keeping only its version and data.
+// group's reports, and a large group's reports are spread over dozens of Secrets: the report
+// assembled last stands while its state Secret is at the same version and the event handlers
+// saw no write to its other shards (reportWrites); otherwise each is read from the cache by
+// name into one reused object, keeping only its version and data.
 func parseReport(ctx context.Context, cl client.Reader, s *corev1.Secret) (*contract.ProxyState, error) {
 	count, err := contract.ReportShardCount(s.Data)
 	if err != nil {
 		return nil, err
+	}
+	// Read before the shards: a write the cache holds but the handlers have not yet counted
+	// is counted before the objects it concerns are queued again.
+	writes, watched := reportWrites.count(s.Namespace, s.Name)
+	watched = watched && count > 1 && s.UID != "" && s.ResourceVersion != ""
+	if watched {
+		if st, ok := assembledReports.at(s.UID, s.ResourceVersion, writes); ok {
+			return st, nil
+		}
 	}
 	parts := make([]reportPart, count)
 	parts[0] = reportPart{s.UID, s.ResourceVersion, s.Data}
@@ -149,11 +161,97 @@ func parseReport(ctx context.Context, cl client.Reader, s *corev1.Secret) (*cont
 	if s.ResourceVersion == "" {
 		version = ""
 	}
-	return parsedStates.get(s.UID, version, func() (*contract.ProxyState, error) {
+	st, err := parsedStates.get(s.UID, version, func() (*contract.ProxyState, error) {
 		datas := make([]map[string][]byte, count)
 		for k, p := range parts {
 			datas[k] = p.data
 		}
 		return contract.ReadReport(datas, func(k int) (*contract.ProxyState, error) { return parts[k].parse() })
 	})
+	if err == nil && watched {
+		assembledReports.keep(s.UID, s.ResourceVersion, writes, st)
+	}
+	return st, err
+}
+
+// shardWrites counts, per replica (namespace and state Secret name), the events of its
+// report's other shards that the group event handlers saw. Only once a handler watches
+// (watch) do counts say anything: a process without one reads every shard each time.
+type shardWrites struct {
+	watched atomic.Bool
+	counts  sync.Map // types.NamespacedName → *atomic.Uint64
+}
+
+var reportWrites shardWrites
+
+func (w *shardWrites) watch() { w.watched.Store(true) }
+
+// saw counts an event of Secret o when it is a report shard (contract.ReportShardName).
+func (w *shardWrites) saw(o client.Object) {
+	if _, secret := o.(*corev1.Secret); !secret {
+		return
+	}
+	state, ok := reportStateOf(o.GetName())
+	if !ok {
+		return
+	}
+	v, _ := w.counts.LoadOrStore(types.NamespacedName{Namespace: o.GetNamespace(), Name: state}, new(atomic.Uint64))
+	v.(*atomic.Uint64).Add(1)
+}
+
+func (w *shardWrites) count(namespace, state string) (n uint64, watched bool) {
+	if !w.watched.Load() {
+		return 0, false
+	}
+	if v, ok := w.counts.Load(types.NamespacedName{Namespace: namespace, Name: state}); ok {
+		return v.(*atomic.Uint64).Load(), true
+	}
+	return 0, true
+}
+
+// reportStateOf names the state Secret whose report the shard named name is part of.
+func reportStateOf(name string) (string, bool) {
+	i := strings.LastIndex(name, "-report")
+	if i < 0 {
+		return "", false
+	}
+	k, err := strconv.Atoi(name[i+len("-report"):])
+	if err != nil || contract.ReportShardName(name[:i], k) != name || k < 1 {
+		return "", false
+	}
+	return name[:i], true
+}
+
+// assembled keeps the last report assembled from each state Secret (by UID), with the state
+// Secret's version and the shard writes counted when it was read.
+type assembled struct {
+	mu      sync.Mutex
+	entries map[types.UID]assembledReport
+}
+
+type assembledReport struct {
+	version string
+	writes  uint64
+	state   *contract.ProxyState
+}
+
+var assembledReports assembled
+
+func (a *assembled) at(uid types.UID, version string, writes uint64) (*contract.ProxyState, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	e, ok := a.entries[uid]
+	if !ok || e.version != version || e.writes != writes {
+		return nil, false
+	}
+	return e.state, true
+}
+
+func (a *assembled) keep(uid types.UID, version string, writes uint64, st *contract.ProxyState) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.entries == nil || len(a.entries) > 4096 { // replicas since deleted: start over
+		a.entries = map[types.UID]assembledReport{}
+	}
+	a.entries[uid] = assembledReport{version, writes, st}
 }

@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -44,7 +45,7 @@ func TestGroupStatesReadShardedReports(t *testing.T) {
 		for k, d := range shards {
 			name := contract.ReportShardName(g.replicas().stateSecret(i), k)
 			if k == 0 {
-				objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}, Data: d})
+				objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name)}, Data: d})
 			} else { // labelled as the reconciler makes them
 				objs = append(objs, r.secret(g, name, secretTypeReport, i, d))
 			}
@@ -58,6 +59,7 @@ func TestGroupStatesReadShardedReports(t *testing.T) {
 	objs = append(objs, shardSecrets(0, report("pod-a", 40), 4)...) // sharded
 	objs = append(objs, shardSecrets(1, report("pod-b", 40), 1)...) // as a replica older than report shards writes it
 	c := fake.NewClientBuilder().WithObjects(objs...).Build()
+	reportWrites.watch() // as the HA reconcilers' event handlers do
 
 	states, err := groupStates(ctx, c, "ns", pg)
 	if err != nil {
@@ -83,6 +85,16 @@ func TestGroupStatesReadShardedReports(t *testing.T) {
 	if err := c.Update(ctx, shard); err != nil {
 		t.Fatal(err)
 	}
+	// Until the event handlers see the write, the report read last stands: its shards are
+	// not read again.
+	states, err = groupStates(ctx, c, "ns", pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(states[0].Advertised); got != 40 {
+		t.Errorf("before the handlers saw shard 2 change: %d advertised, want the 40 read before", got)
+	}
+	reportWrites.saw(shard)
 	states, err = groupStates(ctx, c, "ns", pg)
 	if err != nil {
 		t.Fatal(err)
@@ -100,6 +112,7 @@ func TestGroupStatesReadShardedReports(t *testing.T) {
 	if err := c.Delete(ctx, shard); err != nil {
 		t.Fatal(err)
 	}
+	reportWrites.saw(shard)
 	states, err = groupStates(ctx, c, "ns", pg)
 	if err != nil {
 		t.Fatal(err)
@@ -188,5 +201,26 @@ func TestVersionedParsesEachVersionOnce(t *testing.T) {
 	c.get("", "11", parse("svc:c"))
 	if parses.Load() != 4 {
 		t.Errorf("an object without a UID was kept: %d parses", parses.Load())
+	}
+}
+
+func TestReportStateOf(t *testing.T) {
+	for _, tc := range []struct {
+		name, state string
+		ok          bool
+	}{
+		{contract.ReportShardName("pg-0", 1), "pg-0", true},
+		{contract.ReportShardName("my-report-pg-1", 12), "my-report-pg-1", true},
+		{"pg-0", "", false},          // a state Secret
+		{"pg-0-report0", "", false},  // shard 0 is the state Secret itself
+		{"pg-0-report01", "", false}, // not a name ReportShardName gives
+		{"pg-0-reportx", "", false},  // no ordinal
+		{"pg-0-report-1", "", false}, // a negative one
+		{"web-report", "", false},    // no ordinal at all
+	} {
+		state, ok := reportStateOf(tc.name)
+		if state != tc.state || ok != tc.ok {
+			t.Errorf("reportStateOf(%q) = %q, %t; want %q, %t", tc.name, state, ok, tc.state, tc.ok)
+		}
 	}
 }

@@ -2,6 +2,9 @@ package controller
 
 import (
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -9,9 +12,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
 )
 
 // 200 objects on a 2-replica group: every one gets its entry and Tailscale Service, the group's
@@ -65,6 +70,40 @@ var _ = Describe("A ProxyGroup with many objects", func() {
 		role := &rbacv1.Role{}
 		Expect(k8s.Get(ctx, nsKey("many"), role)).To(Succeed())
 		Expect(role.Rules[0].ResourceNames).To(HaveLen(len(shards)), "the replicas may read every shard")
+
+		By("reading the replicas' reports spread over as many Secrets as the documents")
+		_, dnat := groupDocuments(Default, "many")
+		services := slices.Sorted(maps.Keys(dnat.Services))
+		report := func(advertised []string) contract.ProxyState {
+			return contract.ProxyState{FQDN: "many.tailnet.test", Advertised: advertised}
+		}
+		for i := range 2 {
+			reportReplicaSharded("many", i, report(services), len(shards))
+		}
+		configured := func(svcName string) func(g Gomega) string {
+			return func(g Gomega) string {
+				svc := &corev1.Service{}
+				g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: strings.TrimPrefix(svcName, "svc:"+ns+"-")}, svc)).To(Succeed())
+				c := meta.FindStatusCondition(svc.Status.Conditions, ConditionIngressSvcConfigured)
+				g.Expect(c).NotTo(BeNil())
+				return c.Message
+			}
+		}
+		for _, name := range services {
+			Eventually(configured(name), "1m").Should(HavePrefix("2/2 "), name)
+		}
+		// A change in one report Secret other than the state Secret, alone.
+		withdrawn := ""
+		for _, name := range services {
+			if contract.ShardOf(contract.ReportService(name), len(shards)) > 0 {
+				withdrawn = name
+				break
+			}
+		}
+		Expect(withdrawn).NotTo(BeEmpty())
+		reportReplicaSharded("many", 1, report(slices.DeleteFunc(slices.Clone(services), func(s string) bool { return s == withdrawn })), len(shards))
+		Eventually(configured(withdrawn)).Should(HavePrefix("1/2 "))
+
 		for name, uid := range pods {
 			pod := &corev1.Pod{}
 			Expect(k8s.Get(ctx, nsKey(name), pod)).To(Succeed())

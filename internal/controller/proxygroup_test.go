@@ -55,23 +55,32 @@ func olderProxyAdvertises(g Gomega, pg string, i int) []string {
 }
 
 // reportReplica plays replica i: it writes state for its live Pod.
-func reportReplica(pg string, i int, st contract.ProxyState) {
+func reportReplica(pg string, i int, st contract.ProxyState) { reportReplicaSharded(pg, i, st, 1) }
+
+// reportReplicaSharded plays replica i of a group whose documents are in count shards: it
+// writes state for its live Pod over its state Secret and count-1 report Secrets, as the
+// proxy does (contract.SplitReport).
+func reportReplicaSharded(pg string, i int, st contract.ProxyState, count int) {
 	name := fmt.Sprintf("%s-%d", pg, i)
 	pod := &corev1.Pod{}
 	Eventually(func() error { return k8s.Get(ctx, nsKey(name), pod) }).Should(Succeed(), "replica Pod %s", name)
 	st.PodUID = string(pod.UID)
 	data, err := st.Data()
 	Expect(err).NotTo(HaveOccurred())
-	s := &corev1.Secret{}
-	Expect(k8s.Get(ctx, nsKey(name), s)).To(Succeed())
-	patch := client.MergeFrom(s.DeepCopy())
-	if s.Data == nil {
-		s.Data = map[string][]byte{}
+	shards, err := contract.SplitReport(data, count)
+	Expect(err).NotTo(HaveOccurred())
+	for k, shard := range shards {
+		s := &corev1.Secret{}
+		Eventually(func() error { return k8s.Get(ctx, nsKey(contract.ReportShardName(name, k)), s) }).Should(Succeed())
+		patch := client.MergeFrom(s.DeepCopy())
+		if s.Data == nil {
+			s.Data = map[string][]byte{}
+		}
+		for k, v := range shard {
+			s.Data[k] = v
+		}
+		Expect(k8s.Patch(ctx, s, patch, client.FieldOwner("proxy"))).To(Succeed())
 	}
-	for k, v := range data {
-		s.Data[k] = v
-	}
-	Expect(k8s.Patch(ctx, s, patch, client.FieldOwner("proxy"))).To(Succeed())
 }
 
 func groupCondition(name, typ string) func(g Gomega) *metav1.Condition {
