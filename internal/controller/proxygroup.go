@@ -334,7 +334,8 @@ func (r *ProxyGroupReconciler) certSecretNames(ctx context.Context, g group) (gr
 		list := &corev1.SecretList{}
 		labels := g.labels()
 		labels[LabelSecretType] = typ
-		if err := r.List(ctx, list, client.InNamespace(r.Settings.Namespace), client.MatchingLabels(labels)); err != nil {
+		// Only their names: the cache's objects, not copies of thousands of certificates.
+		if err := r.List(ctx, list, client.InNamespace(r.Settings.Namespace), client.MatchingLabels(labels), client.UnsafeDisableDeepCopy); err != nil {
 			return out, err
 		}
 		for _, s := range list.Items {
@@ -532,11 +533,28 @@ func (r *ProxyGroupReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&tsv1alpha1.ProxyGroup{}).
 		Named("proxygroup").
 		Owns(&appsv1.StatefulSet{}).
-		Owns(&corev1.Secret{}).
+		Owns(&corev1.Secret{}, builder.WithPredicates(contentWrites())).
 		Owns(&corev1.ConfigMap{}, builder.WithPredicates(r.documentWrites())).
 		Watches(&corev1.Pod{}, toGroup).
 		Watches(&tsv1alpha1.ProxyClass{}, handler.EnqueueRequestsFromMapFunc(r.groupsForProxyClass)).
 		Complete(r)
+}
+
+// contentWrites drops the writes of a group's Secrets that only the replicas fill when
+// nothing the reconciler writes or reports follows from their data: the other shards of the
+// replicas' reports, and the certificate Secrets, of which the Role needs only the names.
+// With many objects on a group the replicas write them several times a second, and each pass
+// lists every certificate Secret and applies some thirty children.
+func contentWrites() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		switch e.ObjectNew.GetLabels()[LabelSecretType] {
+		case secretTypeReport, secretTypeGroupCert, secretTypeCertCopy:
+			return !maps.Equal(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels()) ||
+				!equality.Semantic.DeepEqual(e.ObjectOld.GetOwnerReferences(), e.ObjectNew.GetOwnerReferences()) ||
+				e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+		}
+		return true
+	}}
 }
 
 // documentWrites drops the writes of a group's documents when nothing the reconciler writes

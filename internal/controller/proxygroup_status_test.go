@@ -108,3 +108,38 @@ func TestDocumentWrites(t *testing.T) {
 		})
 	}
 }
+
+func TestContentWrites(t *testing.T) {
+	secret := func(typ, data string, mutate ...func(*corev1.Secret)) *corev1.Secret {
+		labels := group{"pg"}.labels()
+		labels[LabelSecretType] = typ
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s", Labels: labels}, Data: map[string][]byte{"k": []byte(data)}}
+		for _, m := range mutate {
+			m(s)
+		}
+		return s
+	}
+	relabelled := func(s *corev1.Secret) { s.Labels = map[string]string{LabelManaged: "true"} }
+	disowned := func(s *corev1.Secret) { s.OwnerReferences = []metav1.OwnerReference{{Name: "other"}} }
+	deleting := func(s *corev1.Secret) { now := metav1.Now(); s.DeletionTimestamp = &now }
+	for name, c := range map[string]struct {
+		old, cur       *corev1.Secret
+		wantReconciled bool
+	}{
+		"a report shard written":         {secret(secretTypeReport, "a"), secret(secretTypeReport, "b"), false},
+		"a certificate issued":           {secret(secretTypeGroupCert, ""), secret(secretTypeGroupCert, "cert"), false},
+		"a certificate copy updated":     {secret(secretTypeCertCopy, "a"), secret(secretTypeCertCopy, "b"), false},
+		"a state Secret written":         {secret(secretTypeState, "a"), secret(secretTypeState, "b"), true},
+		"a config Secret changed":        {secret(secretTypeConfig, "a"), secret(secretTypeConfig, "b"), true},
+		"a report shard's labels edited": {secret(secretTypeReport, "a"), secret(secretTypeReport, "a", relabelled), true},
+		"a certificate's owner changed":  {secret(secretTypeGroupCert, "a"), secret(secretTypeGroupCert, "a", disowned), true},
+		"a report shard being deleted":   {secret(secretTypeReport, "a"), secret(secretTypeReport, "a", deleting), true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got := contentWrites().Update(event.UpdateEvent{ObjectOld: c.old, ObjectNew: c.cur})
+			if got != c.wantReconciled {
+				t.Errorf("reconciled = %v, want %v", got, c.wantReconciled)
+			}
+		})
+	}
+}
