@@ -11,12 +11,14 @@ import (
 // grows with the number of services on the group. Shard 0 is the group ConfigMap the replicas
 // are given (`<pg>-ingress-config`); when there is more than one, it holds a GroupShards
 // document saying how many, and shard i > 0 is the ConfigMap named ShardName(main, i). A
-// service's entries (Serve, DNAT) are in shard ShardOf(service, count). Readers take the
+// service's entries (Serve, DNAT) are in one shard: operators up to 2026-12 put them in shard
+// ShardOf(service, count); later ones leave an entry where it is and put a new service in the
+// first shard with room, so that adding services rewrites one shard, not all. Readers take the
 // union of every shard's documents, once they have read every shard.
 //
-// The count only grows, by one shard at a time (linear hashing, see ShardOf): growing moves
-// entries from one shard only, to the new one. The writer stores them in the new shard before
-// it raises the count in shard 0, then removes them from the old one; a reader that waits for
+// The count only grows, by one shard at a time. When entries move (a shard split by hash, or
+// relieved of entries that outgrew it), the writer stores them in the new shard before it
+// raises the count in shard 0, then removes them from the old one; a reader that waits for
 // every shard of the count it read never misses an entry.
 
 // GroupShards is the shard index in a group's first ConfigMap. Version 1 knows counts that are
@@ -138,8 +140,8 @@ type GroupDocuments struct {
 
 // MergeShards decodes and joins the documents of every shard. A document absent from a shard is
 // empty there; one this build cannot read in any shard fails that document as a whole: a
-// replica then keeps the last one it could read. An entry also found outside its own shard
-// (left there while the count grows) counts as in its own shard.
+// replica then keeps the last one it could read. An entry found in two shards (while it
+// moves) counts as in its hash shard (ShardOf) when one of them is, else in the first.
 func MergeShards(shards []map[string][]byte) GroupDocuments {
 	out := GroupDocuments{Serve: &ServeConfig{Services: map[string]WebService{}}, DNAT: &DNATConfig{Services: map[string]DNATService{}}}
 	var serveErrs, dnatErrs []error

@@ -153,15 +153,26 @@ func emptyContent() *groupContent {
 }
 
 // groupShards is a group's documents over its shards (contract.MergeShards), as a flush
-// changes them. Each service's entries are in its own shard; a change copies a shard before
-// it first touches it, since the decoded contents are shared with readers.
+// changes them. Each service's entries stay in the shard that holds them; a new service goes
+// to the first shard with room for it, and to a new shard when none has. A flush that adds
+// objects then writes the shard or two they went to, not every shard: placing services by
+// their hash spread every batch over every shard. A change copies a shard before it first
+// touches it, since the decoded contents are shared with readers.
 type groupShards struct {
 	shards  []*groupContent
 	touched []bool
+	// sizes are the shards' bytes as read, with estimates of the entries placed since.
+	sizes []int
+	bound int
+	// added are the services this flush placed, by shard: moving them costs no reader anything.
+	added map[string]int
 }
 
-func newGroupShards(contents []*groupContent) *groupShards {
-	return &groupShards{shards: slices.Clone(contents), touched: make([]bool, len(contents))}
+// newGroupShards starts a flush from the shards' contents and their sizes in bytes, each to
+// hold at most bound.
+func newGroupShards(contents []*groupContent, sizes []int, bound int) *groupShards {
+	return &groupShards{shards: slices.Clone(contents), touched: make([]bool, len(contents)), sizes: slices.Clone(sizes),
+		bound: bound, added: map[string]int{}}
 }
 
 func (s *groupShards) touch(i int) *groupContent {
@@ -171,34 +182,98 @@ func (s *groupShards) touch(i int) *groupContent {
 	return s.shards[i]
 }
 
-// home is the shard of a service, ready to change.
-func (s *groupShards) home(svcName string) *groupContent {
-	return s.touch(contract.ShardOf(svcName, len(s.shards)))
+// holding is the shard that holds svcName, -1 for none.
+func (s *groupShards) holding(svcName string) int {
+	for i, sh := range s.shards {
+		if sh.has(svcName) {
+			return i
+		}
+	}
+	return -1
 }
 
+// place picks the shard of a new service whose entries take about size bytes: the first with
+// room, else a new one (the last when there can be no more: fit then fails the change).
+func (s *groupShards) place(svcName string, size int) int {
+	i := slices.IndexFunc(s.sizes, func(n int) bool { return n+size <= s.bound })
+	if i < 0 && len(s.shards) < contract.MaxShards {
+		i = s.addShard()
+	} else if i < 0 {
+		i = len(s.shards) - 1
+	}
+	s.sizes[i] += size
+	s.added[svcName] = i
+	return i
+}
+
+// addShard adds an empty shard, which the flush writes before shard 0 counts it.
+func (s *groupShards) addShard() int {
+	s.shards, s.touched, s.sizes = append(s.shards, emptyContent()), append(s.touched, true), append(s.sizes, 0)
+	s.touch(0) // the count
+	return len(s.shards) - 1
+}
+
+// encodedSize is the bytes of data's values.
+func encodedSize(data map[string][]byte) int {
+	n := 0
+	for _, v := range data {
+		n += len(v)
+	}
+	return n
+}
+
+// shardFor is the shard, ready to change, that holds svcName, or, when size (what its entry
+// takes in a shard) is given, that a new one goes to; nil when none holds it and nothing is set.
+func (s *groupShards) shardFor(svcName string, size func() int) *groupContent {
+	i := s.holding(svcName)
+	if i < 0 {
+		if size == nil {
+			return nil
+		}
+		i = s.place(svcName, size())
+	}
+	return s.touch(i)
+}
+
+// The size of a new entry is what a document of it alone takes, in every version written, and
+// its line in the owner index.
 func (s *groupShards) setServe(svcName string, ws *contract.WebService, owner string) {
-	s.home(svcName).setServe(svcName, ws, owner)
+	var size func() int
+	if ws != nil {
+		size = func() int {
+			data, _ := contract.ServeConfigs.Encode(&contract.ServeConfig{Services: map[string]contract.WebService{svcName: *ws}})
+			return encodedSize(data) + len(svcName) + len(owner) + 8
+		}
+	}
+	if sh := s.shardFor(svcName, size); sh != nil {
+		sh.setServe(svcName, ws, owner)
+	}
 }
 
 func (s *groupShards) setDNAT(svcName string, m *contract.DNATService, owner string) {
-	s.home(svcName).setDNAT(svcName, m, owner)
+	var size func() int
+	if m != nil {
+		size = func() int {
+			data, _ := contract.DNATConfigs.Encode(&contract.DNATConfig{Services: map[string]contract.DNATService{svcName: *m}})
+			return encodedSize(data) + len(svcName) + len(owner) + 8
+		}
+	}
+	if sh := s.shardFor(svcName, size); sh != nil {
+		sh.setDNAT(svcName, m, owner)
+	}
 }
 
-// settle moves entries found outside their own shard, as a write that stopped while the count
-// grew leaves them, into it; the entry already in its own shard wins.
+// settle keeps each service's entries in one shard, the first that holds them: a flush that
+// stopped while moving entries to a new shard leaves them in both.
 func (s *groupShards) settle() {
+	seen := map[string]bool{}
 	for i, sh := range s.shards {
 		for _, name := range sh.names() {
-			if contract.ShardOf(name, len(s.shards)) == i {
+			if !seen[name] {
+				seen[name] = true
 				continue
 			}
-			from, to := s.touch(i), s.home(name)
-			if ws, ok := from.serve.Services[name]; ok && !hasService(to.serve.Services, name) {
-				to.setServe(name, &ws, from.owners[name])
-			}
-			if m, ok := from.dnat.Services[name]; ok && !hasService(to.dnat.Services, name) {
-				to.setDNAT(name, &m, from.owners[name])
-			}
+			from := s.touch(i)
 			from.setServe(name, nil, "")
 			from.setDNAT(name, nil, "")
 		}
@@ -216,28 +291,40 @@ func (g *groupContent) names() []string {
 	return names
 }
 
-// grown adds a shard: the entries of the one shard it splits that belong to it move there
-// (contract.ShardOf), and shard 0 takes the new count; the others are left as they are.
-func (s *groupShards) grown() *groupShards {
-	n := len(s.shards)
-	out := &groupShards{shards: append(slices.Clone(s.shards), emptyContent()), touched: append(slices.Clone(s.touched), true)}
-	out.touch(0)
-	from := out.touch(contract.SplitShard(n))
-	for _, name := range from.names() {
-		if contract.ShardOf(name, n+1) != n {
-			continue
+// relieve moves entries out of shard i, which holds more than the bound, to a new shard: those
+// this flush placed there, else half of what it held. It reports false when that cannot help:
+// no more shards, or a single entry over the bound.
+func (s *groupShards) relieve(i int) bool {
+	var moving []string
+	for name, at := range s.added {
+		if at == i {
+			moving = append(moving, name)
 		}
-		to := out.shards[n]
+	}
+	if len(moving) == 0 {
+		moving = s.shards[i].names()
+	}
+	slices.Sort(moving)
+	moving = moving[len(moving)/2:]
+	if len(s.shards) == contract.MaxShards || len(moving) == 0 || (len(moving) == 1 && len(s.shards[i].names()) == 1) {
+		return false
+	}
+	to := s.addShard()
+	from := s.touch(i)
+	for _, name := range moving {
 		if ws, ok := from.serve.Services[name]; ok {
-			to.setServe(name, &ws, from.owners[name])
+			s.shards[to].setServe(name, &ws, from.owners[name])
 		}
 		if m, ok := from.dnat.Services[name]; ok {
-			to.setDNAT(name, &m, from.owners[name])
+			s.shards[to].setDNAT(name, &m, from.owners[name])
 		}
 		from.setServe(name, nil, "")
 		from.setDNAT(name, nil, "")
+		if _, ok := s.added[name]; ok {
+			s.added[name] = to
+		}
 	}
-	return out
+	return true
 }
 
 // encodeChanged renders the changed shards' data, by shard, with the shard index in shard 0,
@@ -377,10 +464,10 @@ func (w *groupWriter) flush(pg string, batch []func(*groupShards)) []error {
 }
 
 // holds reports whether group pg's documents, as last read or written here, already hold what
-// has looks for in the home shard of svcName. A change that would write it again is then left
-// out, as if applied to that version: most passes over an object on a group change nothing
-// there, and would otherwise each wait for a turn at the writer. Changes queued meanwhile by
-// others are ordered after it, as they would be after a write.
+// has looks for in the shard that holds svcName. A change that would write it again is then
+// left out, as if applied to that version: most passes over an object on a group change
+// nothing there, and would otherwise each wait for a turn at the writer. Changes queued
+// meanwhile by others are ordered after it, as they would be after a write.
 func (w *groupWriter) holds(ctx context.Context, pg, svcName string, has func(*groupContent) bool) bool {
 	main := group{pg}.configMap()
 	first, err := w.readShard(ctx, w.client, main, 0)
@@ -391,15 +478,31 @@ func (w *groupWriter) holds(ctx context.Context, pg, svcName string, has func(*g
 	if err != nil {
 		return false
 	}
-	// The home shard alone: reading every shard per pass grew with the group.
+	// One shard alone, the one this writer last saw holding it: reading every shard per pass
+	// grew with the group.
 	cm := first
-	if home := contract.ShardOf(svcName, count); home > 0 {
-		if cm, err = w.readShard(ctx, w.client, main, home); err != nil || cm == nil {
+	if i := w.lastHolding(main, count, svcName); i < 0 {
+		return false
+	} else if i > 0 {
+		if cm, err = w.readShard(ctx, w.client, main, i); err != nil || cm == nil {
 			return false
 		}
 	}
 	c := w.content(cm)
 	return !c.serveUnreadable && !c.dnatUnreadable && has(c)
+}
+
+// lastHolding is the shard, of count, whose content decoded or written last here holds
+// svcName; -1 for none.
+func (w *groupWriter) lastHolding(main string, count int, svcName string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := range count {
+		if d := w.decoded[contract.ShardName(main, i)]; len(d.recent) > 0 && d.recent[0].content.has(svcName) {
+			return i
+		}
+	}
+	return -1
 }
 
 // read gets a group's shards, by index: nil for a shard not created yet. The first must exist
@@ -454,19 +557,20 @@ func freshest[T client.Object](cached, last T) T {
 }
 
 // write applies the changes to the shards and stores those that changed. When a shard would
-// exceed the size bound, the count doubles; changes that would need more than
+// exceed the size bound, entries go to a new one; changes that would need more than
 // contract.MaxShards fail with errConfigFull, and the rest are stored.
 func (w *groupWriter) write(ctx context.Context, cms []*corev1.ConfigMap, batch []func(*groupShards), errs []error) ([]*corev1.ConfigMap, error) {
 	contents := make([]*groupContent, len(cms))
+	sizes := make([]int, len(cms))
 	for i, cm := range cms {
 		if cm == nil {
 			contents[i] = emptyContent()
 		} else {
-			contents[i] = w.base(cm)
+			contents[i], sizes[i] = w.base(cm), dataSize(cm.Data, nil, nil)
 		}
 	}
 	apply := func(skip func(int) bool) *groupShards {
-		s := newGroupShards(contents)
+		s := newGroupShards(contents, sizes, w.shardBytes)
 		s.settle()
 		for i, c := range batch {
 			if !skip(i) {
@@ -489,7 +593,7 @@ func (w *groupWriter) write(ctx context.Context, cms []*corev1.ConfigMap, batch 
 	if err != nil {
 		return nil, err
 	}
-	// Growing: entries go to their new shards first, then shard 0 raises the count, then the
+	// Growing: entries go to the new shards first, then shard 0 raises the count, then the
 	// old shards drop what moved, so that a replica never reads a count without its entries.
 	phases := [][]int{slices.Sorted(maps.Keys(data))}
 	if len(s.shards) > len(cms) {
@@ -541,40 +645,31 @@ func firstError(errs []error) error {
 	return nil
 }
 
-// fit encodes the changed shards, adding shards while one is too large, or while the shards
-// hold more than half the bound on average: then the next split comes before a shard fills,
-// and growing writes the shard it splits and the new one, not every shard. errConfigFull when
-// a shard would still be too large at contract.MaxShards.
+// fit encodes the changed shards, relieving a shard over the bound (an entry grown, or new
+// ones larger than estimated) until none is; errConfigFull when that cannot help.
 func (w *groupWriter) fit(s *groupShards, cms []*corev1.ConfigMap) (*groupShards, map[int]map[string]string, []string, error) {
 	for {
 		data, keys, err := s.encodeChanged()
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		over, total := false, 0
-		for i := range s.shards {
+		over := -1
+		for _, i := range slices.Sorted(maps.Keys(data)) {
 			var current map[string]string
 			if i < len(cms) && cms[i] != nil {
 				current = cms[i].Data
 			}
-			d, changed := data[i]
-			if !changed {
-				total += dataSize(current, nil, nil)
-				continue
+			if dataSize(current, data[i], keys) > w.shardBytes {
+				over = i
+				break
 			}
-			size := dataSize(current, d, keys)
-			total += size
-			over = over || size > w.shardBytes
 		}
-		n := len(s.shards)
-		full := n > 1 && total > n*w.shardBytes/2
-		if !over && (!full || n == contract.MaxShards) {
+		if over < 0 {
 			return s, data, keys, nil
 		}
-		if n == contract.MaxShards {
+		if !s.relieve(over) {
 			return nil, nil, nil, errConfigFull
 		}
-		s = s.grown()
 	}
 }
 

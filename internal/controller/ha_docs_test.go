@@ -67,6 +67,7 @@ func TestGroupWriterShards(t *testing.T) {
 	w, c := shardedWriter(t, bound)
 	ctx := context.Background()
 	for batch := range 20 {
+		before := configMapVersions(t, c)
 		var changes []func(*groupShards)
 		for j := range 10 {
 			name, owner := fmt.Sprintf("svc:site-%03d", batch*10+j), fmt.Sprintf("Ingress/apps/site-%03d", batch*10+j)
@@ -77,6 +78,11 @@ func TestGroupWriterShards(t *testing.T) {
 				t.Fatalf("batch %d, change %d: %v", batch, i, err)
 			}
 		}
+		// New entries go where there is room: the shards they fill, a new one and shard 0
+		// (its count) when they need one; however many shards there are.
+		if written := changedVersions(before, configMapVersions(t, c)); written > 4 {
+			t.Errorf("batch %d of 10 new entries wrote %d of %d shards", batch, written, len(before))
+		}
 	}
 	cms, docs := storedShards(t, c, bound)
 	if len(cms) < 4 {
@@ -85,12 +91,14 @@ func TestGroupWriterShards(t *testing.T) {
 	if len(docs.Serve.Services) != 200 {
 		t.Fatalf("%d of 200 entries stored", len(docs.Serve.Services))
 	}
+	holder := map[string]int{}
 	for i, cm := range cms {
 		content := decodeGroup(cm)
 		for name := range content.serve.Services {
-			if home := contract.ShardOf(name, len(cms)); home != i {
-				t.Errorf("%s is in shard %d, its own is %d", name, i, home)
+			if j, dup := holder[name]; dup {
+				t.Errorf("%s is in shards %d and %d", name, j, i)
 			}
+			holder[name] = i
 			if content.owners[name] == "" {
 				t.Errorf("%s: no owner in its shard", name)
 			}
@@ -141,24 +149,49 @@ func TestGroupWriterFull(t *testing.T) {
 	}
 }
 
-// Entries left outside their own shard, as a writer that stopped while growing leaves them,
-// are moved to their own by the next write.
+// A service's entries found in two shards, as a flush that stopped while moving them to a new
+// shard leaves them, stay in the first only.
 func TestGroupShardsSettle(t *testing.T) {
-	stray := "svc:a"
-	for contract.ShardOf(stray, 2) != 1 {
-		stray += "a"
-	}
-	s := newGroupShards([]*groupContent{emptyContent(), emptyContent()})
-	s.shards[0].setServe(stray, webEntry("/"), "Ingress/apps/a")
-	s.touched[0] = false
-	before := s.shards[0]
+	first, second := emptyContent(), emptyContent()
+	first.setServe("svc:a", webEntry("/"), "Ingress/apps/a")
+	second.setServe("svc:a", webEntry("/"), "Ingress/apps/a")
+	second.setDNAT("svc:b", &contract.DNATService{VIPs: []string{"100.100.0.1"}}, "Service/apps/b")
+	s := newGroupShards([]*groupContent{first, second}, []int{100, 200}, 1<<10)
 	s.settle()
-	if s.shards[0].has(stray) || !s.shards[1].has(stray) || s.shards[1].owners[stray] != "Ingress/apps/a" {
-		t.Errorf("not moved: shard 0 %v, shard 1 %v", s.shards[0].serve.Services, s.shards[1].serve.Services)
+	if !s.shards[0].has("svc:a") || s.shards[1].has("svc:a") || !s.shards[1].has("svc:b") || s.shards[0].owners["svc:a"] != "Ingress/apps/a" {
+		t.Errorf("shard 0 %v, shard 1 %v %v", s.shards[0].serve.Services, s.shards[1].serve.Services, s.shards[1].dnat.Services)
 	}
-	if !before.has(stray) {
+	if !second.has("svc:a") {
 		t.Error("settling changed the shared content it started from")
 	}
+	if s.touched[0] || !s.touched[1] {
+		t.Errorf("touched %v; want the second shard only", s.touched)
+	}
+}
+
+// configMapVersions are the group's ConfigMaps' resourceVersions, by name.
+func configMapVersions(t *testing.T, c client.Client) map[string]string {
+	t.Helper()
+	list := &corev1.ConfigMapList{}
+	if err := c.List(context.Background(), list, client.InNamespace("ns")); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, cm := range list.Items {
+		out[cm.Name] = cm.ResourceVersion
+	}
+	return out
+}
+
+// changedVersions counts the ConfigMaps written (or created) between two configMapVersions.
+func changedVersions(before, after map[string]string) int {
+	n := 0
+	for name, v := range after {
+		if before[name] != v {
+			n++
+		}
+	}
+	return n
 }
 
 // laggingCache is a cache that has not seen any shard but the first yet.
@@ -197,49 +230,26 @@ func TestGroupWriterCacheLag(t *testing.T) {
 	}
 }
 
-// Growing adds one shard at a time and writes the shard it splits, the new one and shard 0
-// (the count) only; the other shards keep what they hold.
+// Growing adds one shard at a time and writes the new one and shard 0 (the count) only; the
+// other shards keep what they hold.
 func TestGroupWriterGrowsOneShardAtATime(t *testing.T) {
 	const bound = 4 << 10
 	w, c := shardedWriter(t, bound)
-	ctx := context.Background()
-	versions := func() map[string]string {
-		list := &corev1.ConfigMapList{}
-		if err := c.List(ctx, list, client.InNamespace("ns")); err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]string{}
-		for _, cm := range list.Items {
-			out[cm.Name] = cm.ResourceVersion
-		}
-		return out
-	}
 	counts := map[int]bool{}
 	for i := range 300 {
-		before := versions()
+		before := configMapVersions(t, c)
 		name := fmt.Sprintf("svc:site-%03d", i)
 		if err := w.flush("pg", []func(*groupShards){func(g *groupShards) { g.setServe(name, webEntry("/"+name), "Ingress/apps/"+name) }})[0]; err != nil {
 			t.Fatal(err)
 		}
-		after := versions()
+		after := configMapVersions(t, c)
 		counts[len(after)] = true
-		if len(after) == len(before) {
-			continue
-		}
-		// Out of one ConfigMap the documents go to three at once: two hold more than half the
-		// bound on average.
-		if len(after) != len(before)+1 && len(before) > 1 {
-			t.Fatalf("entry %d: from %d shards to %d; want one more", i, len(before), len(after))
-		}
-		rewritten := 0
-		for cm, v := range before {
-			if after[cm] != v {
-				rewritten++
-			}
-		}
-		// The split shard and shard 0, and the shard of the entry added, if another.
-		if rewritten > 3 {
-			t.Errorf("entry %d: growing to %d shards rewrote %d of the %d there were", i, len(after), rewritten, len(before))
+		rewritten := changedVersions(before, after)
+		switch {
+		case len(after) == len(before) && rewritten != 1:
+			t.Errorf("entry %d: %d shards written; want the one it went to", i, rewritten)
+		case len(after) != len(before) && (len(after) != len(before)+1 || rewritten != 2):
+			t.Errorf("entry %d: from %d shards to %d, writing %d; want one more, written with shard 0", i, len(before), len(after), rewritten)
 		}
 	}
 	cms, docs := storedShards(t, c, bound)
@@ -248,6 +258,45 @@ func TestGroupWriterGrowsOneShardAtATime(t *testing.T) {
 	}
 	if len(cms) < 6 || !counts[5] || !counts[6] {
 		t.Errorf("300 entries in %d shards, through the counts %v: the test wants growth past counts that are not powers of two", len(cms), counts)
+	}
+	// Full shards: no more than one more than the entries' bytes need.
+	total := 0
+	for _, cm := range cms {
+		total += dataSize(cm.Data, nil, nil)
+	}
+	if need := (total + bound - 1) / bound; len(cms) > need+1 {
+		t.Errorf("%d bytes in %d shards of %d; %d would hold them", total, len(cms), bound, need)
+	}
+}
+
+// An entry grown past what its shard can hold moves, with half the shard's others, to a new
+// shard: written first, then shard 0 counts it, then the old one drops them.
+func TestGroupWriterRelievesAFullShard(t *testing.T) {
+	const bound = 4 << 10
+	w, c := shardedWriter(t, bound)
+	name := func(i int) string { return fmt.Sprintf("svc:site-%03d", i) }
+	for i := range 20 {
+		if err := w.flush("pg", []func(*groupShards){func(g *groupShards) { g.setServe(name(i), webEntry("/"+name(i)), "Ingress/apps/"+name(i)) }})[0]; err != nil {
+			t.Fatal(err)
+		}
+	}
+	cms, _ := storedShards(t, c, bound)
+	last := decodeGroup(cms[len(cms)-1]).names()
+	slices.Sort(last)
+	grown := last[len(last)-1]
+	big := webEntry("/" + strings.Repeat("x", bound/3))
+	if err := w.flush("pg", []func(*groupShards){func(g *groupShards) { g.setServe(grown, big, "Ingress/apps/"+grown) }})[0]; err != nil {
+		t.Fatal(err)
+	}
+	after, docs := storedShards(t, c, bound)
+	if len(after) != len(cms)+1 {
+		t.Fatalf("%d shards after growing an entry of %d; want %d", len(after), len(cms), len(cms)+1)
+	}
+	if got := docs.Serve.Services[grown]; len(got.Routes) != 1 || got.Routes[0].Path != big.Routes[0].Path {
+		t.Errorf("%s: %+v", grown, got)
+	}
+	if len(docs.Serve.Services) != 20 {
+		t.Errorf("%d of 20 entries stored", len(docs.Serve.Services))
 	}
 }
 
@@ -346,10 +395,14 @@ func TestGroupDocsSkipWhatTheyHold(t *testing.T) {
 		}
 	}
 	step("an entry removed", true, func() error { return d.setServe(ctx, "pg", name(4), webEntry("/"+name(4)), "Ingress/apps/"+name(4)) })
-	home := contract.ShardName(group{"pg"}.configMap(), contract.ShardOf(name(5), len(mustShards(t, c))))
-	cm := &corev1.ConfigMap{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: "ns", Name: home}, cm); err != nil {
-		t.Fatal(err)
+	var cm *corev1.ConfigMap
+	for _, shard := range mustShards(t, c) {
+		if decodeGroup(shard).has(name(5)) {
+			cm = shard
+		}
+	}
+	if cm == nil {
+		t.Fatalf("no shard holds %s", name(5))
 	}
 	cm.Data["dnat-config.v99.json"] = `{"version":99}`
 	for k := range cm.Data {

@@ -45,7 +45,7 @@ func TestGroupStatesReadShardedReports(t *testing.T) {
 		for k, d := range shards {
 			name := contract.ReportShardName(g.replicas().stateSecret(i), k)
 			if k == 0 {
-				objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name)}, Data: d})
+				objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(fmt.Sprintf("uid-%s-%d", name, time.Now().UnixNano()))}, Data: d})
 			} else { // labelled as the reconciler makes them
 				objs = append(objs, r.secret(g, name, secretTypeReport, i, d))
 			}
