@@ -1,8 +1,10 @@
 package controller
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"maps"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -25,6 +27,9 @@ const fieldOwner = "tsingress-operator"
 // exactly the fields it sets: the keys a proxy writes into its state Secret belong to the
 // proxy's field manager and survive every apply.
 func apply(ctx context.Context, c client.Client, obj client.Object) error {
+	if alreadyApplied(ctx, c, obj) {
+		return nil
+	}
 	gvk, err := apiutil.GVKForObject(obj, c.Scheme())
 	if err != nil {
 		return err
@@ -43,6 +48,39 @@ func apply(ctx context.Context, c client.Client, obj client.Object) error {
 		return fmt.Errorf("applying %s %s/%s: %w", gvk.Kind, obj.GetNamespace(), obj.GetName(), err)
 	}
 	return nil
+}
+
+// alreadyApplied reports whether the cache holds a Secret or ConfigMap child as obj would make
+// it: the same labels, annotations, owners and type, and, when obj sets data, the same data.
+// Applying it again would change nothing, and a ProxyGroup applies some forty such children
+// (its replicas' state and report Secrets) on every pass. A child whose data obj leaves alone
+// (a replica's state) compares by metadata. Anything else is applied.
+func alreadyApplied(ctx context.Context, c client.Client, obj client.Object) bool {
+	key := client.ObjectKeyFromObject(obj)
+	switch want := obj.(type) {
+	case *corev1.Secret:
+		have := &corev1.Secret{}
+		if c.Get(ctx, key, have, client.UnsafeDisableDeepCopy) != nil {
+			return false
+		}
+		return sameChildMeta(want, have) && (want.Type == "" || want.Type == have.Type) && len(want.StringData) == 0 &&
+			(want.Data == nil || maps.EqualFunc(want.Data, have.Data, bytes.Equal))
+	case *corev1.ConfigMap:
+		have := &corev1.ConfigMap{}
+		if c.Get(ctx, key, have, client.UnsafeDisableDeepCopy) != nil {
+			return false
+		}
+		return sameChildMeta(want, have) && (want.Data == nil || maps.Equal(want.Data, have.Data)) &&
+			(want.BinaryData == nil || maps.EqualFunc(want.BinaryData, have.BinaryData, bytes.Equal))
+	}
+	return false
+}
+
+// sameChildMeta compares what apply sets of an object's metadata.
+func sameChildMeta(want, have client.Object) bool {
+	return have.GetDeletionTimestamp() == nil && maps.Equal(want.GetLabels(), have.GetLabels()) &&
+		maps.Equal(want.GetAnnotations(), have.GetAnnotations()) &&
+		equality.Semantic.DeepEqual(want.GetOwnerReferences(), have.GetOwnerReferences())
 }
 
 // create writes a child whose content, once it exists, another writer owns: a ProxyGroup's
