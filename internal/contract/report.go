@@ -1,6 +1,7 @@
 package contract
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"maps"
@@ -71,6 +72,24 @@ func ReportService(name string) string {
 
 // shardEntryKeys are the keys whose entries are spread over the shards.
 var shardEntryKeys = []string{StateAdvertised, StateCertificates, StateFunnel, StateFirewall}
+
+// SameButEntries reports whether two versions of a state Secret's data differ at most in the
+// report's entries (advertised services, certificates, Funnel, DNAT rules): the replica, its
+// device, its login and the config version it reads are the same.
+func SameButEntries(a, b map[string][]byte) bool {
+	entry := func(k string) bool { return slices.Contains(shardEntryKeys, k) }
+	for k, v := range a {
+		if w, ok := b[k]; !entry(k) && (!ok || !bytes.Equal(v, w)) {
+			return false
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !entry(k) && !ok {
+			return false
+		}
+	}
+	return true
+}
 
 // SplitReport spreads the state keys data (ProxyState.Data) over count shards, each rendered
 // with every key it may hold, empty ones included, so that writing it replaces what it held.

@@ -31,7 +31,29 @@ const (
 	indexIngressHostname = "tsingress.ingress.proxygroup-hostname"
 	indexServiceGroup    = "tsingress.service.proxygroup"
 	indexServiceHostname = "tsingress.service.proxygroup-hostname"
+	// A ProxyGroup's Secrets, by group and type: thousands of certificate Secrets on a group
+	// made every label-selected List scan every Secret of the namespace.
+	indexSecretGroupType = "tsingress.secret.proxygroup-type"
 )
+
+// secretGroupType indexes a ProxyGroup's Secret by group and type (groupSecretType).
+func secretGroupType(o client.Object) []string {
+	pg := groupOf(o)
+	if pg == "" {
+		return nil
+	}
+	return []string{groupSecretType(pg, o.GetLabels()[LabelSecretType])}
+}
+
+func groupSecretType(pg, typ string) string { return pg + "/" + typ }
+
+// groupSecrets selects a ProxyGroup's Secrets of one type, through indexSecretGroupType.
+func groupSecrets(namespace string, g group, typ string) []client.ListOption {
+	labels := g.labels()
+	labels[LabelSecretType] = typ
+	return []client.ListOption{client.InNamespace(namespace), client.MatchingLabels(labels),
+		client.MatchingFields{indexSecretGroupType: groupSecretType(g.name, typ)}}
+}
 
 // indexGroupObjects registers the indexes, once per manager.
 func indexGroupObjects(mgr ctrl.Manager) error {
@@ -57,7 +79,7 @@ func indexGroupObjects(mgr ctrl.Manager) error {
 			return err
 		}
 	}
-	return nil
+	return idx.IndexField(ctx, &corev1.Secret{}, indexSecretGroupType, secretGroupType)
 }
 
 // haControllerOptions let the reconcilers of objects on ProxyGroups run side by side: most of

@@ -41,9 +41,7 @@ func (r *ProxyGroupReconciler) reportSecrets(g group, i, shards int) []client.Ob
 // removeReportSecrets removes the report Secrets of replicas at or above n.
 func (r *ProxyGroupReconciler) removeReportSecrets(ctx context.Context, g group, n int) error {
 	list := &corev1.SecretList{}
-	labels := g.labels()
-	labels[LabelSecretType] = secretTypeReport
-	if err := r.List(ctx, list, client.InNamespace(r.Settings.Namespace), client.MatchingLabels(labels)); err != nil {
+	if err := r.List(ctx, list, groupSecrets(r.Settings.Namespace, g, secretTypeReport)...); err != nil {
 		return err
 	}
 	for i := range list.Items {

@@ -126,7 +126,7 @@ func TestGroupStatesReadShardedReports(t *testing.T) {
 // which the reconciler makes; those of replicas scaled away go.
 func TestReportSecretsOfReplicas(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientBuilder().Build()
+	c := fake.NewClientBuilder().WithIndex(&corev1.Secret{}, indexSecretGroupType, secretGroupType).Build()
 	r := &ProxyGroupReconciler{Client: c, Settings: Settings{Namespace: "ns"}}
 	g := group{"pg"}
 	role := r.buildRole(g, 2, 3, groupCertSecrets{})

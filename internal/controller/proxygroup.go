@@ -332,10 +332,8 @@ func (r *ProxyGroupReconciler) certSecretNames(ctx context.Context, g group) (gr
 	var out groupCertSecrets
 	for typ, dst := range map[string]*[]string{secretTypeGroupCert: &out.shared, secretTypeCertCopy: &out.byo} {
 		list := &corev1.SecretList{}
-		labels := g.labels()
-		labels[LabelSecretType] = typ
 		// Only their names: the cache's objects, not copies of thousands of certificates.
-		if err := r.List(ctx, list, client.InNamespace(r.Settings.Namespace), client.MatchingLabels(labels), client.UnsafeDisableDeepCopy); err != nil {
+		if err := r.List(ctx, list, append(groupSecrets(r.Settings.Namespace, g, typ), client.UnsafeDisableDeepCopy)...); err != nil {
 			return out, err
 		}
 		for _, s := range list.Items {
@@ -386,9 +384,7 @@ func (r *ProxyGroupReconciler) buildRoleBinding(g group) *rbacv1.RoleBinding {
 // replicaSecrets lists a group's per-replica Secrets by ordinal.
 func (r *ProxyGroupReconciler) replicaSecrets(ctx context.Context, g group, typ string) (map[int]*corev1.Secret, error) {
 	list := &corev1.SecretList{}
-	labels := g.labels()
-	labels[LabelSecretType] = typ
-	if err := r.List(ctx, list, client.InNamespace(r.Settings.Namespace), client.MatchingLabels(labels)); err != nil {
+	if err := r.List(ctx, list, groupSecrets(r.Settings.Namespace, g, typ)...); err != nil {
 		return nil, err
 	}
 	out := map[int]*corev1.Secret{}
@@ -541,17 +537,24 @@ func (r *ProxyGroupReconciler) SetupWithManager(mgr ctrl.Manager) error {
 }
 
 // contentWrites drops the writes of a group's Secrets that only the replicas fill when
-// nothing the reconciler writes or reports follows from their data: the other shards of the
-// replicas' reports, and the certificate Secrets, of which the Role needs only the names.
+// nothing the reconciler writes or reports follows from their data: the replicas' reports
+// (in their state Secrets and the other shards), and the certificate Secrets, of which the
+// Role needs only the names.
 // With many objects on a group the replicas write them several times a second, and each pass
 // lists every certificate Secret and applies some thirty children.
 func contentWrites() predicate.Funcs {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		metaChanged := !maps.Equal(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels()) ||
+			!equality.Semantic.DeepEqual(e.ObjectOld.GetOwnerReferences(), e.ObjectNew.GetOwnerReferences()) ||
+			e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
 		switch e.ObjectNew.GetLabels()[LabelSecretType] {
 		case secretTypeReport, secretTypeGroupCert, secretTypeCertCopy:
-			return !maps.Equal(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels()) ||
-				!equality.Semantic.DeepEqual(e.ObjectOld.GetOwnerReferences(), e.ObjectNew.GetOwnerReferences()) ||
-				e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+			return metaChanged
+		case secretTypeState:
+			// Its report's entries: the replica itself, its login and config version matter.
+			old, okOld := e.ObjectOld.(*corev1.Secret)
+			cur, okCur := e.ObjectNew.(*corev1.Secret)
+			return metaChanged || !okOld || !okCur || !contract.SameButEntries(old.Data, cur.Data)
 		}
 		return true
 	}}

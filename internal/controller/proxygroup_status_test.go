@@ -120,16 +120,22 @@ func TestContentWrites(t *testing.T) {
 		return s
 	}
 	relabelled := func(s *corev1.Secret) { s.Labels = map[string]string{LabelManaged: "true"} }
+	withData := func(k, v string) func(*corev1.Secret) { return func(s *corev1.Secret) { s.Data[k] = []byte(v) } }
 	disowned := func(s *corev1.Secret) { s.OwnerReferences = []metav1.OwnerReference{{Name: "other"}} }
 	deleting := func(s *corev1.Secret) { now := metav1.Now(); s.DeletionTimestamp = &now }
 	for name, c := range map[string]struct {
 		old, cur       *corev1.Secret
 		wantReconciled bool
 	}{
-		"a report shard written":         {secret(secretTypeReport, "a"), secret(secretTypeReport, "b"), false},
-		"a certificate issued":           {secret(secretTypeGroupCert, ""), secret(secretTypeGroupCert, "cert"), false},
-		"a certificate copy updated":     {secret(secretTypeCertCopy, "a"), secret(secretTypeCertCopy, "b"), false},
-		"a state Secret written":         {secret(secretTypeState, "a"), secret(secretTypeState, "b"), true},
+		"a report shard written":     {secret(secretTypeReport, "a"), secret(secretTypeReport, "b"), false},
+		"a certificate issued":       {secret(secretTypeGroupCert, ""), secret(secretTypeGroupCert, "cert"), false},
+		"a certificate copy updated": {secret(secretTypeCertCopy, "a"), secret(secretTypeCertCopy, "b"), false},
+		"a state Secret written":     {secret(secretTypeState, "a"), secret(secretTypeState, "b"), true},
+		"a state Secret's report entries written": {secret(secretTypeState, "a", withData(contract.StateAdvertised, "x")),
+			secret(secretTypeState, "a", withData(contract.StateAdvertised, "y")), false},
+		"a state Secret's entries and login written": {secret(secretTypeState, "a", withData(contract.StateAdvertised, "x")),
+			secret(secretTypeState, "b", withData(contract.StateAdvertised, "y")), true},
+		"a state Secret's key removed":   {secret(secretTypeState, "a", withData("profile", "p")), secret(secretTypeState, "a"), true},
 		"a config Secret changed":        {secret(secretTypeConfig, "a"), secret(secretTypeConfig, "b"), true},
 		"a report shard's labels edited": {secret(secretTypeReport, "a"), secret(secretTypeReport, "a", relabelled), true},
 		"a certificate's owner changed":  {secret(secretTypeGroupCert, "a"), secret(secretTypeGroupCert, "a", disowned), true},
