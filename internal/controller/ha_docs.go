@@ -235,29 +235,31 @@ func (s *groupShards) shardFor(svcName string, size func() int) *groupContent {
 	return s.touch(i)
 }
 
-// The size of a new entry is what a document of it alone takes, in every version written, and
-// its line in the owner index.
-func (s *groupShards) setServe(svcName string, ws *contract.WebService, owner string) {
-	var size func() int
-	if ws != nil {
-		size = func() int {
-			data, _ := contract.ServeConfigs.Encode(&contract.ServeConfig{Services: map[string]contract.WebService{svcName: *ws}})
-			return encodedSize(data) + len(svcName) + len(owner) + 8
-		}
+// newEntrySize sizes a new entry: what a document of it alone (encode) takes, in every
+// version written, and its line in the owner index; nil when nothing is set.
+func newEntrySize(set bool, svcName, owner string, encode func() (map[string][]byte, error)) func() int {
+	if !set {
+		return nil
 	}
+	return func() int {
+		data, _ := encode()
+		return encodedSize(data) + len(svcName) + len(owner) + 8
+	}
+}
+
+func (s *groupShards) setServe(svcName string, ws *contract.WebService, owner string) {
+	size := newEntrySize(ws != nil, svcName, owner, func() (map[string][]byte, error) {
+		return contract.ServeConfigs.Encode(&contract.ServeConfig{Services: map[string]contract.WebService{svcName: *ws}})
+	})
 	if sh := s.shardFor(svcName, size); sh != nil {
 		sh.setServe(svcName, ws, owner)
 	}
 }
 
 func (s *groupShards) setDNAT(svcName string, m *contract.DNATService, owner string) {
-	var size func() int
-	if m != nil {
-		size = func() int {
-			data, _ := contract.DNATConfigs.Encode(&contract.DNATConfig{Services: map[string]contract.DNATService{svcName: *m}})
-			return encodedSize(data) + len(svcName) + len(owner) + 8
-		}
-	}
+	size := newEntrySize(m != nil, svcName, owner, func() (map[string][]byte, error) {
+		return contract.DNATConfigs.Encode(&contract.DNATConfig{Services: map[string]contract.DNATService{svcName: *m}})
+	})
 	if sh := s.shardFor(svcName, size); sh != nil {
 		sh.setDNAT(svcName, m, owner)
 	}
