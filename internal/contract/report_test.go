@@ -270,3 +270,34 @@ func TestReadReportLeavesPartsAlone(t *testing.T) {
 		t.Errorf("ReadReport differs from ParseReport (%v)", err)
 	}
 }
+
+func TestSameButEntries(t *testing.T) {
+	base := func() map[string][]byte {
+		return map[string][]byte{StatePodUID: []byte("pod"), StateDeviceFQDN: []byte("pg-0.tailnet.test"),
+			StateAdvertised: []byte(`["svc:a"]`), StateCertificates: []byte(`{}`)}
+	}
+	for name, c := range map[string]struct {
+		change func(map[string][]byte)
+		same   bool
+	}{
+		"nothing":                {func(map[string][]byte) {}, true},
+		"advertised":             {func(d map[string][]byte) { d[StateAdvertised] = []byte(`["svc:a","svc:b"]`) }, true},
+		"every entry key gone":   {func(d map[string][]byte) { delete(d, StateAdvertised); delete(d, StateCertificates) }, true},
+		"a DNAT rule, new key":   {func(d map[string][]byte) { d[StateFirewall] = []byte(`{}`) }, true},
+		"the Pod":                {func(d map[string][]byte) { d[StatePodUID] = []byte("other") }, false},
+		"a key added":            {func(d map[string][]byte) { d["_current-profile"] = []byte("p") }, false},
+		"a key removed":          {func(d map[string][]byte) { delete(d, StateDeviceFQDN) }, false},
+		"the Pod and the report": {func(d map[string][]byte) { d[StatePodUID], d[StateAdvertised] = []byte("x"), nil }, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := base()
+			c.change(b)
+			if got := SameButEntries(base(), b); got != c.same {
+				t.Errorf("SameButEntries = %v, want %v", got, c.same)
+			}
+			if got := SameButEntries(b, base()); got != c.same {
+				t.Errorf("SameButEntries, the other way = %v, want %v", got, c.same)
+			}
+		})
+	}
+}

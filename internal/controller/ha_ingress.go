@@ -259,7 +259,8 @@ func (r *HAIngressReconciler) certificate(ctx context.Context, s *haIngressScope
 func (r *HAIngressReconciler) ensureGroupCertSecret(ctx context.Context, pg *tsv1alpha1.ProxyGroup, fqdn string) error {
 	name := contract.GroupCertSecret(fqdn)
 	s := &corev1.Secret{}
-	err := r.Get(ctx, client.ObjectKey{Namespace: r.Settings.Namespace, Name: name}, s)
+	// Whether it exists: the cache's object, not a copy of a certificate per pass.
+	err := r.Get(ctx, client.ObjectKey{Namespace: r.Settings.Namespace, Name: name}, s, client.UnsafeDisableDeepCopy)
 	if !apierrors.IsNotFound(err) {
 		return err
 	}
