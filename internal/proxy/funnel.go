@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"github.com/tsingress/tsingress/internal/proxy/serviceconn"
 	"log/slog"
 	"net"
 	"reflect"
@@ -56,8 +57,8 @@ type funnel struct {
 	log     *slog.Logger
 
 	mu      sync.Mutex
-	names   map[string]*connQueue // by lowercase name
-	allowed []string              // the AllowFunnel host:ports last set, sorted; nil before
+	names   map[string]*serviceconn.Queue // by lowercase name
+	allowed []string                      // the AllowFunnel host:ports last set, sorted; nil before
 }
 
 // openFunnel starts taking the node's Funnel connections through tsnet's ListenFunnel. It
@@ -67,7 +68,7 @@ func openFunnel(node *tsnet.Server, lc *local.Client, log *slog.Logger) (*funnel
 	if err != nil {
 		return nil, err
 	}
-	f := &funnel{lc: lc, ln: ln, log: log, names: map[string]*connQueue{}}
+	f := &funnel{lc: lc, ln: ln, log: log, names: map[string]*serviceconn.Queue{}}
 	go f.accept(f.fromTSNet)
 	return f, nil
 }
@@ -80,7 +81,7 @@ func openFunnelForward(lc *local.Client, log *slog.Logger) (*funnel, error) {
 		return nil, err
 	}
 	f := &funnel{lc: lc, ln: &proxyproto.Listener{Listener: ln, ConnPolicy: requireHeader}, forward: ln.Addr().String(),
-		log: log, names: map[string]*connQueue{}}
+		log: log, names: map[string]*serviceconn.Queue{}}
 	go f.accept(f.fromForward)
 	return f, nil
 }
@@ -102,7 +103,7 @@ func (f *funnel) accept(route func(net.Conn) (string, net.Conn, error)) {
 			f.mu.Lock()
 			q := f.names[name]
 			f.mu.Unlock()
-			if q == nil || !q.push(pc) {
+			if q == nil || !q.Push(pc) {
 				f.log.Debug("a Funnel connection for a name not served over Funnel", "name", name)
 				c.Close()
 			}
@@ -135,7 +136,7 @@ func (f *funnel) fromForward(c net.Conn) (string, net.Conn, error) {
 
 // listen returns the listener of name's Funnel connections, replacing any earlier one.
 func (f *funnel) listen(name string) net.Listener {
-	q := newConnQueue(f.ln.Addr())
+	q := serviceconn.NewQueue(f.ln.Addr())
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if old := f.names[name]; old != nil {
@@ -215,41 +216,3 @@ func (f *funnel) close(ctx context.Context) {
 type publicConn struct{ *ipn.FunnelConn }
 
 func (c *publicConn) RemoteAddr() net.Addr { return net.TCPAddrFromAddrPort(c.Src) }
-
-// connQueue is a listener fed with connections from elsewhere.
-type connQueue struct {
-	addr   net.Addr
-	conns  chan net.Conn
-	closed chan struct{}
-	once   sync.Once
-}
-
-func newConnQueue(addr net.Addr) *connQueue {
-	return &connQueue{addr: addr, conns: make(chan net.Conn), closed: make(chan struct{})}
-}
-
-// push hands c to Accept; false if the listener is closed.
-func (q *connQueue) push(c net.Conn) bool {
-	select {
-	case q.conns <- c:
-		return true
-	case <-q.closed:
-		return false
-	}
-}
-
-func (q *connQueue) Accept() (net.Conn, error) {
-	select {
-	case c := <-q.conns:
-		return c, nil
-	case <-q.closed:
-		return nil, net.ErrClosed
-	}
-}
-
-func (q *connQueue) Close() error {
-	q.once.Do(func() { close(q.closed) })
-	return nil
-}
-
-func (q *connQueue) Addr() net.Addr { return q.addr }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tsingress/tsingress/internal/proxy/serviceconn"
 	"log/slog"
 	"maps"
 	"net"
@@ -62,8 +63,10 @@ type replica struct {
 	tunIPs []string // the node addresses given to the TUN; nil until given
 
 	web      map[string]*webService
-	draining map[string]bool // L7 services whose previous server still drains
-	judge    wakeTimer       // judges bring-your-own certificates again when one expires
+	conns    *serviceconn.Conns // the L7 services' connections; nil until the first is set up
+	portsErr wakeTimer          // tries the Serve config's service ports again after a failure
+	draining map[string]bool    // L7 services whose previous server still drains
+	judge    wakeTimer          // judges bring-your-own certificates again when one expires
 
 	backendsOK map[string]bool // L7 services with a reachable backend, at the last check
 	checking   bool            // a backend check is under way
@@ -86,7 +89,7 @@ type webService struct {
 	acme       *acmeCert            // the certificate of the service's name
 	hosts      hostCerts            // as last given to the server
 	applied    *contract.WebService // nil until it listens
-	listeners  []*tsnet.ServiceListener
+	listeners  []net.Listener
 	stop       context.CancelFunc // ends its certificate and error goroutines
 	funnel     bool               // its server takes the name's Funnel connections
 }
@@ -359,8 +362,24 @@ func (r *replica) reconcile(ctx context.Context) error {
 	}
 	r.settle.at(ctx, r.core, r.noteInstalled(time.Now()))
 	r.reconcileWeb(ctx)
+	r.syncServicePorts(ctx)
 	r.advertise(ctx)
 	return nil
+}
+
+// syncServicePorts names the listened service ports in the node's Serve config; a service is
+// advertised only once its ports are named there, or its clients' connections would be
+// refused.
+func (r *replica) syncServicePorts(ctx context.Context) {
+	if r.conns == nil {
+		return
+	}
+	var next time.Time
+	if err := r.conns.Sync(ctx); err != nil {
+		r.log.Error("naming the services' ports in the Serve config failed", "in", webRetryDelay, "err", err)
+		next = time.Now().Add(webRetryDelay)
+	}
+	r.portsErr.at(ctx, r.core, next)
 }
 
 // noteInstalled records when each DNAT mapping was found installed, and returns when the next
@@ -551,7 +570,10 @@ func (e *webService) certReady() bool {
 func (r *replica) startWeb(ctx context.Context, name string) *webService {
 	e := &webService{name: name, fqdn: r.fqdn(name), role: r.role()}
 	log := r.log.With("service", name)
-	e.srv = web.NewServer(web.Config{Listen: e.listen(r.node), WhoIs: r.lc.WhoIs, Logger: log, Metrics: r.opts.metrics.web})
+	if r.conns == nil {
+		r.conns = serviceconn.New(r.node, r.lc, r.log)
+	}
+	e.srv = web.NewServer(web.Config{Listen: e.listen(r.conns), WhoIs: r.lc.WhoIs, Logger: log, Metrics: r.opts.metrics.web})
 	e.srv.SetName(e.fqdn)
 	ectx, stop := context.WithCancel(ctx)
 	e.stop = stop
@@ -588,12 +610,9 @@ func (r *replica) startWeb(ctx context.Context, name string) *webService {
 	return e
 }
 
-// listen opens the service's port through tsnet, which advertises the service. TLS stays ours,
-// with the CertSource's certificate; the PROXY header carries the caller's tailnet address, which
-// the identity headers need. Only the tailnet client connects to the loopback listener behind
-// it; another process in the Pod could forge the header, as it could tsnet's own identity
-// headers of ServiceModeHTTP.
-func (e *webService) listen(node *tsnet.Server) func(network, addr string) (net.Listener, error) {
+// listen takes the service's connections on a port (see serviceconn.Conns); TLS stays ours, with
+// the CertSource's certificate.
+func (e *webService) listen(conns *serviceconn.Conns) func(network, addr string) (net.Listener, error) {
 	return func(_, addr string) (net.Listener, error) {
 		_, p, err := net.SplitHostPort(addr)
 		if err != nil {
@@ -603,12 +622,9 @@ func (e *webService) listen(node *tsnet.Server) func(network, addr string) (net.
 		if err != nil {
 			return nil, err
 		}
-		sl, err := node.ListenService(e.name, tsnet.ServiceModeTCP{Port: uint16(port), PROXYProtocolVersion: 2})
-		if err != nil {
-			return nil, err
-		}
-		e.listeners = append(e.listeners, sl)
-		return &proxyproto.Listener{Listener: sl, ConnPolicy: requireHeader}, nil
+		ln := conns.Listen(e.name, uint16(port))
+		e.listeners = append(e.listeners, ln)
+		return ln, nil
 	}
 }
 
@@ -633,6 +649,7 @@ func (r *replica) stopWeb(ctx context.Context, e *webService, cause error) {
 	// Here rather than in the drain: tsnet's serve config and advertisements take one change at
 	// a time, and this goroutine makes all the others.
 	e.closeListeners(r.log)
+	r.syncServicePorts(ctx)
 	r.draining[e.name] = true
 	go func() {
 		e.drain(r.opts.DrainTimeout, r.log)
@@ -676,7 +693,8 @@ func (r *replica) servable() []string {
 		_, inServe := r.serve.Services[name]
 		_, inDNAT := r.dnat.Services[name]
 		m, installed := fs.Mappings[name]
-		web := inServe && e != nil && e.applied != nil && e.fqdn == r.fqdn(name) && e.certReady() && r.backendsOK[name]
+		web := inServe && e != nil && e.applied != nil && e.fqdn == r.fqdn(name) && e.certReady() && r.backendsOK[name] &&
+			r.conns.Named(name)
 		settled := !r.dnatSince[name].IsZero() && time.Since(r.dnatSince[name]) >= serviceProxySettle
 		if web || (inDNAT && installed && m.Error == "" && settled) {
 			out = append(out, name)

@@ -240,7 +240,7 @@ func TestGroupL7(t *testing.T) {
 		r, err = w.tryGet(t, "https://web.tailnet.test/api/x", nil)
 		return err == nil
 	})
-	// The PROXY header brought the caller's tailnet address through tsnet's forwarding.
+	// The connection came from the node's network stack with the caller's tailnet address.
 	ip4, ip6 := w.client.TailscaleIPs()
 	if xff := w.b.seen().Header.Get("X-Forwarded-For"); r.body != "b /api/x" || (xff != ip4.String() && xff != ip6.String()) {
 		t.Errorf("got %q, backend saw X-Forwarded-For %q; want the client %v or %v", r.body, xff, ip4, ip6)
