@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,13 +22,17 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"tailscale.com/client/local"
 	"tailscale.com/ipn"
 	"tailscale.com/ipn/store/mem"
+	"tailscale.com/tailcfg"
 	"tailscale.com/tsnet"
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/proxy/serviceconn"
 	"github.com/tsingress/tsingress/internal/proxy/web"
+	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
 // target is one way to reach the backend: through our proxy, the original's Serve, a plain
@@ -93,8 +98,9 @@ type dataPath struct {
 	targets    []target
 	scenarios  []scenario // what measure runs
 	backendURL string     // the backend's
-	ours       *web.Server
+	ours       []*web.Server
 	roots      *tls.Config
+	dir        string // the nodes' state
 }
 
 func smallBackend() http.Handler {
@@ -115,7 +121,11 @@ func startDataPath(ctx context.Context) (*dataPath, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &dataPath{lt: lt, scenarios: scenarios}
+	dir, err := os.MkdirTemp("", "bench-datapath")
+	if err != nil {
+		return nil, err
+	}
+	d := &dataPath{lt: lt, scenarios: scenarios, dir: dir}
 	if err := lt.ACME.UseInProcess(func(k, v string) { os.Setenv(k, v) }); err != nil {
 		return nil, err
 	}
@@ -128,13 +138,16 @@ func startDataPath(ctx context.Context) (*dataPath, error) {
 	backendURL := "http://" + bln.Addr().String()
 	d.backendURL = backendURL
 
-	up := func(name string, user bool) (*tsnet.Server, error) {
-		// The client is a person's device, so that both proxies set identity headers.
-		key := lt.MintUserKey("ops@example.com", "Ops").Reveal()
-		if user {
-			key = lt.MintUserKey("alice@example.com", "Alice Example").Reveal()
-		}
-		dir, err := os.MkdirTemp("", "bench-"+name)
+	// The client is a person's device, so that every path sets identity headers; ProxyGroup
+	// replicas host Tailscale Services, which takes a tagged node.
+	api, err := lt.APIClient(d.dir)
+	if err != nil {
+		return nil, err
+	}
+	userKey := func() string { return lt.MintUserKey("alice@example.com", "Alice Example").Reveal() }
+	opsKey := func() string { return lt.MintUserKey("ops@example.com", "Ops").Reveal() }
+	up := func(name, key string) (*tsnet.Server, error) {
+		dir, err := os.MkdirTemp(d.dir, name)
 		if err != nil {
 			return nil, err
 		}
@@ -148,14 +161,14 @@ func startDataPath(ctx context.Context) (*dataPath, error) {
 		d.nodes = append(d.nodes, s)
 		return s, nil
 	}
-	client, err := up("laptop", true)
+	client, err := up("laptop", userKey())
 	if err != nil {
 		return nil, err
 	}
 	d.roots = &tls.Config{RootCAs: lt.ACME.Roots()}
 
 	// Ours: the proxy's web server on a tsnet node, as a standalone Ingress proxy runs it.
-	oursNode, err := up("ours", false)
+	oursNode, err := up("ours", opsKey())
 	if err != nil {
 		return nil, err
 	}
@@ -163,23 +176,13 @@ func startDataPath(ctx context.Context) (*dataPath, error) {
 	if err != nil {
 		return nil, err
 	}
-	oursLC, _ := oursNode.LocalClient()
 	// With the request metrics, as a proxy counts its requests.
-	d.ours = web.NewServer(web.Config{Listen: oursNode.Listen, WhoIs: oursLC.WhoIs, Logger: slog.New(slog.DiscardHandler),
-		Metrics: web.NewMetrics(prometheus.NewRegistry())})
-	d.ours.SetName(oursName)
-	cert, err := nodeCert(ctx, oursNode, oursName)
-	if err != nil {
-		return nil, err
-	}
-	d.ours.SetCertificate(cert)
-	if err := d.ours.Apply(contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix,
-		Backend: contract.Backend{URL: backendURL}}}}); err != nil {
+	if err := d.serveOurs(ctx, oursNode, oursName, oursNode.Listen, nil); err != nil {
 		return nil, err
 	}
 
 	// The original's: tailscaled's own Serve, proxying the same backend.
-	refNode, err := up("reference", false)
+	refNode, err := up("reference", opsKey())
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +203,7 @@ func startDataPath(ctx context.Context) (*dataPath, error) {
 	}
 
 	// A plain tsnet listener: TLS and a bare reverse proxy, no routing, no identity.
-	plainNode, err := up("plain", false)
+	plainNode, err := up("plain", opsKey())
 	if err != nil {
 		return nil, err
 	}
@@ -222,31 +225,138 @@ func startDataPath(ctx context.Context) (*dataPath, error) {
 	go (&http.Server{Handler: rp, ErrorLog: quiet}).Serve(
 		tls.NewListener(pln, &tls.Config{Certificates: []tls.Certificate{*plainCert}}))
 
+	// ProxyGroup replicas: each serves a Tailscale Service of its own, ours as a replica takes
+	// its services' connections (package serviceconn), the original's through Serve.
+	oursHA, err := d.replica(ctx, api, up, "ours-pg", func(node *tsnet.Server, lc *local.Client, name, fqdn string) error {
+		conns := serviceconn.New(node, lc, slog.New(slog.DiscardHandler))
+		listen := func(_, addr string) (net.Listener, error) {
+			_, port, _ := net.SplitHostPort(addr)
+			p, err := strconv.ParseUint(port, 10, 16)
+			return conns.Listen(name, uint16(p)), err
+		}
+		return d.serveOurs(ctx, node, fqdn, listen, func() error { return conns.Sync(ctx) })
+	})
+	if err != nil {
+		return nil, err
+	}
+	refHA, err := d.replica(ctx, api, up, "serve-pg", func(_ *tsnet.Server, lc *local.Client, name, fqdn string) error {
+		svc := tailcfg.ServiceName(name)
+		return lc.SetServeConfig(ctx, &ipn.ServeConfig{Services: map[tailcfg.ServiceName]*ipn.ServiceConfig{svc: {
+			TCP: map[uint16]*ipn.TCPPortHandler{443: {HTTPS: true}},
+			Web: map[ipn.HostPort]*ipn.WebServerConfig{ipn.HostPort(fqdn + ":443"): {
+				Handlers: map[string]*ipn.HTTPHandler{"/": {Proxy: backendURL}}}},
+		}}})
+	})
+	if err != nil {
+		return nil, err
+	}
+
 	d.targets = []target{
 		{"ours", "https://" + oursName, client.Dial},
 		{"original (Serve)", "https://" + refName, client.Dial},
 		{"plain tsnet", "https://" + plainName, client.Dial},
 		{"direct loopback", backendURL, (&net.Dialer{}).DialContext},
+		{"ours, ProxyGroup", "https://" + oursHA, client.Dial},
+		{"original, ProxyGroup", "https://" + refHA, client.Dial},
 	}
-	// Warm every path: peers found, certificates fetched, handshakes done.
+	// Warm every path: peers found, certificates fetched, handshakes done. A service is
+	// reachable once the client has learned of its host, through control.
 	for _, t := range d.targets {
-		if _, err := d.run(ctx, t, scenario{path: "/small", clients: 1, keepAlive: true}, 300*time.Millisecond); err != nil {
+		var err error
+		for deadline := time.Now().Add(60 * time.Second); ; {
+			if _, err = d.run(ctx, t, scenario{path: "/small", clients: 1, keepAlive: true}, 300*time.Millisecond); err == nil || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("warming %s: %w", t.name, err)
 		}
 	}
 	return d, nil
 }
 
+// serveOurs serves the backend through the proxy's web server under name, on the listeners of
+// listen; then, if set, listening calls it.
+func (d *dataPath) serveOurs(ctx context.Context, node *tsnet.Server, name string, listen func(network, addr string) (net.Listener, error), listening func() error) error {
+	lc, err := node.LocalClient()
+	if err != nil {
+		return err
+	}
+	// With the request metrics, as a proxy counts its requests.
+	srv := web.NewServer(web.Config{Listen: listen, WhoIs: lc.WhoIs, Logger: slog.New(slog.DiscardHandler),
+		Metrics: web.NewMetrics(prometheus.NewRegistry())})
+	d.ours = append(d.ours, srv)
+	srv.SetName(name)
+	cert, err := nodeCert(ctx, node, name)
+	if err != nil {
+		return err
+	}
+	srv.SetCertificate(cert)
+	if err := srv.Apply(contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix,
+		Backend: contract.Backend{URL: d.backendURL}}}}); err != nil {
+		return err
+	}
+	if listening != nil {
+		return listening()
+	}
+	return nil
+}
+
+// replica starts a tagged node that hosts a Tailscale Service of its own, set up by serve
+// once the node advertises it (the tailnet offers a service's certificate only to its hosts),
+// and returns the service's MagicDNS name.
+func (d *dataPath) replica(ctx context.Context, api *tailnet.APIClient, up func(name, key string) (*tsnet.Server, error), host string,
+	serve func(node *tsnet.Server, lc *local.Client, name, fqdn string) error) (string, error) {
+	name := "svc:" + host
+	if _, err := api.PutService(ctx, tailnet.Service{Name: name, Ports: []string{"tcp:443"}, Tags: []string{"tag:k8s"}}); err != nil {
+		return "", err
+	}
+	key, err := api.CreateAuthKey(ctx, tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}, Description: host, Expiry: time.Hour})
+	if err != nil {
+		return "", err
+	}
+	node, err := up(host+"-0", key.Secret.Reveal()) // a replica's name, not the service's
+	if err != nil {
+		return "", err
+	}
+	lc, err := node.LocalClient()
+	if err != nil {
+		return "", err
+	}
+	if _, err := lc.EditPrefs(ctx, &ipn.MaskedPrefs{AdvertiseServicesSet: true, Prefs: ipn.Prefs{AdvertiseServices: []string{name}}}); err != nil {
+		return "", err
+	}
+	st, err := lc.StatusWithoutPeers(ctx)
+	if err != nil {
+		return "", err
+	}
+	fqdn := host + "." + st.CurrentTailnet.MagicDNSSuffix
+	// Once control has the advertisement, the name is among the node's certificate domains.
+	for deadline := time.Now().Add(30 * time.Second); !slices.Contains(node.CertDomains(), fqdn); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("%s: %s never among its certificate domains", host, fqdn)
+		}
+	}
+	if err := serve(node, lc, name, fqdn); err != nil {
+		return "", fmt.Errorf("%s: %w", host, err)
+	}
+	if _, err := nodeCert(ctx, node, fqdn); err != nil { // issued before the first sample
+		return "", err
+	}
+	return fqdn, nil
+}
+
 func (d *dataPath) close() {
-	if d.ours != nil {
+	for _, srv := range d.ours {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		d.ours.Shutdown(ctx)
+		srv.Shutdown(ctx)
 		cancel()
 	}
 	for _, n := range d.nodes {
 		n.Close()
-		os.RemoveAll(n.Dir)
 	}
+	os.RemoveAll(d.dir)
 	if d.backend != nil {
 		d.backend.Close()
 	}
@@ -431,8 +541,16 @@ func (r dataPathResult) value(name string) string {
 	return fmt.Sprintf("%s req/s, p99 %s", thousands(s.rate()), ms(s.p99))
 }
 
-func (r dataPathResult) ratio() float64 {
-	o, ref := r.medians["ours"], r.medians["original (Serve)"]
+// ratio is ours ÷ the original's, standalone.
+func (r dataPathResult) ratio() float64 { return r.ratioOf("ours", "original (Serve)") }
+
+// ratioHA is ours ÷ the original's, on ProxyGroup replicas.
+func (r dataPathResult) ratioHA() float64 {
+	return r.ratioOf("ours, ProxyGroup", "original, ProxyGroup")
+}
+
+func (r dataPathResult) ratioOf(ours, original string) float64 {
+	o, ref := r.medians[ours], r.medians[original]
 	if r.sc.bytes {
 		return o.mbPerSec() / ref.mbPerSec()
 	}
@@ -444,7 +562,7 @@ func (r dataPathResult) summary(ts []target) string {
 	for _, t := range ts {
 		parts = append(parts, t.name+" "+r.value(t.name)+" ("+r.medians[t.name].cpuPer(r.sc.bytes)+")")
 	}
-	return strings.Join(parts, "; ") + fmt.Sprintf("; ratio %.2f×", r.ratio())
+	return strings.Join(parts, "; ") + fmt.Sprintf("; ratio %.2f×, ProxyGroup %.2f×", r.ratio(), r.ratioHA())
 }
 
 func ms(d time.Duration) string {

@@ -108,6 +108,10 @@ func (r *report) markdown() []byte {
 		p("- **original (Serve)**: tailscale's own Serve on a tsnet node (`LocalClient().SetServeConfig`, HTTPS on 443 proxying to the backend).")
 		p("- **plain tsnet**: a tsnet listener with TLS and a bare `httputil.ReverseProxy`: no routing, no identity.")
 		p("- **direct loopback**: the backend without a tailnet or TLS: the ceiling.")
+		p("- **ours, ProxyGroup**: the proxy's web server on a tagged node hosting a Tailscale Service, taking the service's")
+		p("  connections from the node's network stack as a ProxyGroup replica does (`internal/proxy/serviceconn`).")
+		p("- **original, ProxyGroup**: Serve on a tagged node hosting a Tailscale Service (`Services` in the Serve config,")
+		p("  HTTPS on 443 proxying to the backend), as the original's ProxyGroup replicas serve an Ingress.")
 		p("")
 		head := "| scenario |"
 		sep := "|---|"
@@ -115,14 +119,14 @@ func (r *report) markdown() []byte {
 			head += " " + t.name + " |"
 			sep += "---|"
 		}
-		p("%s ours ÷ original |", head)
-		p("%s---|", sep)
+		p("%s ours ÷ original | ProxyGroup: ours ÷ original |", head)
+		p("%s---|---|", sep)
 		for _, res := range r.dataPath {
 			row := "| " + res.sc.name + " |"
 			for _, t := range r.targets {
 				row += " " + res.value(t.name) + " |"
 			}
-			p("%s **%.2f×** |", row, res.ratio())
+			p("%s **%.2f×** | **%.2f×** |", row, res.ratio(), res.ratioHA())
 		}
 	}
 	if len(r.first200) > 0 {

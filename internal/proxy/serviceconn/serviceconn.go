@@ -32,8 +32,9 @@ import (
 // Its methods are safe for concurrent use but Sync and Named: the caller makes every change to
 // the node's Serve config from one goroutine, and calls them from it.
 type Conns struct {
-	lc  *local.Client
-	log *slog.Logger
+	node *tsnet.Server
+	lc   *local.Client
+	log  *slog.Logger
 
 	readMu   sync.Mutex // one read of the VIPs at a time
 	vipsRead time.Time  // when the last read started; guarded by readMu
@@ -52,7 +53,7 @@ type servicePort struct {
 
 // New takes the fallback TCP flows of node, whose local client lc is.
 func New(node *tsnet.Server, lc *local.Client, log *slog.Logger) *Conns {
-	s := &Conns{lc: lc, log: log, queues: map[servicePort]*Queue{}, ports: map[uint16]int{}}
+	s := &Conns{node: node, lc: lc, log: log, queues: map[servicePort]*Queue{}, ports: map[uint16]int{}}
 	// For the node's life.
 	node.RegisterFallbackTCPHandler(s.flow)
 	return s
@@ -93,12 +94,13 @@ func (l *serviceListener) Close() error {
 	return l.Queue.Close()
 }
 
-// flow is tsnet's fallback TCP handler: it takes the flows to the ports services listen on.
+// flow is tsnet's fallback TCP handler: it takes the flows to the ports services listen on,
+// but those to the node's own addresses.
 func (s *Conns) flow(_, dst netip.AddrPort) (func(net.Conn), bool) {
 	s.mu.Lock()
 	listened := s.ports[dst.Port()] > 0
 	s.mu.Unlock()
-	if !listened {
+	if ip4, ip6 := s.node.TailscaleIPs(); !listened || dst.Addr() == ip4 || dst.Addr() == ip6 {
 		return nil, false
 	}
 	return func(c net.Conn) {
@@ -109,9 +111,9 @@ func (s *Conns) flow(_, dst netip.AddrPort) (func(net.Conn), bool) {
 }
 
 // queueFor returns the listener of the service whose VIP and port dst is. An address not among
-// the VIPs read so far is a service the node was given since (tailscaled takes only the VIPs of
-// the services in its Serve config): the VIPs are read again, once for all the connections
-// that missed meanwhile.
+// the VIPs read so far is a service's the node was given since (tailscaled takes no other
+// address's flows into its network stack, but the node's own, which flow declines): the VIPs are
+// read again, once for all the connections that missed meanwhile.
 func (s *Conns) queueFor(dst netip.AddrPort) *Queue {
 	missed := time.Now()
 	for attempt := 0; ; attempt++ {

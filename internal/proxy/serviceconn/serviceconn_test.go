@@ -98,6 +98,12 @@ func TestConns(t *testing.T) {
 		}
 	}
 
+	// The node's own address reaches no service's listener, though services listen on the port.
+	hostIP, _ := host.TailscaleIPs()
+	if got, err := echoVia(t, client, netip.AddrPortFrom(hostIP, 443).String()); err == nil {
+		t.Errorf("the node's own address on port 443 answered %q", got)
+	}
+
 	// Closed: the port leaves the Serve config and its connections go nowhere.
 	a443.Close()
 	if err := conns.Sync(t.Context()); err != nil {
