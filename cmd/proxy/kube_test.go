@@ -23,15 +23,7 @@ import (
 func TestKubernetesMode(t *testing.T) {
 	netns.SetEnabled(false) // in-process tailnet node without privileges
 	kube := proxytest.StartKube(t)
-	lt, err := localtailnet.Start(t.Context(), localtailnet.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lt.Close() })
-	api, err := lt.APIClient(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	lt, api := proxytest.StartTailnet(t, localtailnet.Options{})
 	key, err := api.CreateAuthKey(t.Context(), tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}, Expiry: time.Hour})
 	if err != nil {
 		t.Fatal(err)

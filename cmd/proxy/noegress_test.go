@@ -101,15 +101,7 @@ func TestNoEgressChild(t *testing.T) {
 		t.Skip("runs inside the namespace of TestNoEgress")
 	}
 	ctx := t.Context()
-	lt, err := localtailnet.Start(context.Background(), localtailnet.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lt.Close() })
-	api, err := lt.APIClient(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	lt, api := proxytest.StartTailnet(t, localtailnet.Options{})
 	key, err := api.CreateAuthKey(ctx, tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}, Expiry: time.Hour})
 	if err != nil {
 		t.Fatal(err)

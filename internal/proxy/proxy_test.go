@@ -76,15 +76,7 @@ func newWorld(t *testing.T) *world {
 
 func newWorldWith(t *testing.T, opts localtailnet.Options) *world {
 	t.Helper()
-	lt, err := localtailnet.Start(t.Context(), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lt.Close() })
-	api, err := lt.APIClient(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	lt, api := proxytest.StartTailnet(t, opts)
 	w := &world{lt: lt, api: api, ca: proxytest.NewCA(t), a: newBackend(t, "a"), b: newBackend(t, "b"), logs: &logBuffer{}}
 	w.client = &tsnet.Server{
 		Dir: t.TempDir(), ControlURL: lt.ControlURL, Hostname: "client", Store: new(mem.Store), Ephemeral: true,

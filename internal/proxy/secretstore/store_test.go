@@ -227,15 +227,7 @@ func TestStore(t *testing.T) {
 // A node that restarts on the same Secret is the same device and needs no auth key: the
 // single-use key it joined with could not be used twice anyway.
 func testRestartKeepsDevice(t *testing.T, env *proxytest.Kube) {
-	lt, err := localtailnet.Start(t.Context(), localtailnet.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lt.Close() })
-	api, err := lt.APIClient(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	lt, api := proxytest.StartTailnet(t, localtailnet.Options{})
 	key, err := api.CreateAuthKey(t.Context(), tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}, Expiry: time.Hour})
 	if err != nil {
 		t.Fatal(err)

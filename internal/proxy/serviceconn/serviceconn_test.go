@@ -18,6 +18,7 @@ import (
 	"tailscale.com/types/logger"
 
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
@@ -26,15 +27,7 @@ import (
 // a closed listener's port leaves the Serve config, and its connections are refused.
 func TestConns(t *testing.T) {
 	netns.SetEnabled(false)
-	lt, err := localtailnet.Start(context.Background(), localtailnet.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lt.Close() })
-	api, err := lt.APIClient(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	lt, api := proxytest.StartTailnet(t, localtailnet.Options{})
 	join := func(name string) (*tsnet.Server, *local.Client) {
 		k, err := api.CreateAuthKey(t.Context(), tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}, Description: name, Expiry: time.Hour})
 		if err != nil {
