@@ -14,6 +14,7 @@ import (
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
@@ -23,7 +24,7 @@ import (
 func TestKubernetesMode(t *testing.T) {
 	netns.SetEnabled(false) // in-process tailnet node without privileges
 	kube := proxytest.StartKube(t)
-	lt, api := proxytest.StartTailnet(t, localtailnet.Options{})
+	lt, api := localtailnettest.Start(t, localtailnet.Options{})
 	key, err := api.CreateAuthKey(t.Context(), tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}, Expiry: time.Hour})
 	if err != nil {
 		t.Fatal(err)

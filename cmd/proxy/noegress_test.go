@@ -27,6 +27,7 @@ import (
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/tailnet"
@@ -101,7 +102,7 @@ func TestNoEgressChild(t *testing.T) {
 		t.Skip("runs inside the namespace of TestNoEgress")
 	}
 	ctx := t.Context()
-	lt, api := proxytest.StartTailnet(t, localtailnet.Options{})
+	lt, api := localtailnettest.Start(t, localtailnet.Options{})
 	key, err := api.CreateAuthKey(ctx, tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}, Expiry: time.Hour})
 	if err != nil {
 		t.Fatal(err)

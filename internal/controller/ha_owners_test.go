@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
@@ -42,15 +43,7 @@ func serviceOwners(t *testing.T, api tailnet.Client, name string) []string {
 // that found all as wanted stands for serviceReadReuse, a write for nothing), and the service is
 // deleted with its last owner only.
 func TestSharedTailscaleService(t *testing.T) {
-	lt, err := localtailnet.Start(t.Context(), localtailnet.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lt.Close() })
-	api, err := lt.APIClient(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, api := localtailnettest.Start(t, localtailnet.Options{})
 	ctx := t.Context()
 	const name = "svc:web"
 	clock := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)

@@ -28,6 +28,7 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/localacme"
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
@@ -76,7 +77,7 @@ func newWorld(t *testing.T) *world {
 
 func newWorldWith(t *testing.T, opts localtailnet.Options) *world {
 	t.Helper()
-	lt, api := proxytest.StartTailnet(t, opts)
+	lt, api := localtailnettest.Start(t, opts)
 	w := &world{lt: lt, api: api, ca: proxytest.NewCA(t), a: newBackend(t, "a"), b: newBackend(t, "b"), logs: &logBuffer{}}
 	w.client = &tsnet.Server{
 		Dir: t.TempDir(), ControlURL: lt.ControlURL, Hostname: "client", Store: new(mem.Store), Ephemeral: true,

@@ -16,6 +16,7 @@ import (
 	"tailscale.com/tsnet"
 
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/tailnetdial"
 )
@@ -31,15 +32,7 @@ func TestMain(m *testing.M) {
 // routed it: each request fails with ErrNoRoute (tsnet's own Dial goes to the host's network),
 // and the same keep-alive HTTP client reaches the host once one serves the service.
 func TestNoRouteUntilServed(t *testing.T) {
-	lt, err := localtailnet.Start(context.Background(), localtailnet.Options{Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lt.Close() })
-	api, err := lt.APIClient(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	lt, api := localtailnettest.Start(t, localtailnet.Options{Logf: t.Logf})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	svc, err := api.PutService(ctx, tailnet.Service{Name: "svc:web", Ports: []string{"tcp:80"}, Tags: []string{"tag:k8s"}})

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tailscale/wireguard-go/tun"
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 	"github.com/tsingress/tsingress/internal/tailnet"
@@ -262,16 +263,7 @@ type tailnetEnv struct {
 
 func startTailnet(tb testing.TB) *tailnetEnv {
 	tb.Helper()
-	// Not tb.Context(): that ends before cleanups run, and nodes must leave before control does.
-	lt, err := localtailnet.Start(context.Background(), localtailnet.Options{})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { lt.Close() })
-	api, err := lt.APIClient(tb.TempDir())
-	if err != nil {
-		tb.Fatal(err)
-	}
+	lt, api := localtailnettest.Start(tb, localtailnet.Options{})
 	return &tailnetEnv{lt: lt, api: api}
 }
 

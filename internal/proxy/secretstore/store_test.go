@@ -16,6 +16,7 @@ import (
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/proxy/secretstore"
 	"github.com/tsingress/tsingress/internal/tailnet"
@@ -227,7 +228,7 @@ func TestStore(t *testing.T) {
 // A node that restarts on the same Secret is the same device and needs no auth key: the
 // single-use key it joined with could not be used twice anyway.
 func testRestartKeepsDevice(t *testing.T, env *proxytest.Kube) {
-	lt, api := proxytest.StartTailnet(t, localtailnet.Options{})
+	lt, api := localtailnettest.Start(t, localtailnet.Options{})
 	key, err := api.CreateAuthKey(t.Context(), tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}, Expiry: time.Hour})
 	if err != nil {
 		t.Fatal(err)

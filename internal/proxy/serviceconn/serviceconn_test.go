@@ -18,7 +18,7 @@ import (
 	"tailscale.com/types/logger"
 
 	"github.com/tsingress/tsingress/internal/localtailnet"
-	"github.com/tsingress/tsingress/internal/proxy/proxytest"
+	"github.com/tsingress/tsingress/internal/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
@@ -27,7 +27,7 @@ import (
 // a closed listener's port leaves the Serve config, and its connections are refused.
 func TestConns(t *testing.T) {
 	netns.SetEnabled(false)
-	lt, api := proxytest.StartTailnet(t, localtailnet.Options{})
+	lt, api := localtailnettest.Start(t, localtailnet.Options{})
 	join := func(name string) (*tsnet.Server, *local.Client) {
 		k, err := api.CreateAuthKey(t.Context(), tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}, Description: name, Expiry: time.Hour})
 		if err != nil {
