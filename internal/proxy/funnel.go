@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"github.com/tsingress/tsingress/internal/proxy/serviceconn"
 	"log/slog"
 	"net"
 	"reflect"
@@ -21,6 +20,7 @@ import (
 	"tailscale.com/util/mak"
 
 	"github.com/tsingress/tsingress/internal/clienthello"
+	"github.com/tsingress/tsingress/internal/proxy/serviceconn"
 )
 
 // funnelPort is the port Funnel serves the tailnet names on: HTTPS's.

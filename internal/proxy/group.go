@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/tsingress/tsingress/internal/proxy/serviceconn"
 	"log/slog"
 	"maps"
 	"net"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy/l3"
+	"github.com/tsingress/tsingress/internal/proxy/serviceconn"
 	"github.com/tsingress/tsingress/internal/proxy/web"
 )
 

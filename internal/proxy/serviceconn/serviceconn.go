@@ -94,13 +94,12 @@ func (l *serviceListener) Close() error {
 	return l.Queue.Close()
 }
 
-// flow is tsnet's fallback TCP handler: it takes the flows to the ports services listen on,
-// but those to the node's own addresses.
+// flow is tsnet's fallback TCP handler: it takes the flows to the ports services listen on.
 func (s *Conns) flow(_, dst netip.AddrPort) (func(net.Conn), bool) {
 	s.mu.Lock()
 	listened := s.ports[dst.Port()] > 0
 	s.mu.Unlock()
-	if ip4, ip6 := s.node.TailscaleIPs(); !listened || dst.Addr() == ip4 || dst.Addr() == ip6 {
+	if !listened {
 		return nil, false
 	}
 	return func(c net.Conn) {
@@ -111,9 +110,9 @@ func (s *Conns) flow(_, dst netip.AddrPort) (func(net.Conn), bool) {
 }
 
 // queueFor returns the listener of the service whose VIP and port dst is. An address not among
-// the VIPs read so far is a service's the node was given since (tailscaled takes no other
-// address's flows into its network stack, but the node's own, which flow declines): the VIPs are
-// read again, once for all the connections that missed meanwhile.
+// the VIPs read so far is either the node's own, which no service has, or a service's the node
+// was given since (tailscaled takes no other address's flows into its network stack): the VIPs
+// are then read again, once for all the connections that missed meanwhile.
 func (s *Conns) queueFor(dst netip.AddrPort) *Queue {
 	missed := time.Now()
 	for attempt := 0; ; attempt++ {
@@ -123,6 +122,9 @@ func (s *Conns) queueFor(dst netip.AddrPort) *Queue {
 		s.mu.Unlock()
 		if ok || attempt > 0 {
 			return q
+		}
+		if ip4, ip6 := s.node.TailscaleIPs(); dst.Addr() == ip4 || dst.Addr() == ip6 {
+			return nil
 		}
 		s.readMu.Lock()
 		if s.vipsRead.Before(missed) {
