@@ -54,7 +54,7 @@ BENCH_ARGS ?=
 
 .PHONY: bench
 bench: envtest ## Measure the data path side by side with tailscale's Serve, the control plane at N = 100/1,000/5,000 and the operator's memory; writes docs/performance.md.
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go run ./cmd/bench $(BENCH_ARGS)
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go run ./tools/bench $(BENCH_ARGS)
 
 .PHONY: verify
 verify: manifests generate ## Fail when generated files are out of date.
@@ -69,7 +69,7 @@ build: ## Build the operator and proxy binaries into bin/.
 
 .PHONY: dev
 dev: manifests envtest ## Run everything locally: control plane, local tailnet with ACME CA, operator, proxies, and the samples proved (L3 needs root, nftables, iproute2).
-	go build -o $(LOCALBIN)/devenv ./cmd/devenv
+	go build -o $(LOCALBIN)/devenv ./tools/devenv
 	@# Run by make itself (no go run between), so that make's signals reach it and make waits for its cleanup.
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(LOCALBIN)/devenv $(DEV_ARGS)
 
@@ -148,7 +148,7 @@ fuzz: ## Run every fuzz target for $(FUZZTIME) each (failing inputs land in test
 .PHONY: test-e2e-local
 test-e2e-local: manifests envtest ## Start an environment of its own as make dev does, prove the samples, run the e2e suite in it, stop it (L3 specs need root).
 	go test -c -tags e2e -o $(LOCALBIN)/e2e.test ./test/e2e/
-	go build -o $(LOCALBIN)/devenv ./cmd/devenv
+	go build -o $(LOCALBIN)/devenv ./tools/devenv
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" $(LOCALBIN)/devenv -logs $(LOCALBIN)/e2e-local-logs -- $(LOCALBIN)/e2e.test -test.v -test.timeout 15m $(E2E_ARGS)
 
 ##@ Tools

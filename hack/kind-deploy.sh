@@ -61,7 +61,7 @@ else
   # The kind network's IPv4 gateway: this machine, as the Pods see it.
   gateway=$(docker network inspect kind -f '{{range .IPAM.Config}}{{.Gateway}} {{end}}' | tr ' ' '\n' | grep -m1 '\.') \
     || die "the kind network has no IPv4 gateway"
-  go build -o "$root/bin/localtailnet" ./cmd/localtailnet
+  go build -o "$root/bin/localtailnet" ./tools/localtailnet
   tailnet_dir=$(mktemp -d /tmp/kind-tailnet.XXXXXX)
   # The admin endpoint (loopback) lets a suite take the control server down and count the CA's orders.
   "$root/bin/localtailnet" -addr "$gateway:0" -dir "$tailnet_dir" -env-file "$tailnet_dir/env" -admin-addr 127.0.0.1:0 \

@@ -31,8 +31,8 @@ import (
 	"tailscale.com/client/tailscale/apitype"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/proxy/web"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // The Ingress v1 conformance scenarios of kubernetes-sigs/ingress-controller-conformance (path

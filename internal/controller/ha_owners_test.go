@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tsingress/tsingress/internal/localtailnet"
-	"github.com/tsingress/tsingress/internal/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
 )
 
 // operatorOn is one operator's view of the Tailscale Services of a tailnet, with a fixed ID,

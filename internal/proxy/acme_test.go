@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/localacme"
-	"github.com/tsingress/tsingress/internal/localtailnet"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/localacme"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 	"tailscale.com/tsnet"
 )
 

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/localtailnet"
 	"github.com/tsingress/tsingress/internal/proxy"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 )
 
 // A standalone proxy asked to serve its name over Funnel: it reports why not while the tailnet's

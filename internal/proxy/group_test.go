@@ -23,8 +23,8 @@ import (
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy"
-	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // groupEnv is one ProxyGroup replica's surroundings: its config and state Secrets and the

@@ -9,7 +9,7 @@ import (
 	"tailscale.com/types/logger"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 )
 
 // A ProxyClass's tailscale.acceptRoutes reaches the node's prefs (RouteAll, off by default on

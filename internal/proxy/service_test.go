@@ -15,7 +15,7 @@ import (
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy"
-	"github.com/tsingress/tsingress/internal/proxy/proxytest"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // Addresses that exist only in the test's namespaces, standing in for ClusterIPs.

@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/proxy/proxytest"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // A replica reads a group's documents from every shard the first ConfigMap counts, and only

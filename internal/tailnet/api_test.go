@@ -14,12 +14,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tsingress/tsingress/internal/localtailnet"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 )
 
 // The API backend is tested against the local tailnet's API, which speaks the same paths and
-// JSON as Tailscale's; tests that need real nodes live in internal/localtailnet.
+// JSON as Tailscale's; tests that need real nodes live in internal/testing/localtailnet.
 
 type syncBuffer struct {
 	mu sync.Mutex

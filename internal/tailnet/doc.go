@@ -5,7 +5,7 @@
 // Controllers depend on the [Client] interface. [APIClient] implements it with the Tailscale
 // API v2, authenticated as an OAuth client whose ID and secret are read from files; the base
 // URL is configurable, so the same code talks to Tailscale, to a self-hosted control plane
-// that serves the API, or to the local tailnet in internal/localtailnet.
+// that serves the API, or to the local tailnet in internal/testing/localtailnet.
 //
 // # Auth keys
 //

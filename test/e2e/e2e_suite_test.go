@@ -41,7 +41,7 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/tailnet"
-	"github.com/tsingress/tsingress/internal/tailnetdial"
+	"github.com/tsingress/tsingress/internal/testing/tailnetdial"
 )
 
 // suite is what every spec uses: the cluster, the tailnet's API and a client on the tailnet.

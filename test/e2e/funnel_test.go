@@ -22,7 +22,7 @@ import (
 
 // publicDial reaches the internet as a client outside the tailnet does: the name's public DNS
 // record leads to Tailscale's Funnel relays. With the local tailnet, E2E_FUNNEL_ADDR (its
-// Funnel listener, FUNNEL_ADDR of cmd/localtailnet's env file) stands for port 443 of them.
+// Funnel listener, FUNNEL_ADDR of tools/localtailnet's env file) stands for port 443 of them.
 func publicDial(ctx context.Context, network, addr string) (net.Conn, error) {
 	var d net.Dialer
 	if relay := os.Getenv("E2E_FUNNEL_ADDR"); relay != "" {

@@ -27,10 +27,10 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
-	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy"
-	"github.com/tsingress/tsingress/internal/proxy/proxytest"
-	"github.com/tsingress/tsingress/internal/tailnetdial"
+	"github.com/tsingress/tsingress/internal/testing/poll"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
+	"github.com/tsingress/tsingress/internal/testing/tailnetdial"
 )
 
 // haReplica is one ProxyGroup replica run in-process, as its Pod would run it; it can be

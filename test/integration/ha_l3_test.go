@@ -25,11 +25,11 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
-	"github.com/tsingress/tsingress/internal/localtailnet"
-	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
-	"github.com/tsingress/tsingress/internal/proxy/proxytest"
-	"github.com/tsingress/tsingress/internal/tailnetdial"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/poll"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
+	"github.com/tsingress/tsingress/internal/testing/tailnetdial"
 )
 
 // A dual-stack HA Service on a ProxyGroup of two replicas, each a real proxy whose kernel, in a

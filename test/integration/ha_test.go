@@ -8,8 +8,8 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/tsingress/tsingress/internal/poll"
-	"github.com/tsingress/tsingress/internal/proxy/proxytest"
+	"github.com/tsingress/tsingress/internal/testing/poll"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // An HA Ingress on a ProxyGroup of two replicas, run in-process from the Secrets and ConfigMap

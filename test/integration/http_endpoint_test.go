@@ -19,8 +19,8 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/controller"
-	"github.com/tsingress/tsingress/internal/poll"
-	"github.com/tsingress/tsingress/internal/proxy/proxytest"
+	"github.com/tsingress/tsingress/internal/testing/poll"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // tailscale.com/http-endpoint: enabled on an HA Ingress, whole flow: the ProxyGroup's replica

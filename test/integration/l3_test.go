@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/tsingress/tsingress/internal/poll"
-	"github.com/tsingress/tsingress/internal/proxy/proxytest"
+	"github.com/tsingress/tsingress/internal/testing/poll"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 	"log/slog"
 	"net/netip"
 	"os/exec"
@@ -25,9 +25,9 @@ import (
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
-	"github.com/tsingress/tsingress/internal/localtailnet"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 )
 
 // A tailscale LoadBalancer Service from creation to deletion, in each firewall mode: the

@@ -19,10 +19,10 @@ import (
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
-	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy"
-	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/poll"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 func TestL7IngressWholeFlow(t *testing.T) {

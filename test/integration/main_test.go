@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/tsingress/tsingress/internal/localacme"
+	"github.com/tsingress/tsingress/internal/testing/localacme"
 )
 
 func TestMain(m *testing.M) {

@@ -16,7 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/tsingress/tsingress/internal/poll"
+	"github.com/tsingress/tsingress/internal/testing/poll"
 )
 
 // families are scraped or gathered metrics by name.

@@ -23,8 +23,8 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/proxy/secretstore"
+	"github.com/tsingress/tsingress/internal/testing/poll"
 )
 
 const (

@@ -29,10 +29,10 @@ import (
 	"tailscale.com/tsnet"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/localtailnet"
 	"github.com/tsingress/tsingress/internal/proxy/serviceconn"
 	"github.com/tsingress/tsingress/internal/proxy/web"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 )
 
 // target is one way to reach the backend: through our proxy, the original's Serve, a plain

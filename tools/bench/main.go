@@ -92,7 +92,7 @@ func main() {
 	for _, p := range strings.Split(*parts, ",") {
 		want[strings.TrimSpace(p)] = true
 	}
-	rep := &report{started: time.Now(), loadBefore: loadAverage(), command: "go run ./cmd/bench " + strings.Join(os.Args[1:], " "),
+	rep := &report{started: time.Now(), loadBefore: loadAverage(), command: "go run ./tools/bench " + strings.Join(os.Args[1:], " "),
 		samples: *samples, sampleDur: *sampleDur, scale: map[string][]scaleResult{}}
 
 	if want["datapath"] || want["first200"] {

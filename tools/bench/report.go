@@ -76,7 +76,7 @@ func (r *report) markdown() []byte {
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	p("# Performance")
 	p("")
-	p("Written by `make bench` (`go run ./cmd/bench`), which measures everything below in one run, side by side.")
+	p("Written by `make bench` (`go run ./tools/bench`), which measures everything below in one run, side by side.")
 	p("Do not edit the figures by hand: run it again. Figures from one machine at one time; compare the ratios, which")
 	p("share the machine's load, rather than the absolute rates.")
 	p("")

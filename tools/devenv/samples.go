@@ -30,7 +30,7 @@ import (
 	"tailscale.com/tsnet"
 
 	"github.com/tsingress/tsingress/internal/controller"
-	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 )
 
 // demo is one tailnet-facing object of the samples: how it is served, and what proved it.

@@ -33,7 +33,7 @@ import (
 
 	"tailscale.com/net/netns"
 
-	"github.com/tsingress/tsingress/internal/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 )
 
 func main() {

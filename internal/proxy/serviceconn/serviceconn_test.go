@@ -17,9 +17,9 @@ import (
 	"tailscale.com/tsnet"
 	"tailscale.com/types/logger"
 
-	"github.com/tsingress/tsingress/internal/localtailnet"
-	"github.com/tsingress/tsingress/internal/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
 )
 
 // A service's connections reach its listener straight from the node's network stack, with the

@@ -19,8 +19,8 @@ import (
 	"tailscale.com/client/tailscale/apitype"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/proxy/web"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // loopback is a web.Server listening on loopback ports instead of the tailnet: these tests are

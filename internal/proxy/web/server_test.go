@@ -26,9 +26,9 @@ import (
 	"tailscale.com/types/logger"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/localtailnet"
-	"github.com/tsingress/tsingress/internal/proxy/proxytest"
 	"github.com/tsingress/tsingress/internal/proxy/web"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 func TestMain(m *testing.M) {

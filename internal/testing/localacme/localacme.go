@@ -1,6 +1,6 @@
 // Package localacme runs a real ACME certificate authority on loopback: Pebble, Let's Encrypt's
 // test CA, in-process, validating DNS-01 challenges against a DNS server it is given (the
-// local tailnet's, see internal/localtailnet). Its API is served over HTTPS, as Let's
+// local tailnet's, see internal/testing/localtailnet). Its API is served over HTTPS, as Let's
 // Encrypt's is, so a client must trust the API's root as well as the roots that verify the
 // certificates it issues.
 //

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-	"github.com/tsingress/tsingress/internal/localacme"
+	"github.com/tsingress/tsingress/internal/testing/localacme"
 	xacme "tailscale.com/tempfork/acme"
 )
 

@@ -16,10 +16,10 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-	"github.com/tsingress/tsingress/internal/localacme"
-	"github.com/tsingress/tsingress/internal/localtailnet"
-	"github.com/tsingress/tsingress/internal/poll"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/localacme"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/poll"
 	"tailscale.com/client/local"
 	"tailscale.com/tsnet"
 )

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tsingress/tsingress/internal/localtailnet"
-	"github.com/tsingress/tsingress/internal/poll"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/poll"
 	"tailscale.com/ipn"
 	"tailscale.com/tailcfg"
 	"tailscale.com/tsnet"

@@ -69,8 +69,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tsingress/tsingress/internal/localacme"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/localacme"
 	"tailscale.com/tailcfg"
 	"tailscale.com/types/key"
 	"tailscale.com/types/logger"

@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/tsingress/tsingress/internal/testenv"
+	"github.com/tsingress/tsingress/internal/testing/testenv"
 )
 
 // Kube is a running apiserver with a client for it.

@@ -15,10 +15,10 @@ import (
 	"tailscale.com/net/netns"
 	"tailscale.com/tsnet"
 
-	"github.com/tsingress/tsingress/internal/localtailnet"
-	"github.com/tsingress/tsingress/internal/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/tailnet"
-	"github.com/tsingress/tsingress/internal/tailnetdial"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
+	"github.com/tsingress/tsingress/internal/testing/tailnetdial"
 )
 
 func TestMain(m *testing.M) {

@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/tsingress/tsingress/internal/lifeline"
+	"github.com/tsingress/tsingress/internal/testing/lifeline"
 )
 
 // ControlPlane is a running API server, etcd and controller manager.

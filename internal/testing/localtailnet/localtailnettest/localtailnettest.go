@@ -5,8 +5,8 @@ import (
 	"context"
 	"testing"
 
-	"github.com/tsingress/tsingress/internal/localtailnet"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 )
 
 // Start starts a local tailnet for the test, closed when it ends, and a client of its API. Not
