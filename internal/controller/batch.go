@@ -3,6 +3,9 @@ package controller
 import (
 	"context"
 	"sync"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // batcher applies changes to shared objects in batches. Reconcilers queue a change under the
@@ -105,4 +108,19 @@ func (l *lastWritten[T]) forget(key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.objs, key)
+}
+
+// flushTimeout bounds one flush: reading, writing and retrying conflicts.
+const flushTimeout = 30 * time.Second
+
+// maxFlushAttempts bounds the conflicts one flush retries; the reconcilers retry after that.
+const maxFlushAttempts = 5
+
+// freshest is the object to start a read-modify-write from: the cached one, or a copy of the
+// one last written when the cache does not show that write yet.
+func freshest[T client.Object](cached, last T) T {
+	if last.GetUID() == cached.GetUID() && newerVersion(last.GetResourceVersion(), cached.GetResourceVersion()) {
+		return last.DeepCopyObject().(T)
+	}
+	return cached
 }

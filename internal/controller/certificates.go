@@ -440,3 +440,22 @@ func certPortError(hold *contract.IssuanceHold, cur contract.CertificateStatus, 
 	}
 	return ""
 }
+
+// tailnetCert is the state of an Ingress's tailnet name's certificate during a pass.
+type tailnetCert struct {
+	fqdn string
+	cur  contract.CertificateStatus
+	hold *contract.IssuanceHold
+}
+
+// recheck is when to look again without a watch event: when a hold ends or a bring-your-own
+// certificate expires (0: no need).
+func (c tailnetCert) recheck(byo time.Duration, now time.Time) time.Duration {
+	d := byo
+	if c.hold != nil && !c.hold.Until.IsZero() {
+		if h := c.hold.Until.Sub(now) + time.Second; d == 0 || h < d {
+			d = h
+		}
+	}
+	return d
+}

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -16,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -530,6 +532,40 @@ func takenBy[T client.Object](self T, others []T, sameName func(T) bool, finaliz
 		if o.GetUID() != self.GetUID() && sameName(o) && firstServed(o, self, finalizer) {
 			return o.GetNamespace() + "/" + o.GetName()
 		}
+	}
+	return ""
+}
+
+// docsFailure reports a group document that cannot be written.
+func docsFailure(r reporter, obj client.Object, err error) (ctrl.Result, error) {
+	if errors.Is(err, errConfigFull) {
+		r.warning(obj, ReasonConfigMapFull, "%v", err)
+		return ctrl.Result{}, nil
+	}
+	if apierrors.IsNotFound(err) {
+		// The ProxyGroup has not created its ConfigMap yet; its creation brings us back.
+		return ctrl.Result{}, nil
+	}
+	return ctrl.Result{}, err
+}
+
+// addrList formats a Tailscale Service's addresses for a message.
+func addrList(addrs []netip.Addr) string {
+	s := make([]string, len(addrs))
+	for i, a := range addrs {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ", ")
+}
+
+// groupOf names the ProxyGroup of a ProxyGroup object or of one of its children.
+func groupOf(o client.Object) string {
+	if _, ok := o.(*tsv1alpha1.ProxyGroup); ok {
+		return o.GetName()
+	}
+	l := o.GetLabels()
+	if l[LabelManaged] == "true" && l[LabelParentType] == parentTypeProxyGroup {
+		return l[LabelParentName]
 	}
 	return ""
 }

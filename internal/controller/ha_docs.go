@@ -400,17 +400,11 @@ func newGroupWriter(c client.Client, api client.Reader, namespace string, shardB
 	return w
 }
 
-// flushTimeout bounds one flush: reading, writing and retrying conflicts.
-const flushTimeout = 30 * time.Second
-
 // change applies f to group pg's documents, batched with the changes of other reconcilers, and
 // returns once it is stored (or failed: errConfigFull, a missing ConfigMap, an API error).
 func (w *groupWriter) change(ctx context.Context, pg string, f func(*groupShards)) error {
 	return w.batch.do(ctx, pg, f)
 }
-
-// maxFlushAttempts bounds the conflicts one flush retries; the reconcilers retry after that.
-const maxFlushAttempts = 5
 
 // flush applies a batch to group pg's shards and returns each change's error.
 func (w *groupWriter) flush(pg string, batch []func(*groupShards)) []error {
@@ -547,15 +541,6 @@ func (w *groupWriter) readShard(ctx context.Context, reader client.Reader, main 
 		return nil, nil
 	}
 	return nil, err
-}
-
-// freshest is the object to start a read-modify-write from: the cached one, or a copy of the
-// one last written when the cache does not show that write yet.
-func freshest[T client.Object](cached, last T) T {
-	if last.GetUID() == cached.GetUID() && newerVersion(last.GetResourceVersion(), cached.GetResourceVersion()) {
-		return last.DeepCopyObject().(T)
-	}
-	return cached
 }
 
 // write applies the changes to the shards and stores those that changed. When a shard would

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"strings"
 	"time"
 
@@ -126,7 +125,7 @@ func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		r.docs.place(owner, here)
 	}
 	if err := r.docs.setServe(ctx, pg.Name, s.svcName, ws, owner); err != nil {
-		return r.docsFailure(ing, err)
+		return docsFailure(r.reporter, ing, err)
 	}
 	s.configured = ws
 	if _, served := haIngressLoadBalancer(s.svcName, ws, s.cert, s.states, r.guard.now()); served {
@@ -277,19 +276,6 @@ func (r *HAIngressReconciler) ensureGroupCertSecret(ctx context.Context, pg *tsv
 	return client.IgnoreAlreadyExists(create(ctx, r.Client, s))
 }
 
-// docsFailure reports a group document that cannot be written.
-func (r reporter) docsFailure(obj client.Object, err error) (ctrl.Result, error) {
-	if errors.Is(err, errConfigFull) {
-		r.warning(obj, ReasonConfigMapFull, "%v", err)
-		return ctrl.Result{}, nil
-	}
-	if apierrors.IsNotFound(err) {
-		// The ProxyGroup has not created its ConfigMap yet; its creation brings us back.
-		return ctrl.Result{}, nil
-	}
-	return ctrl.Result{}, err
-}
-
 // hostnameTakenBy returns another HA Ingress that serves hostname and came first.
 func (r *HAIngressReconciler) hostnameTakenBy(ctx context.Context, ing *networkingv1.Ingress, hostname string) (string, error) {
 	list := &networkingv1.IngressList{}
@@ -394,27 +380,6 @@ func (r *HAIngressReconciler) onGroup(ctx context.Context, name string) []reconc
 		return nil
 	}
 	return ingressRequests(list.Items, r.serves)
-}
-
-// addrList formats a Tailscale Service's addresses for a message.
-func addrList(addrs []netip.Addr) string {
-	s := make([]string, len(addrs))
-	for i, a := range addrs {
-		s[i] = a.String()
-	}
-	return strings.Join(s, ", ")
-}
-
-// groupOf names the ProxyGroup of a ProxyGroup object or of one of its children.
-func groupOf(o client.Object) string {
-	if _, ok := o.(*tsv1alpha1.ProxyGroup); ok {
-		return o.GetName()
-	}
-	l := o.GetLabels()
-	if l[LabelManaged] == "true" && l[LabelParentType] == parentTypeProxyGroup {
-		return l[LabelParentName]
-	}
-	return ""
 }
 
 // backendServices fetches the Services an Ingress routes to; missing ones are left out.

@@ -29,31 +29,6 @@ func reportSecretNames(g group, i, shards int) []string {
 	return names
 }
 
-// reportSecrets are replica i's report Secrets, empty: the replica writes them.
-func (r *ProxyGroupReconciler) reportSecrets(g group, i, shards int) []client.Object {
-	var objs []client.Object
-	for _, name := range reportSecretNames(g, i, shards) {
-		objs = append(objs, r.secret(g, name, secretTypeReport, i, nil))
-	}
-	return objs
-}
-
-// removeReportSecrets removes the report Secrets of replicas at or above n.
-func (r *ProxyGroupReconciler) removeReportSecrets(ctx context.Context, g group, n int) error {
-	list := &corev1.SecretList{}
-	if err := r.List(ctx, list, groupSecrets(r.Settings.Namespace, g, secretTypeReport)...); err != nil {
-		return err
-	}
-	for i := range list.Items {
-		if ord, err := strconv.Atoi(list.Items[i].Labels[labelReplica]); err == nil && ord >= n {
-			if err := remove(ctx, r.Client, &list.Items[i]); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
 // versioned keeps one value per object (by UID), computed from a version of it: the last
 // version asked for. Callers asking for a version being computed wait for it rather than
 // compute it too: when a report changes, every in-flight reconcile of its group asks at once.

@@ -46,13 +46,6 @@ func (r *HAServiceReconciler) serves(s *corev1.Service) bool {
 	return r.standalone.serves(cp)
 }
 
-func haServiceHostname(s *corev1.Service) string {
-	if h := s.Annotations[AnnotationHostname]; h != "" {
-		return h
-	}
-	return truncateLabel(dnsLabelish(s.Namespace + "-" + s.Name))
-}
-
 func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
 	svc := &corev1.Service{}
 	if err := r.Get(ctx, req.NamespacedName, svc); err != nil {
@@ -128,7 +121,7 @@ func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		}
 		// Otherwise (a conflict, the group's ConfigMap not created yet) the Service stays
 		// waiting for its replicas, and the retry or the ConfigMap's creation brings it back.
-		return r.docsFailure(svc, err)
+		return docsFailure(r.reporter, svc, err)
 	}
 	n, total, domain, dnatErrs, err := advertisers(ctx, r.Client, r.Settings.Namespace, pg, svcName)
 	if err != nil {

@@ -21,13 +21,6 @@ import (
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
-// tailnetRetry is the least time before retrying after a control-plane error: such errors
-// (bad credentials, tags not permitted) rarely fix themselves in seconds.
-const tailnetRetry = time.Minute
-
-// cleanupPoll re-checks a cleanup waiting for a StatefulSet, in case a watch event is missed.
-const cleanupPoll = 5 * time.Second
-
 const (
 	indexIngressBackends   = "tsingress.ingress.backends"
 	indexIngressTLSSecrets = "tsingress.ingress.tls-secrets"
@@ -188,25 +181,6 @@ func decideStandaloneIngress(s *ingressScope, settings Settings) (*standalonePro
 			TLS:        contract.TLSConfig{ACMEDirectoryURL: acmeDirectory(settings, s.class)},
 		},
 	}, d.findings
-}
-
-// tailnetCert is the state of an Ingress's tailnet name's certificate during a pass.
-type tailnetCert struct {
-	fqdn string
-	cur  contract.CertificateStatus
-	hold *contract.IssuanceHold
-}
-
-// recheck is when to look again without a watch event: when a hold ends or a bring-your-own
-// certificate expires (0: no need).
-func (c tailnetCert) recheck(byo time.Duration, now time.Time) time.Duration {
-	d := byo
-	if c.hold != nil && !c.hold.Until.IsZero() {
-		if h := c.hold.Until.Sub(now) + time.Second; d == 0 || h < d {
-			d = h
-		}
-	}
-	return d
 }
 
 // certificate records the certificates the proxy reports and decides whether it may ask the
@@ -372,17 +346,6 @@ func (r *IngressReconciler) SetupWithManager(mgr ctrl.Manager, p *proxies) error
 		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(ingressesForEndpointSlice(r.Client, r.serves))).
 		Watches(&tsv1alpha1.ProxyClass{}, handler.EnqueueRequestsFromMapFunc(r.ingressesForProxyClass)).
 		Complete(r)
-}
-
-// parentRequests maps a child object to its parent through the parent labels.
-func parentRequests(typ string) handler.MapFunc {
-	return func(_ context.Context, o client.Object) []reconcile.Request {
-		l := o.GetLabels()
-		if l[LabelManaged] != "true" || l[LabelParentType] != typ {
-			return nil
-		}
-		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: l[LabelParentNS], Name: l[LabelParentName]}}}
-	}
 }
 
 func (r *IngressReconciler) ingressesForService(ctx context.Context, o client.Object) []reconcile.Request {

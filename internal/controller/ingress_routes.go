@@ -20,46 +20,6 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 )
 
-// finding is a problem (or notice) met while deciding what to serve, reported as an Event. A
-// blocking finding stops the object from being served as it stands (what serves it already is
-// left alone); another leaves out only what it is about (a route, a custom host).
-type finding struct {
-	warning  bool
-	blocking bool
-	reason   string
-	message  string
-}
-
-func warnf(reason, format string, a ...any) finding {
-	return finding{warning: true, reason: reason, message: fmt.Sprintf(format, a...)}
-}
-
-func blockf(reason, format string, a ...any) finding {
-	f := warnf(reason, format, a...)
-	f.blocking = true
-	return f
-}
-
-// hasBlocking reports whether a finding stops an object from being served.
-func hasBlocking(fs []finding) bool {
-	return slices.ContainsFunc(fs, func(f finding) bool { return f.blocking })
-}
-
-// firstBlocking is the first finding that stops an object from being served.
-func firstBlocking(fs []finding) finding {
-	i := slices.IndexFunc(fs, func(f finding) bool { return f.blocking })
-	return fs[i]
-}
-
-// ingressHostname is the tailnet hostname of an Ingress: the first label of its first TLS host,
-// else <namespace>-<name>-ingress.
-func ingressHostname(ing *networkingv1.Ingress) string {
-	if h := tlsHost(ing); h != "" {
-		return strings.ToLower(strings.SplitN(h, ".", 2)[0])
-	}
-	return truncateLabel(dnsLabelish(ing.Namespace + "-" + ing.Name + "-ingress"))
-}
-
 // tlsHost is the first host of the first TLS entry that is not a bring-your-own certificate's.
 func tlsHost(ing *networkingv1.Ingress) string {
 	for _, t := range ing.Spec.TLS {
@@ -68,13 +28,6 @@ func tlsHost(ing *networkingv1.Ingress) string {
 		}
 	}
 	return ""
-}
-
-func truncateLabel(s string) string {
-	if len(s) > 63 {
-		s = s[:63]
-	}
-	return strings.Trim(s, "-")
 }
 
 // routeInputs is what an Ingress's routes are built from besides the Ingress.

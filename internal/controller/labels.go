@@ -1,12 +1,16 @@
 package controller
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
 // User-facing annotations and labels, named as in the original operator so that existing
@@ -38,14 +42,12 @@ const (
 // Labels on every child object. Children live in the operator's namespace, so they cannot be
 // owner-referenced by a namespaced parent elsewhere; these labels lead back to it.
 const (
-	LabelManaged        = "tailscale.com/managed"
-	LabelParentName     = "tailscale.com/parent-resource"
-	LabelParentNS       = "tailscale.com/parent-resource-ns"
-	LabelParentType     = "tailscale.com/parent-resource-type"
-	LabelSecretType     = "tailscale.com/secret-type"
-	parentTypeIngress   = "ingress"
-	parentTypeService   = "svc"
-	secretTypeConfState = "config-state"
+	LabelManaged    = "tailscale.com/managed"
+	LabelParentName = "tailscale.com/parent-resource"
+	LabelParentNS   = "tailscale.com/parent-resource-ns"
+	LabelParentType = "tailscale.com/parent-resource-type"
+	LabelSecretType = "tailscale.com/secret-type"
+
 	// labelIngress marks objects of one Ingress among a ProxyGroup's children (hashLabel of
 	// namespace/name: a label value cannot hold both names).
 	labelIngress = "tailscale.com/ingress"
@@ -57,43 +59,9 @@ func hashLabel(s string) string {
 	return hex.EncodeToString(sum[:])[:16]
 }
 
-// parent identifies the user object a proxy serves.
-type parent struct {
-	typ, namespace, name string
-}
-
-func parentOf(typ string, obj client.Object) parent {
-	return parent{typ: typ, namespace: obj.GetNamespace(), name: obj.GetName()}
-}
-
-func (p parent) labels() map[string]string {
-	return map[string]string{
-		LabelManaged:    "true",
-		LabelParentName: p.name,
-		LabelParentNS:   p.namespace,
-		LabelParentType: p.typ,
-	}
-}
-
 // maxStatefulSetName keeps the Pod's controller-revision-hash label value (name + "-" + 10
 // characters) within the 63 characters a label value allows.
 const maxStatefulSetName = 52
-
-// proxyName is the stable name of a parent's proxy StatefulSet (and prefix of its other
-// children): readable, unique per parent (a hash of the full identity is appended), and
-// short enough for every Kubernetes name it is used in.
-func (p parent) proxyName() string {
-	sum := sha256.Sum256([]byte(p.typ + "/" + p.namespace + "/" + p.name))
-	suffix := hex.EncodeToString(sum[:])[:8]
-	base := dnsLabelish(fmt.Sprintf("ts-%s-%s", p.namespace, p.name))
-	if max := maxStatefulSetName - len(suffix) - 1; len(base) > max {
-		base = strings.TrimRight(base[:max], "-.")
-	}
-	return base + "-" + suffix
-}
-
-// replicas names the children of a parent's proxy, a single replica.
-func (p parent) replicas() replicaSet { return replicaSet{name: p.proxyName()} }
 
 // dnsLabelish lowercases s and replaces what a DNS label cannot hold (dots, in particular) with
 // dashes.
@@ -107,4 +75,31 @@ func dnsLabelish(s string) string {
 		}
 		return '-'
 	}, s)
+}
+
+// ingressHostname is the tailnet hostname of an Ingress: the first label of its first TLS host,
+// else <namespace>-<name>-ingress.
+func ingressHostname(ing *networkingv1.Ingress) string {
+	if h := tlsHost(ing); h != "" {
+		return strings.ToLower(strings.SplitN(h, ".", 2)[0])
+	}
+	return truncateLabel(dnsLabelish(ing.Namespace + "-" + ing.Name + "-ingress"))
+}
+
+func haServiceHostname(s *corev1.Service) string {
+	if h := s.Annotations[AnnotationHostname]; h != "" {
+		return h
+	}
+	return truncateLabel(dnsLabelish(s.Namespace + "-" + s.Name))
+}
+
+// parentRequests maps a child object to its parent through the parent labels.
+func parentRequests(typ string) handler.MapFunc {
+	return func(_ context.Context, o client.Object) []reconcile.Request {
+		l := o.GetLabels()
+		if l[LabelManaged] != "true" || l[LabelParentType] != typ {
+			return nil
+		}
+		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: l[LabelParentNS], Name: l[LabelParentName]}}}
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,28 +11,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	"github.com/tsingress/tsingress/internal/acmebudget"
 	"github.com/tsingress/tsingress/internal/contract"
 )
-
-// Outcomes of a reconcile pass that reported no Warning, besides the reasons of those it did.
-const (
-	outcomeReconciled = "Reconciled"     // no Warning, no error
-	outcomeError      = "ReconcileError" // ended on an error, retried with backoff
-)
-
-// operatorMetrics are the operator's own metrics, besides controller-runtime's: how reconcile
-// passes end, the Warnings that stand, the certificate ledger's use of the CA's weekly limits,
-// and the proxies and devices the operator manages. All but the outcomes are read from the
-// cache at each scrape.
-type operatorMetrics struct {
-	outcomes *prometheus.CounterVec
-
-	mu       sync.Mutex
-	memories map[string]*eventMemory // by controller
-}
 
 // registerOperatorMetrics registers the operator's metrics with reg. c reads the operator's
 // namespace (the cache).
@@ -53,47 +34,6 @@ func registerOperatorMetrics(reg prometheus.Registerer, c client.Reader, namespa
 		return nil, err
 	}
 	return m, nil
-}
-
-// reporter returns the Event reporter of a controller, whose passes these metrics count.
-func (m *operatorMetrics) reporter(rec recorder.EventRecorder, controller string) reporter {
-	r := newReporter(rec)
-	r.controller, r.metrics = controller, m
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.memories[controller] = r.memory
-	return r
-}
-
-// outcome counts a pass: the Warning reasons it reported, or how it ended without any.
-func (m *operatorMetrics) outcome(controller string, warnings []string, complete bool) {
-	if m == nil {
-		return
-	}
-	for _, reason := range warnings {
-		m.outcomes.WithLabelValues(controller, reason).Inc()
-	}
-	switch {
-	case !complete:
-		m.outcomes.WithLabelValues(controller, outcomeError).Inc()
-	case len(warnings) == 0:
-		m.outcomes.WithLabelValues(controller, outcomeReconciled).Inc()
-	}
-}
-
-// warningReasons lists the distinct Warning reasons among an object's problem keys
-// (type/reason/message).
-func warningReasons(keys map[string]bool) []string {
-	seen := map[string]bool{}
-	var out []string
-	for k := range keys {
-		parts := strings.SplitN(k, "/", 3)
-		if len(parts) == 3 && parts[0] == corev1.EventTypeWarning && !seen[parts[1]] {
-			seen[parts[1]] = true
-			out = append(out, parts[1])
-		}
-	}
-	return out
 }
 
 var (
@@ -199,17 +139,4 @@ func (s *stateCollector) collectLedger(ctx context.Context, ch chan<- prometheus
 			ch <- prometheus.MustNewConstMetric(descNameCerts, prometheus.GaugeValue, float64(n), name)
 		}
 	}
-}
-
-// standingWarnings counts, per reason, the objects on which a Warning of that reason stands.
-func (m *eventMemory) standingWarnings() map[string]int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := map[string]int{}
-	for _, o := range m.objects {
-		for _, reason := range warningReasons(o.standing) {
-			out[reason]++
-		}
-	}
-	return out
 }

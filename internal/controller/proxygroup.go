@@ -32,11 +32,7 @@ import (
 
 // Names of a ProxyGroup's children.
 const (
-	parentTypeProxyGroup = "proxygroup"
-	secretTypeConfig     = "config"
-	secretTypeState      = "state"
-	labelReplica         = "tailscale.com/replica"
-	groupConfigMapSuffix = "-ingress-config"
+	secretTypeConfig = "config"
 )
 
 // ProxyGroupReconciler runs the replicas of ingress ProxyGroups.
@@ -53,18 +49,6 @@ type ProxyGroupReconciler struct {
 // +kubebuilder:rbac:groups=tailscale.com,resources=proxygroups,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=tailscale.com,resources=proxygroups/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",namespace=system,resources=configmaps,verbs=get;list;watch;create;update;patch;delete
-
-// group names a ProxyGroup's children.
-type group struct{ name string }
-
-func (g group) configMap() string { return g.name + groupConfigMapSuffix }
-
-// replicas names the replicas' children: a config Secret each, which they cannot write.
-func (g group) replicas() replicaSet { return replicaSet{name: g.name, separateConfig: true} }
-
-func (g group) labels() map[string]string {
-	return map[string]string{LabelManaged: "true", LabelParentName: g.name, LabelParentType: parentTypeProxyGroup}
-}
 
 func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
 	pg := &tsv1alpha1.ProxyGroup{}
@@ -130,13 +114,6 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		r.progress(pg, "ready", ReasonProxyGroupReady, "%d/%d replicas up on the tailnet", len(devices), replicas(pg))
 	}
 	return ctrl.Result{}, nil
-}
-
-func replicas(pg *tsv1alpha1.ProxyGroup) int {
-	if pg.Spec.Replicas == nil {
-		return 2
-	}
-	return int(*pg.Spec.Replicas)
 }
 
 // ensure applies the group's children: RBAC, the ConfigMap, per-replica Secrets and the
@@ -594,4 +571,29 @@ func (r *ProxyGroupReconciler) groupsForProxyClass(ctx context.Context, o client
 		}
 	}
 	return reqs
+}
+
+// reportSecrets are replica i's report Secrets, empty: the replica writes them.
+func (r *ProxyGroupReconciler) reportSecrets(g group, i, shards int) []client.Object {
+	var objs []client.Object
+	for _, name := range reportSecretNames(g, i, shards) {
+		objs = append(objs, r.secret(g, name, secretTypeReport, i, nil))
+	}
+	return objs
+}
+
+// removeReportSecrets removes the report Secrets of replicas at or above n.
+func (r *ProxyGroupReconciler) removeReportSecrets(ctx context.Context, g group, n int) error {
+	list := &corev1.SecretList{}
+	if err := r.List(ctx, list, groupSecrets(r.Settings.Namespace, g, secretTypeReport)...); err != nil {
+		return err
+	}
+	for i := range list.Items {
+		if ord, err := strconv.Atoi(list.Items[i].Labels[labelReplica]); err == nil && ord >= n {
+			if err := remove(ctx, r.Client, &list.Items[i]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

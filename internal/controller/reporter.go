@@ -164,3 +164,10 @@ func tailnetRetryAfter(err error) time.Duration {
 	}
 	return tailnetRetry
 }
+
+// tailnetRetry is the least time before retrying after a control-plane error: such errors
+// (bad credentials, tags not permitted) rarely fix themselves in seconds.
+const tailnetRetry = time.Minute
+
+// cleanupPoll re-checks a cleanup waiting for a StatefulSet, in case a watch event is missed.
+const cleanupPoll = 5 * time.Second
