@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the reliability suites and writes their figures into docs/reliability.md:
+# Runs the reliability suites and writes their figures into docs/reliability.md, as the page's
+# latest run (the run it replaces goes to docs/reports/reliability-history.md):
 #   1. test/reliability against envtest (bad input, documents edited by hand, least privilege,
 #      credentials in the operator's log and Events);
 #   2. test/chaos on kind cluster KIND_CLUSTER (tsingress-chaos by default), the operator deployed
@@ -44,40 +45,37 @@ failed_specs=$(sed 's/\x1b\[[0-9;]*m//g' "$out/chaos.log" | grep -E '^\s*\[(FAIL
 [ -f "$out/chaos.md" ] || echo "The suite wrote no figures (exit status $status): see the run's output." > "$out/chaos.md"
 
 stage "writing docs/reliability.md"
-# What follows the marker is written by hand (what the runs found and what was done) and kept.
-marker='<!-- Written by hand below; make chaos keeps it. -->'
-findings=$(sed -n "/^$marker\$/,\$p" "$root/docs/reliability.md" 2>/dev/null || true)
+# docs/reliability.md is written by hand except for one marked section, the latest run, which this
+# replaces; the run it replaces goes to the top of docs/reports/reliability-history.md, so that the
+# page states what is true now and the previous run stays at hand (tools/bench does the same for
+# docs/performance.md). The suites' own sections go one heading level down, under the run's.
+page=$root/docs/reliability.md
+history=$root/docs/reports/reliability-history.md
+run_begin='<!-- make chaos: begin the run of '
+run_end='<!-- make chaos: end of the run -->'
+history_mark='<!-- make chaos puts the run it replaces below this line, newest first -->'
+label="$(date -u -d @"$started" '+%Y-%m-%d %H:%M UTC'), $(git -C "$root" describe --always --dirty)"
+section=$out/section.md
 {
   cat <<MD
-# Reliability
+- Run: \`make chaos\` at $(git -C "$root" describe --always --dirty), started $(date -u -d @"$started" '+%Y-%m-%d %H:%M UTC'), $(( $(date +%s) - started ))s in all,
+  on a machine with $(nproc) cores; $counts (the issue's counts are the defaults), kind node $(docker exec "$KIND_CLUSTER-control-plane" kubelet --version 2>/dev/null | awk '{print $2}').
 
-What the operator and its proxies survive, counted by the suites that do it to them: written by
-\`make chaos\` (hack/chaos-kind.sh) from a run at $(git -C "$root" rev-parse --short HEAD) on $(date -u +%Y-%m-%d), on a machine with
-$(nproc) cores. Every figure below is counted by a test, and every loop of theirs is bounded in time and count.
+### On a kind cluster (test/chaos)
 
-- \`test/reliability\` (envtest: a real API server, etcd and controller manager, the operator in-process, the local
-  tailnet): bad input, documents edited by hand, least privilege, credentials in the operator's log. It runs in
-  \`make test\`, hence in CI.
-- \`test/chaos\` (build tag \`chaos\`, a kind cluster with the images built from the Dockerfiles, the local tailnet
-  and its CA): the faults below, and the search for credentials in every log and Event of the run.
-- Fuzzing (\`make fuzz\`, \`hack/fuzz.sh\`): the seed corpora and saved inputs run in \`make test\`.
-
-## On a kind cluster (test/chaos)
-
-Run: \`make chaos\` with $counts (the issue's counts are the defaults), kind node $(docker exec "$KIND_CLUSTER-control-plane" kubelet --version 2>/dev/null | awk '{print $2}'),
-started $(date -u -d @"$started" '+%Y-%m-%d %H:%M UTC'), $(( $(date +%s) - started ))s in all. Outcome: $(if [ "$status" -eq 0 ]; then echo "every spec passed."; else echo "exit status $status; the failed specs, whose figures below miss their goals:"; fi)
+Outcome: $(if [ "$status" -eq 0 ]; then echo "every spec passed."; else echo "exit status $status; the failed specs, whose figures below miss their goals:"; fi)
 MD
   if [ -n "$failed_specs" ]; then
     echo
     printf '%s\n' "$failed_specs" | sed 's/^/- /'
   fi
   echo
-  cat "$out/chaos.md"
-  printf '\n## Against envtest (test/reliability)\n\n'
+  sed -E 's/^(#+) /#\1 /' "$out/chaos.md"
+  printf '\n### Against envtest (test/reliability)\n\n'
   if [ "$envtest_status" -eq 0 ]; then echo 'Outcome: every spec passed.'; else echo "Outcome: exit status $envtest_status (see the run's output)."; fi
   echo
-  cat "$out/envtest.md"
-  printf '\n## Fuzzing\n\n'
+  sed -E 's/^(#+) /#\1 /' "$out/envtest.md"
+  printf '\n### Fuzzing\n\n'
   if [ -f "$root/bin/fuzz-summary.txt" ]; then
     echo "From \`make fuzz\` on $(date -u -r "$root/bin/fuzz-summary.txt" +%Y-%m-%d): each target, its executions and the inputs that found new code:"
     echo
@@ -85,13 +83,42 @@ MD
     cat "$root/bin/fuzz-summary.txt"
     echo '```'
   else
-    echo 'No `make fuzz` run on this machine yet: see the last committed figures in git history.'
+    echo 'No `make fuzz` summary on this machine (`bin/fuzz-summary.txt`): see docs/reports/reliability-history.md for the last recorded.'
   fi
-  if [ -n "$findings" ]; then
-    printf '\n%s\n' "$findings"
-  fi
-} > "$root/docs/reliability.md"
+} > "$section"
+# The page with the new section in place of the old one (at the end under "## The latest run" when
+# it has none); the old one, headed by its label, into $out/replaced.md.
+[ -f "$page" ] || printf '# Reliability\n' > "$page"
+awk -v begin="$run_begin" -v end="$run_end" -v label="$label" -v section="$section" -v replaced="$out/replaced.md" '
+  # Blank lines around the section, so that neither marker runs into a table or a list.
+  function put() { print begin label " -->"; print ""; while ((getline l < section) > 0) print l; print ""; print end }
+  !done && index($0, begin) == 1 {
+    old = substr($0, length(begin) + 1); sub(/ -->$/, "", old)
+    printf "## The run of %s\n\n", old > replaced
+    inside = 1; started = 0; next
+  }
+  inside && $0 == end { put(); inside = 0; done = 1; next }
+  inside && (started || $0 != "") { started = 1; print > replaced; next }
+  inside { next }
+  { print }
+  END {
+    if (inside) { print "reliability.md: the run'"'"'s section does not end" > "/dev/stderr"; exit 1 }
+    if (!done) { print ""; print "## The latest run"; print ""; put() }
+  }' "$page" > "$out/page.md"
+if [ -s "$out/replaced.md" ]; then
+  mkdir -p "$(dirname "$history")"
+  [ -f "$history" ] || printf '# Reliability: earlier runs\n\nThe runs of `make chaos` that a later run replaced in docs/reliability.md, newest first.\n\n%s\n' "$history_mark" > "$history"
+  # Below the mark, or at the end of a history without one.
+  awk -v mark="$history_mark" -v replaced="$out/replaced.md" '
+    function put() { print ""; while ((getline l < replaced) > 0) print l; done = 1 }
+    { print }
+    !done && $0 == mark { put() }
+    END { if (!done) put() }' "$history" > "$out/history.md"
+  # The history first: should the page's write fail, the replaced run is not lost.
+  cp "$out/history.md" "$history"
+fi
+cp "$out/page.md" "$page"
 done_stage
-echo "chaos: figures in docs/reliability.md after $(( $(date +%s) - started ))s (suite exit status $status)" >&2
+echo "chaos: figures in docs/reliability.md (the previous run in docs/reports/reliability-history.md) after $(( $(date +%s) - started ))s (suite exit status $status)" >&2
 [ "$envtest_status" -eq 0 ] || exit $envtest_status
 exit $status

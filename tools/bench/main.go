@@ -1,8 +1,12 @@
 // Command bench measures the project side by side with the original's data path, and against
-// itself as the number of objects grows, and writes docs/performance.md. See `make bench`.
+// itself as the number of objects grows, and writes the run into docs/performance.md: the page's
+// marked section "The latest run" is replaced, the rest of the page (written by hand) is kept,
+// and the run it replaces goes to the top of docs/reports/performance-history.md. See `make
+// bench` and page.go.
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -10,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -64,7 +69,8 @@ func main() {
 		sizes      = flag.String("n", "100,1000,5000", "control plane: numbers of Ingresses (and as many Services) on one ProxyGroup")
 		baseName   = flag.String("baseline-name", "baseline", "control plane and memory: what to call the baseline in the report")
 		baseSizes  = flag.String("baseline-n", "100", "control plane: the sizes the baseline is measured at")
-		out        = flag.String("out", "docs/performance.md", "where to write the report; empty prints it")
+		out        = flag.String("out", defaultPage, "the page whose latest run's section this run replaces (a new file: a page of this run alone); empty prints the section")
+		history    = flag.String("history", "", "where the run replaced in -out goes, newest first; empty: "+defaultHistory+" for "+defaultPage+", nowhere for another -out")
 		pprofAddr  = flag.String("operator-pprof", "", "control plane: have the operator serve its profiles at this address")
 		port       = flag.Uint("first200-port", 0, "first 200: the new nodes' WireGuard port (0: random)")
 		cpuProfile = flag.String("cpuprofile", "", "write a CPU profile of the bench's own process")
@@ -169,13 +175,15 @@ func main() {
 		f.Close()
 	}
 	rep.finished, rep.loadAfter = time.Now(), loadAverage()
-	md := rep.markdown()
 	if *out == "" {
-		os.Stdout.Write(md)
+		os.Stdout.Write(rep.markdown())
 		return
 	}
-	if err := os.WriteFile(*out, md, 0o644); err != nil {
+	if *history == "" && filepath.Clean(*out) == defaultPage {
+		*history = defaultHistory
+	}
+	if err := rep.writeRun(*out, *history); err != nil {
 		log.Fatal(err)
 	}
-	log.Printf("wrote %s", *out)
+	log.Printf("wrote the run into %s; the run it replaced, if any, into %s", *out, cmp.Or(*history, "nothing (no -history)"))
 }

@@ -70,22 +70,17 @@ func secs(d time.Duration) string {
 	return fmt.Sprintf("%.1f s", d.Seconds())
 }
 
-// markdown renders the report as docs/performance.md.
+// markdown renders the report as the latest run's section of docs/performance.md (page.go):
+// the run's machine and command, then a "###" section for each part it measured.
 func (r *report) markdown() []byte {
 	var b bytes.Buffer
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
-	p("# Performance")
-	p("")
-	p("Written by `make bench` (`go run ./tools/bench`), which measures everything below in one run, side by side.")
-	p("Do not edit the figures by hand: run it again. Figures from one machine at one time; compare the ratios, which")
-	p("share the machine's load, rather than the absolute rates.")
-	p("")
 	p("- Machine: %s.", machine())
 	p("- Run: %s, %s to %s; load average %s before, %s after (the machine is shared: other work ran meanwhile).",
 		commit(), r.started.UTC().Format("2006-01-02 15:04"), r.finished.UTC().Format("15:04"), r.loadBefore, r.loadAfter)
 	p("- Command: `%s`.", r.command)
 	p("")
-	p("## Against the goals")
+	p("### Against the goals")
 	p("")
 	p("Issue 18's targets, judged from this run's figures (medians; a goal this run did not measure says so).")
 	p("")
@@ -96,7 +91,7 @@ func (r *report) markdown() []byte {
 	}
 	if len(r.dataPath) > 0 {
 		p("")
-		p("## L7 data path")
+		p("### L7 data path")
 		p("")
 		p("One tsnet client on a local tailnet (control, DERP and ACME CA on loopback) requests the same backend")
 		p("through each path; %d samples of %s per scenario and path, the paths interleaved sample by sample", r.samples, r.sampleDur)
@@ -135,7 +130,7 @@ func (r *report) markdown() []byte {
 			up, cert, seen, first = append(up, f.up), append(cert, f.cert), append(seen, f.peerSeen), append(first, f.first200)
 		}
 		p("")
-		p("## A new proxy's first HTTPS 200")
+		p("### A new proxy's first HTTPS 200")
 		p("")
 		p("A new node starts and serves the backend through the proxy's web server, as a standalone Ingress proxy")
 		p("does once its config is read; the client, already on the tailnet, tries every 250 ms (each try bounded")
@@ -157,7 +152,7 @@ func (r *report) markdown() []byte {
 	}
 	if len(r.scale) > 0 {
 		p("")
-		p("## Control plane: many objects on one ProxyGroup")
+		p("### Control plane: many objects on one ProxyGroup")
 		p("")
 		p("The operator runs as its own process against a real API server (envtest's kube-apiserver and etcd, with")
 		p("kube-controller-manager) and the local tailnet's API. One ProxyGroup of 2 replicas; N Ingresses and N")
@@ -184,7 +179,7 @@ func (r *report) markdown() []byte {
 	}
 	if len(r.memory) > 0 {
 		p("")
-		p("## Operator memory")
+		p("### Operator memory")
 		p("")
 		p("Resident memory (VmRSS, the median of 5 samples 20 s after the objects were created) of each build,")
 		p("side by side against one API server, as unrelated objects are added: none is served, so the")
