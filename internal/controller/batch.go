@@ -124,3 +124,12 @@ func freshest[T client.Object](cached, last T) T {
 	}
 	return cached
 }
+
+// newerVersion reports whether resourceVersion a is newer than b. Resource versions are opaque
+// to clients but, from etcd, increasing integers; anything else is taken as not newer.
+func newerVersion(a, b string) bool {
+	if len(a) != len(b) {
+		return len(a) > len(b) && isDigits(a) && isDigits(b)
+	}
+	return a > b && isDigits(a) && isDigits(b)
+}

@@ -719,15 +719,6 @@ func dataSize(current, data map[string]string, keys []string) int {
 	return size
 }
 
-// newerVersion reports whether resourceVersion a is newer than b. Resource versions are opaque
-// to clients but, from etcd, increasing integers; anything else is taken as not newer.
-func newerVersion(a, b string) bool {
-	if len(a) != len(b) {
-		return len(a) > len(b) && isDigits(a) && isDigits(b)
-	}
-	return a > b && isDigits(a) && isDigits(b)
-}
-
 func isDigits(s string) bool {
 	for _, r := range s {
 		if r < '0' || r > '9' {

@@ -20,16 +20,6 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 )
 
-// tlsHost is the first host of the first TLS entry that is not a bring-your-own certificate's.
-func tlsHost(ing *networkingv1.Ingress) string {
-	for _, t := range ing.Spec.TLS {
-		if !isBYO(t) && len(t.Hosts) > 0 {
-			return t.Hosts[0]
-		}
-	}
-	return ""
-}
-
 // routeInputs is what an Ingress's routes are built from besides the Ingress.
 type routeInputs struct {
 	// services holds the Ingress namespace's Services that its backends name (a name missing

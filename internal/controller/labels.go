@@ -103,3 +103,13 @@ func parentRequests(typ string) handler.MapFunc {
 		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: l[LabelParentNS], Name: l[LabelParentName]}}}
 	}
 }
+
+// tlsHost is the first host of the first TLS entry that is not a bring-your-own certificate's.
+func tlsHost(ing *networkingv1.Ingress) string {
+	for _, t := range ing.Spec.TLS {
+		if !isBYO(t) && len(t.Hosts) > 0 {
+			return t.Hosts[0]
+		}
+	}
+	return ""
+}

@@ -8,7 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tsingress/tsingress/internal/contract"
 )
@@ -65,44 +64,3 @@ func TestServiceStatus(t *testing.T) {
 		t.Errorf("a ClusterIP Service got load-balancer addresses %v", st.LoadBalancer.Ingress)
 	}
 }
-
-var _ = Describe("Service status ownership", func() {
-	It("lets the standalone and HA Service reconcilers each write only their own conditions, from stale reads too", func() {
-		// Served by neither reconciler, so only this spec writes its status.
-		svc := newService(newNamespace(), "shared", func(s *corev1.Service) { s.Spec.LoadBalancerClass = nil; s.Spec.Type = corev1.ServiceTypeClusterIP })
-		staleHA, staleStandalone := svc.DeepCopy(), svc.DeepCopy()
-		cond := func(typ string, ok bool, reason string) corev1.ServiceStatus {
-			st := corev1.ServiceStatus{}
-			setCondition(&st.Conditions, typ, ok, reason, "m", 1)
-			return st
-		}
-		types := func() []string {
-			got := &corev1.Service{}
-			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(svc), got)).To(Succeed())
-			var out []string
-			for _, c := range got.Status.Conditions {
-				out = append(out, c.Type+"="+c.Reason)
-			}
-			return out
-		}
-
-		Expect(patchServiceStatus(ctx, k8s, staleHA, haServiceOwned, cond(ConditionIngressSvcValid, true, ReasonIngressSvcValid))).To(Succeed())
-		// The standalone reconciler's copy predates that write, and its wanted status carries a
-		// condition it does not own: neither touches the HA reconciler's.
-		want := cond(ConditionProxyReady, false, ReasonProxyPending)
-		setCondition(&want.Conditions, ConditionIngressSvcConfigured, false, ReasonConfigMapFull, "not mine", 1)
-		Expect(patchServiceStatus(ctx, k8s, staleStandalone, serviceOwned, want)).To(Succeed())
-		Expect(types()).To(ConsistOf(ConditionIngressSvcValid+"="+ReasonIngressSvcValid, ConditionProxyReady+"="+ReasonProxyPending))
-
-		// The HA reconciler, from its own stale copy, replaces its condition and adds another.
-		st := cond(ConditionIngressSvcValid, false, ReasonDuplicateHostname)
-		setCondition(&st.Conditions, ConditionIngressSvcConfigured, false, ReasonDuplicateHostname, "m", 1)
-		Expect(patchServiceStatus(ctx, k8s, staleHA, haServiceOwned, st)).To(Succeed())
-		Expect(types()).To(ConsistOf(ConditionIngressSvcValid+"="+ReasonDuplicateHostname, ConditionIngressSvcConfigured+"="+ReasonDuplicateHostname,
-			ConditionProxyReady+"="+ReasonProxyPending))
-
-		// Clearing the standalone reconciler's status leaves the HA reconciler's.
-		Expect(clearServiceStatus(ctx, k8s, staleStandalone, serviceOwned)).To(Succeed())
-		Expect(types()).To(ConsistOf(ConditionIngressSvcValid+"="+ReasonDuplicateHostname, ConditionIngressSvcConfigured+"="+ReasonDuplicateHostname))
-	})
-})
