@@ -133,3 +133,12 @@ func newerVersion(a, b string) bool {
 	}
 	return a > b && isDigits(a) && isDigits(b)
 }
+
+func isDigits(s string) bool {
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return s != ""
+}

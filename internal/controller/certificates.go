@@ -38,13 +38,6 @@ func customHost(h string) bool {
 	return strings.Contains(h, ".") && !strings.HasSuffix(h, ".ts.net")
 }
 
-// isBYO reports whether a TLS entry brings its own certificate: it names a Secret and its hosts
-// are custom domains. Entries without a Secret, or for tailnet names, are served by ACME as in
-// the original operator, which ignores secretName.
-func isBYO(t networkingv1.IngressTLS) bool {
-	return t.SecretName != "" && len(t.Hosts) > 0 && customHost(t.Hosts[0])
-}
-
 // byoHosts lists the custom hosts an Ingress's bring-your-own entries name, lower-cased.
 func byoHosts(ing *networkingv1.Ingress) map[string]bool {
 	hosts := map[string]bool{}

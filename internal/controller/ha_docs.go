@@ -719,15 +719,6 @@ func dataSize(current, data map[string]string, keys []string) int {
 	return size
 }
 
-func isDigits(s string) bool {
-	for _, r := range s {
-		if r < '0' || r > '9' {
-			return false
-		}
-	}
-	return s != ""
-}
-
 // remember keeps the decoded content of a ConfigMap at its resourceVersion.
 func (w *groupWriter) remember(cm *corev1.ConfigMap, content *groupContent) {
 	w.mu.Lock()

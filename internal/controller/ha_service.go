@@ -19,12 +19,6 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 )
 
-// Conditions of a Service served by a ProxyGroup (the original operator's names).
-const (
-	ConditionIngressSvcValid      = "TailscaleIngressSvcValid"
-	ConditionIngressSvcConfigured = "TailscaleIngressSvcConfigured"
-)
-
 // HAServiceReconciler serves Services annotated tailscale.com/proxy-group at L3 through a
 // ProxyGroup: a Tailscale Service whose VIPs every advertising replica DNATs to the Service.
 type HAServiceReconciler struct {

@@ -1,17 +1,12 @@
 package controller
 
 import (
-	"fmt"
 	"slices"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/tsingress/tsingress/internal/contract"
 )
 
 func TestHAServiceStatus(t *testing.T) {
@@ -69,37 +64,6 @@ func TestHAServiceStatus(t *testing.T) {
 	}
 }
 
-func TestHAIngressLoadBalancer(t *testing.T) {
-	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
-	valid := contract.CertificateStatus{Source: contract.CertSourceACME, Serial: "01", NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour)}
-	ws := &contract.WebService{HTTP: contract.HTTPRedirect,
-		TLS: contract.WebTLS{Certificates: []contract.CertificateRef{{SecretName: "c", Hosts: []string{"app.example.com"}}}}}
-	advertising := []*contract.ProxyState{nil, {Advertised: []string{"svc:shop"}, Certificates: map[string]contract.CertificateStatus{
-		"shop.tailnet.test": valid, "app.example.com": {Source: contract.CertSourceSecret, Serial: "02", NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour)}}}}
-	notYet := []*contract.ProxyState{{Advertised: nil}}
-	cert := tailnetCert{fqdn: "shop.tailnet.test", cur: valid}
-	held := tailnetCert{fqdn: "shop.tailnet.test", hold: &contract.IssuanceHold{Reason: ReasonCertificateRateLimited}}
-
-	for name, c := range map[string]struct {
-		cert   tailnetCert
-		states []*contract.ProxyState
-		want   []string
-		served bool
-	}{
-		"no replica advertises yet": {cert, notYet, nil, false},
-		"advertised":                {cert, advertising, []string{"shop.tailnet.test:443:80", "app.example.com:443"}, true},
-		"domain not known yet":      {tailnetCert{}, advertising, []string{"app.example.com:443"}, false},
-		"held, no certificate":      {held, notYet, []string{"shop.tailnet.test:443!" + ReasonCertificateRateLimited}, false},
-	} {
-		t.Run(name, func(t *testing.T) {
-			lb, served := haIngressLoadBalancer("svc:shop", ws, c.cert, c.states, now)
-			if got := showIngressLB(lb); !slices.Equal(got, c.want) || served != c.served {
-				t.Errorf("load balancer %v served %v, want %v served %v", got, served, c.want, c.served)
-			}
-		})
-	}
-}
-
 func TestDecideHAService(t *testing.T) {
 	service := func(mutate func(*corev1.Service)) *corev1.Service {
 		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "db", Annotations: map[string]string{AnnotationProxyGroup: "pg"}},
@@ -149,20 +113,4 @@ func TestHAServiceStatusNamesReplicasWithoutRules(t *testing.T) {
 	if c == nil || c.Message != "1/2 proxy replicas ready and advertising; DNAT rules not in place on db-1: IPv6 disabled" {
 		t.Fatalf("Configured %+v", c)
 	}
-}
-
-// showIngressLB writes load-balancer entries as host:port[!error]... for comparisons.
-func showIngressLB(lb []networkingv1.IngressLoadBalancerIngress) []string {
-	var out []string
-	for _, e := range lb {
-		s := e.Hostname
-		for _, p := range e.Ports {
-			s += fmt.Sprintf(":%d", p.Port)
-			if p.Error != nil {
-				s += "!" + *p.Error
-			}
-		}
-		out = append(out, s)
-	}
-	return out
 }

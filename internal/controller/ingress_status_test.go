@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -118,4 +119,51 @@ func TestDecideStandaloneIngress(t *testing.T) {
 	if ignored == nil || ignored.blocking {
 		t.Errorf("findings %+v, want a non-blocking %s", findings, ReasonProxyClassFieldIgnored)
 	}
+}
+
+func TestHAIngressLoadBalancer(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	valid := contract.CertificateStatus{Source: contract.CertSourceACME, Serial: "01", NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour)}
+	ws := &contract.WebService{HTTP: contract.HTTPRedirect,
+		TLS: contract.WebTLS{Certificates: []contract.CertificateRef{{SecretName: "c", Hosts: []string{"app.example.com"}}}}}
+	advertising := []*contract.ProxyState{nil, {Advertised: []string{"svc:shop"}, Certificates: map[string]contract.CertificateStatus{
+		"shop.tailnet.test": valid, "app.example.com": {Source: contract.CertSourceSecret, Serial: "02", NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour)}}}}
+	notYet := []*contract.ProxyState{{Advertised: nil}}
+	cert := tailnetCert{fqdn: "shop.tailnet.test", cur: valid}
+	held := tailnetCert{fqdn: "shop.tailnet.test", hold: &contract.IssuanceHold{Reason: ReasonCertificateRateLimited}}
+
+	for name, c := range map[string]struct {
+		cert   tailnetCert
+		states []*contract.ProxyState
+		want   []string
+		served bool
+	}{
+		"no replica advertises yet": {cert, notYet, nil, false},
+		"advertised":                {cert, advertising, []string{"shop.tailnet.test:443:80", "app.example.com:443"}, true},
+		"domain not known yet":      {tailnetCert{}, advertising, []string{"app.example.com:443"}, false},
+		"held, no certificate":      {held, notYet, []string{"shop.tailnet.test:443!" + ReasonCertificateRateLimited}, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			lb, served := haIngressLoadBalancer("svc:shop", ws, c.cert, c.states, now)
+			if got := showIngressLB(lb); !slices.Equal(got, c.want) || served != c.served {
+				t.Errorf("load balancer %v served %v, want %v served %v", got, served, c.want, c.served)
+			}
+		})
+	}
+}
+
+// showIngressLB writes load-balancer entries as host:port[!error]... for comparisons.
+func showIngressLB(lb []networkingv1.IngressLoadBalancerIngress) []string {
+	var out []string
+	for _, e := range lb {
+		s := e.Hostname
+		for _, p := range e.Ports {
+			s += fmt.Sprintf(":%d", p.Port)
+			if p.Error != nil {
+				s += "!" + *p.Error
+			}
+		}
+		out = append(out, s)
+	}
+	return out
 }

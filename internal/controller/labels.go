@@ -113,3 +113,10 @@ func tlsHost(ing *networkingv1.Ingress) string {
 	}
 	return ""
 }
+
+// isBYO reports whether a TLS entry brings its own certificate: it names a Secret and its hosts
+// are custom domains. Entries without a Secret, or for tailnet names, are served by ACME as in
+// the original operator, which ignores secretName.
+func isBYO(t networkingv1.IngressTLS) bool {
+	return t.SecretName != "" && len(t.Hosts) > 0 && customHost(t.Hosts[0])
+}

@@ -107,3 +107,12 @@ const (
 	ReasonProxyClassInvalid = "ProxyClassInvalid"
 	ReasonCustomTSEnvVar    = "CustomTSEnvVar"
 )
+
+// Conditions of a Service served by a ProxyGroup (the original operator's names).
+const (
+	ConditionIngressSvcValid      = "TailscaleIngressSvcValid"
+	ConditionIngressSvcConfigured = "TailscaleIngressSvcConfigured"
+)
+
+// ConditionProxyReady is the condition a standalone L3 proxy reports on its Service.
+const ConditionProxyReady = "TailscaleProxyReady"

@@ -25,9 +25,6 @@ import (
 // LoadBalancerClass selects the operator for a LoadBalancer Service.
 const LoadBalancerClass = "tailscale"
 
-// ConditionProxyReady is the condition a standalone L3 proxy reports on its Service.
-const ConditionProxyReady = "TailscaleProxyReady"
-
 // serviceOwned is the status the standalone reconciler owns on a Service it serves.
 var serviceOwned = serviceStatusOwner{conditions: []string{ConditionProxyReady}}
 

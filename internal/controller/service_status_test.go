@@ -3,8 +3,6 @@ package controller
 import (
 	"testing"
 
-	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -62,5 +60,14 @@ func TestServiceStatus(t *testing.T) {
 	}
 	if st := proxyOutcome(svc, &ready, nil).status(corev1.ServiceStatus{}, 1, false); len(st.LoadBalancer.Ingress) != 0 {
 		t.Errorf("a ClusterIP Service got load-balancer addresses %v", st.LoadBalancer.Ingress)
+	}
+}
+
+func appliedState(fqdn string, ips []string, mappingErr string) contract.ProxyState {
+	return contract.ProxyState{
+		DeviceID: "nNotARealDevice", FQDN: fqdn, TailnetIPs: ips,
+		Firewall: &contract.FirewallStatus{Mode: contract.FirewallNFTables, Mappings: map[string]contract.AppliedDNAT{
+			contract.StandaloneMapping: {TailnetIPs: ips, Error: mappingErr},
+		}},
 	}
 }

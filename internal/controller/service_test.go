@@ -43,15 +43,6 @@ func proxyReady(svc *corev1.Service) func(g Gomega) *metav1.Condition {
 	}
 }
 
-func appliedState(fqdn string, ips []string, mappingErr string) contract.ProxyState {
-	return contract.ProxyState{
-		DeviceID: "nNotARealDevice", FQDN: fqdn, TailnetIPs: ips,
-		Firewall: &contract.FirewallStatus{Mode: contract.FirewallNFTables, Mappings: map[string]contract.AppliedDNAT{
-			contract.StandaloneMapping: {TailnetIPs: ips, Error: mappingErr},
-		}},
-	}
-}
-
 var _ = Describe("Service reconciler (standalone L3)", func() {
 	It("runs a kernel proxy for a tailscale LoadBalancer, reports readiness and addresses, and cleans up", func() {
 		ns := newNamespace()
