@@ -31,13 +31,6 @@ const (
 	secretTypeGroupCert = "group-certificate" // a ProxyGroup's shared certificate of one name
 )
 
-// customHost reports whether an Ingress TLS host is a custom domain, served with a
-// bring-your-own certificate, rather than a tailnet name: it has a dot and is not under ts.net.
-func customHost(h string) bool {
-	h = strings.ToLower(strings.TrimSuffix(h, "."))
-	return strings.Contains(h, ".") && !strings.HasSuffix(h, ".ts.net")
-}
-
 // byoHosts lists the custom hosts an Ingress's bring-your-own entries name, lower-cased.
 func byoHosts(ing *networkingv1.Ingress) map[string]bool {
 	hosts := map[string]bool{}

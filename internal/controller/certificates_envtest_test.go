@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
@@ -29,7 +31,7 @@ var _ = Describe("Certificates", func() {
 		ns := newNamespace()
 		newBackendService(ns, "web")
 		now := time.Now()
-		certPEM, keyPEM := selfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
+		certPEM, keyPEM := proxytest.SelfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
 		Expect(k8s.Create(ctx, tlsSecret(ns, "app-tls", certPEM, keyPEM))).To(Succeed())
 		ing := newIngress(ns, "byo", func(i *networkingv1.Ingress) {
 			i.Spec.TLS = append(i.Spec.TLS, networkingv1.IngressTLS{Hosts: []string{"app.example.com"}, SecretName: "app-tls"})
@@ -53,7 +55,7 @@ var _ = Describe("Certificates", func() {
 		}).Should(Succeed())
 
 		By("following a renewed certificate (as cert-manager writes it)")
-		renewedPEM, renewedKey := selfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Minute), now.Add(60*24*time.Hour))
+		renewedPEM, renewedKey := proxytest.SelfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Minute), now.Add(60*24*time.Hour))
 		s := &corev1.Secret{}
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "app-tls"}, s)).To(Succeed())
 		s.Data = map[string][]byte{corev1.TLSCertKey: renewedPEM, corev1.TLSPrivateKeyKey: renewedKey}
@@ -65,7 +67,7 @@ var _ = Describe("Certificates", func() {
 		}).Should(Equal(renewedPEM))
 
 		By("dropping an expired certificate with a CertificateExpired Event, keeping the tailnet name")
-		expiredPEM, expiredKey := selfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-48*time.Hour), now.Add(-time.Hour))
+		expiredPEM, expiredKey := proxytest.SelfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-48*time.Hour), now.Add(-time.Hour))
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "app-tls"}, s)).To(Succeed())
 		s.Data = map[string][]byte{corev1.TLSCertKey: expiredPEM, corev1.TLSPrivateKeyKey: expiredKey}
 		Expect(k8s.Update(ctx, s)).To(Succeed())
@@ -184,7 +186,7 @@ var _ = Describe("Certificates", func() {
 		ns := newNamespace()
 		newBackendService(ns, "web")
 		now := time.Now()
-		certPEM, keyPEM := selfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
+		certPEM, keyPEM := proxytest.SelfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
 		Expect(k8s.Create(ctx, tlsSecret(ns, "app-tls", certPEM, keyPEM))).To(Succeed())
 		newIngress(ns, "shared", func(i *networkingv1.Ingress) {
 			i.Annotations = map[string]string{AnnotationProxyGroup: "certs"}

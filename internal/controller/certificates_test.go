@@ -1,17 +1,12 @@
 package controller
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
-	"math/big"
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -24,23 +19,6 @@ import (
 )
 
 // selfSigned returns PEM certificate and key for hosts, valid from notBefore to notAfter.
-func selfSigned(t interface{ Fatal(...any) }, hosts []string, notBefore, notAfter time.Time) (certPEM, keyPEM []byte) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: hosts[0]},
-		DNSNames: hosts, NotBefore: notBefore, NotAfter: notAfter}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
-}
 
 func tlsSecret(ns, name string, certPEM, keyPEM []byte) *corev1.Secret {
 	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Type: corev1.SecretTypeTLS,
@@ -49,9 +27,9 @@ func tlsSecret(ns, name string, certPEM, keyPEM []byte) *corev1.Secret {
 
 func TestCheckTLSSecret(t *testing.T) {
 	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
-	certPEM, keyPEM := selfSigned(t, []string{"app.example.com", "*.apps.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
-	oldPEM, oldKey := selfSigned(t, []string{"app.example.com"}, now.Add(-60*24*time.Hour), now.Add(-time.Hour))
-	_, otherKey := selfSigned(t, []string{"app.example.com"}, now.Add(-time.Hour), now.Add(time.Hour))
+	certPEM, keyPEM := proxytest.SelfSigned(t, []string{"app.example.com", "*.apps.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
+	oldPEM, oldKey := proxytest.SelfSigned(t, []string{"app.example.com"}, now.Add(-60*24*time.Hour), now.Add(-time.Hour))
+	_, otherKey := proxytest.SelfSigned(t, []string{"app.example.com"}, now.Add(-time.Hour), now.Add(time.Hour))
 	cases := map[string]struct {
 		secret *corev1.Secret
 		hosts  []string

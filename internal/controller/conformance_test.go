@@ -360,7 +360,7 @@ func startConformanceProxy(t *testing.T, ws contract.WebService, tailnetName str
 		defer cancel()
 		srv.Shutdown(ctx)
 	})
-	certPEM, keyPEM := selfSigned(t, []string{tailnetName}, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
+	certPEM, keyPEM := proxytest.SelfSigned(t, []string{tailnetName}, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
 	pair, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		t.Fatal(err)
@@ -478,7 +478,7 @@ func (p *conformanceProxy) do(method, scheme, host, path, verifyName string) (*h
 func secretsOf(t *testing.T, c conformanceCase) secretReader {
 	r := secretReader{}
 	for _, s := range c.TLSSecrets {
-		certPEM, keyPEM := selfSigned(t, s.Hosts, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
+		certPEM, keyPEM := proxytest.SelfSigned(t, s.Hosts, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
 		r[s.Name] = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: "conformance"}, Type: corev1.SecretTypeTLS,
 			Data: map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM}}
 	}

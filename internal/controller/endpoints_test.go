@@ -3,6 +3,8 @@ package controller
 import (
 	"time"
 
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -87,7 +89,7 @@ var _ = Describe("Ingress backends' endpoints", func() {
 		ns := newNamespace()
 		newBackendService(ns, "web")
 		now := time.Now()
-		certPEM, keyPEM := selfSigned(GinkgoT(), []string{"*.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
+		certPEM, keyPEM := proxytest.SelfSigned(GinkgoT(), []string{"*.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
 		Expect(k8s.Create(ctx, tlsSecret(ns, "wild-tls", certPEM, keyPEM))).To(Succeed())
 		ing := newIngress(ns, "wild", func(i *networkingv1.Ingress) {
 			i.Spec.TLS = append(i.Spec.TLS, networkingv1.IngressTLS{Hosts: []string{"*.example.com"}, SecretName: "wild-tls"})

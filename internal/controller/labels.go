@@ -120,3 +120,10 @@ func tlsHost(ing *networkingv1.Ingress) string {
 func isBYO(t networkingv1.IngressTLS) bool {
 	return t.SecretName != "" && len(t.Hosts) > 0 && customHost(t.Hosts[0])
 }
+
+// customHost reports whether an Ingress TLS host is a custom domain, served with a
+// bring-your-own certificate, rather than a tailnet name: it has a dot and is not under ts.net.
+func customHost(h string) bool {
+	h = strings.ToLower(strings.TrimSuffix(h, "."))
+	return strings.Contains(h, ".") && !strings.HasSuffix(h, ".ts.net")
+}

@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -218,31 +217,6 @@ func (r *ProxyGroupReconciler) groupConfigMap(ctx context.Context, g group) (*co
 		shards = append(shards, cmData(s))
 	}
 	return cm, shards, count, nil
-}
-
-// groupServices lists the Tailscale Services in a group's documents (one data map per
-// ConfigMap). When a document cannot be read (edited by hand, or of a future version), the
-// owner index stands in for it: the replicas keep advertising what they served until the
-// document is written again, rather than withdrawing every service of the group at once.
-func groupServices(shards []map[string][]byte) []string {
-	var names []string
-	for _, data := range shards {
-		serve, _, serveErr := contract.ServeConfigs.Decode(data)
-		if serveErr == nil {
-			names = slices.AppendSeq(names, maps.Keys(serve.Services))
-		}
-		dnat, _, dnatErr := contract.DNATConfigs.Decode(data)
-		if dnatErr == nil {
-			names = slices.AppendSeq(names, maps.Keys(dnat.Services))
-		}
-		if serveErr != nil || dnatErr != nil {
-			o := map[string]string{}
-			_ = json.Unmarshal(data[ownersKey], &o) // a damaged index only loses old entries
-			names = slices.AppendSeq(names, maps.Keys(o))
-		}
-	}
-	slices.Sort(names)
-	return slices.Compact(names)
 }
 
 func (r *ProxyGroupReconciler) replicaConfig(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g group, class *tsv1alpha1.ProxyClass, i int, services []string) (*contract.ProxyConfig, error) {
