@@ -30,6 +30,7 @@ import (
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
@@ -62,7 +63,7 @@ func init() {
 // DNS or the server is down, which makes the tailnet client look the server up through
 // Tailscale's public DERP servers (bootstrap DNS) unless the proxy refuses.
 func TestNoEgress(t *testing.T) {
-	proxytest.NeedRoot(t)
+	netnstest.NeedRoot(t, "nft")
 	clusterIP := netip.MustParseAddr("10.96.0.10")
 	top := proxytest.NewTopology(t, clusterIP)
 	p := top.Proxy
@@ -255,7 +256,7 @@ type egressWatch struct {
 	seen []string
 }
 
-func newEgressWatch(t *testing.T, ns proxytest.NetNS, name string) *egressWatch {
+func newEgressWatch(t *testing.T, ns netnstest.NS, name string) *egressWatch {
 	t.Helper()
 	var f *os.File
 	err := netnamespace.Run(ns.Path, func() error {

@@ -4,27 +4,24 @@ import (
 	"context"
 	"crypto/tls"
 	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
+
+	"tailscale.com/tsnet"
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localacme"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
-	"tailscale.com/tsnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // The proxy's production certificate flow (ACME DNS-01 through the control server) against
 // real CAs: the config's ACME directory (a ProxyClass's staging switch) decides which CA issues.
 func TestACMEDirectoryFromConfig(t *testing.T) {
-	lt, err := localtailnet.Start(context.Background(), localtailnet.Options{ACME: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lt.Close() })
+	lt, api := localtailnettest.Start(t, localtailnet.Options{ACME: true})
 	if err := lt.ACME.UseInProcess(t.Setenv); err != nil {
 		t.Fatal(err)
 	}
@@ -34,10 +31,6 @@ func TestACMEDirectoryFromConfig(t *testing.T) {
 	}
 	t.Cleanup(func() { staging.Close() })
 	t.Setenv("TS_DEBUG_ACME_DIRECTORY_URL", lt.ACME.DirectoryURL) // restored after the test
-	api, err := lt.APIClient(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
 	key, err := api.CreateAuthKey(t.Context(), tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}})
 	if err != nil {
 		t.Fatal(err)
@@ -49,16 +42,8 @@ func TestACMEDirectoryFromConfig(t *testing.T) {
 		TLS:   contract.TLSConfig{ACMEDirectoryURL: staging.DirectoryURL},
 		Serve: &contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: backend.srv.URL}}}},
 	}
-	data, err := contract.ProxyConfigs.Encode(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	for k, v := range data {
-		if err := os.WriteFile(filepath.Join(dir, k), v, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	proxytest.WriteConfig(t, dir, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- proxy.Run(ctx, proxy.Options{ConfigDir: dir, StateDir: t.TempDir()}) }()

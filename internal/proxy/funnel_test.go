@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // A standalone proxy asked to serve its name over Funnel: it reports why not while the tailnet's
@@ -25,22 +25,6 @@ import (
 func TestStandaloneFunnel(t *testing.T) {
 	w := newWorldWith(t, localtailnet.Options{Funnel: true})
 	dir, stateDir := t.TempDir(), t.TempDir()
-	writeConfig := func(cfg *contract.ProxyConfig) {
-		t.Helper()
-		data, err := contract.ProxyConfigs.Encode(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for k, v := range data {
-			tmp := filepath.Join(dir, ".tmp")
-			if err := os.WriteFile(tmp, v, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Rename(tmp, filepath.Join(dir, k)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	funnelState := func() (contract.FunnelStatus, bool) {
 		b, err := os.ReadFile(filepath.Join(stateDir, "web-0", "proxy-state.json"))
 		if err != nil {
@@ -54,15 +38,10 @@ func TestStandaloneFunnel(t *testing.T) {
 		st, ok := fs["web.tailnet.test"]
 		return st, ok
 	}
-	writeConfig(w.config(w.mintKey(t).Secret.Reveal(), contract.WebService{Routes: w.routes(), Funnel: true}))
+	proxytest.WriteConfig(t, dir, w.config(w.mintKey(t).Secret.Reveal(), contract.WebService{Routes: w.routes(), Funnel: true}))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	health, done := w.start(t, ctx, proxy.Options{ConfigDir: dir, StateDir: stateDir, ConfigPollInterval: 50 * time.Millisecond})
-	if _, err := w.client.Up(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	waitReady(t, health, done)
-	w.waitPeer(t, "web.tailnet.test")
+	_, done := w.startFromDir(t, ctx, dir, stateDir)
 	eventually(t, "Funnel reported not permitted", func() bool {
 		st, ok := funnelState()
 		return ok && st.Reason == contract.FunnelNotPermitted && strings.Contains(st.Message, "funnel")
@@ -102,7 +81,7 @@ func TestStandaloneFunnel(t *testing.T) {
 		t.Errorf("tailnet GET: %q, headers %v", r.body, w.b.seen().Header)
 	}
 
-	writeConfig(w.config("", contract.WebService{Routes: w.routes()}))
+	proxytest.WriteConfig(t, dir, w.config("", contract.WebService{Routes: w.routes()}))
 	eventually(t, "Funnel no longer reported", func() bool { _, ok := funnelState(); return !ok })
 	eventually(t, "the name gone from the internet", func() bool {
 		_, err := public.Get("https://web.tailnet.test/")

@@ -589,22 +589,16 @@ func (r *replica) startWeb(ctx context.Context, name string) *webService {
 	}
 	go e.acme.run(ectx)
 	go func() {
-		for {
-			select {
-			case err := <-e.srv.Errors():
-				// A listener closed on purpose (port 80, as its HTTP mode went off) is no failure.
-				if errors.Is(err, net.ErrClosed) {
-					continue
+		// Only a listener that stopped on its own: the server drops the closes it made itself
+		// (Shutdown, and port 80 as its HTTP mode goes off).
+		select {
+		case err := <-e.srv.Errors():
+			r.sendFunc(ectx, func() {
+				if r.web[name] == e {
+					r.stopWeb(ctx, e, err)
 				}
-				r.sendFunc(ectx, func() {
-					if r.web[name] == e {
-						r.stopWeb(ctx, e, err)
-					}
-				})
-				return
-			case <-ectx.Done():
-				return
-			}
+			})
+		case <-ectx.Done():
 		}
 	}()
 	return e

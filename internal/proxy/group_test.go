@@ -24,6 +24,7 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
@@ -221,7 +222,7 @@ func TestGroupL7(t *testing.T) {
 	}
 	if os.Geteuid() == 0 {
 		// Its own namespace for the TUN, which a root test would otherwise add to the host.
-		opts.NetNS = proxytest.NewNetNS(t, "g").Path
+		opts.NetNS = netnstest.New(t, "g").Path
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -394,7 +395,7 @@ func TestGroupL7(t *testing.T) {
 // A replica DNATs a Tailscale Service's VIPs to its destination through the kernel, advertises
 // it once the rules are in place, and never advertises a mapping that cannot be installed.
 func TestGroupL3(t *testing.T) {
-	proxytest.NeedRoot(t)
+	netnstest.NeedRoot(t, "nft")
 	g := newGroupEnv(t, "svc:db", "svc:bad")
 	w := g.w
 	backend := netip.MustParseAddr("10.96.0.10")

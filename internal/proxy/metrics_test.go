@@ -4,8 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +14,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/proxy"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // scrape reads the proxy's /metrics: its status, and the families when it serves them.
@@ -75,39 +73,18 @@ metrics:
 func TestMetrics(t *testing.T) {
 	w := newWorld(t)
 	dir, stateDir := t.TempDir(), t.TempDir()
-	writeConfig := func(cfg *contract.ProxyConfig) {
-		t.Helper()
-		data, err := contract.ProxyConfigs.Encode(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for k, v := range data {
-			tmp := filepath.Join(dir, ".tmp")
-			if err := os.WriteFile(tmp, v, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Rename(tmp, filepath.Join(dir, k)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	ws := contract.WebService{Routes: w.routes(), Ingress: "shop/store"}
-	writeConfig(w.config(w.mintKey(t).Secret.Reveal(), ws))
+	proxytest.WriteConfig(t, dir, w.config(w.mintKey(t).Secret.Reveal(), ws))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	health, done := w.start(t, ctx, proxy.Options{ConfigDir: dir, StateDir: stateDir, ConfigPollInterval: 50 * time.Millisecond})
-	if _, err := w.client.Up(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	waitReady(t, health, done)
-	w.waitPeer(t, "web.tailnet.test")
+	health, done := w.startFromDir(t, ctx, dir, stateDir)
 	if code, _ := scrape(t, health); code != http.StatusNotFound {
 		t.Fatalf("/metrics answers %d while the config does not enable them; want 404", code)
 	}
 
 	cfg := w.config("", ws)
 	cfg.Metrics = true
-	writeConfig(cfg)
+	proxytest.WriteConfig(t, dir, cfg)
 	eventually(t, "metrics enabled", func() bool { code, _ := scrape(t, health); return code == http.StatusOK })
 	base := "https://web.tailnet.test"
 	for range 2 {
@@ -154,7 +131,7 @@ func TestMetrics(t *testing.T) {
 	}
 
 	cfg.Metrics = false
-	writeConfig(cfg)
+	proxytest.WriteConfig(t, dir, cfg)
 	eventually(t, "metrics disabled", func() bool { code, _ := scrape(t, health); return code == http.StatusNotFound })
 	cancel()
 	if err := waitDone(t, done); err != nil {

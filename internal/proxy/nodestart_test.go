@@ -10,17 +10,14 @@ import (
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
 )
 
 // A ProxyClass's tailscale.acceptRoutes reaches the node's prefs (RouteAll, off by default on
 // Linux) as it starts, and a change of it restarts the proxy to set it again.
 func TestAcceptRoutes(t *testing.T) {
 	netns.SetEnabled(false)
-	lt, err := localtailnet.Start(t.Context(), localtailnet.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lt.Close() })
+	lt, _ := localtailnettest.Start(t, localtailnet.Options{})
 	for _, on := range []bool{true, false} {
 		node := &tsnet.Server{Dir: t.TempDir(), ControlURL: lt.ControlURL, Hostname: "p", Store: new(mem.Store), Ephemeral: true,
 			Logf: logger.Discard, UserLogf: logger.Discard}

@@ -130,6 +130,20 @@ func (w *world) start(t *testing.T, ctx context.Context, opts proxy.Options) (st
 	return "http://" + ln.Addr().String(), done
 }
 
+// startFromDir runs the proxy outside Kubernetes until ctx ends: config from the files in dir
+// (proxytest.WriteConfig), changes picked up by polling, state in stateDir. It returns once the
+// proxy is ready and the client sees web.tailnet.test.
+func (w *world) startFromDir(t *testing.T, ctx context.Context, dir, stateDir string) (string, <-chan error) {
+	t.Helper()
+	health, done := w.start(t, ctx, proxy.Options{ConfigDir: dir, StateDir: stateDir, ConfigPollInterval: 50 * time.Millisecond})
+	if _, err := w.client.Up(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, health, done)
+	w.waitPeer(t, "web.tailnet.test")
+	return health, done
+}
+
 // httpClient talks from the client device to the tailnet, trusting the test CA.
 func (w *world) httpClient() *http.Client {
 	return &http.Client{
@@ -510,33 +524,12 @@ func TestRunFromSecret(t *testing.T) {
 func TestRunFromDirectory(t *testing.T) {
 	w := newWorld(t)
 	dir, stateDir := t.TempDir(), t.TempDir()
-	writeConfig := func(cfg *contract.ProxyConfig) {
-		t.Helper()
-		data, err := contract.ProxyConfigs.Encode(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for k, v := range data {
-			tmp := filepath.Join(dir, ".tmp")
-			if err := os.WriteFile(tmp, v, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Rename(tmp, filepath.Join(dir, k)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	// Bring-your-own certificates are kept in Secrets: without the API, the proxy says so.
 	own := contract.WebTLS{Certificates: []contract.CertificateRef{{SecretName: "app-tls", Hosts: []string{"app.example.com"}}}}
-	writeConfig(w.config(w.mintKey(t).Secret.Reveal(), contract.WebService{Routes: w.routes(), TLS: own}))
+	proxytest.WriteConfig(t, dir, w.config(w.mintKey(t).Secret.Reveal(), contract.WebService{Routes: w.routes(), TLS: own}))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	health, done := w.start(t, ctx, proxy.Options{ConfigDir: dir, StateDir: stateDir, ConfigPollInterval: 50 * time.Millisecond})
-	if _, err := w.client.Up(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	waitReady(t, health, done)
-	w.waitPeer(t, "web.tailnet.test")
+	_, done := w.startFromDir(t, ctx, dir, stateDir)
 	base := "https://web.tailnet.test"
 	if r := w.get(t, base+"/metrics", nil); r.body != "b /metrics" {
 		t.Errorf("/metrics: %q", r.body)
@@ -563,7 +556,7 @@ func TestRunFromDirectory(t *testing.T) {
 		t.Errorf("port 80 answers %d without an HTTP mode", r.status)
 	}
 
-	writeConfig(w.config("", contract.WebService{TLS: own, Routes: w.routes(contract.Route{
+	proxytest.WriteConfig(t, dir, w.config("", contract.WebService{TLS: own, Routes: w.routes(contract.Route{
 		Path: "/new", PathType: contract.PathPrefix, Backend: contract.Backend{URL: w.b.srv.URL},
 	})}))
 	eventually(t, "the new route", func() bool { return w.get(t, base+"/new/x", nil).body == "b /new/x" })

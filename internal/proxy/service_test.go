@@ -15,6 +15,7 @@ import (
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
@@ -28,7 +29,7 @@ var (
 // address to the destination in its kernel namespace, follows changed destinations without a
 // restart, reports what it installed, and leaves nothing behind when it stops.
 func TestServiceProxy(t *testing.T) {
-	proxytest.NeedRoot(t)
+	netnstest.NeedRoot(t, "nft")
 	env := proxytest.StartKube(t)
 	w := newWorld(t)
 	top := proxytest.NewTopology(t, clusterIPA, clusterIPB)
@@ -187,7 +188,7 @@ func TestServiceProxy(t *testing.T) {
 // IPv6 ClusterIP, TCP and UDP; without IPv6 the IPv4 address still does, the proxy is ready,
 // and its state says, per family, why IPv6 is not forwarded.
 func TestServiceProxyFamilies(t *testing.T) {
-	proxytest.NeedRoot(t)
+	netnstest.NeedRoot(t, "nft")
 	env := proxytest.StartKube(t)
 	w := newWorld(t)
 	if _, err := w.client.Up(t.Context()); err != nil {

@@ -32,6 +32,8 @@ import (
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localacme"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
 	"github.com/tsingress/tsingress/internal/testing/poll"
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
@@ -52,21 +54,14 @@ type acmeWorld struct {
 // issues.
 func newACMEWorld(t *testing.T, validity time.Duration) *acmeWorld {
 	t.Helper()
-	lt, err := localtailnet.Start(t.Context(), localtailnet.Options{HTTPS: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lt.Close() })
-	ca, err := localacme.Start(t.Context(), localacme.Options{DNSServer: lt.DNSAddr, Validity: validity})
+	lt, api := localtailnettest.Start(t, localtailnet.Options{HTTPS: true})
+	// Not on the test's context, as the tailnet: that ends before the cleanups that stop the proxies.
+	ca, err := localacme.Start(context.Background(), localacme.Options{DNSServer: lt.DNSAddr, Validity: validity})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ca.Close() })
 	if err := ca.UseInProcess(t.Setenv); err != nil {
-		t.Fatal(err)
-	}
-	api, err := lt.APIClient(t.TempDir())
-	if err != nil {
 		t.Fatal(err)
 	}
 	logs := &logBuffer{}
@@ -264,7 +259,7 @@ func TestGroupSharedCertificate(t *testing.T) {
 	netNS := map[int]string{}
 	if os.Geteuid() == 0 { // the replicas' L3 data paths get namespaces of their own for their TUNs
 		for i := range 3 {
-			netNS[i] = proxytest.NewNetNS(t, fmt.Sprintf("pg-%d", i)).Path // removed after the replicas stop
+			netNS[i] = netnstest.New(t, fmt.Sprintf("pg-%d", i)).Path // removed after the replicas stop
 		}
 	}
 	ctx, cancel := context.WithCancel(t.Context())

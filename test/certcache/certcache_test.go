@@ -23,6 +23,7 @@ import (
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/testing/testenv"
 )
 
@@ -37,11 +38,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestCertificateSurvivesRescheduling(t *testing.T) {
-	lt, err := localtailnet.Start(context.Background(), localtailnet.Options{ACME: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lt.Close() })
+	lt, api := localtailnettest.Start(t, localtailnet.Options{ACME: true})
 	if err := lt.ACME.UseInProcess(t.Setenv); err != nil {
 		t.Fatal(err)
 	}
@@ -51,10 +48,6 @@ func TestCertificateSurvivesRescheduling(t *testing.T) {
 	}
 	t.Cleanup(func() { cp.Stop() })
 	kube, err := kubernetes.NewForConfig(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	api, err := lt.APIClient(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,25 +14,27 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/test/framework"
 )
 
 // The documents a proxy reads, edited by hand under load: the proxy keeps serving what it had,
 // does not restart, and the operator puts its documents back.
 var _ = Describe("Documents corrupted under load", func() {
 	It("leave the proxies serving and are put back", func(ctx SpecContext) {
-		ns := newNamespace(ctx, "chaos-docs")
-		ing := ingress(ns, "web", "chaos-doc-"+token(), "")
-		create(ctx, ing)
-		pg := proxyGroup("chaos-docs-"+token(), 2)
-		create(ctx, pg)
+		ns := suite.NewNamespace(ctx, "chaos-docs")
+		suite.StartBackend(ctx, ns, suite.image)
+		ing := framework.Ingress(ns, "web", "chaos-doc-"+framework.Token(), "")
+		suite.Create(ctx, ing)
+		pg := framework.ProxyGroup("chaos-docs-"+framework.Token(), 2)
+		suite.Create(ctx, pg)
 		var has []request
 		for i := range 2 {
-			ha := ingress(ns, fmt.Sprintf("ha%d", i), fmt.Sprintf("chaos-doc-ha%d-%s", i, token()), pg.Name)
-			create(ctx, ha)
-			has = append(has, httpsEcho(servedName(ctx, ha)))
+			ha := framework.Ingress(ns, fmt.Sprintf("ha%d", i), fmt.Sprintf("chaos-doc-ha%d-%s", i, framework.Token()), pg.Name)
+			suite.Create(ctx, ha)
+			has = append(has, httpsEcho(suite.ServedName(ctx, ha)))
 		}
-		waitGroupReady(ctx, pg)
-		standalone := httpsEcho(servedName(ctx, ing))
+		suite.WaitGroupReady(ctx, pg)
+		standalone := httpsEcho(suite.ServedName(ctx, ing))
 		for _, r := range append(has, standalone) {
 			expectServing(ctx, r, "an Ingress")
 		}
@@ -96,15 +98,15 @@ var _ = Describe("Documents corrupted under load", func() {
 			}
 			results := underLoadAll(ctx, append(has, standalone), func() {
 				Eventually(ctx, func() error {
-					if err := suite.k8s.Get(ctx, key, e.obj); err != nil {
+					if err := suite.K8s.Get(ctx, key, e.obj); err != nil {
 						return err
 					}
 					e.edit(e.obj)
-					return suite.k8s.Update(ctx, e.obj, client.FieldOwner("kubectl-edit"))
+					return suite.K8s.Update(ctx, e.obj, client.FieldOwner("kubectl-edit"))
 				}).Should(Succeed())
 				edited := time.Now()
 				Eventually(ctx, func(g Gomega) {
-					g.Expect(suite.k8s.Get(ctx, key, e.obj)).To(Succeed())
+					g.Expect(suite.K8s.Get(ctx, key, e.obj)).To(Succeed())
 					e.back(g, e.obj)
 				}).WithTimeout(time.Minute).Should(Succeed(), "put back")
 				time.Sleep(max(time.Until(edited.Add(10*time.Second)), 0))

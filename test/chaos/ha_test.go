@@ -14,6 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/tsingress/tsingress/test/framework"
 )
 
 // The share of requests the HA faults may cost; the goal is none, and the figures say how many.
@@ -23,15 +25,16 @@ const maxHALoss = 0.01
 // one replica's Pod is deleted and the other is evicted as a node drain evicts it.
 var _ = Describe("A ProxyGroup under load", func() {
 	It("serves HTTPS and L3 TCP through a replica deletion and a drain's eviction", func(ctx SpecContext) {
-		ns := newNamespace(ctx, "chaos-ha")
-		pg := proxyGroup("chaos-ha-"+token(), 2)
-		create(ctx, pg)
-		ing := ingress(ns, "web", "chaos-ha-web-"+token(), pg.Name)
-		create(ctx, ing)
+		ns := suite.NewNamespace(ctx, "chaos-ha")
+		suite.StartBackend(ctx, ns, suite.image)
+		pg := framework.ProxyGroup("chaos-ha-"+framework.Token(), 2)
+		suite.Create(ctx, pg)
+		ing := framework.Ingress(ns, "web", "chaos-ha-web-"+framework.Token(), pg.Name)
+		suite.Create(ctx, ing)
 		svc := l3Service(ns, "db", pg.Name)
-		create(ctx, svc)
-		waitGroupReady(ctx, pg)
-		https, tcp := httpsEcho(servedName(ctx, ing)), tcpEcho(serviceIP(ctx, svc))
+		suite.Create(ctx, svc)
+		suite.WaitGroupReady(ctx, pg)
+		https, tcp := httpsEcho(suite.ServedName(ctx, ing)), tcpEcho(serviceIP(ctx, svc))
 		expectServing(ctx, https, "the Ingress")
 		expectServing(ctx, tcp, "the Service")
 		// Both replicas advertise both services before the load starts.
@@ -50,7 +53,7 @@ var _ = Describe("A ProxyGroup under load", func() {
 
 		By("deleting replica 0's Pod")
 		deletedBack := replaceReplica(ctx, pg.Name+"-0", func(p *corev1.Pod) {
-			Expect(suite.k8s.Delete(ctx, p)).To(Succeed())
+			Expect(suite.K8s.Delete(ctx, p)).To(Succeed())
 		})
 		time.Sleep(time.Until(start.Add(35 * time.Second)))
 
@@ -58,12 +61,12 @@ var _ = Describe("A ProxyGroup under load", func() {
 		evictedBack := replaceReplica(ctx, pg.Name+"-1", func(p *corev1.Pod) {
 			setUnschedulable(ctx, p.Spec.NodeName, true)
 			DeferCleanup(setUnschedulable, context.WithoutCancel(ctx), p.Spec.NodeName, false)
-			Expect(suite.clientset.PolicyV1().Evictions(p.Namespace).Evict(ctx, &policyv1.Eviction{
+			Expect(suite.Clientset.PolicyV1().Evictions(p.Namespace).Evict(ctx, &policyv1.Eviction{
 				ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}})).To(Succeed())
 			// One node: the replacement has nowhere else to go.
 			Eventually(ctx, func(g Gomega) {
 				now := &corev1.Pod{}
-				err := suite.k8s.Get(ctx, client.ObjectKeyFromObject(p), now)
+				err := suite.K8s.Get(ctx, client.ObjectKeyFromObject(p), now)
 				g.Expect(err != nil || now.UID != p.UID).To(BeTrue(), "the evicted Pod gone")
 			}).Should(Succeed())
 			setUnschedulable(ctx, p.Spec.NodeName, false)
@@ -96,14 +99,14 @@ var _ = Describe("A ProxyGroup under load", func() {
 func replaceReplica(ctx context.Context, name string, do func(*corev1.Pod)) time.Duration {
 	GinkgoHelper()
 	old := &corev1.Pod{}
-	Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: name}, old)).To(Succeed())
+	Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: name}, old)).To(Succeed())
 	start := time.Now()
 	do(old)
 	Eventually(ctx, func(g Gomega) {
 		p := &corev1.Pod{}
-		g.Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: name}, p)).To(Succeed())
+		g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: name}, p)).To(Succeed())
 		g.Expect(p.UID).NotTo(Equal(old.UID))
-		g.Expect(podReady(p)).To(BeTrue())
+		g.Expect(framework.PodReady(p)).To(BeTrue())
 	}).WithTimeout(3*time.Minute).Should(Succeed(), "%s replaced and Ready", name)
 	return time.Since(start)
 }
@@ -111,7 +114,7 @@ func replaceReplica(ctx context.Context, name string, do func(*corev1.Pod)) time
 func setUnschedulable(ctx context.Context, node string, on bool) {
 	GinkgoHelper()
 	patch := fmt.Appendf(nil, `{"spec":{"unschedulable":%v}}`, on)
-	_, err := suite.clientset.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
+	_, err := suite.Clientset.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
 	Expect(err).NotTo(HaveOccurred())
 }
 

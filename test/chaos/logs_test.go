@@ -30,6 +30,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/tsingress/tsingress/test/framework"
 )
 
 // logCollector follows the logs of every container in the operator's namespace into files, from
@@ -78,7 +80,7 @@ func (l *logCollector) stop() {
 
 func (l *logCollector) scan(ctx context.Context) {
 	pods := &corev1.PodList{}
-	if err := suite.k8s.List(ctx, pods, client.InNamespace(opNS)); err != nil {
+	if err := suite.K8s.List(ctx, pods, client.InNamespace(opNS)); err != nil {
 		return // the API server is away; resumed later
 	}
 	for _, p := range pods.Items {
@@ -144,7 +146,7 @@ func (l *logCollector) follow(ctx context.Context, ns, pod, container, key strin
 			// The container ended, or the stream was cut; a container still running is taken
 			// up again by the next scan.
 			p := &corev1.Pod{}
-			if gerr := suite.k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: pod}, p); gerr != nil {
+			if gerr := suite.K8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: pod}, p); gerr != nil {
 				complete = strings.Contains(gerr.Error(), "not found")
 			} else {
 				complete = !containerRunning(p, container)
@@ -176,7 +178,7 @@ var (
 // ACME account keys (PEM) and the nodes' machine and node keys (privkey:).
 func (l *logCollector) harvest(ctx context.Context) {
 	secrets := &corev1.SecretList{}
-	if err := suite.k8s.List(ctx, secrets, client.InNamespace(opNS)); err != nil {
+	if err := suite.K8s.List(ctx, secrets, client.InNamespace(opNS)); err != nil {
 		return
 	}
 	l.mu.Lock()
@@ -242,12 +244,12 @@ func searchCredentials(ctx context.Context) {
 	haystacks["the kubelet's and containerd's journal"] = []byte(journal)
 	var events bytes.Buffer
 	coreEvents := &corev1.EventList{}
-	Expect(suite.k8s.List(ctx, coreEvents)).To(Succeed())
+	Expect(suite.K8s.List(ctx, coreEvents)).To(Succeed())
 	for _, e := range coreEvents.Items {
 		fmt.Fprintf(&events, "%s %s %s %s\n", e.Reason, e.Message, e.Source.Component, e.ReportingController)
 	}
 	newEvents := &eventsv1.EventList{}
-	Expect(suite.k8s.List(ctx, newEvents)).To(Succeed())
+	Expect(suite.K8s.List(ctx, newEvents)).To(Succeed())
 	for _, e := range newEvents.Items {
 		fmt.Fprintf(&events, "%s %s %s\n", e.Reason, e.Note, e.ReportingController)
 	}
@@ -285,12 +287,12 @@ func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) 
 var metricsToken = sync.OnceValue(func() string {
 	ctx := context.Background()
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: opNS, Name: "chaos-metrics"}}
-	Expect(client.IgnoreAlreadyExists(suite.k8s.Create(ctx, sa))).To(Succeed())
+	Expect(client.IgnoreAlreadyExists(suite.K8s.Create(ctx, sa))).To(Succeed())
 	crb := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "chaos-metrics"},
 		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "tsingress-metrics-reader"},
 		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: opNS, Name: sa.Name}}}
-	Expect(client.IgnoreAlreadyExists(suite.k8s.Create(ctx, crb))).To(Succeed())
-	tr, err := suite.clientset.CoreV1().ServiceAccounts(opNS).CreateToken(ctx, sa.Name,
+	Expect(client.IgnoreAlreadyExists(suite.K8s.Create(ctx, crb))).To(Succeed())
+	tr, err := suite.Clientset.CoreV1().ServiceAccounts(opNS).CreateToken(ctx, sa.Name,
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3 * 3600)}}, metav1.CreateOptions{})
 	Expect(err).NotTo(HaveOccurred())
 	return tr.Status.Token
@@ -303,7 +305,7 @@ func reconciles(ctx context.Context) (total, panics float64, err error) {
 	// kubectl's port-forward: client-go's needs a module this project does not carry.
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	cmd := exec.CommandContext(pctx, envOr("KUBECTL", "../../bin/kubectl"), "-n", opNS, "port-forward", "pod/"+pod.Name, ":8443")
+	cmd := exec.CommandContext(pctx, framework.EnvOr("KUBECTL", "../../bin/kubectl"), "-n", opNS, "port-forward", "pod/"+pod.Name, ":8443")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return 0, 0, err

@@ -23,6 +23,7 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/test/framework"
 )
 
 // Object kinds of the churn.
@@ -45,9 +46,10 @@ type churned struct {
 // audit of the cluster and the tailnet finds nothing left over and one device per proxy.
 var _ = Describe("The operator killed while objects churn", func() {
 	It("converges with no orphan, no stuck finalizer and one device per live proxy", func(ctx SpecContext) {
-		ns := newNamespace(ctx, "chaos-churn")
-		pg := proxyGroup("chaos-churn-"+token(), 2)
-		create(ctx, pg)
+		ns := suite.NewNamespace(ctx, "chaos-churn")
+		suite.StartBackend(ctx, ns, suite.image)
+		pg := framework.ProxyGroup("chaos-churn-"+framework.Token(), 2)
+		suite.Create(ctx, pg)
 		rng := rand.New(rand.NewPCG(uint64(GinkgoRandomSeed()), 17))
 		n := suite.objects
 		kinds := map[string]int{kindIngress: n * 8 / 30, kindService: n * 6 / 30, kindHAService: n * 6 / 30}
@@ -62,15 +64,15 @@ var _ = Describe("The operator killed while objects churn", func() {
 			c := &churned{kind: kind, live: true}
 			switch kind {
 			case kindIngress:
-				c.obj = ingress(ns, name, fmt.Sprintf("churn-%s-%s", name, ns[len(ns)-5:]), "")
+				c.obj = framework.Ingress(ns, name, fmt.Sprintf("churn-%s-%s", name, ns[len(ns)-5:]), "")
 			case kindHAIngress:
-				c.obj = ingress(ns, name, fmt.Sprintf("churn-%s-%s", name, ns[len(ns)-5:]), pg.Name)
+				c.obj = framework.Ingress(ns, name, fmt.Sprintf("churn-%s-%s", name, ns[len(ns)-5:]), pg.Name)
 			case kindService:
 				c.obj = l3Service(ns, name, "")
 			case kindHAService:
 				c.obj = l3Service(ns, name, pg.Name)
 			}
-			Expect(suite.k8s.Create(ctx, c.obj)).To(Succeed())
+			Expect(suite.K8s.Create(ctx, c.obj)).To(Succeed())
 			ops["create"]++
 			return c
 		}
@@ -123,11 +125,11 @@ var _ = Describe("The operator killed while objects churn", func() {
 				pods := &corev1.PodList{}
 				// A loaded API server may time out a request: retried, within bounds.
 				Eventually(ctx, func() error {
-					return suite.k8s.List(ctx, pods, client.InNamespace(opNS), operatorPods)
+					return suite.K8s.List(ctx, pods, client.InNamespace(opNS), operatorPods)
 				}).WithTimeout(time.Minute).Should(Succeed())
 				for _, p := range pods.Items {
 					if p.DeletionTimestamp == nil {
-						Expect(client.IgnoreNotFound(suite.k8s.Delete(ctx, &p))).To(Succeed())
+						Expect(client.IgnoreNotFound(suite.K8s.Delete(ctx, &p))).To(Succeed())
 					}
 				}
 				kills = append(kills, time.Now())
@@ -153,7 +155,7 @@ var _ = Describe("The operator killed while objects churn", func() {
 			case r < 65:
 				edit(c)
 			default:
-				Expect(client.IgnoreNotFound(suite.k8s.Delete(ctx, c.obj))).To(Succeed())
+				Expect(client.IgnoreNotFound(suite.K8s.Delete(ctx, c.obj))).To(Succeed())
 				c.live = false
 				ops["delete"]++
 			}
@@ -193,20 +195,20 @@ var _ = Describe("The operator killed while objects churn", func() {
 
 		By("deleting everything: nothing left on the tailnet")
 		for _, c := range live {
-			Expect(client.IgnoreNotFound(suite.k8s.Delete(ctx, c.obj))).To(Succeed())
+			Expect(client.IgnoreNotFound(suite.K8s.Delete(ctx, c.obj))).To(Succeed())
 		}
-		Expect(suite.k8s.Delete(ctx, pg)).To(Succeed())
+		Expect(suite.K8s.Delete(ctx, pg)).To(Succeed())
 		Eventually(ctx, func(g Gomega) {
-			devices, err := suite.api.Devices(ctx)
+			devices, err := suite.API.Devices(ctx)
 			g.Expect(err).NotTo(HaveOccurred())
 			var left []string
 			for _, d := range devices {
-				if d.ID != suite.clientID {
+				if d.ID != suite.ClientID {
 					left = append(left, d.Hostname)
 				}
 			}
 			g.Expect(left).To(BeEmpty(), "devices left")
-			services, err := suite.api.Services(ctx)
+			services, err := suite.API.Services(ctx)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(services).To(BeEmpty(), "Tailscale Services left")
 			g.Expect(stuck(ctx, g, ns)).To(BeEmpty())
@@ -219,11 +221,11 @@ var _ = Describe("The operator killed while objects churn", func() {
 
 func retryOnConflict(ctx context.Context, obj client.Object, change func()) error {
 	for range 10 {
-		if err := suite.k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+		if err := suite.K8s.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
 			return err
 		}
 		change()
-		err := suite.k8s.Update(ctx, obj)
+		err := suite.K8s.Update(ctx, obj)
 		if !apierrors.IsConflict(err) {
 			return err
 		}
@@ -235,7 +237,7 @@ func retryOnConflict(ctx context.Context, obj client.Object, change func()) erro
 func stuck(ctx context.Context, g Gomega, ns string) []string {
 	var out []string
 	for _, list := range []client.ObjectList{&networkingv1.IngressList{}, &corev1.ServiceList{}} {
-		g.Expect(suite.k8s.List(ctx, list, client.InNamespace(ns))).To(Succeed())
+		g.Expect(suite.K8s.List(ctx, list, client.InNamespace(ns))).To(Succeed())
 		g.Expect(meta.EachListItem(list, func(o runtime.Object) error {
 			if co := o.(client.Object); co.GetDeletionTimestamp() != nil {
 				out = append(out, co.GetName()+" "+strings.Join(co.GetFinalizers(), ","))
@@ -244,7 +246,7 @@ func stuck(ctx context.Context, g Gomega, ns string) []string {
 		})).To(Succeed())
 	}
 	pgs := &tsv1alpha1.ProxyGroupList{}
-	g.Expect(suite.k8s.List(ctx, pgs)).To(Succeed())
+	g.Expect(suite.K8s.List(ctx, pgs)).To(Succeed())
 	for _, p := range pgs.Items {
 		if p.DeletionTimestamp != nil {
 			out = append(out, p.Name)
@@ -259,13 +261,13 @@ func serve(ctx context.Context, g Gomega, c *churned) error {
 	defer cancel()
 	switch o := c.obj.(type) {
 	case *networkingv1.Ingress:
-		g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(o), o)).To(Succeed())
+		g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(o), o)).To(Succeed())
 		lb := o.Status.LoadBalancer.Ingress
 		g.Expect(lb).NotTo(BeEmpty())
 		g.Expect(lb[0].Hostname).To(HavePrefix(o.Spec.TLS[0].Hosts[0]+"."), "the current hostname")
 		return httpsEcho(lb[0].Hostname)(rctx)
 	case *corev1.Service:
-		g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(o), o)).To(Succeed())
+		g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(o), o)).To(Succeed())
 		var ip string
 		for _, in := range o.Status.LoadBalancer.Ingress {
 			if in.IP != "" && !strings.Contains(in.IP, ":") {
@@ -328,7 +330,7 @@ func audit(ctx context.Context, ns string, pg *tsv1alpha1.ProxyGroup, live []*ch
 		"ServiceAccount": &corev1.ServiceAccountList{}, "Role": &rbacv1.RoleList{}, "RoleBinding": &rbacv1.RoleBindingList{},
 	}
 	for kind, list := range lists {
-		Expect(suite.k8s.List(ctx, list, client.InNamespace(opNS), client.MatchingLabels{controller.LabelManaged: "true"})).To(Succeed())
+		Expect(suite.K8s.List(ctx, list, client.InNamespace(opNS), client.MatchingLabels{controller.LabelManaged: "true"})).To(Succeed())
 		Expect(meta.EachListItem(list, func(o runtime.Object) error {
 			co := o.(client.Object)
 			l := co.GetLabels()
@@ -363,10 +365,10 @@ func audit(ctx context.Context, ns string, pg *tsv1alpha1.ProxyGroup, live []*ch
 		}).WithTimeout(time.Minute).Should(Succeed())
 	}
 	a.liveProxies = len(stateSecrets)
-	devices, err := suite.api.Devices(ctx)
+	devices, err := suite.API.Devices(ctx)
 	Expect(err).NotTo(HaveOccurred())
 	for _, d := range devices {
-		if d.ID == suite.clientID {
+		if d.ID == suite.ClientID {
 			continue
 		}
 		a.devices++
@@ -376,7 +378,7 @@ func audit(ctx context.Context, ns string, pg *tsv1alpha1.ProxyGroup, live []*ch
 			a.orphanDevices = append(a.orphanDevices, d.Hostname+" ("+d.ID+")")
 		}
 	}
-	tsServices, err := suite.api.Services(ctx)
+	tsServices, err := suite.API.Services(ctx)
 	Expect(err).NotTo(HaveOccurred())
 	a.tailscaleSvcs, a.expectedSvcs = len(tsServices), len(services)
 	for _, s := range tsServices {
@@ -396,7 +398,7 @@ func children(ctx context.Context, g Gomega, ns, pg string) []string {
 		"StatefulSet": &appsv1.StatefulSetList{}, "Secret": &corev1.SecretList{}, "ConfigMap": &corev1.ConfigMapList{},
 		"ServiceAccount": &corev1.ServiceAccountList{}, "Role": &rbacv1.RoleList{}, "RoleBinding": &rbacv1.RoleBindingList{},
 	} {
-		g.Expect(suite.k8s.List(ctx, list, client.InNamespace(opNS), client.MatchingLabels{controller.LabelManaged: "true"})).To(Succeed())
+		g.Expect(suite.K8s.List(ctx, list, client.InNamespace(opNS), client.MatchingLabels{controller.LabelManaged: "true"})).To(Succeed())
 		g.Expect(meta.EachListItem(list, func(o runtime.Object) error {
 			co := o.(client.Object)
 			l := co.GetLabels()

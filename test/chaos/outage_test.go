@@ -16,6 +16,7 @@ import (
 
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/test/framework"
 )
 
 const outage = 60 * time.Second
@@ -31,20 +32,21 @@ var _ = Describe("Control plane outages", Ordered, ContinueOnFailure, func() {
 	)
 
 	BeforeAll(func(ctx SpecContext) {
-		ns = newNamespace(ctx, "chaos-outage")
-		ing := ingress(ns, "web", "chaos-out-"+token(), "")
-		create(ctx, ing)
+		ns = suite.NewNamespace(ctx, "chaos-outage")
+		suite.StartBackend(ctx, ns, suite.image)
+		ing := framework.Ingress(ns, "web", "chaos-out-"+framework.Token(), "")
+		suite.Create(ctx, ing)
 		svc := l3Service(ns, "db", "")
-		create(ctx, svc)
-		pg := proxyGroup("chaos-out-"+token(), 2)
-		create(ctx, pg)
-		ha := ingress(ns, "ha", "chaos-out-ha-"+token(), pg.Name)
-		create(ctx, ha)
-		waitGroupReady(ctx, pg)
+		suite.Create(ctx, svc)
+		pg := framework.ProxyGroup("chaos-out-"+framework.Token(), 2)
+		suite.Create(ctx, pg)
+		ha := framework.Ingress(ns, "ha", "chaos-out-ha-"+framework.Token(), pg.Name)
+		suite.Create(ctx, ha)
+		suite.WaitGroupReady(ctx, pg)
 		requests = map[string]request{
-			"HTTPS, standalone":  httpsEcho(servedName(ctx, ing)),
+			"HTTPS, standalone":  httpsEcho(suite.ServedName(ctx, ing)),
 			"L3 TCP, standalone": tcpEcho(serviceIP(ctx, svc)),
-			"HTTPS, ProxyGroup":  httpsEcho(servedName(ctx, ha)),
+			"HTTPS, ProxyGroup":  httpsEcho(suite.ServedName(ctx, ha)),
 		}
 		for what, r := range requests {
 			expectServing(ctx, r, what)
@@ -96,9 +98,9 @@ var _ = Describe("Control plane outages", Ordered, ContinueOnFailure, func() {
 		})
 
 		By("the operator still reconciling: a new Ingress is served")
-		ing := ingress(ns, "after-api", "chaos-after-api-"+token(), "")
-		create(ctx, ing)
-		expectServing(ctx, httpsEcho(servedName(ctx, ing)), "an Ingress created after the outage")
+		ing := framework.Ingress(ns, "after-api", "chaos-after-api-"+framework.Token(), "")
+		suite.Create(ctx, ing)
+		expectServing(ctx, httpsEcho(suite.ServedName(ctx, ing)), "an Ingress created after the outage")
 		// Counted once the operator has served again: a restart comes after the outage.
 		after := operatorPod(ctx)
 		nRestarts := restarted(ctx)
@@ -128,7 +130,7 @@ var _ = Describe("Control plane outages", Ordered, ContinueOnFailure, func() {
 		restarts0 = restarts(ctx, nil)
 		before, _, err := reconciles(ctx)
 		Expect(err).NotTo(HaveOccurred())
-		ing := ingress(ns, "during-control", "chaos-during-"+token(), "")
+		ing := framework.Ingress(ns, "during-control", "chaos-during-"+framework.Token(), "")
 		var during float64
 		var reason string
 		results := underLoad(ctx, func() {
@@ -136,10 +138,10 @@ var _ = Describe("Control plane outages", Ordered, ContinueOnFailure, func() {
 			DeferCleanup(admin, context.WithoutCancel(ctx), http.MethodPost, "/control/up")
 			start := time.Now()
 			By("a new Ingress, whose proxy needs an auth key from the API")
-			create(ctx, ing)
+			suite.Create(ctx, ing)
 			Eventually(ctx, func(g Gomega) {
 				list := &eventsv1.EventList{}
-				g.Expect(suite.k8s.List(ctx, list, client.InNamespace(ns))).To(Succeed())
+				g.Expect(suite.K8s.List(ctx, list, client.InNamespace(ns))).To(Succeed())
 				found := false
 				for _, e := range list.Items {
 					if e.Regarding.Name == ing.Name && e.Reason == controller.ReasonTailnetAPIFailed {
@@ -157,7 +159,7 @@ var _ = Describe("Control plane outages", Ordered, ContinueOnFailure, func() {
 		Expect(reason).To(ContainSubstring(tailnet.ReasonUnavailable), "the reason of the control plane in the Event")
 		Expect(restarted(ctx)).To(BeZero(), "container restarts")
 		Expect(operatorPod(ctx).UID).To(Equal(op.UID), "the operator Pod replaced")
-		expectServing(ctx, httpsEcho(servedName(ctx, ing)), "the Ingress created during the outage")
+		expectServing(ctx, httpsEcho(suite.ServedName(ctx, ing)), "the Ingress created during the outage")
 
 		suite.report.add("### The tailnet's control server unreachable\n\nThe local tailnet's control server and API down for %s "+
 			"(DERP and the CA up), under 5 requests/s of each kind of traffic. An Ingress created during the outage got the Warning "+
@@ -184,7 +186,7 @@ func apiServerDown(ctx context.Context, d time.Duration) apiOutage {
 	GinkgoHelper()
 	const manifest, parked = "/etc/kubernetes/manifests/kube-apiserver.yaml", "/etc/kubernetes/kube-apiserver.yaml"
 	answers := func() bool {
-		_, err := suite.clientset.Discovery().ServerVersion()
+		_, err := suite.Clientset.Discovery().ServerVersion()
 		return err == nil
 	}
 	// Any HTTP status means a connection through the Service; 000 means none.

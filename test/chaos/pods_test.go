@@ -14,26 +14,29 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/tsingress/tsingress/test/framework"
 )
 
 // A proxy whose Pod is deleted comes back as the same tailnet device (its identity is in its
 // state Secret), serves again, and orders no certificate (the one it has is kept there too).
 var _ = Describe("Proxy Pods deleted", func() {
 	It("come back as the same device, order no certificate, and serve again", func(ctx SpecContext) {
-		ns := newNamespace(ctx, "chaos-pods")
-		ing := ingress(ns, "web", "chaos-l7-"+token(), "")
-		create(ctx, ing)
+		ns := suite.NewNamespace(ctx, "chaos-pods")
+		suite.StartBackend(ctx, ns, suite.image)
+		ing := framework.Ingress(ns, "web", "chaos-l7-"+framework.Token(), "")
+		suite.Create(ctx, ing)
 		svc := l3Service(ns, "db", "")
-		create(ctx, svc)
-		pg := proxyGroup("chaos-pods-"+token(), 2)
-		create(ctx, pg)
-		ha := ingress(ns, "ha", "chaos-pods-ha-"+token(), pg.Name)
-		create(ctx, ha)
+		suite.Create(ctx, svc)
+		pg := framework.ProxyGroup("chaos-pods-"+framework.Token(), 2)
+		suite.Create(ctx, pg)
+		ha := framework.Ingress(ns, "ha", "chaos-pods-ha-"+framework.Token(), pg.Name)
+		suite.Create(ctx, ha)
 
-		fqdn := servedName(ctx, ing)
+		fqdn := suite.ServedName(ctx, ing)
 		ip := serviceIP(ctx, svc)
-		waitGroupReady(ctx, pg)
-		haFQDN := servedName(ctx, ha)
+		suite.WaitGroupReady(ctx, pg)
+		haFQDN := suite.ServedName(ctx, ha)
 		haSvc := "svc:" + strings.SplitN(haFQDN, ".", 2)[0]
 		targets := []podTarget{
 			{what: "standalone L7 (Ingress)", pod: proxyOf(ctx, "ingress", ing) + "-0", serving: httpsEcho(fqdn), https: true},
@@ -103,23 +106,23 @@ func (t *podTarget) deleteRepeatedly(ctx context.Context, n int) {
 		var device, ips string
 		Eventually(ctx, func(g Gomega) {
 			before = &corev1.Pod{}
-			g.Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: t.pod}, before)).To(Succeed())
-			g.Expect(podReady(before)).To(BeTrue())
+			g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: t.pod}, before)).To(Succeed())
+			g.Expect(framework.PodReady(before)).To(BeTrue())
 			st := state(ctx, g, t.pod)
 			g.Expect(st.CurrentFor(string(before.UID))).To(BeTrue())
 			device, ips = st.DeviceID, strings.Join(st.TailnetIPs, ",")
 			g.Expect(device).NotTo(BeEmpty())
 		}).Should(Succeed(), "%s up before its deletion", t.what)
 		deleted := time.Now()
-		Expect(suite.k8s.Delete(ctx, before)).To(Succeed())
+		Expect(suite.K8s.Delete(ctx, before)).To(Succeed())
 		t.deleted++
 		var sameDevice bool
 		var ready time.Duration
 		Eventually(ctx, func(g Gomega) {
 			p := &corev1.Pod{}
-			g.Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: t.pod}, p)).To(Succeed())
+			g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: t.pod}, p)).To(Succeed())
 			g.Expect(p.UID).NotTo(Equal(before.UID), "the replacement Pod")
-			if ready == 0 && podReady(p) {
+			if ready == 0 && framework.PodReady(p) {
 				ready = time.Since(deleted)
 			}
 			st := state(ctx, g, t.pod)
@@ -140,8 +143,8 @@ func (t *podTarget) deleteRepeatedly(ctx context.Context, n int) {
 				return
 			}
 			p := &corev1.Pod{}
-			g.Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: t.pod}, p)).To(Succeed())
-			g.Expect(podReady(p)).To(BeTrue())
+			g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: t.pod}, p)).To(Succeed())
+			g.Expect(framework.PodReady(p)).To(BeTrue())
 			ready = time.Since(deleted)
 		}).WithTimeout(time.Minute).WithPolling(250*time.Millisecond).Should(Succeed(), "%s Ready", t.what)
 		t.ready = append(t.ready, ready)

@@ -23,7 +23,7 @@ type routeMoves struct {
 
 // watchRoutes watches the client's netmaps until ctx ends.
 func watchRoutes(ctx context.Context) (*routeMoves, error) {
-	lc, err := suite.client.LocalClient()
+	lc, err := suite.Client.LocalClient()
 	if err != nil {
 		return nil, err
 	}

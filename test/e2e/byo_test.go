@@ -25,19 +25,21 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/tsingress/tsingress/test/framework"
 )
 
 var _ = Describe("A standalone Ingress with a bring-your-own certificate", func() {
 	It("serves its custom host with the Secret's certificate beside the tailnet name, and drops it once expired", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := suite.NewNamespace(ctx, "e2e")
 		newBackend(ctx, ns)
-		host, custom := "e2e-byo-"+token(), "app-"+token()+".example.com"
+		host, custom := "e2e-byo-"+framework.Token(), "app-"+framework.Token()+".example.com"
 		ca := newTestCA()
 		now := time.Now()
 		data, leaf := ca.issue(custom, now.Add(-time.Hour), now.Add(24*time.Hour))
 		secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "app-tls"}, Type: corev1.SecretTypeTLS, Data: data}
-		create(ctx, secret)
-		ing := newIngress(ns, "byo", host, "")
+		suite.Create(ctx, secret)
+		ing := framework.Ingress(ns, "byo", host, "")
 		ing.Spec.TLS = append(ing.Spec.TLS, networkingv1.IngressTLS{Hosts: []string{custom}, SecretName: secret.Name})
 		ing.Spec.Rules = []networkingv1.IngressRule{{Host: custom, IngressRuleValue: networkingv1.IngressRuleValue{
 			HTTP: &networkingv1.HTTPIngressRuleValue{Paths: []networkingv1.HTTPIngressPath{{
@@ -45,7 +47,7 @@ var _ = Describe("A standalone Ingress with a bring-your-own certificate", func(
 				Backend: *ing.Spec.DefaultBackend,
 			}}},
 		}}}
-		create(ctx, ing)
+		suite.Create(ctx, ing)
 
 		var fqdn string
 		Eventually(ctx, func(g Gomega) {
@@ -65,9 +67,9 @@ var _ = Describe("A standalone Ingress with a bring-your-own certificate", func(
 		expectTailnetName(ctx, addr, fqdn)
 
 		By("dropping the custom host with a CertificateExpired Event once its Secret holds an expired certificate")
-		Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(secret), secret)).To(Succeed())
+		Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(secret), secret)).To(Succeed())
 		secret.Data, _ = ca.issue(custom, now.Add(-48*time.Hour), now.Add(-time.Hour))
-		Expect(suite.k8s.Update(ctx, secret)).To(Succeed())
+		Expect(suite.K8s.Update(ctx, secret)).To(Succeed())
 		expectWarning(ctx, ing, "CertificateExpired")
 		Eventually(ctx, func(g Gomega) {
 			g.Expect(statusHosts(ctx, g, ing)).To(Equal([]string{fqdn}))
@@ -80,7 +82,7 @@ var _ = Describe("A standalone Ingress with a bring-your-own certificate", func(
 
 // statusHosts lists the names in an Ingress's status.loadBalancer.
 func statusHosts(ctx context.Context, g Gomega, ing *networkingv1.Ingress) []string {
-	g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
+	g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
 	var hosts []string
 	for _, lb := range ing.Status.LoadBalancer.Ingress {
 		hosts = append(hosts, lb.Hostname)
@@ -92,7 +94,7 @@ func statusHosts(ctx context.Context, g Gomega, ing *networkingv1.Ingress) []str
 // custom hosts have no MagicDNS name, so clients reach them at the proxy's address.
 func peerIPv4(ctx context.Context, fqdn string) netip.Addr {
 	GinkgoHelper()
-	lc, err := suite.client.LocalClient()
+	lc, err := suite.Client.LocalClient()
 	Expect(err).NotTo(HaveOccurred())
 	var ip netip.Addr
 	Eventually(ctx, func(g Gomega) {
@@ -117,7 +119,7 @@ func peerIPv4(ctx context.Context, fqdn string) netip.Addr {
 func handshake(ctx context.Context, g Gomega, addr string, cfg *tls.Config) (tls.ConnectionState, error) {
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	conn, err := suite.dial(dctx, "tcp", addr)
+	conn, err := suite.Dial(dctx, "tcp", addr)
 	g.Expect(err).NotTo(HaveOccurred(), "connecting to %s over the tailnet", addr)
 	defer conn.Close()
 	tc := tls.Client(conn, cfg)
@@ -137,7 +139,7 @@ func peerNames(cs tls.ConnectionState) []string {
 func customHostClient(addr string, roots *x509.CertPool) *http.Client {
 	hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return suite.dial(ctx, network, addr)
+			return suite.Dial(ctx, network, addr)
 		},
 		TLSClientConfig: &tls.Config{RootCAs: roots},
 	}}
@@ -169,7 +171,7 @@ func newTestCA() *testCA {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	Expect(err).NotTo(HaveOccurred())
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "tsingress e2e CA " + token()},
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "tsingress e2e CA " + framework.Token()},
 		NotBefore: time.Now().Add(-72 * time.Hour), NotAfter: time.Now().Add(72 * time.Hour),
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
 	}

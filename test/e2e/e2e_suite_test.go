@@ -21,43 +21,24 @@ package e2e
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/x509"
-	"net"
 	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/clientcmd"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"tailscale.com/tsnet"
 
-	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
-	"github.com/tsingress/tsingress/internal/tailnet"
-	"github.com/tsingress/tsingress/internal/testing/tailnetdial"
+	"github.com/tsingress/tsingress/test/framework"
 )
 
 // suite is what every spec uses: the cluster, the tailnet's API and a client on the tailnet.
 var suite struct {
-	k8s       client.Client
-	clientset kubernetes.Interface
-	api       *tailnet.APIClient
-	client    *tsnet.Server
-	// dial connects through the client over the tailnet only: tsnet's own Dial sends what the
-	// tailnet does not route yet (a Tailscale Service's VIP before its host is known) through
-	// this machine's network, and an HTTP client would keep whatever answers there.
-	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
-	clientID string // the client's device, deleted at the end
-	roots    *x509.CertPool
-	opNS     string
-	timeout  time.Duration
+	*framework.Cluster
+	*framework.Tailnet
+	roots   *x509.CertPool
+	opNS    string
+	timeout time.Duration
 
 	operatorLog, proxyLog string
 	localBackend          string
@@ -78,71 +59,25 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 			"(scopes devices, auth keys and services; owner of tag:k8s), or run make test-e2e-local")
 	}
 	suite.oauthSecret = secret
-	suite.opNS = envOr("E2E_OPERATOR_NAMESPACE", "tailscale")
+	suite.opNS = framework.EnvOr("E2E_OPERATOR_NAMESPACE", "tailscale")
 	suite.operatorLog, suite.proxyLog = os.Getenv("E2E_OPERATOR_LOG"), os.Getenv("E2E_PROXY_LOG")
 	suite.localBackend = os.Getenv("E2E_LOCAL_BACKEND")
-	suite.backendImage = envOr("E2E_BACKEND_IMAGE", defaultBackendImage)
+	suite.backendImage = framework.EnvOr("E2E_BACKEND_IMAGE", framework.DefaultBackendImage)
 	suite.skipL3 = os.Getenv("E2E_SKIP_L3")
 	var err error
-	suite.timeout, err = time.ParseDuration(envOr("E2E_TIMEOUT", "5m"))
+	suite.timeout, err = time.ParseDuration(framework.EnvOr("E2E_TIMEOUT", "5m"))
 	Expect(err).NotTo(HaveOccurred(), "E2E_TIMEOUT")
-	SetDefaultEventuallyTimeout(suite.timeout)
-	// Gomega applies no default timeout to an Eventually given a context: a spec waiting for
-	// something that never happens would hang until -test.timeout instead of failing.
-	EnforceDefaultTimeoutsWhenUsingContexts()
-	SetDefaultEventuallyPollingInterval(500 * time.Millisecond)
-
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-		clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{}).ClientConfig()
-	Expect(err).NotTo(HaveOccurred(), "kubeconfig")
-	scheme := runtime.NewScheme()
-	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
-	Expect(tsv1alpha1.AddToScheme(scheme)).To(Succeed())
-	suite.k8s, err = client.New(cfg, client.Options{Scheme: scheme})
-	Expect(err).NotTo(HaveOccurred())
-	suite.clientset, err = kubernetes.NewForConfig(cfg)
-	Expect(err).NotTo(HaveOccurred())
-
-	suite.roots, err = x509.SystemCertPool()
-	Expect(err).NotTo(HaveOccurred())
-	if f := os.Getenv("E2E_CA_FILE"); f != "" {
-		pem, err := os.ReadFile(f)
-		Expect(err).NotTo(HaveOccurred(), "E2E_CA_FILE")
-		Expect(suite.roots.AppendCertsFromPEM(pem)).To(BeTrue(), "no certificate in E2E_CA_FILE %s", f)
-	}
-
-	// The credentials go to files, the form the API client reads.
-	dir := GinkgoT().TempDir()
-	idFile, secretFile := filepath.Join(dir, "client_id"), filepath.Join(dir, "client_secret")
-	Expect(os.WriteFile(idFile, []byte(id), 0o600)).To(Succeed())
-	Expect(os.WriteFile(secretFile, []byte(secret), 0o600)).To(Succeed())
-	suite.api, err = tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: os.Getenv("TS_API_BASE_URL"), ClientIDFile: idFile, ClientSecretFile: secretFile})
-	Expect(err).NotTo(HaveOccurred())
-
-	// The client is a tagged device: the tailnet's policy must let tag:k8s reach tag:k8s.
-	key, err := suite.api.CreateAuthKey(ctx, tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}, Description: "tsingress e2e client", Expiry: time.Hour})
-	Expect(err).NotTo(HaveOccurred(), "minting the client's auth key")
-	suite.client = &tsnet.Server{
-		Dir: GinkgoT().TempDir(), Hostname: "tsingress-e2e-" + strings.ToLower(rand.Text()[:6]),
-		ControlURL: os.Getenv("TS_CONTROL_URL"), AuthKey: key.Secret.Reveal(), Ephemeral: true,
-		UserLogf: func(string, ...any) {},
-	}
-	upCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	st, err := suite.client.Up(upCtx)
-	Expect(err).NotTo(HaveOccurred(), "the client joining the tailnet")
-	suite.dial = tailnetdial.For(suite.client)
-	suite.clientID = string(st.Self.ID)
+	framework.SetDefaults(suite.timeout)
+	suite.Cluster = framework.Connect(0)
+	suite.roots = framework.CARoots()
+	suite.Tailnet = framework.JoinTailnet(ctx, "e2e", time.Hour)
 })
 
 var _ = AfterSuite(func(ctx SpecContext) {
-	if suite.client == nil {
+	if suite.Tailnet == nil {
 		return
 	}
-	suite.client.Close()
-	if suite.clientID != "" {
-		Expect(suite.api.DeleteDevice(ctx, suite.clientID)).To(Succeed(), "deleting the client's device")
-	}
+	suite.Leave(ctx)
 	// Credentials never reach logs.
 	for _, f := range []string{suite.operatorLog, suite.proxyLog} {
 		if f == "" {
@@ -158,25 +93,17 @@ var _ = AfterSuite(func(ctx SpecContext) {
 // On failure: the Events and Pods (as kubectl describe shows their state) of the spec's namespace
 // and of the operator's, and the operator's and the proxies' logs.
 var _ = AfterEach(func() {
-	if !CurrentSpecReport().Failed() || suite.k8s == nil {
+	if !CurrentSpecReport().Failed() || suite.Cluster == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, ns := range []string{specNamespace, suite.opNS} {
+	for _, ns := range []string{suite.SpecNamespace, suite.opNS} {
 		if ns != "" {
-			dumpEvents(ctx, ns)
+			suite.DumpEvents(ctx, ns)
+			suite.DumpPods(ctx, ns)
 		}
 	}
-	dumpPods(ctx, specNamespace)
-	dumpPods(ctx, suite.opNS)
 	dumpLogs(ctx, "operator", suite.operatorLog, "app.kubernetes.io/component=operator")
 	dumpLogs(ctx, "proxies", suite.proxyLog, "app.kubernetes.io/name=tsingress-proxy")
 })
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}

@@ -25,16 +25,17 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/test/framework"
 )
 
 var _ = Describe("A standalone Ingress", func() {
 	It("is served over HTTPS on its tailnet name with a trusted certificate", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := suite.NewNamespace(ctx, "e2e")
 		newBackend(ctx, ns)
-		host := "e2e-l7-" + token()
-		ing := newIngress(ns, "web", host, "")
-		create(ctx, ing)
-		fqdn := servedName(ctx, ing, host)
+		host := "e2e-l7-" + framework.Token()
+		ing := framework.Ingress(ns, "web", host, "")
+		suite.Create(ctx, ing)
+		fqdn := suite.ServedName(ctx, ing)
 		expectHTTPSEcho(ctx, fqdn)
 
 		// The backend learns who called from the proxy alone: the caller's tailnet address, and no
@@ -46,45 +47,45 @@ var _ = Describe("A standalone Ingress", func() {
 			Expect(err).NotTo(HaveOccurred(), "GET /header?key=%s", key)
 			return v
 		}
-		ip4, _ := suite.client.TailscaleIPs()
+		ip4, _ := suite.Client.TailscaleIPs()
 		Expect(header("X-Forwarded-For", http.Header{"X-Forwarded-For": {"203.0.113.9"}})).To(Equal(ip4.String()), "X-Forwarded-For")
 		Expect(header("X-Forwarded-Proto", nil)).To(Equal("https"))
 		Expect(header("Tailscale-User-Login", http.Header{"Tailscale-User-Login": {"mallory@example.com"}})).To(BeEmpty(), "a forged identity header reached the backend")
 	})
 
 	It("leaves nothing behind once deleted: no proxy StatefulSet, no Secrets, no device", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := suite.NewNamespace(ctx, "e2e")
 		newBackend(ctx, ns)
-		ing := newIngress(ns, "gone", "e2e-gone-"+token(), "")
-		create(ctx, ing)
+		ing := framework.Ingress(ns, "gone", "e2e-gone-"+framework.Token(), "")
+		suite.Create(ctx, ing)
 		parent := client.MatchingLabels{controller.LabelParentName: ing.Name, controller.LabelParentNS: ns, controller.LabelParentType: "ingress"}
 		var sts appsv1.StatefulSet
 		var deviceID string
 		Eventually(ctx, func(g Gomega) {
 			list := &appsv1.StatefulSetList{}
-			g.Expect(suite.k8s.List(ctx, list, client.InNamespace(suite.opNS), parent)).To(Succeed())
+			g.Expect(suite.K8s.List(ctx, list, client.InNamespace(suite.opNS), parent)).To(Succeed())
 			g.Expect(list.Items).To(HaveLen(1))
 			sts = list.Items[0]
 			state := &corev1.Secret{}
-			g.Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: sts.Name + "-0"}, state)).To(Succeed())
+			g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: sts.Name + "-0"}, state)).To(Succeed())
 			st, err := contract.ParseState(state.Data)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(st.DeviceID).NotTo(BeEmpty(), "the proxy's device")
 			deviceID = st.DeviceID
 		}).Should(Succeed(), "the proxy's StatefulSet and its device in the state Secret")
-		_, err := suite.api.Device(ctx, deviceID)
+		_, err := suite.API.Device(ctx, deviceID)
 		Expect(err).NotTo(HaveOccurred(), "the device on the tailnet")
 
-		Expect(suite.k8s.Delete(ctx, ing)).To(Succeed())
+		Expect(suite.K8s.Delete(ctx, ing)).To(Succeed())
 		Eventually(ctx, func(g Gomega) {
-			g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Satisfy(apierrors.IsNotFound), "the Ingress")
+			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Satisfy(apierrors.IsNotFound), "the Ingress")
 			list := &appsv1.StatefulSetList{}
-			g.Expect(suite.k8s.List(ctx, list, client.InNamespace(suite.opNS), parent)).To(Succeed())
+			g.Expect(suite.K8s.List(ctx, list, client.InNamespace(suite.opNS), parent)).To(Succeed())
 			g.Expect(list.Items).To(BeEmpty(), "StatefulSets")
 			secrets := &corev1.SecretList{}
-			g.Expect(suite.k8s.List(ctx, secrets, client.InNamespace(suite.opNS), parent)).To(Succeed())
+			g.Expect(suite.K8s.List(ctx, secrets, client.InNamespace(suite.opNS), parent)).To(Succeed())
 			g.Expect(secrets.Items).To(BeEmpty(), "Secrets")
-			_, err := suite.api.Device(ctx, deviceID)
+			_, err := suite.API.Device(ctx, deviceID)
 			g.Expect(tailnet.IsNotFound(err)).To(BeTrue(), "the device %s is still on the tailnet (%v)", deviceID, err)
 		}).Should(Succeed(), "the Ingress's proxy and device gone")
 	})
@@ -97,24 +98,24 @@ var _ = Describe("A standalone L3 Service", func() {
 		if suite.skipL3 != "" {
 			Skip("L3: " + suite.skipL3)
 		}
-		ns := newNamespace(ctx)
+		ns := suite.NewNamespace(ctx, "e2e")
 		newBackend(ctx, ns)
-		svc := backendServiceFor(ns, "db", corev1.ServiceTypeLoadBalancer)
+		svc := framework.BackendService(ns, "db", corev1.ServiceTypeLoadBalancer)
 		svc.Spec.LoadBalancerClass = ptr.To(controller.LoadBalancerClass)
 		if podSysctls {
 			pc := &tsv1alpha1.ProxyClass{
-				ObjectMeta: metav1.ObjectMeta{Name: "e2e-sysctl-" + token()},
+				ObjectMeta: metav1.ObjectMeta{Name: "e2e-sysctl-" + framework.Token()},
 				Spec: tsv1alpha1.ProxyClassSpec{StatefulSet: &tsv1alpha1.StatefulSet{Pod: &tsv1alpha1.Pod{
 					SecurityContext: &corev1.PodSecurityContext{Sysctls: []corev1.Sysctl{{Name: "net.ipv4.ip_forward", Value: "1"}}},
 				}}},
 			}
-			create(ctx, pc)
+			suite.Create(ctx, pc)
 			svc.Labels = map[string]string{controller.LabelProxyClass: pc.Name}
 		}
-		create(ctx, svc)
+		suite.Create(ctx, svc)
 		var ip netip.Addr
 		Eventually(ctx, func(g Gomega) {
-			g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(svc), svc)).To(Succeed())
+			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(svc), svc)).To(Succeed())
 			c := meta.FindStatusCondition(svc.Status.Conditions, controller.ConditionProxyReady)
 			g.Expect(c).NotTo(BeNil())
 			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
@@ -128,10 +129,10 @@ var _ = Describe("A standalone L3 Service", func() {
 			}
 			g.Expect(ip.IsValid()).To(BeTrue(), "a tailnet IPv4 in %v", lb)
 		}).Should(Succeed(), "Service ready")
-		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: suite.dial}}
+		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: suite.Dial}}
 		defer hc.CloseIdleConnections()
-		expectEcho(ctx, hc, "http://"+netip.AddrPortFrom(ip, httpPort).String())
-		expectUDPEcho(ctx, netip.AddrPortFrom(ip, udpPort))
+		expectEcho(ctx, hc, "http://"+netip.AddrPortFrom(ip, framework.HTTPPort).String())
+		expectUDPEcho(ctx, netip.AddrPortFrom(ip, framework.UDPPort))
 
 		if suite.localBackend != "" {
 			return // no kubelet runs init containers or applies sysctls here
@@ -154,22 +155,16 @@ var _ = Describe("A standalone L3 Service", func() {
 
 var _ = Describe("An Ingress on a ProxyGroup", func() {
 	It("is served over HTTPS through its Tailscale Service by the group's replicas", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := suite.NewNamespace(ctx, "e2e")
 		newBackend(ctx, ns)
-		pg := &tsv1alpha1.ProxyGroup{
-			ObjectMeta: metav1.ObjectMeta{Name: "e2e-" + token()},
-			Spec:       tsv1alpha1.ProxyGroupSpec{Type: tsv1alpha1.ProxyGroupTypeIngress, Replicas: ptr.To[int32](2)},
-		}
-		create(ctx, pg)
-		host := "e2e-ha-" + token()
-		ing := newIngress(ns, "web", host, pg.Name)
-		create(ctx, ing)
-		Eventually(ctx, func(g Gomega) {
-			g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(pg), pg)).To(Succeed())
-			g.Expect(meta.IsStatusConditionTrue(pg.Status.Conditions, tsv1alpha1.ProxyGroupReady)).To(BeTrue(), "conditions %v", pg.Status.Conditions)
-		}).Should(Succeed(), "ProxyGroup ready")
-		fqdn := servedName(ctx, ing, host)
-		svc, err := suite.api.Service(ctx, "svc:"+host)
+		pg := framework.ProxyGroup("e2e-"+framework.Token(), 2)
+		suite.Create(ctx, pg)
+		host := "e2e-ha-" + framework.Token()
+		ing := framework.Ingress(ns, "web", host, pg.Name)
+		suite.Create(ctx, ing)
+		suite.WaitGroupReady(ctx, pg)
+		fqdn := suite.ServedName(ctx, ing)
+		svc, err := suite.API.Service(ctx, "svc:"+host)
 		Expect(err).NotTo(HaveOccurred(), "the Tailscale Service")
 		Expect(svc.Name).To(Equal("svc:" + host))
 		expectHTTPSEcho(ctx, fqdn)
@@ -178,7 +173,7 @@ var _ = Describe("An Ingress on a ProxyGroup", func() {
 		for i := range 2 {
 			Eventually(ctx, func(g Gomega) []string {
 				s := &corev1.Secret{}
-				g.Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: fmt.Sprintf("%s-%d-config", pg.Name, i)}, s)).To(Succeed())
+				g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: fmt.Sprintf("%s-%d-config", pg.Name, i)}, s)).To(Succeed())
 				return slices.Sorted(maps.Keys(s.Data))
 			}).Should(Equal([]string{"proxy-config.v4.json"}), "replica %d's config", i)
 		}
@@ -187,14 +182,14 @@ var _ = Describe("An Ingress on a ProxyGroup", func() {
 
 var _ = Describe("Bad input", func() {
 	It("gets Warning Events with stable reasons", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := suite.NewNamespace(ctx, "e2e")
 		// The reasons are part of the user-facing contract, hence literal.
 		// A host the API accepts, whose first label (the tailnet hostname) is too long for one.
-		bad := newIngress(ns, "bad-host", strings.Repeat("x", 64)+".example.com", "")
-		create(ctx, bad)
+		bad := framework.Ingress(ns, "bad-host", strings.Repeat("x", 64)+".example.com", "")
+		suite.Create(ctx, bad)
 		expectWarning(ctx, bad, "InvalidHostname")
-		orphan := newIngress(ns, "no-group", "e2e-orphan-"+token(), "missing-"+token())
-		create(ctx, orphan)
+		orphan := framework.Ingress(ns, "no-group", "e2e-orphan-"+framework.Token(), "missing-"+framework.Token())
+		suite.Create(ctx, orphan)
 		expectWarning(ctx, orphan, "ProxyGroupNotFound")
 	})
 })

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/test/framework"
 )
 
 // publicDial reaches the internet as a client outside the tailnet does: the name's public DNS
@@ -33,18 +34,18 @@ func publicDial(ctx context.Context, network, addr string) (net.Conn, error) {
 
 var _ = Describe("An Ingress annotated tailscale.com/funnel", func() {
 	It("is served to a client outside the tailnet, and no longer once the annotation goes", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := suite.NewNamespace(ctx, "e2e")
 		newBackend(ctx, ns)
-		host := "e2e-funnel-" + token()
-		ing := newIngress(ns, "public", host, "")
+		host := "e2e-funnel-" + framework.Token()
+		ing := framework.Ingress(ns, "public", host, "")
 		ing.Annotations = map[string]string{controller.AnnotationFunnel: "true"}
-		create(ctx, ing)
-		fqdn := servedName(ctx, ing, host)
+		suite.Create(ctx, ing)
+		fqdn := suite.ServedName(ctx, ing)
 		expectHTTPSEcho(ctx, fqdn)
 
 		// On, or refused by the tailnet's policy, which this suite cannot change.
 		funnel := func(g Gomega) string {
-			g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
+			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
 			for _, lb := range ing.Status.LoadBalancer.Ingress {
 				for _, p := range lb.Ports {
 					if p.Port == 443 && ptr.Deref(p.Error, "") == controller.ReasonFunnelNotPermitted {
@@ -70,7 +71,7 @@ var _ = Describe("An Ingress annotated tailscale.com/funnel", func() {
 			"a request from the internet is marked as such at the backend")
 
 		delete(ing.Annotations, controller.AnnotationFunnel)
-		Expect(suite.k8s.Update(ctx, ing)).To(Succeed())
+		Expect(suite.K8s.Update(ctx, ing)).To(Succeed())
 		Eventually(ctx, func() error { return echoOnce(ctx, public, "https://"+fqdn) }).ShouldNot(Succeed(), "%s still public", fqdn)
 		expectHTTPSEcho(ctx, fqdn)
 	})
@@ -79,7 +80,7 @@ var _ = Describe("An Ingress annotated tailscale.com/funnel", func() {
 // eventReasons lists the reasons of the Events of type typ on obj.
 func eventReasons(ctx context.Context, g Gomega, obj client.Object, typ string) []string {
 	events := &corev1.EventList{}
-	g.Expect(suite.k8s.List(ctx, events, client.InNamespace(obj.GetNamespace()))).To(Succeed())
+	g.Expect(suite.K8s.List(ctx, events, client.InNamespace(obj.GetNamespace()))).To(Succeed())
 	var reasons []string
 	for _, e := range events.Items {
 		if e.InvolvedObject.Name == obj.GetName() && e.InvolvedObject.UID == obj.GetUID() && e.Type == typ {

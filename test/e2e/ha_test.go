@@ -23,6 +23,7 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/test/framework"
 )
 
 // The share of requests a replica's restart may cost the clients of a group. Each failure is one
@@ -34,24 +35,18 @@ var _ = Describe("A ProxyGroup under a replica restart", Ordered, func() {
 	var ns string
 
 	BeforeAll(func(ctx SpecContext) {
-		ns = newNamespace(ctx)
+		ns = suite.NewNamespace(ctx, "e2e")
 		newBackend(ctx, ns)
-		pg = &tsv1alpha1.ProxyGroup{
-			ObjectMeta: metav1.ObjectMeta{Name: "e2e-ha-" + token()},
-			Spec:       tsv1alpha1.ProxyGroupSpec{Type: tsv1alpha1.ProxyGroupTypeIngress, Replicas: ptr.To[int32](2)},
-		}
-		create(ctx, pg)
-		Eventually(ctx, func(g Gomega) {
-			g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(pg), pg)).To(Succeed())
-			g.Expect(meta.IsStatusConditionTrue(pg.Status.Conditions, tsv1alpha1.ProxyGroupReady)).To(BeTrue(), "conditions %v", pg.Status.Conditions)
-		}).Should(Succeed(), "ProxyGroup ready")
+		pg = framework.ProxyGroup("e2e-ha-"+framework.Token(), 2)
+		suite.Create(ctx, pg)
+		suite.WaitGroupReady(ctx, pg)
 	})
 
 	It("serves an Ingress over HTTPS through its Tailscale Service while replica 0 restarts, and releases the Service once deleted", func(ctx SpecContext) {
-		host := "e2e-hai-" + token()
-		ing := newIngress(ns, "web", host, pg.Name)
-		create(ctx, ing)
-		fqdn := servedName(ctx, ing, host)
+		host := "e2e-hai-" + framework.Token()
+		ing := framework.Ingress(ns, "web", host, pg.Name)
+		suite.Create(ctx, ing)
+		fqdn := suite.ServedName(ctx, ing)
 		expectHTTPSEcho(ctx, fqdn)
 
 		hc := tailnetHTTPClient(5 * time.Second)
@@ -61,9 +56,9 @@ var _ = Describe("A ProxyGroup under a replica restart", Ordered, func() {
 		})
 		Expect(loss).To(BeNumerically("<=", maxFailoverLoss), "share of HTTPS requests lost while %s-0 restarted", pg.Name)
 
-		Expect(suite.k8s.Delete(ctx, ing)).To(Succeed())
+		Expect(suite.K8s.Delete(ctx, ing)).To(Succeed())
 		Eventually(ctx, func() error {
-			_, err := suite.api.Service(ctx, "svc:"+host)
+			_, err := suite.API.Service(ctx, "svc:"+host)
 			return err
 		}).Should(Satisfy(tailnet.IsNotFound), "the Tailscale Service svc:%s released", host)
 	})
@@ -72,13 +67,13 @@ var _ = Describe("A ProxyGroup under a replica restart", Ordered, func() {
 		if suite.skipL3 != "" {
 			Skip("L3: " + suite.skipL3)
 		}
-		svc := backendServiceFor(ns, "db", corev1.ServiceTypeLoadBalancer)
+		svc := framework.BackendService(ns, "db", corev1.ServiceTypeLoadBalancer)
 		svc.Spec.LoadBalancerClass = ptr.To(controller.LoadBalancerClass)
 		svc.Annotations = map[string]string{controller.AnnotationProxyGroup: pg.Name}
-		create(ctx, svc)
+		suite.Create(ctx, svc)
 		var vip netip.Addr
 		Eventually(ctx, func(g Gomega) {
-			g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(svc), svc)).To(Succeed())
+			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(svc), svc)).To(Succeed())
 			c := meta.FindStatusCondition(svc.Status.Conditions, controller.ConditionIngressSvcConfigured)
 			g.Expect(c).NotTo(BeNil(), "conditions %v", svc.Status.Conditions)
 			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
@@ -91,11 +86,11 @@ var _ = Describe("A ProxyGroup under a replica restart", Ordered, func() {
 			g.Expect(vip.IsValid()).To(BeTrue(), "an IPv4 VIP in %v", svc.Status.LoadBalancer.Ingress)
 		}).Should(Succeed(), "HA Service configured on both replicas")
 
-		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: suite.dial}}
+		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: suite.Dial}}
 		defer hc.CloseIdleConnections()
-		base := "http://" + netip.AddrPortFrom(vip, httpPort).String()
+		base := "http://" + netip.AddrPortFrom(vip, framework.HTTPPort).String()
 		expectEcho(ctx, hc, base)
-		expectUDPEcho(ctx, netip.AddrPortFrom(vip, udpPort))
+		expectUDPEcho(ctx, netip.AddrPortFrom(vip, framework.UDPPort))
 		loss := underReplicaRestart(ctx, pg.Name+"-1", func(ctx context.Context) error {
 			// A new connection each time: a kept one would stay on the replica it was made to.
 			hc.CloseIdleConnections()
@@ -146,15 +141,15 @@ func underReplicaRestart(ctx context.Context, pod string, request func(context.C
 	}()
 	time.Sleep(3 * time.Second)
 	var old corev1.Pod
-	Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: pod}, &old)).To(Succeed())
+	Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: pod}, &old)).To(Succeed())
 	deleted := time.Now()
 	deletedAt.Store(deleted.UnixNano())
-	Expect(suite.k8s.Delete(ctx, &old)).To(Succeed())
+	Expect(suite.K8s.Delete(ctx, &old)).To(Succeed())
 	Eventually(ctx, func(g Gomega) {
 		var p corev1.Pod
-		g.Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: pod}, &p)).To(Succeed())
+		g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: pod}, &p)).To(Succeed())
 		g.Expect(p.UID).NotTo(Equal(old.UID), "the replacement Pod")
-		g.Expect(podReady(&p)).To(BeTrue(), "replacement %s Ready", pod)
+		g.Expect(framework.PodReady(&p)).To(BeTrue(), "replacement %s Ready", pod)
 	}).Should(Succeed())
 	back := time.Since(deleted)
 	time.Sleep(10 * time.Second)

@@ -13,30 +13,29 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/test/framework"
 )
 
 var _ = Describe("Proxy metrics", func() {
 	It("are served through the <proxy>-metrics Service once the ProxyClass enables them, counting the Ingress's requests", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := suite.NewNamespace(ctx, "e2e")
 		newBackend(ctx, ns)
 		pc := &tsv1alpha1.ProxyClass{
-			ObjectMeta: metav1.ObjectMeta{Name: "e2e-metrics-" + token()},
+			ObjectMeta: metav1.ObjectMeta{Name: "e2e-metrics-" + framework.Token()},
 			Spec:       tsv1alpha1.ProxyClassSpec{Metrics: &tsv1alpha1.Metrics{Enable: true}},
 		}
-		create(ctx, pc)
-		host := "e2e-metrics-" + token()
-		ing := newIngress(ns, "measured", host, "")
+		suite.Create(ctx, pc)
+		host := "e2e-metrics-" + framework.Token()
+		ing := framework.Ingress(ns, "measured", host, "")
 		ing.Labels = map[string]string{controller.LabelProxyClass: pc.Name}
-		create(ctx, ing)
-		expectHTTPSEcho(ctx, servedName(ctx, ing, host))
+		suite.Create(ctx, ing)
+		expectHTTPSEcho(ctx, suite.ServedName(ctx, ing))
 
 		pod := proxyPod(ctx, "ingress", ns, ing.Name, true)
 		svc := strings.TrimSuffix(pod.Name, "-0") + "-metrics"
@@ -46,7 +45,7 @@ var _ = Describe("Proxy metrics", func() {
 			// the Service is checked to select the proxy's Pod.
 			Eventually(ctx, func(g Gomega) {
 				s := &corev1.Service{}
-				g.Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: svc}, s)).To(Succeed())
+				g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: svc}, s)).To(Succeed())
 				g.Expect(s.Spec.Selector).NotTo(BeEmpty())
 				g.Expect(labels.SelectorFromSet(s.Spec.Selector).Matches(labels.Set(pod.Labels))).To(BeTrue(), "Service %s selects Pod %s", svc, pod.Name)
 			}).Should(Succeed())
@@ -54,7 +53,7 @@ var _ = Describe("Proxy metrics", func() {
 		}
 		// Through the API server's Service proxy: the Service must select the proxy's Pod.
 		Eventually(ctx, func(g Gomega) {
-			body, err := suite.clientset.CoreV1().Services(suite.opNS).ProxyGet("http", svc, "metrics", "/metrics", nil).DoRaw(ctx)
+			body, err := suite.Clientset.CoreV1().Services(suite.opNS).ProxyGet("http", svc, "metrics", "/metrics", nil).DoRaw(ctx)
 			g.Expect(err).NotTo(HaveOccurred(), "GET /metrics through Service %s", svc)
 			p := expfmt.NewTextParser(model.UTF8Validation)
 			families, err := p.TextToMetricFamilies(bytes.NewReader(body))
@@ -80,24 +79,18 @@ var _ = Describe("Proxy metrics", func() {
 
 var _ = Describe("An HA Ingress with tailscale.com/http-endpoint: enabled", func() {
 	It("is served over plain HTTP on port 80 beside HTTPS, and its status lists port 80", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := suite.NewNamespace(ctx, "e2e")
 		newBackend(ctx, ns)
-		pg := &tsv1alpha1.ProxyGroup{
-			ObjectMeta: metav1.ObjectMeta{Name: "e2e-http-" + token()},
-			Spec:       tsv1alpha1.ProxyGroupSpec{Type: tsv1alpha1.ProxyGroupTypeIngress, Replicas: ptr.To[int32](1)},
-		}
-		create(ctx, pg)
-		Eventually(ctx, func(g Gomega) {
-			g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(pg), pg)).To(Succeed())
-			g.Expect(meta.IsStatusConditionTrue(pg.Status.Conditions, tsv1alpha1.ProxyGroupReady)).To(BeTrue(), "conditions %v", pg.Status.Conditions)
-		}).Should(Succeed(), "ProxyGroup ready")
-		host := "e2e-http-" + token()
-		ing := newIngress(ns, "plain", host, pg.Name)
+		pg := framework.ProxyGroup("e2e-http-"+framework.Token(), 1)
+		suite.Create(ctx, pg)
+		suite.WaitGroupReady(ctx, pg)
+		host := "e2e-http-" + framework.Token()
+		ing := framework.Ingress(ns, "plain", host, pg.Name)
 		ing.Annotations[controller.AnnotationHTTPEndpoint] = "enabled"
-		create(ctx, ing)
-		fqdn := servedName(ctx, ing, host)
+		suite.Create(ctx, ing)
+		fqdn := suite.ServedName(ctx, ing)
 		Eventually(ctx, func(g Gomega) {
-			g.Expect(suite.k8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
+			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
 			var ports []int32
 			for _, p := range ing.Status.LoadBalancer.Ingress[0].Ports {
 				ports = append(ports, p.Port)
@@ -105,7 +98,7 @@ var _ = Describe("An HA Ingress with tailscale.com/http-endpoint: enabled", func
 			g.Expect(ports).To(Equal([]int32{443, 80}))
 		}).Should(Succeed(), "status ports")
 		expectHTTPSEcho(ctx, fqdn)
-		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: suite.dial},
+		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: suite.Dial},
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 		defer hc.CloseIdleConnections()
 		expectEcho(ctx, hc, "http://"+fqdn)

@@ -15,14 +15,15 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/test/framework"
 )
 
 var _ = Describe("A ProxyClass", func() {
 	It("puts its labels, resources and staging switch on the proxy of an Ingress that names it", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := suite.NewNamespace(ctx, "e2e")
 		newBackend(ctx, ns)
 		pc := &tsv1alpha1.ProxyClass{
-			ObjectMeta: metav1.ObjectMeta{Name: "e2e-" + token()},
+			ObjectMeta: metav1.ObjectMeta{Name: "e2e-" + framework.Token()},
 			Spec: tsv1alpha1.ProxyClassSpec{
 				UseLetsEncryptStagingEnvironment: true,
 				StatefulSet: &tsv1alpha1.StatefulSet{Pod: &tsv1alpha1.Pod{
@@ -34,10 +35,10 @@ var _ = Describe("A ProxyClass", func() {
 				}},
 			},
 		}
-		create(ctx, pc)
-		ing := newIngress(ns, "classy", "e2e-class-"+token(), "")
+		suite.Create(ctx, pc)
+		ing := framework.Ingress(ns, "classy", "e2e-class-"+framework.Token(), "")
 		ing.Labels = map[string]string{controller.LabelProxyClass: pc.Name}
-		create(ctx, ing)
+		suite.Create(ctx, ing)
 
 		// Not Ready: the staging CA is out of reach of the suite, so no certificate comes. The
 		// local environment runs its proxies in one process, with one ACME directory: it leaves
@@ -54,7 +55,7 @@ var _ = Describe("A ProxyClass", func() {
 		Expect(res.Limits.Memory().String()).To(Equal("300Mi"))
 		// The staging switch reaches the proxy through its config, which the Pod reads.
 		secret := &corev1.Secret{}
-		Expect(suite.k8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: pod.Name}, secret)).To(Succeed())
+		Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: pod.Name}, secret)).To(Succeed())
 		cfg, _, err := contract.ProxyConfigs.Decode(secret.Data)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(cfg.TLS.ACMEDirectoryURL).To(Equal(controller.LetsEncryptStaging))
@@ -64,13 +65,13 @@ var _ = Describe("A ProxyClass", func() {
 var _ = Describe("An L7 proxy under the restricted Pod Security Standard", Serial, func() {
 	It("is admitted, runs and serves HTTPS when the operator's namespace enforces restricted", func(ctx SpecContext) {
 		opNS := &corev1.Namespace{}
-		Expect(suite.k8s.Get(ctx, client.ObjectKey{Name: suite.opNS}, opNS)).To(Succeed())
+		Expect(suite.K8s.Get(ctx, client.ObjectKey{Name: suite.opNS}, opNS)).To(Succeed())
 		const enforce = "pod-security.kubernetes.io/enforce"
 		before, had := opNS.Labels[enforce]
 		setEnforce := func(ctx context.Context, level string, remove bool) {
 			GinkgoHelper()
 			ns := &corev1.Namespace{}
-			Expect(suite.k8s.Get(ctx, client.ObjectKey{Name: suite.opNS}, ns)).To(Succeed())
+			Expect(suite.K8s.Get(ctx, client.ObjectKey{Name: suite.opNS}, ns)).To(Succeed())
 			patch := client.MergeFrom(ns.DeepCopy())
 			if ns.Labels == nil {
 				ns.Labels = map[string]string{}
@@ -80,19 +81,19 @@ var _ = Describe("An L7 proxy under the restricted Pod Security Standard", Seria
 			} else {
 				ns.Labels[enforce] = level
 			}
-			Expect(suite.k8s.Patch(ctx, ns, patch)).To(Succeed())
+			Expect(suite.K8s.Patch(ctx, ns, patch)).To(Succeed())
 		}
 		setEnforce(ctx, "restricted", false)
 		DeferCleanup(func(ctx SpecContext) { setEnforce(ctx, before, !had) })
 
-		ns := newNamespace(ctx)
+		ns := suite.NewNamespace(ctx, "e2e")
 		newBackend(ctx, ns)
-		host := "e2e-psa-" + token()
-		ing := newIngress(ns, "web", host, "")
-		create(ctx, ing)
+		host := "e2e-psa-" + framework.Token()
+		ing := framework.Ingress(ns, "web", host, "")
+		suite.Create(ctx, ing)
 		pod := proxyPod(ctx, "ingress", ns, ing.Name, true)
 		Expect(pod.Status.Phase).To(Equal(corev1.PodRunning))
-		expectHTTPSEcho(ctx, servedName(ctx, ing, host))
+		expectHTTPSEcho(ctx, suite.ServedName(ctx, ing))
 	})
 })
 
@@ -105,7 +106,7 @@ func proxyPod(ctx context.Context, parentType, ns, name string, ready bool) *cor
 		pod = onlyProxyPod(ctx, g, parentType, ns, name)
 		g.Expect(pod.Status.Phase).To(Equal(corev1.PodRunning), "proxy Pod %s running", pod.Name)
 		if ready {
-			g.Expect(podReady(&pod)).To(BeTrue(), "proxy Pod %s Ready", pod.Name)
+			g.Expect(framework.PodReady(&pod)).To(BeTrue(), "proxy Pod %s Ready", pod.Name)
 		}
 	}).Should(Succeed())
 	return &pod
@@ -127,18 +128,9 @@ func pendingProxyPod(ctx context.Context, parentType, ns, name string) *corev1.P
 // onlyProxyPod lists the proxy Pods of a parent and expects one.
 func onlyProxyPod(ctx context.Context, g Gomega, parentType, ns, name string) corev1.Pod {
 	pods := &corev1.PodList{}
-	g.Expect(suite.k8s.List(ctx, pods, client.InNamespace(suite.opNS), client.MatchingLabels{
+	g.Expect(suite.K8s.List(ctx, pods, client.InNamespace(suite.opNS), client.MatchingLabels{
 		controller.LabelParentType: parentType, controller.LabelParentNS: ns, controller.LabelParentName: name,
 	})).To(Succeed())
 	g.Expect(pods.Items).To(HaveLen(1), "the proxy Pod")
 	return pods.Items[0]
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/poll"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 func TestMain(m *testing.M) {
@@ -307,7 +308,7 @@ type runningProxy struct {
 func (e *env) startProxy(t *testing.T, cfg *contract.ProxyConfig) *runningProxy {
 	t.Helper()
 	configDir, stateDir := t.TempDir(), t.TempDir()
-	writeConfig(t, configDir, cfg)
+	proxytest.WriteConfig(t, configDir, cfg)
 	p := &runningProxy{logs: &syncBuffer{}, done: make(chan struct{})}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -383,20 +384,6 @@ func (e *env) get(t *testing.T, node *tsnet.Server, url string) seen {
 // seen is what the backend saw of a request.
 type seen struct {
 	Path, Host, ForwardedFor, UserLogin, UserName string
-}
-
-// writeConfig writes cfg as the operator's config Secret would be mounted.
-func writeConfig(t *testing.T, dir string, cfg *contract.ProxyConfig) {
-	t.Helper()
-	data, err := contract.ProxyConfigs.Encode(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range data {
-		if err := os.WriteFile(filepath.Join(dir, k), v, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // waitState waits until the proxy reports a device ID in its state file, failing early if

@@ -28,6 +28,7 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/proxy"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
 	"github.com/tsingress/tsingress/internal/testing/poll"
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
 	"github.com/tsingress/tsingress/internal/testing/tailnetdial"
@@ -63,7 +64,7 @@ func newHAReplica(t *testing.T, w *world, pg string, i int, certs *proxytest.CA,
 	}
 	if netns == "" && os.Geteuid() == 0 {
 		// Its own namespace for the TUN, which a root test would otherwise add to the host.
-		r.opts.NetNS = proxytest.NewNetNS(t, fmt.Sprintf("pg%d", i)).Path
+		r.opts.NetNS = netnstest.New(t, fmt.Sprintf("pg%d", i)).Path
 	}
 	t.Cleanup(func() {
 		r.stop(t)

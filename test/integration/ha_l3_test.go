@@ -1,11 +1,8 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -25,11 +22,10 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
-	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
 	"github.com/tsingress/tsingress/internal/testing/poll"
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
-	"github.com/tsingress/tsingress/internal/testing/tailnetdial"
 )
 
 // A dual-stack HA Service on a ProxyGroup of two replicas, each a real proxy whose kernel, in a
@@ -39,7 +35,7 @@ import (
 // by MagicDNS name (IPv6) and IPv4 VIP in turn, keeps being served while each replica in turn
 // stops gracefully and starts again.
 func TestHAServiceFailover(t *testing.T) {
-	proxytest.NeedRoot(t)
+	netnstest.NeedRoot(t, "nft")
 	begin := time.Now()
 	w := startWorldWith(t, localtailnet.Options{}, contract.FirewallAuto)
 	const ns, pg, svcName = "data", "pg", "svc:data-db"
@@ -78,11 +74,11 @@ func TestHAServiceFailover(t *testing.T) {
 	// Each replica's backend answers on the ClusterIPs, as kube-proxy would make them reachable
 	// from its Pod, and names the replica, so that the client sees where it was routed.
 	var replicas []*haReplica
-	var tops []proxytest.Topology
+	var tops []netnstest.Topology
 	for i := range 2 {
 		top := proxytest.NewTopology(t)
 		for _, ip := range clusterIPs {
-			serveNamedEcho(t, top, ip, fmt.Sprintf("%s-%d", pg, i))
+			proxytest.AddBackend(t, top, ip, fmt.Sprintf("%s-%d", pg, i))
 		}
 		tops = append(tops, top)
 		replicas = append(replicas, newHAReplica(t, w, pg, i, nil, top.Proxy.Path))
@@ -130,7 +126,7 @@ func TestHAServiceFailover(t *testing.T) {
 			poll.Eventually(t, 20*time.Second, network+" to "+vip.String(), func() error {
 				ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
 				defer cancel()
-				_, err := namedEcho(ctx, laptop, network, netip.AddrPortFrom(vip, port).String())
+				_, err := proxytest.Echo(ctx, laptop, network, netip.AddrPortFrom(vip, port).String())
 				return err
 			})
 		}
@@ -141,7 +137,7 @@ func TestHAServiceFailover(t *testing.T) {
 	const every = 50 * time.Millisecond
 	byName, byIPv4 := fmt.Sprintf("%s:%d", fqdn, proxytest.EchoTCPPort), netip.AddrPortFrom(vips[0], proxytest.EchoTCPPort).String()
 	load := startHALoad(ctx, every, []string{byName, byIPv4}, func(ctx context.Context, target string) (string, error) {
-		return namedEcho(ctx, laptop, "tcp", target)
+		return proxytest.Echo(ctx, laptop, "tcp", target)
 	})
 	tl := &haTimeline{load: load}
 	routes := watchRoute(ctx, t, laptop, vips[0], load)
@@ -241,94 +237,6 @@ func TestHAServiceFailover(t *testing.T) {
 // restartGap is how long a replica stays down in the failover tests: as short as a container
 // restart. The replica comes back on its WireGuard port, where peers still look for it.
 const restartGap = time.Second
-
-// serveNamedEcho puts ip on the backend's loopback, routes it there from the node, and answers
-// on it, over TCP a line with "<name> <line>" and closes, over UDP "<name> <datagram>". Closing
-// first leaves the closed connections' TIME_WAIT here, not in the client's netstack, which a
-// tsnet.Server with hundreds of them cannot Close (its netstack blocks aborting them).
-func serveNamedEcho(t *testing.T, top proxytest.Topology, ip netip.Addr, name string) {
-	t.Helper()
-	top.AddClusterIP(t, ip)
-	var ln net.Listener
-	var pc net.PacketConn
-	err := netnamespace.Run(top.Backend.Path, func() (err error) {
-		if ln, err = net.Listen("tcp", netip.AddrPortFrom(ip, proxytest.EchoTCPPort).String()); err != nil {
-			return err
-		}
-		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(ip, proxytest.EchoUDPPort).String())
-		return err
-	})
-	if err != nil {
-		t.Fatalf("backend listening on %s: %v", ip, err)
-	}
-	t.Cleanup(func() { ln.Close(); pc.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(haRequestTimeout)) //nolint:errcheck // a read error follows
-				line, err := bufio.NewReader(c).ReadString('\n')
-				if err != nil {
-					return
-				}
-				fmt.Fprintf(c, "%s %s", name, strings.TrimSuffix(line, "\n"))
-			}()
-		}
-	}()
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			pc.WriteTo(fmt.Appendf(nil, "%s %s", name, buf[:n]), from) //nolint:errcheck // the client retries
-		}
-	}()
-}
-
-// namedEcho sends a payload to addr (host:port) over network through the client, on a new
-// connection over the tailnet only, and returns the name of the backend that echoed it.
-func namedEcho(ctx context.Context, c *tsnet.Server, network, addr string) (string, error) {
-	conn, err := tailnetdial.Dial(ctx, c, network, addr)
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close()
-	if d, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(d) //nolint:errcheck // a read error follows
-	}
-	payload := "hello over " + network
-	buf := make([]byte, 1500)
-	if network == "udp" {
-		// Datagrams get lost until the path is up: send again after a silence.
-		for {
-			if _, err := io.WriteString(conn, payload); err != nil {
-				return "", err
-			}
-			conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond)) //nolint:errcheck // a read error follows
-			n, err := conn.Read(buf)
-			if err == nil {
-				return proxytest.CheckEcho(string(buf[:n]), payload)
-			}
-			if ctx.Err() != nil {
-				return "", fmt.Errorf("no UDP answer from %s: %w", addr, err)
-			}
-		}
-	}
-	if _, err := io.WriteString(conn, payload+"\n"); err != nil {
-		return "", err
-	}
-	got, err := io.ReadAll(conn)
-	if err != nil {
-		return "", fmt.Errorf("TCP answer from %s after %q: %w", addr, got, err)
-	}
-	return proxytest.CheckEcho(string(got), payload)
-}
 
 // watchRoute follows which peer the client's netmap routes vip to, until ctx ends, and then
 // sends the changes, timed from the load's start.

@@ -20,6 +20,7 @@ import (
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
 	"github.com/tsingress/tsingress/internal/testing/poll"
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
 	"github.com/tsingress/tsingress/internal/testing/tailnetdial"
@@ -32,14 +33,14 @@ import (
 // client reaches the Service's backend at them, over IPv4 and IPv6, with nothing of the L7
 // service in the way.
 func TestHAServiceOnVIPsOfDeletedIngress(t *testing.T) {
-	proxytest.NeedRoot(t)
+	netnstest.NeedRoot(t, "nft")
 	w := startWorldWith(t, localtailnet.Options{HTTPS: true}, contract.FirewallAuto)
 	const ns, pg, host, webSvc, dbSvc = "shop", "pg", "ha-web", "svc:ha-web", "svc:shop-db"
 	ing := newHAIngressWorld(t, w, ns, pg, host)
 
 	ca := proxytest.NewCA(t)
 	var replicas []*haReplica
-	var tops []proxytest.Topology
+	var tops []netnstest.Topology
 	for i := range 2 {
 		top := proxytest.NewTopology(t)
 		tops = append(tops, top)
@@ -104,7 +105,7 @@ func TestHAServiceOnVIPsOfDeletedIngress(t *testing.T) {
 	}
 	for i, top := range tops {
 		for _, ip := range svc.Spec.ClusterIPs {
-			serveNamedEcho(t, top, netip.MustParseAddr(ip), replicas[i].name)
+			proxytest.AddBackend(t, top, netip.MustParseAddr(ip), replicas[i].name)
 		}
 	}
 	var dbVIPs []netip.Addr
@@ -132,7 +133,7 @@ func TestHAServiceOnVIPsOfDeletedIngress(t *testing.T) {
 		poll.Eventually(t, 30*time.Second, "TCP to "+dst, func() error {
 			ctx, cancel := context.WithTimeout(w.ctx, 3*time.Second)
 			defer cancel()
-			_, err := namedEcho(ctx, laptop, "tcp", dst)
+			_, err := proxytest.Echo(ctx, laptop, "tcp", dst)
 			return err
 		})
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/testing/testenv"
 )
 
@@ -56,11 +57,7 @@ func startWorld(t *testing.T) *world {
 // L3 proxies the given firewall mode.
 func startWorldWith(t *testing.T, tailnetOpts localtailnet.Options, mode contract.FirewallMode) *world {
 	t.Helper()
-	lt, err := localtailnet.Start(context.Background(), tailnetOpts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lt.Close() })
+	lt, _ := localtailnettest.Start(t, tailnetOpts)
 	return startCluster(t, lt, mode)
 }
 
@@ -89,11 +86,8 @@ func startCluster(t *testing.T, lt *localtailnet.LocalTailnet, mode contract.Fir
 	if err := w.k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.opNS}}); err != nil {
 		t.Fatal(err)
 	}
-	idFile, secretFile, err := w.lt.WriteOAuthFiles(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if w.api, err = tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: w.lt.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile}); err != nil {
+	// An API client of its own, as each cluster's operator has.
+	if w.api, err = w.lt.APIClient(t.TempDir()); err != nil {
 		t.Fatal(err)
 	}
 	// Each test runs its own operator in this process, with metrics of its own.

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/tsingress/tsingress/internal/testing/poll"
-	"github.com/tsingress/tsingress/internal/testing/proxytest"
 	"log/slog"
 	"net/netip"
 	"os/exec"
@@ -28,6 +26,9 @@ import (
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
+	"github.com/tsingress/tsingress/internal/testing/poll"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // A tailscale LoadBalancer Service from creation to deletion, in each firewall mode: the
@@ -36,7 +37,7 @@ import (
 // Service reports ready with its tailnet name and addresses, and deleting it removes the
 // device, the proxy's objects and, once the proxy stops, every rule and the TUN.
 func TestL3ServiceWholeFlow(t *testing.T) {
-	proxytest.NeedRoot(t)
+	netnstest.NeedRoot(t, "nft")
 	for _, mode := range []contract.FirewallMode{contract.FirewallNFTables, contract.FirewallIPTables} {
 		t.Run(string(mode), func(t *testing.T) {
 			if mode == contract.FirewallIPTables {

@@ -26,6 +26,8 @@ import (
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
 	"github.com/tsingress/tsingress/internal/testing/poll"
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
@@ -47,13 +49,9 @@ type mcCluster struct {
 // that cluster's ProxyGroup goes away. Neither operator deletes a service the other still owns:
 // not when its ProxyGroup goes, not when its objects go; the last owner's release deletes it.
 func TestMultiClusterIngress(t *testing.T) {
-	proxytest.NeedRoot(t) // the replicas DNAT the HA Service's VIP in network namespaces
+	netnstest.NeedRoot(t, "nft") // the replicas DNAT the HA Service's VIP in network namespaces
 	begin := time.Now()
-	lt, err := localtailnet.Start(context.Background(), localtailnet.Options{HTTPS: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lt.Close() })
+	lt, _ := localtailnettest.Start(t, localtailnet.Options{HTTPS: true})
 	ca := proxytest.NewCA(t)
 	const ns, pg, webSvc, dbSvc = "shop", "pg", "svc:web", "svc:db"
 	var clusters []*mcCluster
@@ -103,7 +101,7 @@ func TestMultiClusterIngress(t *testing.T) {
 		// The cluster's backend of the HA Service answers on its ClusterIP, as kube-proxy would
 		// make it reachable from the replica's Pod, with the cluster's name.
 		top := proxytest.NewTopology(t)
-		serveNamedEcho(t, top, netip.MustParseAddr(c.svc.Spec.ClusterIP), name)
+		proxytest.AddBackend(t, top, netip.MustParseAddr(c.svc.Spec.ClusterIP), name)
 		c.replica = newHAReplica(t, c.w, pg, 0, ca, top.Proxy.Path)
 		c.replica.start()
 	}
@@ -142,7 +140,7 @@ func TestMultiClusterIngress(t *testing.T) {
 			if web, err = answerOf(ctx, httpc, webURL); err != nil {
 				return err
 			}
-			db, err = namedEcho(ctx, cl, "tcp", vip)
+			db, err = proxytest.Echo(ctx, cl, "tcp", vip)
 			return err
 		})
 		if web != db {
@@ -211,7 +209,7 @@ func TestMultiClusterIngress(t *testing.T) {
 		if target == webURL {
 			return answerOf(ctx, httpc, target)
 		}
-		return namedEcho(ctx, cl, "tcp", target)
+		return proxytest.Echo(ctx, cl, "tcp", target)
 	})
 	tl := &haTimeline{load: load}
 	time.Sleep(2 * time.Second)
@@ -285,7 +283,7 @@ func TestMultiClusterIngress(t *testing.T) {
 	if who, err := answerOf(ctx2, httpc, webURL); err != nil || who != "east" {
 		t.Errorf("after west left, %s: %q, %v", webSvc, who, err)
 	}
-	if who, err := namedEcho(ctx2, cl, "tcp", vip); err != nil || who != "east" {
+	if who, err := proxytest.Echo(ctx2, cl, "tcp", vip); err != nil || who != "east" {
 		t.Errorf("after west left, %s: %q, %v", dbSvc, who, err)
 	}
 

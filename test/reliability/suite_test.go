@@ -39,6 +39,7 @@ import (
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/testing/testenv"
 )
 
@@ -84,12 +85,7 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	Expect(k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: opNS}})).To(Succeed())
 
-	lt, err = localtailnet.Start(context.Background(), localtailnet.Options{HTTPS: true})
-	Expect(err).NotTo(HaveOccurred())
-	idFile, secretFile, err := lt.WriteOAuthFiles(GinkgoT().TempDir())
-	Expect(err).NotTo(HaveOccurred())
-	tsAPI, err = tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: lt.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile})
-	Expect(err).NotTo(HaveOccurred())
+	lt, tsAPI = localtailnettest.Start(GinkgoTB(), localtailnet.Options{HTTPS: true})
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  scheme,

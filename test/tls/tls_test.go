@@ -35,6 +35,8 @@ import (
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localacme"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
@@ -77,21 +79,14 @@ func TestSharedCertificateOutsideKubernetes(t *testing.T) {
 	if hostinfo.GetEnvType() == hostinfo.Kubernetes {
 		t.Fatal("the test process looks like a Pod")
 	}
-	lt, err := localtailnet.Start(t.Context(), localtailnet.Options{HTTPS: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lt.Close() })
-	ca, err := localacme.Start(t.Context(), localacme.Options{DNSServer: lt.DNSAddr})
+	lt, api := localtailnettest.Start(t, localtailnet.Options{HTTPS: true})
+	// Not on the test's context, as the tailnet: that ends before the cleanups that stop the replicas.
+	ca, err := localacme.Start(context.Background(), localacme.Options{DNSServer: lt.DNSAddr})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ca.Close() })
 	if err := ca.UseInProcess(t.Setenv); err != nil {
-		t.Fatal(err)
-	}
-	api, err := lt.APIClient(t.TempDir())
-	if err != nil {
 		t.Fatal(err)
 	}
 	mintKey := func() string {
@@ -139,7 +134,7 @@ func TestSharedCertificateOutsideKubernetes(t *testing.T) {
 	netNS := map[int]string{}
 	if os.Geteuid() == 0 { // the replicas' L3 data paths get namespaces of their own for their TUNs
 		for i := range 2 {
-			netNS[i] = proxytest.NewNetNS(t, fmt.Sprintf("pg-%d", i)).Path
+			netNS[i] = netnstest.New(t, fmt.Sprintf("pg-%d", i)).Path
 		}
 	}
 	var stops []func()

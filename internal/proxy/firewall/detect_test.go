@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
 )
 
 func TestCensusDecide(t *testing.T) {
@@ -40,13 +41,13 @@ func TestCensusDecide(t *testing.T) {
 func TestDetectMode(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	nftFile := func(t *testing.T, ns netNS, ruleset string) {
+	nftFile := func(t *testing.T, ns netnstest.NS, ruleset string) {
 		t.Helper()
 		f := t.TempDir() + "/rules.nft"
 		if err := os.WriteFile(f, []byte(ruleset), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		ns.run(t, "nft", "-f", f)
+		ns.Exec(t, "nft", "-f", f)
 	}
 	const threeNFTRules = `table inet filter {
 	chain input {
@@ -57,9 +58,9 @@ func TestDetectMode(t *testing.T) {
 	}
 }
 `
-	apply := func(t *testing.T, ns netNS, mode Mode) {
+	apply := func(t *testing.T, ns netnstest.NS, mode Mode) {
 		t.Helper()
-		r, err := New(ctx, Options{Mode: mode, NetNS: ns.path})
+		r, err := New(ctx, Options{Mode: mode, NetNS: ns.Path})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -75,56 +76,56 @@ func TestDetectMode(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		tools   []string
-		prepare func(t *testing.T, ns netNS)
+		prepare func(t *testing.T, ns netnstest.NS)
 		want    Mode
 		legacy  bool
 	}{
 		{name: "empty namespace", want: ModeNFTables},
 		{
 			name: "iptables-nft rules", tools: []string{"iptables"}, want: ModeIPTables,
-			prepare: func(t *testing.T, ns netNS) {
-				ns.run(t, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "10.0.0.0/8", "-j", "MASQUERADE")
-				ns.run(t, "iptables", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT")
+			prepare: func(t *testing.T, ns netnstest.NS) {
+				ns.Exec(t, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "10.0.0.0/8", "-j", "MASQUERADE")
+				ns.Exec(t, "iptables", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT")
 			},
 		},
 		{
 			name: "iptables-legacy rules", tools: []string{"iptables-legacy"}, want: ModeIPTables, legacy: true,
-			prepare: func(t *testing.T, ns netNS) {
-				ns.run(t, "iptables-legacy", "-t", "nat", "-A", "POSTROUTING", "-s", "10.0.0.0/8", "-j", "MASQUERADE")
+			prepare: func(t *testing.T, ns netnstest.NS) {
+				ns.Exec(t, "iptables-legacy", "-t", "nat", "-A", "POSTROUTING", "-s", "10.0.0.0/8", "-j", "MASQUERADE")
 			},
 		},
 		{
 			name: "nftables rules", tools: []string{"nft", "iptables"}, want: ModeNFTables,
-			prepare: func(t *testing.T, ns netNS) {
+			prepare: func(t *testing.T, ns netnstest.NS) {
 				nftFile(t, ns, threeNFTRules)
-				ns.run(t, "iptables", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT")
+				ns.Exec(t, "iptables", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT")
 			},
 		},
 		{
 			name: "kube-proxy iptables chain outweighs more nftables rules", tools: []string{"nft", "iptables"}, want: ModeIPTables,
-			prepare: func(t *testing.T, ns netNS) {
+			prepare: func(t *testing.T, ns netnstest.NS) {
 				nftFile(t, ns, threeNFTRules)
-				ns.run(t, "iptables", "-t", "nat", "-N", "KUBE-SERVICES")
+				ns.Exec(t, "iptables", "-t", "nat", "-N", "KUBE-SERVICES")
 			},
 		},
 		{
 			name: "kube-proxy nftables table outweighs more iptables rules", tools: []string{"nft", "iptables"}, want: ModeNFTables,
-			prepare: func(t *testing.T, ns netNS) {
+			prepare: func(t *testing.T, ns netnstest.NS) {
 				nftFile(t, ns, "table ip kube-proxy {\n\tchain services {\n\t}\n}\n")
-				ns.run(t, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "10.0.0.0/8", "-j", "MASQUERADE")
-				ns.run(t, "iptables", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT")
+				ns.Exec(t, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "10.0.0.0/8", "-j", "MASQUERADE")
+				ns.Exec(t, "iptables", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT")
 			},
 		},
 		{
 			name: "our nftables rules do not count", tools: []string{"iptables"}, want: ModeIPTables,
-			prepare: func(t *testing.T, ns netNS) {
+			prepare: func(t *testing.T, ns netnstest.NS) {
 				apply(t, ns, ModeNFTables)
-				ns.run(t, "iptables", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT")
+				ns.Exec(t, "iptables", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT")
 			},
 		},
 		{
 			name: "our iptables rules do not count", tools: []string{"nft", "iptables"}, want: ModeNFTables,
-			prepare: func(t *testing.T, ns netNS) {
+			prepare: func(t *testing.T, ns netnstest.NS) {
 				apply(t, ns, ModeIPTables)
 				nftFile(t, ns, "table inet filter {\n\tchain input {\n\t\ttype filter hook input priority filter;\n\t\ttcp dport 22 accept\n\t}\n}\n")
 			},
@@ -132,26 +133,26 @@ func TestDetectMode(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ns := newNetNS(t, "detect")
-			needTool(t, tc.tools...)
+			ns := netnstest.New(t, "detect")
+			netnstest.NeedRoot(t, tc.tools...)
 			if tc.prepare != nil {
 				tc.prepare(t, ns)
 			}
-			d, err := DetectMode(ctx, ns.path)
+			d, err := DetectMode(ctx, ns.Path)
 			if err != nil {
 				t.Fatalf("DetectMode: %v", err)
 			}
 			if d.Mode != tc.want || d.Legacy != tc.legacy {
 				t.Fatalf("DetectMode = %+v, want mode %s legacy %v", d, tc.want, tc.legacy)
 			}
-			r, err := New(ctx, Options{NetNS: ns.path})
+			r, err := New(ctx, Options{NetNS: ns.Path})
 			if err != nil {
 				t.Fatalf("New: %v", err)
 			}
 			if r.Mode() != tc.want {
 				t.Errorf("auto mode runner is %s, want %s", r.Mode(), tc.want)
 			}
-			forced, err := New(ctx, Options{Mode: ModeNFTables, NetNS: ns.path})
+			forced, err := New(ctx, Options{Mode: ModeNFTables, NetNS: ns.Path})
 			if err != nil || forced.Mode() != ModeNFTables {
 				t.Errorf("forced nftables mode: %v", err)
 			}
@@ -161,16 +162,16 @@ func TestDetectMode(t *testing.T) {
 
 // Detection must not make the kernel create legacy tables in a namespace that has none.
 func TestDetectModeCreatesNoLegacyTables(t *testing.T) {
-	ns := newNetNS(t, "nolegacy")
+	ns := netnstest.New(t, "nolegacy")
 	if _, err := exec.LookPath("iptables-legacy"); err != nil {
 		t.Skip("needs iptables-legacy")
 	}
-	if _, err := DetectMode(context.Background(), ns.path); err != nil {
+	if _, err := DetectMode(context.Background(), ns.Path); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range []string{"ip_tables_names", "ip6_tables_names"} {
 		var b []byte
-		err := netnamespace.Run(ns.path, func() (err error) {
+		err := netnamespace.Run(ns.Path, func() (err error) {
 			b, err = os.ReadFile("/proc/thread-self/net/" + f)
 			return err
 		})

@@ -8,13 +8,14 @@ import (
 	"github.com/google/nftables/userdata"
 
 	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
 )
 
 // nftDump lists every table, chain and rule of families ip, ip6 and inet in ns, rules with
 // their handle (new on every re-creation) and comment.
-func nftDump(t *testing.T, ns netNS) []string {
+func nftDump(t *testing.T, ns netnstest.NS) []string {
 	t.Helper()
-	fd, done, err := openNetNS(ns.path)
+	fd, done, err := openNetNS(ns.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,10 +58,10 @@ func nftDump(t *testing.T, ns netNS) []string {
 }
 
 // iptDump lists the nat and mangle tables of both families in ns as iptables -S does.
-func iptDump(t *testing.T, ns netNS, legacy bool) []string {
+func iptDump(t *testing.T, ns netnstest.NS, legacy bool) []string {
 	t.Helper()
 	var out []string
-	err := netnamespace.Run(ns.path, func() error {
+	err := netnamespace.Run(ns.Path, func() error {
 		for _, f := range families {
 			ipt, err := newIPT(f, iptBinaries(legacy)[f])
 			if err != nil {

@@ -11,13 +11,14 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
 )
 
 // ourRules lists every rule of ours in ns as "<where> handle=<h> comment=<tag>". Handles are
 // nf_tables' and change whenever a rule is re-created, so equal listings mean untouched rules.
 // iptables-nft keeps comments out of nf_tables' own comment field, so for it the handles are
 // paired with iptables' listing of the same chains, which is in the same order.
-func ourRules(t *testing.T, ns netNS, mode Mode) []string {
+func ourRules(t *testing.T, ns netnstest.NS, mode Mode) []string {
 	t.Helper()
 	if mode == ModeNFTables {
 		var out []string
@@ -28,14 +29,14 @@ func ourRules(t *testing.T, ns netNS, mode Mode) []string {
 		}
 		return out
 	}
-	fd, done, err := openNetNS(ns.path)
+	fd, done, err := openNetNS(ns.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer done()
 	conn, _ := nftables.New(nftables.WithNetNSFd(fd))
 	var out []string
-	err = netnamespace.Run(ns.path, func() error {
+	err = netnamespace.Run(ns.Path, func() error {
 		for _, f := range families {
 			ipt, err := newIPT(f, iptBinaries(false)[f])
 			if err != nil {
@@ -82,12 +83,12 @@ func TestIdempotentApply(t *testing.T) {
 	for _, mode := range []Mode{ModeNFTables, ModeIPTables} {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
-			ns := newNetNS(t, "idem")
+			ns := netnstest.New(t, "idem")
 			if mode == ModeIPTables {
-				needTool(t, "iptables", "ip6tables")
+				netnstest.NeedRoot(t, "iptables", "ip6tables")
 			}
 			ctx := context.Background()
-			r, err := New(ctx, Options{Mode: mode, NetNS: ns.path})
+			r, err := New(ctx, Options{Mode: mode, NetNS: ns.Path})
 			if err != nil {
 				t.Fatalf("New: %v", err)
 			}
@@ -150,7 +151,7 @@ func TestIdempotentApply(t *testing.T) {
 			}
 
 			// A fresh runner, as after a restart, finds the rules and leaves them be.
-			r, err = New(ctx, Options{Mode: mode, NetNS: ns.path})
+			r, err = New(ctx, Options{Mode: mode, NetNS: ns.Path})
 			if err != nil {
 				t.Fatalf("New: %v", err)
 			}
@@ -208,16 +209,16 @@ func TestNewRemovesOtherModesRules(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ns := newNetNS(t, "switch")
-			needTool(t, "iptables", "ip6tables")
+			ns := netnstest.New(t, "switch")
+			netnstest.NeedRoot(t, "iptables", "ip6tables")
 			legacyRule := []string{"INPUT", "-p", "tcp", "--dport", "9", "-j", "ACCEPT"}
 			if tc.fromLegacy {
-				needTool(t, "iptables-legacy", "ip6tables-legacy")
-				ns.run(t, append([]string{"iptables-legacy", "-A"}, legacyRule...)...)
+				netnstest.NeedRoot(t, "iptables-legacy", "ip6tables-legacy")
+				ns.Exec(t, append([]string{"iptables-legacy", "-A"}, legacyRule...)...)
 			}
 			ctx := context.Background()
 			m := []Mapping{{Name: "standalone", TailnetIPs: addrs("100.64.0.1", "fd7a:115c:a1e0::1"), Destinations: addrs("10.96.0.10", "fd00:96::10")}}
-			r, err := New(ctx, Options{Mode: tc.from, NetNS: ns.path})
+			r, err := New(ctx, Options{Mode: tc.from, NetNS: ns.Path})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -227,10 +228,10 @@ func TestNewRemovesOtherModesRules(t *testing.T) {
 			checkBackendUsed(t, ns, tc.from, tc.fromLegacy)
 			if tc.fromLegacy {
 				// Without other legacy rules, detection now picks the nf_tables flavour.
-				ns.run(t, append([]string{"iptables-legacy", "-D"}, legacyRule...)...)
+				ns.Exec(t, append([]string{"iptables-legacy", "-D"}, legacyRule...)...)
 			}
 
-			if r, err = New(ctx, Options{Mode: tc.to, NetNS: ns.path}); err != nil {
+			if r, err = New(ctx, Options{Mode: tc.to, NetNS: ns.Path}); err != nil {
 				t.Fatal(err)
 			}
 			left := leftovers(t, ns, ModeIPTables, false)

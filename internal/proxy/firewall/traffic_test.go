@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
 )
 
 // Addresses exist only inside the test's namespaces.
@@ -45,7 +46,7 @@ const (
 // gateway, the node. So replies reach the client only when the proxy rewrote their destination
 // to itself: no source NAT, no answer.
 type topology struct {
-	client, proxy, node, backend netNS
+	client, proxy, node, backend netnstest.NS
 	hits                         *hitCounter
 }
 
@@ -60,16 +61,16 @@ var (
 
 func newTopology(t *testing.T) *topology {
 	t.Helper()
-	top := &topology{client: newNetNS(t, "c"), proxy: newNetNS(t, "p"), node: newNetNS(t, "n"), backend: newNetNS(t, "b"), hits: &hitCounter{n: map[string]int{}}}
+	top := &topology{client: netnstest.New(t, "c"), proxy: netnstest.New(t, "p"), node: netnstest.New(t, "n"), backend: netnstest.New(t, "b"), hits: &hitCounter{n: map[string]int{}}}
 	c, p, n, b := top.client, top.proxy, top.node, top.backend
-	c.ip(t, "link", "add", "eth0", "type", "veth", "peer", "name", "tailscale0", "netns", p.name)
-	p.ip(t, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", n.name)
-	n.ip(t, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", b.name)
-	addr := func(ns netNS, dev string, addrs ...string) {
+	c.IP(t, "link", "add", "eth0", "type", "veth", "peer", "name", "tailscale0", "netns", p.Name)
+	p.IP(t, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", n.Name)
+	n.IP(t, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", b.Name)
+	addr := func(ns netnstest.NS, dev string, addrs ...string) {
 		for _, a := range addrs {
-			ns.ip(t, "addr", "add", a, "dev", dev)
+			ns.IP(t, "addr", "add", a, "dev", dev)
 		}
-		ns.ip(t, "link", "set", dev, "up")
+		ns.IP(t, "link", "set", dev, "up")
 	}
 	addr(c, "eth0", "10.250.0.2/24", "fd00:250::2/64", client4.String()+"/32", client6.String()+"/128")
 	addr(p, "tailscale0", "10.250.0.1/24", "fd00:250::1/64", tailnet4.String()+"/32", tailnet6.String()+"/128")
@@ -78,37 +79,37 @@ func newTopology(t *testing.T) *topology {
 	addr(n, "eth1", "10.250.2.1/24", "fd00:250:2::1/64")
 	addr(b, "eth0", "10.250.2.2/24", "fd00:250:2::2/64")
 	addr(b, "lo", backendA4.String()+"/32", backendB4.String()+"/32", backendA6.String()+"/128", backendB6.String()+"/128")
-	c.ip(t, "route", "add", "100.64.0.0/10", "via", "10.250.0.1", "src", client4.String())
-	c.ip(t, "-6", "route", "add", "fd7a:115c:a1e0::/48", "via", "fd00:250::1", "src", client6.String())
+	c.IP(t, "route", "add", "100.64.0.0/10", "via", "10.250.0.1", "src", client4.String())
+	c.IP(t, "-6", "route", "add", "fd7a:115c:a1e0::/48", "via", "fd00:250::1", "src", client6.String())
 	// The proxy routes the tailnet client back into the "tunnel", as tailscaled does, and
 	// everything else to its default gateway, whose path MTU clamped SYNs carry.
 	mtu := strconv.Itoa(pathMTU)
-	p.ip(t, "route", "add", client4.String()+"/32", "via", "10.250.0.2")
-	p.ip(t, "-6", "route", "add", client6.String()+"/128", "via", "fd00:250::2")
-	p.ip(t, "route", "add", "default", "via", "10.250.1.1", "mtu", mtu)
-	p.ip(t, "-6", "route", "add", "default", "via", "fd00:250:1::1", "mtu", mtu)
+	p.IP(t, "route", "add", client4.String()+"/32", "via", "10.250.0.2")
+	p.IP(t, "-6", "route", "add", client6.String()+"/128", "via", "fd00:250::2")
+	p.IP(t, "route", "add", "default", "via", "10.250.1.1", "mtu", mtu)
+	p.IP(t, "-6", "route", "add", "default", "via", "fd00:250:1::1", "mtu", mtu)
 	// Tailnet IPs without DNAT are refused at once (ICMP administratively prohibited) rather than
 	// left to time out.
-	p.ip(t, "route", "add", "prohibit", "100.64.0.0/10")
-	p.ip(t, "-6", "route", "add", "prohibit", "fd7a:115c:a1e0::/48")
-	n.ip(t, "route", "add", "10.96.0.0/24", "via", "10.250.2.2")
-	n.ip(t, "-6", "route", "add", "fd00:96::/64", "via", "fd00:250:2::2")
-	n.setForwarding(t, "1")
-	b.ip(t, "route", "add", "default", "via", "10.250.2.1")
-	b.ip(t, "-6", "route", "add", "default", "via", "fd00:250:2::1")
+	p.IP(t, "route", "add", "prohibit", "100.64.0.0/10")
+	p.IP(t, "-6", "route", "add", "prohibit", "fd7a:115c:a1e0::/48")
+	n.IP(t, "route", "add", "10.96.0.0/24", "via", "10.250.2.2")
+	n.IP(t, "-6", "route", "add", "fd00:96::/64", "via", "fd00:250:2::2")
+	n.SetForwarding(t, true)
+	b.IP(t, "route", "add", "default", "via", "10.250.2.1")
+	b.IP(t, "-6", "route", "add", "default", "via", "fd00:250:2::1")
 
 	// Whatever the host's switches, the proxy starts with forwarding off, so that the test
 	// sees EnableForwarding turn it on.
-	p.setForwarding(t, "0")
-	if err := EnableForwarding(p.path, true, true); err != nil {
+	p.SetForwarding(t, false)
+	if err := EnableForwarding(p.Path, true, true); err != nil {
 		t.Fatalf("EnableForwarding: %v", err)
 	}
-	for _, f := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
-		if got := p.sysctl(t, f); got != "1" {
+	for _, f := range []string{netnstest.IPv4Forwarding, netnstest.IPv6Forwarding} {
+		if got := p.Sysctl(t, f); got != "1" {
 			t.Fatalf("after EnableForwarding %s = %q, want 1", f, got)
 		}
 	}
-	b.waitAddrs(t)
+	b.WaitAddrs(t)
 	for _, a := range []netip.Addr{backendA4, backendB4, backendA6, backendB6} {
 		top.serve(t, a)
 	}
@@ -144,7 +145,7 @@ func (top *topology) serve(t *testing.T, a netip.Addr) {
 	t.Helper()
 	var ln net.Listener
 	var pc net.PacketConn
-	err := netnamespace.Run(top.backend.path, func() error {
+	err := netnamespace.Run(top.backend.Path, func() error {
 		var err error
 		if ln, err = net.Listen("tcp", netip.AddrPortFrom(a, tcpPort).String()); err != nil {
 			return err
@@ -196,7 +197,7 @@ func tcpMSS(c net.Conn) int {
 // tcpProbe connects from the client to dst and returns the backend's answer.
 func (top *topology) tcpProbe(dst netip.Addr, timeout time.Duration) (string, error) {
 	var reply []byte
-	err := netnamespace.Run(top.client.path, func() error {
+	err := netnamespace.Run(top.client.Path, func() error {
 		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(dst, tcpPort).String(), timeout)
 		if err != nil {
 			return err
@@ -212,7 +213,7 @@ func (top *topology) tcpProbe(dst netip.Addr, timeout time.Duration) (string, er
 // udpProbe sends up to tries datagrams from the client to dst and returns the first answer.
 func (top *topology) udpProbe(dst netip.Addr, tries int, timeout time.Duration) (string, error) {
 	var reply string
-	err := netnamespace.Run(top.client.path, func() error {
+	err := netnamespace.Run(top.client.Path, func() error {
 		c, err := net.Dial("udp", netip.AddrPortFrom(dst, udpPort).String())
 		if err != nil {
 			return err
@@ -299,14 +300,14 @@ func TestTraffic(t *testing.T) {
 			t.Parallel()
 			top := newTopology(t)
 			if tc.mode == ModeIPTables {
-				needTool(t, "iptables", "ip6tables")
+				netnstest.NeedRoot(t, "iptables", "ip6tables")
 			}
 			if tc.legacy {
-				needTool(t, "iptables-legacy", "ip6tables-legacy")
-				top.proxy.run(t, "iptables-legacy", "-A", "INPUT", "-p", "tcp", "--dport", "9", "-j", "ACCEPT")
+				netnstest.NeedRoot(t, "iptables-legacy", "ip6tables-legacy")
+				top.proxy.Exec(t, "iptables-legacy", "-A", "INPUT", "-p", "tcp", "--dport", "9", "-j", "ACCEPT")
 			}
 			ctx := context.Background()
-			r, err := New(ctx, Options{Mode: tc.mode, NetNS: top.proxy.path})
+			r, err := New(ctx, Options{Mode: tc.mode, NetNS: top.proxy.Path})
 			if err != nil {
 				t.Fatalf("New: %v", err)
 			}
@@ -371,7 +372,7 @@ func TestTraffic(t *testing.T) {
 
 // checkBackendUsed checks that the rules went where the mode says: our nftables tables, or
 // our iptables chains in nf_tables (iptables-nft) or only in legacy x_tables.
-func checkBackendUsed(t *testing.T, ns netNS, mode Mode, legacy bool) {
+func checkBackendUsed(t *testing.T, ns netnstest.NS, mode Mode, legacy bool) {
 	t.Helper()
 	nft := strings.Join(nftDump(t, ns), "\n")
 	var want, notWant []string
@@ -404,7 +405,7 @@ func checkBackendUsed(t *testing.T, ns netNS, mode Mode, legacy bool) {
 }
 
 // leftovers lists whatever of ours is still in the namespace, looking through the libraries.
-func leftovers(t *testing.T, ns netNS, mode Mode, legacy bool) []string {
+func leftovers(t *testing.T, ns netnstest.NS, mode Mode, legacy bool) []string {
 	t.Helper()
 	var left []string
 	for _, l := range nftDump(t, ns) {

@@ -18,7 +18,7 @@ func BenchmarkTCP(b *testing.B) {
 	top := newTopology(b)
 	env := startTailnet(b)
 	ctx := b.Context()
-	fwd, err := New(ctx, Options{NetNS: top.proxy.path, FirewallMode: contract.FirewallNFTables, Logf: b.Logf})
+	fwd, err := New(ctx, Options{NetNS: top.Proxy.Path, FirewallMode: contract.FirewallNFTables, Logf: b.Logf})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -14,11 +13,13 @@ import (
 
 	"github.com/coreos/go-iptables/iptables"
 	"github.com/google/nftables"
-	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	"tailscale.com/tsnet"
+
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
 )
 
 const dbName = "db.example.test."
@@ -30,7 +31,7 @@ const dbName = "db.example.test."
 // IPv6 disabled in the proxy's namespace, IPv4 works all the same and the status says why IPv6
 // does not. Close leaves nothing behind.
 func TestForwarder(t *testing.T) {
-	needRoot(t)
+	netnstest.NeedRoot(t)
 	t.Parallel()
 	env := startTailnet(t)
 	for _, mode := range []contract.FirewallMode{contract.FirewallNFTables, contract.FirewallIPTables} {
@@ -42,9 +43,7 @@ func TestForwarder(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
 				if mode == contract.FirewallIPTables {
-					if _, err := exec.LookPath("iptables"); err != nil {
-						t.Skip("kernel test: needs iptables (apt-get install iptables)")
-					}
+					netnstest.NeedRoot(t, "iptables")
 				}
 				testForwarder(t, env, mode, ipv6Off)
 			})
@@ -56,13 +55,11 @@ func testForwarder(t *testing.T, env *tailnetEnv, mode contract.FirewallMode, ip
 	ctx := t.Context()
 	top := newTopology(t)
 	if ipv6Off {
-		top.proxy.disableIPv6(t)
+		top.Proxy.DisableIPv6(t)
 	}
-	// Whatever the host's switches: the forwarder turns forwarding on itself.
-	top.proxy.sysctls(t, map[string]string{"net/ipv4/ip_forward": "0", "net/ipv6/conf/all/forwarding": "0"})
 	dns := startDNS(t)
 	dns.set(dbName, backendC4, backendC6)
-	fwd, err := New(ctx, Options{NetNS: top.proxy.path, FirewallMode: mode, Logf: t.Logf,
+	fwd, err := New(ctx, Options{NetNS: top.Proxy.Path, FirewallMode: mode, Logf: t.Logf,
 		Resolver: dns.resolver(), ResolveInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -95,7 +92,7 @@ func testForwarder(t *testing.T, env *tailnetEnv, mode contract.FirewallMode, ip
 	if fam, ok := fwd.Status().Families[contract.FamilyIPv4]; ok {
 		t.Errorf("IPv4 family status %+v, want none: forwarding was turned on", fam)
 	}
-	checkLink(t, top.proxy, forwarded)
+	checkLink(t, top.Proxy, forwarded)
 
 	apply := func(dst contract.Destination, wantDst ...netip.Addr) {
 		t.Helper()
@@ -173,7 +170,7 @@ func testForwarder(t *testing.T, env *tailnetEnv, mode contract.FirewallMode, ip
 	if st := fwd.Status(); len(st.Mappings) != 0 {
 		t.Errorf("status after Close: %+v, want no mappings", st)
 	}
-	if left := leftovers(t, top.proxy, mode, "tailscale0"); len(left) > 0 {
+	if left := leftovers(t, top.Proxy, mode, "tailscale0"); len(left) > 0 {
 		t.Errorf("after Close, still there:\n%s", strings.Join(left, "\n"))
 	}
 	expectUnreachable(t, top, client, ip4, ip6)
@@ -223,9 +220,9 @@ func waitStatus(t *testing.T, fwd *Forwarder, tailnetIPs, dst []netip.Addr, ipv6
 }
 
 // checkLink checks that the TUN holds the tailnet IPs and that the tailnet ranges route to it.
-func checkLink(t *testing.T, ns netNS, ips []netip.Addr) {
+func checkLink(t *testing.T, ns netnstest.NS, ips []netip.Addr) {
 	t.Helper()
-	h, err := netlinkHandle(ns.path)
+	h, err := netlinkHandle(ns.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,10 +268,10 @@ func checkLink(t *testing.T, ns netNS, ips []netip.Addr) {
 
 // leftovers lists what of ours is still in the namespace: the TUN, nftables tables or chains
 // (iptables-nft keeps its chains there too), iptables chains.
-func leftovers(t *testing.T, ns netNS, mode contract.FirewallMode, tunName string) []string {
+func leftovers(t *testing.T, ns netnstest.NS, mode contract.FirewallMode, tunName string) []string {
 	t.Helper()
 	var left []string
-	h, err := netlinkHandle(ns.path)
+	h, err := netlinkHandle(ns.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +279,7 @@ func leftovers(t *testing.T, ns netNS, mode contract.FirewallMode, tunName strin
 	if l, err := h.LinkByName(tunName); err == nil {
 		left = append(left, "link "+l.Attrs().Name)
 	}
-	f, err := os.Open(ns.path)
+	f, err := os.Open(ns.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,7 +309,7 @@ func leftovers(t *testing.T, ns netNS, mode contract.FirewallMode, tunName strin
 	if mode != contract.FirewallIPTables {
 		return left
 	}
-	err = netnamespace.Run(ns.path, func() error {
+	err = netnamespace.Run(ns.Path, func() error {
 		for _, proto := range []iptables.Protocol{iptables.ProtocolIPv4, iptables.ProtocolIPv6} {
 			ipt, err := iptables.New(iptables.IPFamily(proto))
 			if err != nil {
@@ -366,13 +363,13 @@ func expectUnreachable(t *testing.T, top *topology, client *tsnet.Server, ips ..
 // Without a tailnet: what each mapping reports, per family and on failure, and the TUN's
 // addresses following SetTailnetIPs.
 func TestForwarderStatus(t *testing.T) {
-	needRoot(t)
+	netnstest.NeedRoot(t)
 	t.Parallel()
-	ns := newNetNS(t, "s")
+	ns := netnstest.New(t, "s")
 	dns := startDNS(t)
 	dns.set(dbName, backendC4)
 	ctx := t.Context()
-	fwd, err := New(ctx, Options{NetNS: ns.path, TunName: "ts-test0", Logf: t.Logf, Resolver: dns.resolver()})
+	fwd, err := New(ctx, Options{NetNS: ns.Path, TunName: "ts-test0", Logf: t.Logf, Resolver: dns.resolver()})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -411,7 +408,7 @@ func TestForwarderStatus(t *testing.T) {
 		t.Error("SetMappings took two mappings of the same name")
 	}
 
-	h, err := netlinkHandle(ns.path)
+	h, err := netlinkHandle(ns.Path)
 	if err != nil {
 		t.Fatal(err)
 	}

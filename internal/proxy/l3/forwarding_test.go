@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
 )
 
 const childNetNSEnv = "TSINGRESS_L3_TEST_CHILD_NETNS"
@@ -21,15 +22,10 @@ const childNetNSEnv = "TSINGRESS_L3_TEST_CHILD_NETNS"
 // nothing, and installs the rules on the next attempt once forwarding is on (an init container,
 // in a Pod, or an operator fixing the node).
 func TestForwardingOffReadOnlyProcSys(t *testing.T) {
-	needRoot(t)
-	for _, tool := range []string{"unshare", "mount"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("kernel test: needs %s (apt-get install util-linux mount)", tool)
-		}
-	}
+	netnstest.NeedRoot(t, "unshare", "mount")
 	t.Parallel()
-	ns := newNetNS(t, "ro")
-	ns.sysctls(t, map[string]string{"net/ipv4/ip_forward": "0", "net/ipv6/conf/all/forwarding": "0"})
+	ns := netnstest.New(t, "ro")
+	ns.SetForwarding(t, false)
 
 	// The child runs in a mount namespace of its own whose /proc/sys is a read-only bind mount,
 	// as a container runtime sets it up.
@@ -38,7 +34,7 @@ func TestForwardingOffReadOnlyProcSys(t *testing.T) {
 	cmd := exec.CommandContext(ctx, "unshare", "--mount", "--propagation", "private", "sh", "-c",
 		`mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec "$0" "$@"`,
 		os.Args[0], "-test.run=^TestForwardingOffChild$", "-test.v")
-	cmd.Env = append(os.Environ(), childNetNSEnv+"="+ns.path)
+	cmd.Env = append(os.Environ(), childNetNSEnv+"="+ns.Path)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +82,7 @@ func TestForwardingOffReadOnlyProcSys(t *testing.T) {
 	}
 
 	// Forwarding turned on from outside, as an init container does before the proxy starts.
-	ns.sysctls(t, map[string]string{"net/ipv4/ip_forward": "1", "net/ipv6/conf/all/forwarding": "1"})
+	ns.SetForwarding(t, true)
 	fmt.Fprintln(stdin, "on")
 	on := status("ON")
 	if len(on.Families) != 0 {

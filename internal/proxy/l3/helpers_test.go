@@ -1,7 +1,6 @@
 package l3
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,16 +15,18 @@ import (
 	"time"
 
 	"github.com/tailscale/wireguard-go/tun"
-	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
-	"github.com/tsingress/tsingress/internal/tailnet"
-	"github.com/tsingress/tsingress/internal/testing/localtailnet"
-	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
-	"github.com/tsingress/tsingress/internal/testing/poll"
 	"golang.org/x/net/dns/dnsmessage"
 	"tailscale.com/ipn/store/mem"
 	tsnetns "tailscale.com/net/netns"
 	"tailscale.com/tsnet"
 	"tailscale.com/types/logger"
+
+	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
+	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
+	"github.com/tsingress/tsingress/internal/testing/netnstest"
+	"github.com/tsingress/tsingress/internal/testing/poll"
 )
 
 var verbose = flag.Bool("verbose-nodes", false, "log what the tsnet nodes log")
@@ -35,61 +35,6 @@ func TestMain(m *testing.M) {
 	// The tsnet nodes' own sockets stay plain (no SO_MARK or bind-to-device), as in tsnet's tests.
 	tsnetns.SetEnabled(false)
 	os.Exit(m.Run())
-}
-
-var nsSeq atomic.Int32
-
-// netNS is a network namespace made by a test with `ip netns add`, deleted when it ends.
-type netNS struct {
-	name string
-	path string
-}
-
-// needRoot skips tests that need to create namespaces and devices.
-func needRoot(tb testing.TB) {
-	tb.Helper()
-	if os.Geteuid() != 0 {
-		tb.Skip("kernel test: needs root to create network namespaces and TUN devices")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		tb.Skip("kernel test: needs the ip command (apt-get install iproute2)")
-	}
-}
-
-func newNetNS(tb testing.TB, role string) netNS {
-	tb.Helper()
-	needRoot(tb)
-	name := fmt.Sprintf("tsl3-%d-%d-%s", os.Getpid(), nsSeq.Add(1), role)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		tb.Skipf("kernel test: ip netns add failed: %v: %s", err, out)
-	}
-	tb.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			tb.Errorf("ip netns del %s: %v: %s", name, err, out)
-		}
-	})
-	ns := netNS{name: name, path: "/run/netns/" + name}
-	// Without duplicate address detection, IPv6 addresses work as soon as a link is up.
-	err := netnamespace.Run(ns.path, func() error {
-		for _, f := range []string{"all", "default"} {
-			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+f+"/accept_dad", []byte("0"), 0o644); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		tb.Fatalf("disable DAD in %s: %v", name, err)
-	}
-	ns.ip(tb, "link", "set", "lo", "up")
-	return ns
-}
-
-func (ns netNS) ip(tb testing.TB, args ...string) {
-	tb.Helper()
-	if out, err := exec.Command("ip", append([]string{"-n", ns.name}, args...)...).CombinedOutput(); err != nil {
-		tb.Fatalf("ip -n %s %s: %v: %s", ns.name, strings.Join(args, " "), err, out)
-	}
 }
 
 // Addresses exist only inside the test's namespaces.
@@ -110,96 +55,21 @@ const (
 	sinkPort = 9000 // TCP: reads to EOF, then answers the byte count
 )
 
-// topology is proxy <-> node <-> backend, as a cluster has it: the node is the proxy Pod's
-// default gateway and routes the "ClusterIPs", which the backend holds on its loopback, to the
-// backend; the backend's only route is its default gateway, the node, which knows nothing of
-// the tailnet. Replies to tailnet clients come back only to a proxy that masquerades.
+// topology is a netnstest.Topology whose backend holds the backend addresses above, with an
+// echo, a UDP and a sink server on each.
 type topology struct {
-	proxy, node, backend netNS
-	hits                 atomic.Int64 // connections and datagrams the backends saw
+	netnstest.Topology
+	hits atomic.Int64 // connections and datagrams the backends saw
 }
-
-// Cluster-side addresses of the proxy: what the backends see as the source of proxied traffic.
-var (
-	proxyCluster4 = netip.MustParseAddr("10.250.1.2")
-	proxyCluster6 = netip.MustParseAddr("fd00:250:1::2")
-)
 
 func newTopology(tb testing.TB) *topology {
 	tb.Helper()
-	top := &topology{proxy: newNetNS(tb, "p"), node: newNetNS(tb, "n"), backend: newNetNS(tb, "b")}
-	p, n, b := top.proxy, top.node, top.backend
-	p.ip(tb, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", n.name)
-	n.ip(tb, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", b.name)
-	for _, x := range []struct {
-		ns    netNS
-		dev   string
-		addrs []string
-	}{
-		{p, "eth0", []string{proxyCluster4.String() + "/24", proxyCluster6.String() + "/64"}},
-		{n, "eth0", []string{"10.250.1.1/24", "fd00:250:1::1/64"}},
-		{n, "eth1", []string{"10.250.2.1/24", "fd00:250:2::1/64"}},
-		{b, "eth0", []string{"10.250.2.2/24", "fd00:250:2::2/64"}},
-	} {
-		for _, a := range x.addrs {
-			x.ns.ip(tb, "addr", "add", a, "dev", x.dev)
-		}
-		x.ns.ip(tb, "link", "set", x.dev, "up")
-	}
-	backends := []netip.Addr{backendA4, backendB4, backendC4, backendD4, backendA6, backendB6, backendC6, backendD6}
-	for _, a := range backends {
-		b.ip(tb, "addr", "add", netip.PrefixFrom(a, a.BitLen()).String(), "dev", "lo")
-	}
-	p.ip(tb, "route", "add", "default", "via", "10.250.1.1")
-	p.ip(tb, "-6", "route", "add", "default", "via", "fd00:250:1::1")
-	n.ip(tb, "route", "add", "10.96.0.0/24", "via", "10.250.2.2")
-	n.ip(tb, "-6", "route", "add", "fd00:96::/64", "via", "fd00:250:2::2")
-	n.sysctls(tb, map[string]string{"net/ipv4/ip_forward": "1", "net/ipv6/conf/all/forwarding": "1"})
-	b.ip(tb, "route", "add", "default", "via", "10.250.2.1")
-	b.ip(tb, "-6", "route", "add", "default", "via", "fd00:250:2::1")
-	b.waitAddrs(tb)
-	for _, a := range backends {
+	top := &topology{Topology: netnstest.NewTopology(tb)}
+	for _, a := range []netip.Addr{backendA4, backendB4, backendC4, backendD4, backendA6, backendB6, backendC6, backendD6} {
+		top.AddClusterIP(tb, a)
 		top.serve(tb, a)
 	}
 	return top
-}
-
-// waitAddrs waits until no IPv6 address of the namespace is tentative: the kernel clears the
-// flag from a work queue even without duplicate address detection, and until then binding to
-// the address fails with "cannot assign requested address".
-func (ns netNS) waitAddrs(tb testing.TB) {
-	tb.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		out, err := exec.Command("ip", "-n", ns.name, "-6", "addr", "show", "tentative").CombinedOutput()
-		if err == nil && len(bytes.TrimSpace(out)) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("IPv6 addresses in %s still tentative: %s (%v)", ns.name, out, err)
-		}
-	}
-}
-
-// sysctls writes /proc/sys/<key> values in the namespace.
-func (ns netNS) sysctls(tb testing.TB, kv map[string]string) {
-	tb.Helper()
-	err := netnamespace.Run(ns.path, func() error {
-		for k, v := range kv {
-			if err := os.WriteFile("/proc/sys/"+k, []byte(v), 0o644); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		tb.Fatalf("sysctls in %s: %v", ns.name, err)
-	}
-}
-
-// disableIPv6 turns IPv6 off in the namespace, as Docker and some CNIs do in containers.
-func (ns netNS) disableIPv6(tb testing.TB) {
-	tb.Helper()
-	ns.sysctls(tb, map[string]string{"net/ipv6/conf/all/disable_ipv6": "1", "net/ipv6/conf/default/disable_ipv6": "1"})
 }
 
 // serve runs the echo, UDP and sink servers on backend address a.
@@ -207,7 +77,7 @@ func (top *topology) serve(tb testing.TB, a netip.Addr) {
 	tb.Helper()
 	var echo, sink net.Listener
 	var pc net.PacketConn
-	err := netnamespace.Run(top.backend.path, func() (err error) {
+	err := netnamespace.Run(top.Backend.Path, func() (err error) {
 		if echo, err = net.Listen("tcp", netip.AddrPortFrom(a, echoPort).String()); err != nil {
 			return err
 		}

@@ -28,6 +28,7 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy/web"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
@@ -44,11 +45,7 @@ const domain = "tail.test"
 // tailnet provides the DERP relay.
 func startTailnet(t *testing.T) string {
 	t.Helper()
-	lt, err := localtailnet.Start(t.Context(), localtailnet.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lt.Close() })
+	lt, _ := localtailnettest.Start(t, localtailnet.Options{})
 	control := &testcontrol.Server{
 		DERPMap:        lt.DERPMap,
 		DNSConfig:      &tailcfg.DNSConfig{Proxied: true},
