@@ -26,6 +26,7 @@ import (
 	"github.com/tsingress/tsingress/internal/acmebudget"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/version"
 )
@@ -36,7 +37,7 @@ type options struct {
 	metricsAddr, probeAddr string
 	pprofAddr              string
 	leaderElect            bool
-	settings               controller.Settings
+	settings               kit.Settings
 	tags, firewallMode     string
 	controlPlane           controlPlaneFlags
 	showVersion            bool
@@ -202,7 +203,7 @@ func run(o *options) error {
 		RetryPeriod:                         ptr.To(retryPeriod),
 		LeaderElectionReleaseOnCancel:       true,
 		Cache:                               controller.CacheOptions(o.settings),
-		MapperProvider:                      controller.MapperProvider,
+		MapperProvider:                      kit.MapperProvider,
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)

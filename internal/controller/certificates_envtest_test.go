@@ -6,6 +6,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tsingress/tsingress/internal/testing/kubeobj"
+
+	"github.com/tsingress/tsingress/internal/controller/certs"
+	"github.com/tsingress/tsingress/internal/controller/ingress"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -35,13 +41,13 @@ var _ = Describe("Certificates", func() {
 		Expect(k8s.Create(ctx, tlsSecret(ns, "app-tls", certPEM, keyPEM))).To(Succeed())
 		ing := newIngress(ns, "byo", func(i *networkingv1.Ingress) {
 			i.Spec.TLS = append(i.Spec.TLS, networkingv1.IngressTLS{Hosts: []string{"app.example.com"}, SecretName: "app-tls"})
-			i.Spec.Rules = []networkingv1.IngressRule{rule("app.example.com", path("/", networkingv1.PathTypePrefix, backend("web", "admin")))}
+			i.Spec.Rules = []networkingv1.IngressRule{kubeobj.Rule("app.example.com", kubeobj.Path("/", networkingv1.PathTypePrefix, kubeobj.Backend("web", "admin")))}
 		})
-		copyName := certCopyName(parentOf(parentTypeIngress, ing).proxyName(), ns, "app-tls")
+		copyName := certs.CertCopyName(proxies.ParentOf(proxies.ParentTypeIngress, ing).ProxyName(), ns, "app-tls")
 
 		By("copying the certificate into the proxy's namespace and naming it in the Serve config")
 		Eventually(func(g Gomega) {
-			cfg := proxyConfigOf(g, parentTypeIngress, ing)
+			cfg := proxyConfigOf(g, proxies.ParentTypeIngress, ing)
 			g.Expect(cfg.Hostname).To(Equal("byo"))
 			g.Expect(cfg.Serve.TLS.Certificates).To(Equal([]contract.CertificateRef{{SecretName: copyName, Hosts: []string{"app.example.com"}}}))
 			g.Expect(cfg.Serve.Routes).To(ContainElement(HaveField("Host", "app.example.com")))
@@ -50,7 +56,7 @@ var _ = Describe("Certificates", func() {
 			g.Expect(cp.Type).To(Equal(corev1.SecretTypeTLS))
 			g.Expect(cp.Data[corev1.TLSCertKey]).To(Equal(certPEM))
 			role := &rbacv1.Role{}
-			g.Expect(k8s.Get(ctx, proxyKey(parentTypeIngress, ing), role)).To(Succeed())
+			g.Expect(k8s.Get(ctx, proxyKey(proxies.ParentTypeIngress, ing), role)).To(Succeed())
 			g.Expect(role.Rules).To(ContainElement(And(HaveField("ResourceNames", []string{copyName}), HaveField("Verbs", []string{"get", "list", "watch"}))))
 		}).Should(Succeed())
 
@@ -72,8 +78,8 @@ var _ = Describe("Certificates", func() {
 		s.Data = map[string][]byte{corev1.TLSCertKey: expiredPEM, corev1.TLSPrivateKeyKey: expiredKey}
 		Expect(k8s.Update(ctx, s)).To(Succeed())
 		Eventually(func(g Gomega) {
-			g.Expect(ingressEvents(g, ing)).To(ContainElement(ReasonCertificateExpired))
-			cfg := proxyConfigOf(g, parentTypeIngress, ing)
+			g.Expect(ingressEvents(g, ing)).To(ContainElement(kit.ReasonCertificateExpired))
+			cfg := proxyConfigOf(g, proxies.ParentTypeIngress, ing)
 			g.Expect(cfg.Serve.TLS.Certificates).To(BeEmpty())
 			g.Expect(cfg.Hostname).To(Equal("byo"))
 			g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: copyName}, &corev1.Secret{})).NotTo(Succeed(), "the stale copy is removed")
@@ -87,7 +93,7 @@ var _ = Describe("Certificates", func() {
 		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
 		ing.Annotations = map[string]string{"touch": "1"}
 		Expect(k8s.Update(ctx, ing)).To(Succeed())
-		Eventually(func(g Gomega) []string { return ingressEvents(g, ing) }).Should(ContainElement(ReasonTLSSecretWrongType))
+		Eventually(func(g Gomega) []string { return ingressEvents(g, ing) }).Should(ContainElement(kit.ReasonTLSSecretWrongType))
 
 		By("removing the copies with the proxy")
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "app-tls"}, s)).To(Succeed())
@@ -114,17 +120,17 @@ var _ = Describe("Certificates", func() {
 		ns := newNamespace()
 		newBackendService(ns, "web")
 		ing := newIngress(ns, "limited", nil)
-		reportState(parentTypeIngress, ing, contract.ProxyState{DeviceID: "nLimited", FQDN: "limited." + domain})
+		reportState(proxies.ParentTypeIngress, ing, contract.ProxyState{DeviceID: "nLimited", FQDN: "limited." + domain})
 
 		By("putting a hold into the Serve config, with a port error and an Event")
 		Eventually(func(g Gomega) {
-			hold := proxyConfigOf(g, parentTypeIngress, ing).Serve.TLS.Hold
+			hold := proxyConfigOf(g, proxies.ParentTypeIngress, ing).Serve.TLS.Hold
 			g.Expect(hold).NotTo(BeNil())
-			g.Expect(hold.Reason).To(Equal(ReasonCertificateRateLimited))
+			g.Expect(hold.Reason).To(Equal(kit.ReasonCertificateRateLimited))
 			g.Expect(hold.Until).To(BeTemporally("~", start.Add(acmebudget.LetsEncrypt.Window), time.Second))
-			g.Expect(ingressEvents(g, ing)).To(ContainElement(ReasonCertificateRateLimited))
+			g.Expect(ingressEvents(g, ing)).To(ContainElement(kit.ReasonCertificateRateLimited))
 			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
-			g.Expect(portError(ing)).To(Equal("limited." + domain + ":" + ReasonCertificateRateLimited))
+			g.Expect(portError(ing)).To(Equal("limited." + domain + ":" + kit.ReasonCertificateRateLimited))
 		}).Should(Succeed())
 
 		By("lifting it once the oldest certificate leaves the window (the ledger moved a week on)")
@@ -132,10 +138,10 @@ var _ = Describe("Certificates", func() {
 			full.Entries[i].At = full.Entries[i].At.Add(-6 * 24 * time.Hour)
 		}
 		writeLedger(domain, full)
-		reportState(parentTypeIngress, ing, contract.ProxyState{DeviceID: "nLimited", FQDN: "limited." + domain,
+		reportState(proxies.ParentTypeIngress, ing, contract.ProxyState{DeviceID: "nLimited", FQDN: "limited." + domain,
 			Certificates: map[string]contract.CertificateStatus{"limited." + domain: {Reason: contract.CertReasonIssuanceHeld}}})
 		Eventually(func(g Gomega) {
-			g.Expect(proxyConfigOf(g, parentTypeIngress, ing).Serve.TLS.Hold).To(BeNil())
+			g.Expect(proxyConfigOf(g, proxies.ParentTypeIngress, ing).Serve.TLS.Hold).To(BeNil())
 			l := ledgerOf(g, domain)
 			g.Expect(l.Entries).To(ContainElement(And(HaveField("Name", "limited."+domain), HaveField("Reserved", true))))
 		}).Should(Succeed())
@@ -143,7 +149,7 @@ var _ = Describe("Certificates", func() {
 		By("counting the certificate the proxy then reports, once")
 		issued := contract.CertificateStatus{Source: contract.CertSourceACME, Serial: "0badc0de",
 			NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(90 * 24 * time.Hour)}
-		reportState(parentTypeIngress, ing, contract.ProxyState{DeviceID: "nLimited", FQDN: "limited." + domain, HTTPSEndpoint: "limited." + domain,
+		reportState(proxies.ParentTypeIngress, ing, contract.ProxyState{DeviceID: "nLimited", FQDN: "limited." + domain, HTTPSEndpoint: "limited." + domain,
 			Certificates: map[string]contract.CertificateStatus{"limited." + domain: issued}})
 		Eventually(func(g Gomega) {
 			l := ledgerOf(g, domain)
@@ -166,16 +172,16 @@ var _ = Describe("Certificates", func() {
 		ns := newNamespace()
 		newBackendService(ns, "web")
 		ing := newIngress(ns, "restarts", nil)
-		Eventually(func(g Gomega) string { return proxyConfigOf(g, parentTypeIngress, ing).AuthKey }).ShouldNot(BeEmpty())
+		Eventually(func(g Gomega) string { return proxyConfigOf(g, proxies.ParentTypeIngress, ing).AuthKey }).ShouldNot(BeEmpty())
 		// The device logged in (the tailnet client stored its profile), and a new Pod has just
 		// started: it cleared device_id until it is up again.
 		s := &corev1.Secret{}
-		Expect(k8s.Get(ctx, secretKey(parentTypeIngress, ing), s)).To(Succeed())
+		Expect(k8s.Get(ctx, secretKey(proxies.ParentTypeIngress, ing), s)).To(Succeed())
 		s.Data[contract.StateTailnetProfile] = []byte("profile-1234")
 		s.Data[contract.StateDeviceID] = nil
 		Expect(k8s.Update(ctx, s)).To(Succeed())
-		Eventually(func(g Gomega) string { return proxyConfigOf(g, parentTypeIngress, ing).AuthKey }).Should(BeEmpty())
-		Consistently(func(g Gomega) string { return proxyConfigOf(g, parentTypeIngress, ing).AuthKey }, "2s").Should(BeEmpty())
+		Eventually(func(g Gomega) string { return proxyConfigOf(g, proxies.ParentTypeIngress, ing).AuthKey }).Should(BeEmpty())
+		Consistently(func(g Gomega) string { return proxyConfigOf(g, proxies.ParentTypeIngress, ing).AuthKey }, "2s").Should(BeEmpty())
 	})
 
 	It("gives a ProxyGroup one certificate Secret per tailnet name, writable by the group, and its BYO copies", func() {
@@ -189,11 +195,11 @@ var _ = Describe("Certificates", func() {
 		certPEM, keyPEM := proxytest.SelfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
 		Expect(k8s.Create(ctx, tlsSecret(ns, "app-tls", certPEM, keyPEM))).To(Succeed())
 		newIngress(ns, "shared", func(i *networkingv1.Ingress) {
-			i.Annotations = map[string]string{AnnotationProxyGroup: "certs"}
+			i.Annotations = map[string]string{kit.AnnotationProxyGroup: "certs"}
 			i.Spec.TLS = append(i.Spec.TLS, networkingv1.IngressTLS{Hosts: []string{"app.example.com"}, SecretName: "app-tls"})
 		})
 		fqdn := "shared." + domain
-		copyName := certCopyName("certs", ns, "app-tls")
+		copyName := certs.CertCopyName("certs", ns, "app-tls")
 
 		Eventually(func(g Gomega) {
 			s := &corev1.Secret{}
@@ -224,11 +230,11 @@ var _ = Describe("Certificates from Let's Encrypt's staging directory", func() {
 		DeferCleanup(k8s.Delete, ctx, pc)
 		ns := newNamespace()
 		newBackendService(ns, "web")
-		ing := newIngress(ns, "trial", func(i *networkingv1.Ingress) { i.Labels = map[string]string{LabelProxyClass: pc.Name} })
+		ing := newIngress(ns, "trial", func(i *networkingv1.Ingress) { i.Labels = map[string]string{kit.LabelProxyClass: pc.Name} })
 		fqdn := "trial." + domain
 		issued := contract.CertificateStatus{Source: contract.CertSourceACME, Serial: "57a6e0",
 			NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(90 * 24 * time.Hour)}
-		reportState(parentTypeIngress, ing, contract.ProxyState{DeviceID: "nTrial", FQDN: fqdn, HTTPSEndpoint: fqdn,
+		reportState(proxies.ParentTypeIngress, ing, contract.ProxyState{DeviceID: "nTrial", FQDN: fqdn, HTTPSEndpoint: fqdn,
 			Certificates: map[string]contract.CertificateStatus{fqdn: issued}})
 		// The pass that lists the served name has read the certificate the proxy reported.
 		Eventually(func(g Gomega) []networkingv1.IngressLoadBalancerIngress {
@@ -236,7 +242,7 @@ var _ = Describe("Certificates from Let's Encrypt's staging directory", func() {
 			return ing.Status.LoadBalancer.Ingress
 		}).Should(ContainElement(HaveField("Hostname", fqdn)))
 		cm := &corev1.ConfigMap{}
-		if err := k8s.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: ledgerConfigMap}, cm); err == nil {
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: certs.LedgerConfigMap}, cm); err == nil {
 			Expect(cm.Data).NotTo(HaveKey(domain+".json"), "a staging serial in the production ledger")
 		}
 	})
@@ -251,20 +257,20 @@ var _ = Describe("Certificates from Let's Encrypt's staging directory", func() {
 
 		// A reconciler of an operator whose default ProxyClass is staging-default, with its own
 		// namespace and ledger, called directly.
-		certificate := func(defaultClass string) (tailnetCert, error) {
+		certificate := func(defaultClass string) (certs.TailnetCert, error) {
 			ns := newNamespace()
-			r := &HAIngressReconciler{Client: k8s, reporter: reporter{Recorder: clientevents.NewFakeRecorder(10)},
-				Settings: Settings{Namespace: ns, DefaultProxyClass: defaultClass},
-				guard:    &certGuard{Client: k8s, namespace: ns, limits: acmebudget.LetsEncrypt, now: time.Now},
-				info:     func(context.Context) tailnet.TailnetInfo { return tailnet.TailnetInfo{} }}
+			r := &ingress.HAIngressReconciler{Client: k8s, Reporter: kit.Reporter{Recorder: clientevents.NewFakeRecorder(10)},
+				Settings: kit.Settings{Namespace: ns, DefaultProxyClass: defaultClass},
+				Guard:    &certs.CertGuard{Client: k8s, Namespace: ns, Limits: acmebudget.LetsEncrypt, Now: time.Now},
+				Info:     func(context.Context) tailnet.TailnetInfo { return tailnet.TailnetInfo{} }}
 			issued := contract.CertificateStatus{Source: contract.CertSourceACME, Serial: "57a6e1",
 				NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(90 * 24 * time.Hour)}
 			states := []*contract.ProxyState{{FQDN: "staging-default-group-0.staging2.example",
 				Certificates: map[string]contract.CertificateStatus{"app.staging2.example": issued}}}
 			ing := &networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "app"}}
-			c, err := r.certificate(ctx, &haIngressScope{ing: ing, hostname: "app", group: pg, states: states})
+			c, err := r.Certificate(ctx, &ingress.HAIngressScope{Ing: ing, Hostname: "app", Group: pg, States: states})
 			ledger := &corev1.ConfigMap{}
-			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: ledgerConfigMap}, ledger); err == nil {
+			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: certs.LedgerConfigMap}, ledger); err == nil {
 				Expect(defaultClass).To(BeEmpty(), "a staging serial in the production ledger: %v", ledger.Data)
 				Expect(ledger.Data["staging2.example.json"]).To(ContainSubstring("57a6e1"))
 			} else {
@@ -275,8 +281,8 @@ var _ = Describe("Certificates from Let's Encrypt's staging directory", func() {
 		}
 		c, err := certificate("staging-default")
 		Expect(err).NotTo(HaveOccurred())
-		Expect(c.fqdn).To(Equal("app.staging2.example"))
-		Expect(c.hold).To(BeNil())
+		Expect(c.FQDN).To(Equal("app.staging2.example"))
+		Expect(c.Hold).To(BeNil())
 		_, err = certificate("")
 		Expect(err).NotTo(HaveOccurred())
 	})
@@ -285,36 +291,36 @@ var _ = Describe("Certificates from Let's Encrypt's staging directory", func() {
 var _ = Describe("The certificate guard", func() {
 	It("counts a replica's parsed report once, however many objects read it, and a new report again", func() {
 		ns := newNamespace()
-		guard := &certGuard{Client: k8s, namespace: ns, limits: acmebudget.LetsEncrypt, now: time.Now}
+		guard := &certs.CertGuard{Client: k8s, Namespace: ns, Limits: acmebudget.LetsEncrypt, Now: time.Now}
 		issued := func(serial string) contract.CertificateStatus {
 			return contract.CertificateStatus{Source: contract.CertSourceACME, Serial: serial,
 				NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(90 * 24 * time.Hour)}
 		}
 		ledger := func() string {
 			cm := &corev1.ConfigMap{}
-			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: ledgerConfigMap}, cm)).To(Succeed())
+			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: certs.LedgerConfigMap}, cm)).To(Succeed())
 			return cm.Data["once.example.json"]
 		}
 		report := &contract.ProxyState{Certificates: map[string]contract.CertificateStatus{"a.once.example": issued("a1a1")}}
-		Expect(guard.observeReport(ctx, report, false)).To(Succeed())
+		Expect(guard.ObserveReport(ctx, report, false)).To(Succeed())
 		Expect(ledger()).To(ContainSubstring("a1a1"))
 
 		// Parsed reports are never changed; this one is, only to show it is not read again.
 		report.Certificates["b.once.example"] = issued("b2b2")
-		Expect(guard.observeReport(ctx, report, false)).To(Succeed())
+		Expect(guard.ObserveReport(ctx, report, false)).To(Succeed())
 		Expect(ledger()).NotTo(ContainSubstring("b2b2"))
 
 		next := &contract.ProxyState{Certificates: map[string]contract.CertificateStatus{
 			"a.once.example": issued("a1a1"), "b.once.example": issued("b2b2")}}
-		Expect(guard.observeReport(ctx, next, false)).To(Succeed())
+		Expect(guard.ObserveReport(ctx, next, false)).To(Succeed())
 		Expect(ledger()).To(ContainSubstring("b2b2"))
 	})
 
 	It("keeps the ledger in bounded segments, rewriting only those a change touches", func() {
 		ns := newNamespace()
 		now := time.Now()
-		guard := &certGuard{Client: k8s, namespace: ns, limits: acmebudget.Limits{PerDomain: 1000, PerName: 5, Window: 7 * 24 * time.Hour},
-			now: func() time.Time { return now }, segmentSize: 4 << 10}
+		guard := &certs.CertGuard{Client: k8s, Namespace: ns, Limits: acmebudget.Limits{PerDomain: 1000, PerName: 5, Window: 7 * 24 * time.Hour},
+			Now: func() time.Time { return now }, SegmentSize: 4 << 10}
 		const domain = "seg.example"
 		names := make([]string, 120)
 		for i := range names {
@@ -325,19 +331,19 @@ var _ = Describe("The certificate guard", func() {
 		for _, name := range names {
 			wg.Go(func() {
 				defer GinkgoRecover()
-				hold, err := guard.hold(ctx, name, contract.CertificateStatus{})
+				hold, err := guard.Hold(ctx, name, contract.CertificateStatus{})
 				Expect(err).NotTo(HaveOccurred())
 				Expect(hold).To(BeNil())
 			})
 		}
 		wg.Wait()
 		segments := func() map[string]*corev1.ConfigMap {
-			segs, err := listLedgerSegments(ctx, k8s, ns)
+			segs, err := certs.ListLedgerSegments(ctx, k8s, ns)
 			Expect(err).NotTo(HaveOccurred())
 			out := map[string]*corev1.ConfigMap{}
 			for _, s := range segs {
-				Expect(s.size()).To(BeNumerically("<=", 4<<10*4/3), "segment %s", s.cm.Name)
-				out[s.cm.Name] = s.cm.DeepCopy()
+				Expect(s.Size()).To(BeNumerically("<=", 4<<10*4/3), "segment %s", s.CM.Name)
+				out[s.CM.Name] = s.CM.DeepCopy()
 			}
 			return out
 		}
@@ -346,11 +352,11 @@ var _ = Describe("The certificate guard", func() {
 		l := ledgerIn(Default, ns, domain)
 		Expect(l.Entries).To(HaveLen(len(names)))
 		for _, name := range names {
-			Expect(l.HasReservation(name, now, guard.limits)).To(BeTrue(), name)
+			Expect(l.HasReservation(name, now, guard.Limits)).To(BeTrue(), name)
 		}
 
 		// One certificate issued: one segment written, the others untouched.
-		Expect(guard.observe(ctx, map[string]contract.CertificateStatus{names[5]: {Source: contract.CertSourceACME, Serial: "c0ffee",
+		Expect(guard.Observe(ctx, map[string]contract.CertificateStatus{names[5]: {Source: contract.CertSourceACME, Serial: "c0ffee",
 			NotBefore: now, NotAfter: now.Add(90 * 24 * time.Hour)}}, false)).To(Succeed())
 		after := segments()
 		var rewritten []string
@@ -360,26 +366,26 @@ var _ = Describe("The certificate guard", func() {
 			}
 		}
 		Expect(rewritten).To(HaveLen(1))
-		Expect(after[rewritten[0]].Data[ledgerKey(domain)]).To(ContainSubstring("c0ffee"))
+		Expect(after[rewritten[0]].Data[certs.LedgerKey(domain)]).To(ContainSubstring("c0ffee"))
 		Expect(ledgerIn(Default, ns, domain).Entries).To(ContainElement(And(HaveField("Name", names[5]), HaveField("Serial", "c0ffee"), HaveField("Reserved", false))))
 
 		// A new operator (nothing cached) reads the same account and reserves nothing twice.
-		fresh := &certGuard{Client: k8s, namespace: ns, limits: guard.limits, now: guard.now, segmentSize: 4 << 10}
-		Expect(fresh.hold(ctx, names[7], contract.CertificateStatus{})).To(BeNil())
+		fresh := &certs.CertGuard{Client: k8s, Namespace: ns, Limits: guard.Limits, Now: guard.Now, SegmentSize: 4 << 10}
+		Expect(fresh.Hold(ctx, names[7], contract.CertificateStatus{})).To(BeNil())
 		Expect(ledgerIn(Default, ns, domain).Entries).To(HaveLen(len(names)))
 
 		// Past the window and the names' 90 days, every segment but the first is removed.
 		now = now.Add(100 * 24 * time.Hour)
-		Expect(fresh.hold(ctx, "late."+domain, contract.CertificateStatus{})).To(BeNil())
+		Expect(fresh.Hold(ctx, "late."+domain, contract.CertificateStatus{})).To(BeNil())
 		Eventually(func(g Gomega) []string {
-			segs, err := listLedgerSegments(ctx, k8s, ns)
+			segs, err := certs.ListLedgerSegments(ctx, k8s, ns)
 			g.Expect(err).NotTo(HaveOccurred())
 			var names []string
 			for _, s := range segs {
-				names = append(names, s.cm.Name)
+				names = append(names, s.CM.Name)
 			}
 			return names
-		}).Should(Equal([]string{ledgerConfigMap}))
+		}).Should(Equal([]string{certs.LedgerConfigMap}))
 		Expect(ledgerIn(Default, ns, domain).Entries).To(ConsistOf(HaveField("Name", "late."+domain)))
 	})
 })

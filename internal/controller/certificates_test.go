@@ -6,6 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tsingress/tsingress/internal/testing/kubeobj"
+
+	"github.com/tsingress/tsingress/internal/controller/certs"
+	"github.com/tsingress/tsingress/internal/controller/ingress"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
 
 	. "github.com/onsi/gomega"
@@ -36,22 +41,22 @@ func TestCheckTLSSecret(t *testing.T) {
 		reason string
 	}{
 		"valid":             {tlsSecret("ns", "s", certPEM, keyPEM), []string{"app.example.com", "x.apps.example.com"}, ""},
-		"expired":           {tlsSecret("ns", "s", oldPEM, oldKey), []string{"app.example.com"}, ReasonCertificateExpired},
-		"other host":        {tlsSecret("ns", "s", certPEM, keyPEM), []string{"shop.example.com"}, ReasonCertificateHostMismatch},
-		"key of other cert": {tlsSecret("ns", "s", certPEM, otherKey), []string{"app.example.com"}, ReasonTLSSecretInvalid},
-		"not PEM":           {tlsSecret("ns", "s", []byte("junk"), keyPEM), []string{"app.example.com"}, ReasonTLSSecretInvalid},
+		"expired":           {tlsSecret("ns", "s", oldPEM, oldKey), []string{"app.example.com"}, kit.ReasonCertificateExpired},
+		"other host":        {tlsSecret("ns", "s", certPEM, keyPEM), []string{"shop.example.com"}, kit.ReasonCertificateHostMismatch},
+		"key of other cert": {tlsSecret("ns", "s", certPEM, otherKey), []string{"app.example.com"}, kit.ReasonTLSSecretInvalid},
+		"not PEM":           {tlsSecret("ns", "s", []byte("junk"), keyPEM), []string{"app.example.com"}, kit.ReasonTLSSecretInvalid},
 		"opaque": {&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s"}, Type: corev1.SecretTypeOpaque,
-			Data: map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM}}, []string{"app.example.com"}, ReasonTLSSecretWrongType},
+			Data: map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM}}, []string{"app.example.com"}, kit.ReasonTLSSecretWrongType},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			notAfter, f := checkTLSSecret(c.secret, c.hosts, now)
+			notAfter, f := certs.CheckTLSSecret(c.secret, c.hosts, now)
 			switch {
 			case c.reason == "" && f != nil:
-				t.Fatalf("finding %s: %s", f.reason, f.message)
+				t.Fatalf("finding %s: %s", f.Reason, f.Message)
 			case c.reason == "" && !notAfter.Equal(now.Add(30*24*time.Hour)):
 				t.Errorf("notAfter = %s", notAfter)
-			case c.reason != "" && (f == nil || f.reason != c.reason):
+			case c.reason != "" && (f == nil || f.Reason != c.reason):
 				t.Fatalf("finding = %+v, want reason %s", f, c.reason)
 			}
 		})
@@ -65,13 +70,13 @@ func TestBYOEntries(t *testing.T) {
 		{Hosts: []string{"web.tail1234.ts.net"}, SecretName: "also"}, // tailnet name too
 		{Hosts: []string{"api.example.com"}},                         // no Secret: a tailnet hostname "api"
 	}}}
-	if got := tlsHost(ing); got != "shop" {
+	if got := kit.TLSHost(ing); got != "shop" {
 		t.Errorf("tailnet host = %q, want shop (the first entry that is not bring-your-own)", got)
 	}
-	if got := byoHosts(ing); len(got) != 1 || !got["app.example.com"] {
+	if got := certs.BYOHosts(ing); len(got) != 1 || !got["app.example.com"] {
 		t.Errorf("custom hosts = %v, want app.example.com only", got)
 	}
-	if got := tlsSecretNames(ing); len(got) != 1 || got[0] != "app-tls" {
+	if got := ingress.TLSSecretNames(ing); len(got) != 1 || got[0] != "app-tls" {
 		t.Errorf("watched Secrets = %v", got)
 	}
 }
@@ -80,13 +85,13 @@ func TestRouteHosts(t *testing.T) {
 	ing := &networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Namespace: "ns"}, Spec: networkingv1.IngressSpec{
 		TLS: []networkingv1.IngressTLS{{Hosts: []string{"shop"}}, {Hosts: []string{"App.Example.com"}, SecretName: "app-tls"}},
 		Rules: []networkingv1.IngressRule{
-			rule("app.example.com", path("/", networkingv1.PathTypePrefix, backend("web", "admin"))),
-			rule("shop", path("/", networkingv1.PathTypePrefix, backend("web", "http"))),
-			rule("other.example.com", path("/", networkingv1.PathTypePrefix, backend("web", "http"))),
+			kubeobj.Rule("app.example.com", kubeobj.Path("/", networkingv1.PathTypePrefix, kubeobj.Backend("web", "admin"))),
+			kubeobj.Rule("shop", kubeobj.Path("/", networkingv1.PathTypePrefix, kubeobj.Backend("web", "http"))),
+			kubeobj.Rule("other.example.com", kubeobj.Path("/", networkingv1.PathTypePrefix, kubeobj.Backend("web", "http"))),
 		},
 	}}
-	services := map[string]*corev1.Service{"web": svc("web", "10.96.0.10", corev1.ServicePort{Name: "http", Port: 80}, corev1.ServicePort{Name: "admin", Port: 8080})}
-	ws, findings := buildWebService(ing, routeInputs{services: services})
+	services := map[string]*corev1.Service{"web": kubeobj.Service("web", "10.96.0.10", corev1.ServicePort{Name: "http", Port: 80}, corev1.ServicePort{Name: "admin", Port: 8080})}
+	ws, findings := ingress.BuildWebService(ing, ingress.RouteInputs{Services: services})
 	want := []contract.Route{
 		{Host: "app.example.com", Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://10.96.0.10:8080"}},
 		{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://10.96.0.10:80"}},
@@ -94,8 +99,8 @@ func TestRouteHosts(t *testing.T) {
 	if !reflect.DeepEqual(ws.Routes, want) {
 		t.Errorf("routes = %+v\nwant %+v", ws.Routes, want)
 	}
-	if len(findings) != 1 || findings[0].reason != ReasonUnsupportedHost {
-		t.Errorf("findings = %+v, want one %s for other.example.com", findings, ReasonUnsupportedHost)
+	if len(findings) != 1 || findings[0].Reason != kit.ReasonUnsupportedHost {
+		t.Errorf("findings = %+v, want one %s for other.example.com", findings, kit.ReasonUnsupportedHost)
 	}
 }
 
@@ -103,7 +108,7 @@ func TestCertPortError(t *testing.T) {
 	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 	fresh := contract.CertificateStatus{Source: contract.CertSourceACME, Serial: "01", NotBefore: now.Add(-24 * time.Hour), NotAfter: now.Add(89 * 24 * time.Hour)}
 	old := contract.CertificateStatus{Source: contract.CertSourceACME, Serial: "02", NotBefore: now.Add(-61 * 24 * time.Hour), NotAfter: now.Add(29 * 24 * time.Hour)}
-	hold := &contract.IssuanceHold{Reason: ReasonCertificateRateLimited}
+	hold := &contract.IssuanceHold{Reason: kit.ReasonCertificateRateLimited}
 	failed := contract.CertificateStatus{Reason: contract.CertReasonIssuanceFailed, Message: "connection refused"}
 	for _, c := range []struct {
 		hold *contract.IssuanceHold
@@ -112,11 +117,11 @@ func TestCertPortError(t *testing.T) {
 	}{
 		{nil, fresh, ""},
 		{hold, old, ""}, // held, but a valid certificate is served meanwhile
-		{hold, contract.CertificateStatus{}, ReasonCertificateRateLimited},
-		{nil, failed, ReasonCertificateIssueFailed},
+		{hold, contract.CertificateStatus{}, kit.ReasonCertificateRateLimited},
+		{nil, failed, kit.ReasonCertificateIssueFailed},
 		{nil, contract.CertificateStatus{}, ""}, // not obtained yet
 	} {
-		if got := certPortError(c.hold, c.cur, now); got != c.want {
+		if got := certs.CertPortError(c.hold, c.cur, now); got != c.want {
 			t.Errorf("certPortError(%v, %+v) = %q, want %q", c.hold, c.cur, got, c.want)
 		}
 	}
@@ -129,12 +134,12 @@ func ledgerOf(g Gomega, domain string) *acmebudget.Ledger {
 
 // ledgerIn reads a domain's account from the ledger's segments in namespace ns.
 func ledgerIn(g Gomega, ns, domain string) *acmebudget.Ledger {
-	segs, err := listLedgerSegments(ctx, k8s, ns)
+	segs, err := certs.ListLedgerSegments(ctx, k8s, ns)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(segs).NotTo(BeEmpty())
 	var parts []*acmebudget.Ledger
 	for _, seg := range segs {
-		if v := seg.cm.Data[ledgerKey(domain)]; v != "" {
+		if v := seg.CM.Data[certs.LedgerKey(domain)]; v != "" {
 			l := &acmebudget.Ledger{}
 			g.Expect(json.Unmarshal([]byte(v), l)).To(Succeed())
 			parts = append(parts, l)
@@ -148,8 +153,8 @@ func ledgerIn(g Gomega, ns, domain string) *acmebudget.Ledger {
 func writeLedger(domain string, l *acmebudget.Ledger) {
 	b, err := json.Marshal(l)
 	Expect(err).NotTo(HaveOccurred())
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: testSetup.Namespace, Name: ledgerConfigMap,
-		Labels: map[string]string{LabelManaged: "true"}}}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: testSetup.Namespace, Name: certs.LedgerConfigMap,
+		Labels: map[string]string{kit.LabelManaged: "true"}}}
 	err = k8s.Get(ctx, client.ObjectKeyFromObject(cm), cm)
 	if err != nil {
 		cm.Data = map[string]string{domain + ".json": string(b)}

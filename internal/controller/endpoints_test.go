@@ -3,6 +3,10 @@ package controller
 import (
 	"time"
 
+	"github.com/tsingress/tsingress/internal/testing/kubeobj"
+
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -60,7 +64,7 @@ var _ = Describe("Ingress backends' endpoints", func() {
 
 		By("writing the ready endpoints, with the Pods' port, beside the ClusterIP")
 		Eventually(func(g Gomega) {
-			b := routeFor(g, proxyConfigOf(g, parentTypeIngress, ing), "/").Backend
+			b := routeFor(g, proxyConfigOf(g, proxies.ParentTypeIngress, ing), "/").Backend
 			g.Expect(b.URL).To(Equal("http://" + web.Spec.ClusterIP + ":80"))
 			g.Expect(b.Endpoints).To(Equal([]string{"10.1.0.1:8080", "10.1.0.2:8080"}))
 		}).Should(Succeed())
@@ -71,7 +75,7 @@ var _ = Describe("Ingress backends' endpoints", func() {
 		Expect(k8s.Update(ctx, slice)).To(Succeed())
 		newManualSlice(ns, "web", "web-b", 8081, map[string]bool{"10.1.0.9": true})
 		Eventually(func(g Gomega) {
-			b := routeFor(g, proxyConfigOf(g, parentTypeIngress, ing), "/").Backend
+			b := routeFor(g, proxyConfigOf(g, proxies.ParentTypeIngress, ing), "/").Backend
 			g.Expect(b.Endpoints).To(Equal([]string{"10.1.0.2:8080", "10.1.0.4:8080", "10.1.0.9:8081"}))
 		}).Should(Succeed())
 
@@ -79,7 +83,7 @@ var _ = Describe("Ingress backends' endpoints", func() {
 		Expect(k8s.DeleteAllOf(ctx, &discoveryv1.EndpointSlice{}, client.InNamespace(ns),
 			client.MatchingLabels{discoveryv1.LabelServiceName: "web"})).To(Succeed())
 		Eventually(func(g Gomega) {
-			b := routeFor(g, proxyConfigOf(g, parentTypeIngress, ing), "/").Backend
+			b := routeFor(g, proxyConfigOf(g, proxies.ParentTypeIngress, ing), "/").Backend
 			g.Expect(b.Endpoints).To(BeEmpty())
 			g.Expect(b.URL).To(Equal("http://" + web.Spec.ClusterIP + ":80"))
 		}).Should(Succeed())
@@ -94,14 +98,14 @@ var _ = Describe("Ingress backends' endpoints", func() {
 		ing := newIngress(ns, "wild", func(i *networkingv1.Ingress) {
 			i.Spec.TLS = append(i.Spec.TLS, networkingv1.IngressTLS{Hosts: []string{"*.example.com"}, SecretName: "wild-tls"})
 			i.Spec.Rules = []networkingv1.IngressRule{
-				rule("*.example.com", path("/", networkingv1.PathTypePrefix, backend("web", "http"))),
-				rule("api.example.com", path("/", networkingv1.PathTypePrefix, backend("web", "admin"))),
-				rule("*.other.com", path("/", networkingv1.PathTypePrefix, backend("web", "http"))),
+				kubeobj.Rule("*.example.com", kubeobj.Path("/", networkingv1.PathTypePrefix, kubeobj.Backend("web", "http"))),
+				kubeobj.Rule("api.example.com", kubeobj.Path("/", networkingv1.PathTypePrefix, kubeobj.Backend("web", "admin"))),
+				kubeobj.Rule("*.other.com", kubeobj.Path("/", networkingv1.PathTypePrefix, kubeobj.Backend("web", "http"))),
 			}
 		})
 		Eventually(func(g Gomega) {
 			s := &corev1.Secret{}
-			g.Expect(k8s.Get(ctx, secretKey(parentTypeIngress, ing), s)).To(Succeed())
+			g.Expect(k8s.Get(ctx, secretKey(proxies.ParentTypeIngress, ing), s)).To(Succeed())
 			g.Expect(s.Data).To(HaveKey("proxy-config.v3.json"))
 			g.Expect(s.Data).NotTo(HaveKey("proxy-config.v2.json"), "a v2 reader would refuse the wildcard")
 			cfg, v, err := contract.ProxyConfigs.Decode(s.Data)
@@ -110,7 +114,7 @@ var _ = Describe("Ingress backends' endpoints", func() {
 			g.Expect(cfg.Serve.TLS.Certificates).To(ConsistOf(HaveField("Hosts", []string{"*.example.com"})))
 			g.Expect(cfg.Serve.Routes).To(ContainElements(HaveField("Host", "*.example.com"), HaveField("Host", "api.example.com")))
 			g.Expect(cfg.Serve.Routes).NotTo(ContainElement(HaveField("Host", "*.other.com")))
-			g.Expect(ingressEvents(g, ing)).To(ContainElement(ReasonUnsupportedHost))
+			g.Expect(ingressEvents(g, ing)).To(ContainElement(kit.ReasonUnsupportedHost))
 		}).Should(Succeed())
 	})
 })

@@ -3,6 +3,10 @@ package controller
 import (
 	"time"
 
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
+
+	"github.com/tsingress/tsingress/internal/testing/kubeobj"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -12,6 +16,8 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
 )
 
 // normalEvents lists the reasons of the Normal Events about an object.
@@ -78,21 +84,21 @@ var _ = Describe("Events", func() {
 		newBackendService(ns, "web")
 		ing := newIngress(ns, "progress", func(i *networkingv1.Ingress) {
 			// A rule it cannot serve: a problem that stands on every pass.
-			i.Spec.Rules = []networkingv1.IngressRule{rule("other.example.com", path("/", networkingv1.PathTypePrefix, backend("web", 80)))}
+			i.Spec.Rules = []networkingv1.IngressRule{kubeobj.Rule("other.example.com", kubeobj.Path("/", networkingv1.PathTypePrefix, kubeobj.Backend("web", 80)))}
 		})
-		Eventually(normalEvents("Ingress", ing.Name)).Should(ContainElement(ReasonProxyDeployed))
-		Eventually(func(g Gomega) []string { return ingressEvents(g, ing) }).Should(ContainElement(ReasonUnsupportedHost))
+		Eventually(normalEvents("Ingress", ing.Name)).Should(ContainElement(kit.ReasonProxyDeployed))
+		Eventually(func(g Gomega) []string { return ingressEvents(g, ing) }).Should(ContainElement(kit.ReasonUnsupportedHost))
 
 		fqdn := "progress.events1.example"
-		reportState(parentTypeIngress, ing, contract.ProxyState{DeviceID: "nProgress", FQDN: fqdn})
-		Eventually(normalEvents("Ingress", ing.Name)).Should(ContainElement(ReasonDeviceJoined))
+		reportState(proxies.ParentTypeIngress, ing, contract.ProxyState{DeviceID: "nProgress", FQDN: fqdn})
+		Eventually(normalEvents("Ingress", ing.Name)).Should(ContainElement(kit.ReasonDeviceJoined))
 
 		issued := contract.CertificateStatus{Source: contract.CertSourceACME, Serial: "e7e7",
 			NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(90 * 24 * time.Hour)}
-		reportState(parentTypeIngress, ing, contract.ProxyState{DeviceID: "nProgress", FQDN: fqdn, HTTPSEndpoint: fqdn,
+		reportState(proxies.ParentTypeIngress, ing, contract.ProxyState{DeviceID: "nProgress", FQDN: fqdn, HTTPSEndpoint: fqdn,
 			Certificates: map[string]contract.CertificateStatus{fqdn: issued}})
-		Eventually(normalEvents("Ingress", ing.Name)).Should(ContainElements(ReasonCertificateIssued, ReasonServing))
-		Expect(eventMessages(Default, "Ingress", ing.Name)).To(ContainElement(ReasonServing + ": serving https://" + fqdn))
+		Eventually(normalEvents("Ingress", ing.Name)).Should(ContainElements(kit.ReasonCertificateIssued, kit.ReasonServing))
+		Expect(eventMessages(Default, "Ingress", ing.Name)).To(ContainElement(kit.ReasonServing + ": serving https://" + fqdn))
 
 		By("emitting nothing more while nothing changes")
 		expectNoNewEvents(ing, "Ingress")
@@ -102,9 +108,9 @@ var _ = Describe("Events", func() {
 	It("tell a standalone Service's progress, and nothing new while it stands still", func() {
 		ns := newNamespace()
 		svc := newService(ns, "progress-db", nil)
-		Eventually(normalEvents("Service", svc.Name)).Should(ContainElement(ReasonProxyDeployed))
-		reportState(parentTypeService, svc, appliedState("progress-db.tailnet.test", []string{"100.64.0.70"}, ""))
-		Eventually(normalEvents("Service", svc.Name)).Should(ContainElements(ReasonDeviceJoined, ReasonServing))
+		Eventually(normalEvents("Service", svc.Name)).Should(ContainElement(kit.ReasonProxyDeployed))
+		reportState(proxies.ParentTypeService, svc, proxytest.AppliedState("progress-db.tailnet.test", []string{"100.64.0.70"}, ""))
+		Eventually(normalEvents("Service", svc.Name)).Should(ContainElements(kit.ReasonDeviceJoined, kit.ReasonServing))
 		expectNoNewEvents(svc, "Service")
 	})
 
@@ -113,15 +119,17 @@ var _ = Describe("Events", func() {
 		DeferCleanup(k8s.Delete, ctx, pg)
 		ns := newNamespace()
 		newBackendService(ns, "web")
-		ing := newIngress(ns, "evha", func(i *networkingv1.Ingress) { i.Annotations = map[string]string{AnnotationProxyGroup: "events-ha"} })
-		Eventually(normalEvents("Ingress", ing.Name)).Should(ContainElement(ReasonTailscaleServiceCreated))
+		ing := newIngress(ns, "evha", func(i *networkingv1.Ingress) {
+			i.Annotations = map[string]string{kit.AnnotationProxyGroup: "events-ha"}
+		})
+		Eventually(normalEvents("Ingress", ing.Name)).Should(ContainElement(kit.ReasonTailscaleServiceCreated))
 
 		reportReplica("events-ha", 0, contract.ProxyState{DeviceID: "nEvHA0", FQDN: "events-ha-0.tailnet.test",
 			TailnetIPs: []string{"100.64.0.71"}, Advertised: []string{"svc:evha"}})
-		Eventually(normalEvents("ProxyGroup", pg.Name)).Should(ContainElements(ReasonDeviceJoined, ReasonProxyGroupReady))
-		Eventually(normalEvents("Ingress", ing.Name)).Should(ContainElement(ReasonServing))
+		Eventually(normalEvents("ProxyGroup", pg.Name)).Should(ContainElements(kit.ReasonDeviceJoined, kit.ReasonProxyGroupReady))
+		Eventually(normalEvents("Ingress", ing.Name)).Should(ContainElement(kit.ReasonServing))
 		Expect(eventMessages(Default, "Ingress", ing.Name)).To(ContainElement(
-			ReasonServing + ": serving https://evha.tailnet.test through Tailscale Service svc:evha"))
+			kit.ReasonServing + ": serving https://evha.tailnet.test through Tailscale Service svc:evha"))
 		expectNoNewEvents(ing, "Ingress")
 		expectNoNewEvents(pg, "ProxyGroup")
 	})

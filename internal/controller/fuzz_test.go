@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/tsingress/tsingress/internal/testing/docstest"
+
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -14,6 +16,10 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/certs"
+	"github.com/tsingress/tsingress/internal/controller/ingress"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/service"
 )
 
 // The route builder and the annotation parsers turn what users write into the proxy config
@@ -54,32 +60,32 @@ func FuzzIngressRoutes(f *testing.F) {
 			return // not something the API server would store
 		}
 		// The bring-your-own Secret resolves: its hosts are served with a copy of it.
-		var byo byoCertificates
+		var byo certs.BYOCertificates
 		for _, t := range ing.Spec.TLS {
-			if isBYO(t) {
+			if kit.IsBYO(t) {
 				var hosts []string
 				for _, h := range t.Hosts {
-					if customHost(h) {
+					if kit.CustomHost(h) {
 						hosts = append(hosts, strings.ToLower(h))
 					}
 				}
-				byo.refs = append(byo.refs, contract.CertificateRef{SecretName: "ts-copy", Hosts: hosts})
+				byo.Refs = append(byo.Refs, contract.CertificateRef{SecretName: "ts-copy", Hosts: hosts})
 			}
 		}
-		d := decideIngress(ing, inputs, byo, []string{"tag:k8s"})
-		checkFindings(t, d.findings)
-		if hasBlocking(d.findings) {
+		d := ingress.DecideIngress(ing, inputs, byo, []string{"tag:k8s"})
+		checkFindings(t, d.Findings)
+		if kit.HasBlocking(d.Findings) {
 			return
 		}
-		cfg := contract.ProxyConfig{Kind: contract.KindIngress, Hostname: d.hostname, Tags: d.tags, StateSecret: "ts-x-0", Serve: &d.ws}
+		cfg := contract.ProxyConfig{Kind: contract.KindIngress, Hostname: d.Hostname, Tags: d.Tags, StateSecret: "ts-x-0", Serve: &d.WS}
 		if err := cfg.Validate(); err != nil {
-			t.Fatalf("the route builder made a config the proxy refuses: %v\nIngress %+v\nservices %+v\nroutes %+v", err, ing.Spec, inputs.services, d.ws.Routes)
+			t.Fatalf("the route builder made a config the proxy refuses: %v\nIngress %+v\nservices %+v\nroutes %+v", err, ing.Spec, inputs.Services, d.WS.Routes)
 		}
 		if _, err := contract.ProxyConfigs.Encode(&cfg); err != nil {
 			t.Fatalf("encoding: %v", err)
 		}
 		// On a ProxyGroup the same routes go into the group's Serve config.
-		serve := contract.ServeConfig{Services: map[string]contract.WebService{"svc:" + d.hostname: d.ws}}
+		serve := contract.ServeConfig{Services: map[string]contract.WebService{"svc:" + d.Hostname: d.WS}}
 		if err := serve.Validate(); err != nil {
 			t.Fatalf("the group's Serve config would be refused: %v", err)
 		}
@@ -87,11 +93,11 @@ func FuzzIngressRoutes(f *testing.F) {
 }
 
 // objects builds the Ingress and its route inputs; ok is false for what the API server rejects.
-func (in ingressInput) objects() (*networkingv1.Ingress, routeInputs, bool) {
+func (in ingressInput) objects() (*networkingv1.Ingress, ingress.RouteInputs, bool) {
 	if !apiName(in.namespace, true) || !apiName(in.name, false) || !apiName(in.svcName, true) || !apiHost(in.tlsHost, true) ||
 		!apiHost(in.byoHost, true) || !apiHost(in.ruleHost, true) || (in.portName == "" && (in.portNumber < 1 || in.portNumber > 65535)) ||
 		(in.portName != "" && len(validation.IsValidPortName(in.portName)) > 0) {
-		return nil, routeInputs{}, false
+		return nil, ingress.RouteInputs{}, false
 	}
 	backend := networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{Name: in.svcName,
 		Port: networkingv1.ServiceBackendPort{Name: in.portName}}}
@@ -115,7 +121,7 @@ func (in ingressInput) objects() (*networkingv1.Ingress, routeInputs, bool) {
 	if in.byoHost != "" {
 		ing.Spec.TLS = append(ing.Spec.TLS, networkingv1.IngressTLS{Hosts: []string{in.byoHost}, SecretName: "byo"})
 	}
-	for k, v := range map[string]string{AnnotationBackendProtocol: in.protocol, AnnotationHTTPRedirect: in.redirect, AnnotationTags: in.tags} {
+	for k, v := range map[string]string{kit.AnnotationBackendProtocol: in.protocol, kit.AnnotationHTTPRedirect: in.redirect, kit.AnnotationTags: in.tags} {
 		if v != "" {
 			ing.Annotations[k] = v
 		}
@@ -125,24 +131,24 @@ func (in ingressInput) objects() (*networkingv1.Ingress, routeInputs, bool) {
 	switch {
 	case in.externalName != "":
 		if len(validation.IsDNS1123Subdomain(strings.TrimSuffix(in.externalName, "."))) > 0 {
-			return nil, routeInputs{}, false
+			return nil, ingress.RouteInputs{}, false
 		}
 		svc.Spec.Type, svc.Spec.ExternalName = corev1.ServiceTypeExternalName, in.externalName
 	case in.clusterIP == "None", in.clusterIP == "":
 		svc.Spec.ClusterIP = in.clusterIP
 	default:
 		if len(validation.IsValidIP(nil, in.clusterIP)) > 0 {
-			return nil, routeInputs{}, false
+			return nil, ingress.RouteInputs{}, false
 		}
 		svc.Spec.ClusterIP, svc.Spec.ClusterIPs = in.clusterIP, []string{in.clusterIP}
 	}
-	inputs := routeInputs{services: map[string]*corev1.Service{in.svcName: svc}, domain: "tailnet.test"}
+	inputs := ingress.RouteInputs{Services: map[string]*corev1.Service{in.svcName: svc}, Domain: "tailnet.test"}
 	if in.endpoint != "" {
 		family := discoveryv1.AddressTypeIPv4
 		if strings.Contains(in.endpoint, ":") {
 			family = discoveryv1.AddressTypeIPv6
 		}
-		inputs.slices = map[string][]discoveryv1.EndpointSlice{in.svcName: {{
+		inputs.Slices = map[string][]discoveryv1.EndpointSlice{in.svcName: {{
 			AddressType: family,
 			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{in.endpoint}}},
 			Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(in.portName), Port: ptr.To[int32](8080)}},
@@ -161,7 +167,7 @@ func FuzzServiceAnnotations(f *testing.F) {
 			return
 		}
 		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Annotations: map[string]string{}}}
-		for k, v := range map[string]string{AnnotationHostname: hostname, AnnotationExpose: expose, AnnotationTags: tags} {
+		for k, v := range map[string]string{kit.AnnotationHostname: hostname, kit.AnnotationExpose: expose, kit.AnnotationTags: tags} {
 			if v != "" {
 				svc.Annotations[k] = v
 			}
@@ -185,10 +191,10 @@ func FuzzServiceAnnotations(f *testing.F) {
 				svc.Spec.ClusterIPs = append(svc.Spec.ClusterIPs, ip6)
 			}
 		}
-		cfg, findings := serviceProxyConfig(svc, Settings{DefaultTags: []string{"tag:k8s"}, FirewallMode: contract.FirewallAuto})
+		cfg, findings := service.ServiceProxyConfig(svc, kit.Settings{DefaultTags: []string{"tag:k8s"}, FirewallMode: contract.FirewallAuto})
 		checkFindings(t, findings)
 		if cfg == nil {
-			if !hasBlocking(findings) {
+			if !kit.HasBlocking(findings) {
 				t.Fatalf("no config and no blocking finding for %+v", svc)
 			}
 			return
@@ -198,7 +204,7 @@ func FuzzServiceAnnotations(f *testing.F) {
 			t.Fatalf("a Service made a config the proxy refuses: %v\n%+v", err, svc)
 		}
 		// The same Service on a ProxyGroup: its Tailscale Service name and DNAT document.
-		svcName := "svc:" + haServiceHostname(svc)
+		svcName := "svc:" + kit.HAServiceHostname(svc)
 		dnat := contract.DNATConfig{Services: map[string]contract.DNATService{svcName: {VIPs: []string{"100.100.0.1"}, Destination: *cfg.Forward}}}
 		if err := dnat.Validate(); err != nil {
 			t.Fatalf("the group's DNAT config would be refused: %v\n%+v", err, svc)
@@ -207,19 +213,19 @@ func FuzzServiceAnnotations(f *testing.F) {
 }
 
 // checkFindings fails on a finding whose reason is not one of the documented reasons.
-func checkFindings(t *testing.T, fs []finding) {
+func checkFindings(t *testing.T, fs []kit.Finding) {
 	t.Helper()
 	for _, f := range fs {
-		if !documentedReason(f.reason) {
-			t.Fatalf("finding with undocumented reason %q: %s", f.reason, f.message)
+		if !documentedReason(f.Reason) {
+			t.Fatalf("finding with undocumented reason %q: %s", f.Reason, f.Message)
 		}
-		if f.blocking && !f.warning {
-			t.Fatalf("blocking finding %s is no warning", f.reason)
+		if f.Blocking && !f.Warning {
+			t.Fatalf("blocking finding %s is no warning", f.Reason)
 		}
 	}
 }
 
-var documented = sync.OnceValues(readDocumentedReasons)
+var documented = sync.OnceValues(docstest.Reasons)
 
 func documentedReason(reason string) bool {
 	reasons, err := documented()

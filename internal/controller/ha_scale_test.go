@@ -17,6 +17,7 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 )
 
 // 200 objects on a 2-replica group: every one gets its entry and Tailscale Service, the group's
@@ -40,10 +41,10 @@ var _ = Describe("A ProxyGroup with many objects", func() {
 		start := time.Now()
 		for i := range 100 {
 			newIngress(ns, fmt.Sprintf("site-%03d", i), func(ing *networkingv1.Ingress) {
-				ing.Annotations = map[string]string{AnnotationProxyGroup: "many"}
+				ing.Annotations = map[string]string{kit.AnnotationProxyGroup: "many"}
 			})
 			newService(ns, fmt.Sprintf("db-%03d", i), func(s *corev1.Service) {
-				s.Annotations = map[string]string{AnnotationProxyGroup: "many"}
+				s.Annotations = map[string]string{kit.AnnotationProxyGroup: "many"}
 			})
 		}
 		Eventually(func(g Gomega) {
@@ -86,7 +87,7 @@ var _ = Describe("A ProxyGroup with many objects", func() {
 			return func(g Gomega) string {
 				svc := &corev1.Service{}
 				g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: strings.TrimPrefix(svcName, "svc:"+ns+"-")}, svc)).To(Succeed())
-				c := meta.FindStatusCondition(svc.Status.Conditions, ConditionIngressSvcConfigured)
+				c := meta.FindStatusCondition(svc.Status.Conditions, kit.ConditionIngressSvcConfigured)
 				g.Expect(c).NotTo(BeNil())
 				return c.Message
 			}

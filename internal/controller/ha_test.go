@@ -16,6 +16,9 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/groupstore"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 )
@@ -30,14 +33,14 @@ func groupDocuments(g Gomega, pg string) (*contract.ServeConfig, *contract.DNATC
 // readGroupShards reads every shard of a group's documents, as a replica does.
 func readGroupShards(g Gomega, pg string) []map[string][]byte {
 	cm := &corev1.ConfigMap{}
-	g.Expect(k8s.Get(ctx, nsKey(pg+groupConfigMapSuffix), cm)).To(Succeed())
-	count, err := contract.ShardCount(cmData(cm))
+	g.Expect(k8s.Get(ctx, nsKey(pg+proxies.GroupConfigMapSuffix), cm)).To(Succeed())
+	count, err := contract.ShardCount(groupstore.CMData(cm))
 	g.Expect(err).NotTo(HaveOccurred())
-	shards := []map[string][]byte{cmData(cm)}
+	shards := []map[string][]byte{groupstore.CMData(cm)}
 	for i := 1; i < count; i++ {
 		s := &corev1.ConfigMap{}
-		g.Expect(k8s.Get(ctx, nsKey(contract.ShardName(pg+groupConfigMapSuffix, i)), s)).To(Succeed())
-		shards = append(shards, cmData(s))
+		g.Expect(k8s.Get(ctx, nsKey(contract.ShardName(pg+proxies.GroupConfigMapSuffix, i)), s)).To(Succeed())
+		shards = append(shards, groupstore.CMData(s))
 	}
 	return shards
 }
@@ -114,7 +117,7 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 		ns := newNamespace()
 		web := newBackendService(ns, "web")
 		ing := newIngress(ns, "ha-shop", func(i *networkingv1.Ingress) {
-			i.Annotations = map[string]string{AnnotationProxyGroup: "ha", AnnotationHTTPRedirect: "true"}
+			i.Annotations = map[string]string{kit.AnnotationProxyGroup: "ha", kit.AnnotationHTTPRedirect: "true"}
 		})
 
 		By("writing its routes into the group's Serve config")
@@ -124,7 +127,7 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 		}).Should(HaveKeyWithValue("svc:ha-shop", contract.WebService{HTTP: contract.HTTPRedirect, Ingress: ns + "/ha-shop", Routes: []contract.Route{
 			{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"}}},
 			// No replica runs here, so the tailnet's domain is unknown: issuance waits for it.
-			TLS: contract.WebTLS{Hold: &contract.IssuanceHold{Reason: ReasonWaitingForTailnetDomain,
+			TLS: contract.WebTLS{Hold: &contract.IssuanceHold{Reason: kit.ReasonWaitingForTailnetDomain,
 				Message: "the tailnet's domain is not known yet; the certificate is requested once the proxy has joined"}}}))
 
 		By("creating the Tailscale Service, owned by this operator")
@@ -132,8 +135,8 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(ts.Ports).To(Equal([]string{"tcp:443", "tcp:80"}))
 		Expect(ts.Addrs).NotTo(BeEmpty())
-		var refs ownerRefs
-		Expect(json.Unmarshal([]byte(ts.Annotations[annotationOwnerRefs]), &refs)).To(Succeed())
+		var refs groupstore.OwnerRefs
+		Expect(json.Unmarshal([]byte(ts.Annotations[groupstore.AnnotationOwnerRefs]), &refs)).To(Succeed())
 		Expect(refs.OwnerRefs).To(HaveLen(1))
 
 		By("letting every replica advertise it")
@@ -168,7 +171,7 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 	It("serves a Service at L3 through the Tailscale Service's VIPs", func() {
 		ns := newNamespace()
 		svc := newService(ns, "ha-db", func(s *corev1.Service) {
-			s.Annotations = map[string]string{AnnotationProxyGroup: "ha"}
+			s.Annotations = map[string]string{kit.AnnotationProxyGroup: "ha"}
 		})
 		var mapping contract.DNATService
 		Eventually(func(g Gomega) {
@@ -189,10 +192,10 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 				return c
 			}
 		}
-		Eventually(cond(ConditionIngressSvcValid)).Should(HaveField("Status", metav1.ConditionTrue))
-		Eventually(cond(ConditionIngressSvcConfigured)).Should(HaveField("Reason", ReasonIngressSvcNoBackends))
+		Eventually(cond(kit.ConditionIngressSvcValid)).Should(HaveField("Status", metav1.ConditionTrue))
+		Eventually(cond(kit.ConditionIngressSvcConfigured)).Should(HaveField("Reason", kit.ReasonIngressSvcNoBackends))
 		reportReplica("ha", 0, contract.ProxyState{FQDN: "ha-0.tailnet.test", Advertised: []string{"svc:" + ns + "-ha-db"}})
-		Eventually(cond(ConditionIngressSvcConfigured)).Should(And(
+		Eventually(cond(kit.ConditionIngressSvcConfigured)).Should(And(
 			HaveField("Status", metav1.ConditionTrue), HaveField("Message", ContainSubstring("1/2"))))
 		Expect(svc.Status.LoadBalancer.Ingress[0].Hostname).To(Equal(ns + "-ha-db.tailnet.test"))
 
@@ -200,32 +203,32 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 		reportReplica("ha", 1, contract.ProxyState{FQDN: "ha-1.tailnet.test", Firewall: &contract.FirewallStatus{Mode: contract.FirewallNFTables,
 			Mappings: map[string]contract.AppliedDNAT{"svc:" + ns + "-ha-db": {Error: "ipv4: ipv4 forwarding is off",
 				FamilyErrors: map[string]string{contract.FamilyIPv4: "ipv4 forwarding is off"}}}}})
-		Eventually(cond(ConditionIngressSvcConfigured)).Should(HaveField("Message",
+		Eventually(cond(kit.ConditionIngressSvcConfigured)).Should(HaveField("Message",
 			Equal("1/2 proxy replicas ready and advertising; DNAT rules not in place on ha-1: ipv4: ipv4 forwarding is off")))
 
 		By("cleaning up when the annotation goes")
 		patch := client.MergeFrom(svc.DeepCopy())
-		delete(svc.Annotations, AnnotationProxyGroup)
+		delete(svc.Annotations, kit.AnnotationProxyGroup)
 		Expect(k8s.Patch(ctx, svc, patch)).To(Succeed())
 		Eventually(func(g Gomega) map[string]contract.DNATService {
 			_, dnat := groupDocuments(g, "ha")
 			return dnat.Services
 		}).ShouldNot(HaveKey("svc:" + ns + "-ha-db"))
-		Eventually(cond(ConditionProxyReady)).ShouldNot(BeNil(), "now a standalone L3 Service")
+		Eventually(cond(kit.ConditionProxyReady)).ShouldNot(BeNil(), "now a standalone L3 Service")
 	})
 
 	It("maps each IP family of a Service to the VIP of that family, and an ExternalName to every VIP", func() {
 		ns := newNamespace()
 		haService := func(name string, mutate func(*corev1.Service)) *corev1.Service {
 			return newService(ns, name, func(s *corev1.Service) {
-				s.Annotations = map[string]string{AnnotationProxyGroup: "ha"}
+				s.Annotations = map[string]string{kit.AnnotationProxyGroup: "ha"}
 				mutate(s)
 			})
 		}
 		v6 := haService("v6", func(s *corev1.Service) { s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol} })
 		dual := haService("dual", func(s *corev1.Service) { s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyRequireDualStack) })
 		ext := haService("ext", func(s *corev1.Service) {
-			s.Annotations[AnnotationExpose] = "true"
+			s.Annotations[kit.AnnotationExpose] = "true"
 			s.Spec.Type, s.Spec.ExternalName = corev1.ServiceTypeExternalName, "db.example.com"
 			s.Spec.LoadBalancerClass, s.Spec.Selector = nil, nil
 		})
@@ -256,7 +259,7 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 		}
 		Eventually(lb(dual)).Should(Equal(want("dual", vipsOf("svc:"+ns+"-dual", true, true))))
 		Eventually(lb(v6)).Should(Equal(want("v6", vipsOf("svc:"+ns+"-v6", false, true))))
-		Eventually(serviceCondition(ext, ConditionIngressSvcConfigured)).Should(HaveField("Status", metav1.ConditionTrue))
+		Eventually(serviceCondition(ext, kit.ConditionIngressSvcConfigured)).Should(HaveField("Status", metav1.ConditionTrue))
 
 		By("releasing everything on delete")
 		for _, svc := range []*corev1.Service{v6, dual, ext} {
@@ -276,7 +279,7 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 		ns := newNamespace()
 		v6only := func(name string) *corev1.Service {
 			return newService(ns, name, func(s *corev1.Service) {
-				s.Annotations = map[string]string{AnnotationProxyGroup: "ha"}
+				s.Annotations = map[string]string{kit.AnnotationProxyGroup: "ha"}
 				s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
 			})
 		}
@@ -284,13 +287,13 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 		a, b := v6only("a"), v6only("b")
 		for _, svc := range []*corev1.Service{a, b} {
 			Eventually(func(g Gomega) []string { return eventMessages(g, "Service", svc.Name) }).Should(
-				ContainElement(HavePrefix(ReasonUnsupportedIPFamily+": the Tailscale Service has addresses [100.")), svc.Name)
+				ContainElement(HavePrefix(kit.ReasonUnsupportedIPFamily+": the Tailscale Service has addresses [100.")), svc.Name)
 			Expect(events(Default, "Service", svc.Name)).To(ContainElement(And(
-				HaveField("Reason", ReasonUnsupportedIPFamily), HaveField("Type", corev1.EventTypeWarning))))
-			Eventually(serviceCondition(svc, ConditionIngressSvcValid)).Should(And(
-				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonUnsupportedIPFamily)))
-			Expect(serviceCondition(svc, ConditionIngressSvcConfigured)(Default)).To(And(
-				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonUnsupportedIPFamily)))
+				HaveField("Reason", kit.ReasonUnsupportedIPFamily), HaveField("Type", corev1.EventTypeWarning))))
+			Eventually(serviceCondition(svc, kit.ConditionIngressSvcValid)).Should(And(
+				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonUnsupportedIPFamily)))
+			Expect(serviceCondition(svc, kit.ConditionIngressSvcConfigured)(Default)).To(And(
+				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonUnsupportedIPFamily)))
 			_, dnat := groupDocuments(Default, "ha")
 			Expect(dnat.Services).NotTo(HaveKey("svc:"+ns+"-"+svc.Name), "a mapping with no VIP to map")
 		}
@@ -320,15 +323,15 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 		Expect(a.Spec.ClusterIPs).To(HaveLen(2))
 		Expect(dnatEntry("ha", "svc:"+ns+"-a")).To(Equal(contract.DNATService{
 			VIPs: vipsOf("svc:"+ns+"-a", true, false), Destination: contract.Destination{IPs: a.Spec.ClusterIPs}}))
-		Eventually(serviceCondition(a, ConditionIngressSvcValid)).Should(HaveField("Status", metav1.ConditionTrue))
+		Eventually(serviceCondition(a, kit.ConditionIngressSvcValid)).Should(HaveField("Status", metav1.ConditionTrue))
 
 		By("serving b once its Tailscale Service has an IPv6 address, which the operator looks for again on its own")
 		time.Sleep(time.Second) // the passes that a's change brings to the group's Services
 		Expect(tsnet.SetServiceAddrFamilies(true, true)).To(Succeed())
 		fixed := time.Now()
-		Expect(dnatEntryWithin("ha", "svc:"+ns+"-b", tailnetRetry+30*time.Second)).To(Equal(contract.DNATService{
+		Expect(dnatEntryWithin("ha", "svc:"+ns+"-b", kit.TailnetRetry+30*time.Second)).To(Equal(contract.DNATService{
 			VIPs: vipsOf("svc:"+ns+"-b", false, true), Destination: contract.Destination{IPs: b.Spec.ClusterIPs}}))
-		Eventually(serviceCondition(b, ConditionIngressSvcValid)).Should(HaveField("Status", metav1.ConditionTrue))
+		Eventually(serviceCondition(b, kit.ConditionIngressSvcValid)).Should(HaveField("Status", metav1.ConditionTrue))
 		AddReportEntry("UnsupportedIPFamily: served after the tailnet's fix", time.Since(fixed).Round(time.Second).String())
 	})
 
@@ -338,10 +341,12 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 		egress := newProxyGroup("ha-egress", func(p *tsv1alpha1.ProxyGroup) { p.Spec.Type = tsv1alpha1.ProxyGroupTypeEgress })
 		DeferCleanup(k8s.Delete, ctx, egress)
 
-		missing := newIngress(ns, "lost", func(i *networkingv1.Ingress) { i.Annotations = map[string]string{AnnotationProxyGroup: "nope"} })
-		wrong := newIngress(ns, "wrong", func(i *networkingv1.Ingress) { i.Annotations = map[string]string{AnnotationProxyGroup: "ha-egress"} })
+		missing := newIngress(ns, "lost", func(i *networkingv1.Ingress) { i.Annotations = map[string]string{kit.AnnotationProxyGroup: "nope"} })
+		wrong := newIngress(ns, "wrong", func(i *networkingv1.Ingress) {
+			i.Annotations = map[string]string{kit.AnnotationProxyGroup: "ha-egress"}
+		})
 		first := newIngress(ns, "first", func(i *networkingv1.Ingress) {
-			i.Annotations = map[string]string{AnnotationProxyGroup: "ha"}
+			i.Annotations = map[string]string{kit.AnnotationProxyGroup: "ha"}
 			i.Spec.TLS[0].Hosts = []string{"same"}
 		})
 		Eventually(func(g Gomega) map[string]contract.WebService {
@@ -349,25 +354,25 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 			return serve.Services
 		}).Should(HaveKey("svc:same"))
 		second := newIngress(ns, "second", func(i *networkingv1.Ingress) {
-			i.Annotations = map[string]string{AnnotationProxyGroup: "ha"}
+			i.Annotations = map[string]string{kit.AnnotationProxyGroup: "ha"}
 			i.Spec.TLS[0].Hosts = []string{"same"}
 		})
 		_, err := tsClient.PutService(ctx, tailnet.Service{Name: "svc:foreign", Ports: []string{"tcp:443"}, Tags: []string{"tag:k8s"}})
 		Expect(err).NotTo(HaveOccurred())
 		foreign := newIngress(ns, "foreign", func(i *networkingv1.Ingress) {
-			i.Annotations = map[string]string{AnnotationProxyGroup: "ha"}
+			i.Annotations = map[string]string{kit.AnnotationProxyGroup: "ha"}
 		})
 
 		for ing, reason := range map[*networkingv1.Ingress]string{
-			missing: ReasonProxyGroupNotFound, wrong: ReasonProxyGroupWrongType,
-			second: ReasonDuplicateHostname, foreign: ReasonInvalidTailscaleSvc,
+			missing: kit.ReasonProxyGroupNotFound, wrong: kit.ReasonProxyGroupWrongType,
+			second: kit.ReasonDuplicateHostname, foreign: kit.ReasonInvalidTailscaleSvc,
 		} {
 			Eventually(func(g Gomega) []string { return ingressEvents(g, ing) }).Should(ContainElement(reason), ing.Name)
 		}
-		Expect(ingressEvents(Default, first)).NotTo(ContainElement(ReasonDuplicateHostname))
+		Expect(ingressEvents(Default, first)).NotTo(ContainElement(kit.ReasonDuplicateHostname))
 		ts, err := tailscaleService("svc:foreign")
 		Expect(err).NotTo(HaveOccurred())
-		Expect(ts.Annotations).NotTo(HaveKey(annotationOwnerRefs), "a foreign Tailscale Service is left alone")
+		Expect(ts.Annotations).NotTo(HaveKey(groupstore.AnnotationOwnerRefs), "a foreign Tailscale Service is left alone")
 		Expect(k8s.Delete(ctx, first)).To(Succeed())
 		expectGone(first)
 	})
@@ -380,7 +385,7 @@ var _ = Describe("A renamed object on a ProxyGroup", func() {
 		ns := newNamespace()
 		newBackendService(ns, "web")
 		ing := newIngress(ns, "old-name", func(i *networkingv1.Ingress) {
-			i.Annotations = map[string]string{AnnotationProxyGroup: "rename"}
+			i.Annotations = map[string]string{kit.AnnotationProxyGroup: "rename"}
 		})
 		Eventually(func(g Gomega) {
 			serve, _ := groupDocuments(g, "rename")
@@ -420,21 +425,21 @@ var _ = Describe("A Service on a ProxyGroup when a step fails", func() {
 
 		ns := newNamespace()
 		svc := newService(ns, "outage", func(s *corev1.Service) {
-			s.Annotations = map[string]string{AnnotationProxyGroup: "ha-outage"}
+			s.Annotations = map[string]string{kit.AnnotationProxyGroup: "ha-outage"}
 		})
-		Eventually(serviceCondition(svc, ConditionIngressSvcConfigured)).Should(And(
-			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonIngressSvcCreateFailed)))
-		Expect(meta.FindStatusCondition(svc.Status.Conditions, ConditionIngressSvcValid)).To(BeNil(),
+		Eventually(serviceCondition(svc, kit.ConditionIngressSvcConfigured)).Should(And(
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonIngressSvcCreateFailed)))
+		Expect(meta.FindStatusCondition(svc.Status.Conditions, kit.ConditionIngressSvcValid)).To(BeNil(),
 			"an outage of the tailnet API says nothing about whether the Service is valid")
-		Eventually(func(g Gomega) []string { return eventReasons(g, "Service", svc.Name) }).Should(ContainElement(ReasonTailnetAPIFailed))
+		Eventually(func(g Gomega) []string { return eventReasons(g, "Service", svc.Name) }).Should(ContainElement(kit.ReasonTailnetAPIFailed))
 
 		By("becoming valid once the API answers again")
 		tsnet.ClearAPIFaults()
 		patch := client.MergeFrom(svc.DeepCopy())
 		svc.Annotations["touch"] = "1"
 		Expect(k8s.Patch(ctx, svc, patch)).To(Succeed())
-		Eventually(serviceCondition(svc, ConditionIngressSvcValid)).Should(And(
-			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", ReasonIngressSvcValid)))
+		Eventually(serviceCondition(svc, kit.ConditionIngressSvcValid)).Should(And(
+			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", kit.ReasonIngressSvcValid)))
 		Expect(dnatEntry("ha-outage", "svc:"+ns+"-outage").Destination.IPs).To(Equal(svc.Spec.ClusterIPs))
 	})
 
@@ -444,13 +449,13 @@ var _ = Describe("A Service on a ProxyGroup when a step fails", func() {
 		DeferCleanup(k8s.Delete, ctx, pg)
 		ns := newNamespace()
 		svc := newService(ns, "nocm", func(s *corev1.Service) {
-			s.Annotations = map[string]string{AnnotationProxyGroup: "ha-nocm"}
+			s.Annotations = map[string]string{kit.AnnotationProxyGroup: "ha-nocm"}
 		})
-		Eventually(serviceCondition(svc, ConditionIngressSvcValid)).Should(HaveField("Status", metav1.ConditionTrue))
-		Eventually(serviceCondition(svc, ConditionIngressSvcConfigured)).Should(And(
-			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonIngressSvcNoBackends)))
-		Consistently(func(g Gomega) string { return serviceCondition(svc, ConditionIngressSvcConfigured)(g).Reason }, "1s").
-			ShouldNot(Equal(ReasonConfigMapFull))
-		Expect(eventReasons(Default, "Service", svc.Name)).NotTo(ContainElement(ReasonConfigMapFull))
+		Eventually(serviceCondition(svc, kit.ConditionIngressSvcValid)).Should(HaveField("Status", metav1.ConditionTrue))
+		Eventually(serviceCondition(svc, kit.ConditionIngressSvcConfigured)).Should(And(
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonIngressSvcNoBackends)))
+		Consistently(func(g Gomega) string { return serviceCondition(svc, kit.ConditionIngressSvcConfigured)(g).Reason }, "1s").
+			ShouldNot(Equal(kit.ReasonConfigMapFull))
+		Expect(eventReasons(Default, "Service", svc.Name)).NotTo(ContainElement(kit.ReasonConfigMapFull))
 	})
 })

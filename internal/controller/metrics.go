@@ -14,20 +14,23 @@ import (
 
 	"github.com/tsingress/tsingress/internal/acmebudget"
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/certs"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
 )
 
 // registerOperatorMetrics registers the operator's metrics with reg. c reads the operator's
 // namespace (the cache).
-func registerOperatorMetrics(reg prometheus.Registerer, c client.Reader, namespace string, limits acmebudget.Limits) (*operatorMetrics, error) {
-	m := &operatorMetrics{
-		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+func registerOperatorMetrics(reg prometheus.Registerer, c client.Reader, namespace string, limits acmebudget.Limits) (*kit.OperatorMetrics, error) {
+	m := &kit.OperatorMetrics{
+		Outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tsingress_operator_reconcile_outcomes_total",
 			Help: "Reconcile passes by controller and outcome: each Warning reason a pass reported (standing or new), " +
-				outcomeError + " for a pass that ended on an error, " + outcomeReconciled + " for a pass with neither.",
+				kit.OutcomeError + " for a pass that ended on an error, " + kit.OutcomeReconciled + " for a pass with neither.",
 		}, []string{"controller", "reason"}),
-		memories: map[string]*eventMemory{},
+		Memories: map[string]*kit.EventMemory{},
 	}
-	if err := reg.Register(m.outcomes); err != nil {
+	if err := reg.Register(m.Outcomes); err != nil {
 		return nil, err
 	}
 	if err := reg.Register(&stateCollector{c: c, namespace: namespace, limits: limits, now: time.Now, m: m}); err != nil {
@@ -57,7 +60,7 @@ type stateCollector struct {
 	namespace string
 	limits    acmebudget.Limits
 	now       func() time.Time
-	m         *operatorMetrics
+	m         *kit.OperatorMetrics
 }
 
 func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -71,19 +74,19 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	s.collectProxies(ctx, ch)
 	s.collectLedger(ctx, ch)
-	s.m.mu.Lock()
-	defer s.m.mu.Unlock()
-	for controller, mem := range s.m.memories {
-		for reason, n := range mem.standingWarnings() {
+	s.m.Mu.Lock()
+	defer s.m.Mu.Unlock()
+	for controller, mem := range s.m.Memories {
+		for reason, n := range mem.StandingWarnings() {
 			ch <- prometheus.MustNewConstMetric(descWarnings, prometheus.GaugeValue, float64(n), controller, reason)
 		}
 	}
 }
 
 func (s *stateCollector) collectProxies(ctx context.Context, ch chan<- prometheus.Metric) {
-	managed := client.MatchingLabels{LabelManaged: "true"}
-	proxies := map[string]int{parentTypeIngress: 0, parentTypeService: 0, parentTypeProxyGroup: 0}
-	devices := map[string]int{parentTypeIngress: 0, parentTypeService: 0, parentTypeProxyGroup: 0}
+	managed := client.MatchingLabels{kit.LabelManaged: "true"}
+	proxyCount := map[string]int{proxies.ParentTypeIngress: 0, proxies.ParentTypeService: 0, proxies.ParentTypeProxyGroup: 0}
+	devices := map[string]int{proxies.ParentTypeIngress: 0, proxies.ParentTypeService: 0, proxies.ParentTypeProxyGroup: 0}
 	sts := &appsv1.StatefulSetList{}
 	secrets := &corev1.SecretList{}
 	if err := s.c.List(ctx, sts, client.InNamespace(s.namespace), managed); err != nil {
@@ -95,17 +98,17 @@ func (s *stateCollector) collectProxies(ctx context.Context, ch chan<- prometheu
 		return
 	}
 	for _, o := range sts.Items {
-		proxies[o.Labels[LabelParentType]]++
+		proxyCount[o.Labels[kit.LabelParentType]]++
 	}
 	for _, o := range secrets.Items {
-		switch o.Labels[LabelSecretType] {
-		case secretTypeConfState, secretTypeState:
+		switch o.Labels[kit.LabelSecretType] {
+		case proxies.SecretTypeConfState, proxies.SecretTypeState:
 			if len(o.Data[contract.StateDeviceID]) > 0 {
-				devices[o.Labels[LabelParentType]]++
+				devices[o.Labels[kit.LabelParentType]]++
 			}
 		}
 	}
-	for typ, n := range proxies {
+	for typ, n := range proxyCount {
 		ch <- prometheus.MustNewConstMetric(descManagedProxies, prometheus.GaugeValue, float64(n), typ)
 	}
 	for typ, n := range devices {
@@ -116,13 +119,13 @@ func (s *stateCollector) collectProxies(ctx context.Context, ch chan<- prometheu
 func (s *stateCollector) collectLedger(ctx context.Context, ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descLimits, prometheus.GaugeValue, float64(s.limits.PerDomain), "new_per_domain")
 	ch <- prometheus.MustNewConstMetric(descLimits, prometheus.GaugeValue, float64(s.limits.PerName), "per_name")
-	segs, err := listLedgerSegments(ctx, s.c, s.namespace)
+	segs, err := certs.ListLedgerSegments(ctx, s.c, s.namespace)
 	if err != nil {
 		return
 	}
 	parts := map[string][]*acmebudget.Ledger{}
 	for _, seg := range segs {
-		for key, v := range seg.cm.Data {
+		for key, v := range seg.CM.Data {
 			domain, ok := strings.CutSuffix(key, ".json")
 			l := &acmebudget.Ledger{}
 			if !ok || json.Unmarshal([]byte(v), l) != nil {

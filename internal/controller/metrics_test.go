@@ -20,6 +20,9 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/acmebudget"
+	"github.com/tsingress/tsingress/internal/controller/certs"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
 )
 
 // emptyReader answers every read with nothing, for metrics that need no cluster.
@@ -40,17 +43,17 @@ func TestReconcileOutcomes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := m.reporter(clientevents.NewFakeRecorder(100), "ingress")
+	r := m.Reporter(clientevents.NewFakeRecorder(100), "ingress")
 	web := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "1"}}
 	api := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "api", UID: "2"}}
-	r.warning(web, ReasonInvalidAnnotation, "bad")
-	r.warning(web, ReasonInvalidAnnotation, "worse")
-	r.warning(web, ReasonTLSSecretNotFound, "missing")
-	r.settle(web, true)
-	r.warning(web, ReasonInvalidAnnotation, "bad") // standing: emitted once, counted again
-	r.settle(web, true)
-	r.settle(api, true)
-	r.settle(api, false)
+	r.Warning(web, kit.ReasonInvalidAnnotation, "bad")
+	r.Warning(web, kit.ReasonInvalidAnnotation, "worse")
+	r.Warning(web, kit.ReasonTLSSecretNotFound, "missing")
+	r.Settle(web, true)
+	r.Warning(web, kit.ReasonInvalidAnnotation, "bad") // standing: emitted once, counted again
+	r.Settle(web, true)
+	r.Settle(api, true)
+	r.Settle(api, false)
 
 	want := `
 # HELP tsingress_operator_reconcile_outcomes_total Reconcile passes by controller and outcome: each Warning reason a pass reported (standing or new), ReconcileError for a pass that ended on an error, Reconciled for a pass with neither.
@@ -79,41 +82,41 @@ tsingress_operator_warnings{controller="ingress",reason="InvalidAnnotation"} 1
 // Pods; with a ServiceMonitor too, one selecting that Service, with the user's labels beside the
 // operator's (which win) and the parent's identity as ts_proxy_* labels.
 func TestProxyMetricsObjects(t *testing.T) {
-	par := parent{typ: parentTypeIngress, namespace: "shop", name: "store"}
-	p := &standaloneProxy{parent: par}
+	par := proxies.Parent{Typ: proxies.ParentTypeIngress, Namespace: "shop", Name: "store"}
+	p := &proxies.StandaloneProxy{Parent: par}
 	class := func(m *tsv1alpha1.Metrics) *tsv1alpha1.ProxyClass {
 		return &tsv1alpha1.ProxyClass{Spec: tsv1alpha1.ProxyClassSpec{Metrics: m}}
 	}
 	for _, c := range []*tsv1alpha1.ProxyClass{nil, class(nil), class(&tsv1alpha1.Metrics{Enable: false})} {
-		if svc, sm := proxyMetricsObjects(p.name(), "tailscale", par.labels(), p.selector(), c); svc != nil || sm != nil {
+		if svc, sm := proxies.ProxyMetricsObjects(p.Name(), "tailscale", par.Labels(), p.Selector(), c); svc != nil || sm != nil {
 			t.Errorf("metrics objects without metrics enabled (%+v)", c)
 		}
 	}
-	svc, sm := proxyMetricsObjects(p.name(), "tailscale", par.labels(), p.selector(), class(&tsv1alpha1.Metrics{Enable: true}))
+	svc, sm := proxies.ProxyMetricsObjects(p.Name(), "tailscale", par.Labels(), p.Selector(), class(&tsv1alpha1.Metrics{Enable: true}))
 	if svc == nil || sm != nil {
 		t.Fatalf("metrics only: Service %v, ServiceMonitor %v", svc != nil, sm != nil)
 	}
-	if svc.Name != p.name()+"-metrics" || svc.Spec.Ports[0].Port != healthPort || svc.Spec.Ports[0].TargetPort.StrVal != "health" || svc.Spec.Ports[0].Name != "metrics" {
+	if svc.Name != p.Name()+"-metrics" || svc.Spec.Ports[0].Port != proxies.HealthPort || svc.Spec.Ports[0].TargetPort.StrVal != "health" || svc.Spec.Ports[0].Name != "metrics" {
 		t.Errorf("Service %s ports %+v", svc.Name, svc.Spec.Ports)
 	}
-	pod := p.buildStatefulSet(Settings{Namespace: "tailscale", ProxyImage: "proxy"}).Spec.Template
+	pod := p.BuildStatefulSet(kit.Settings{Namespace: "tailscale", ProxyImage: "proxy"}).Spec.Template
 	if !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(pod.Labels)) {
 		t.Errorf("the Service's selector %v does not select the proxy Pod %v", svc.Spec.Selector, pod.Labels)
 	}
 
-	svc, sm = proxyMetricsObjects(p.name(), "tailscale", par.labels(), p.selector(), class(&tsv1alpha1.Metrics{Enable: true,
-		ServiceMonitor: &tsv1alpha1.ServiceMonitor{Enable: true, Labels: map[string]string{"release": "prom", LabelManaged: "false"}}}))
+	svc, sm = proxies.ProxyMetricsObjects(p.Name(), "tailscale", par.Labels(), p.Selector(), class(&tsv1alpha1.Metrics{Enable: true,
+		ServiceMonitor: &tsv1alpha1.ServiceMonitor{Enable: true, Labels: map[string]string{"release": "prom", kit.LabelManaged: "false"}}}))
 	if sm == nil {
 		t.Fatal("no ServiceMonitor")
 	}
 	if sm.GetKind() != "ServiceMonitor" || sm.GetAPIVersion() != "monitoring.coreos.com/v1" || sm.GetName() != svc.Name {
 		t.Errorf("ServiceMonitor %s %s %s", sm.GetAPIVersion(), sm.GetKind(), sm.GetName())
 	}
-	if l := sm.GetLabels(); l["release"] != "prom" || l[LabelManaged] != "true" {
+	if l := sm.GetLabels(); l["release"] != "prom" || l[kit.LabelManaged] != "true" {
 		t.Errorf("ServiceMonitor labels %v: want the user's and the operator's, the operator's winning", l)
 	}
 	sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
-	if !labels.SelectorFromSet(sel).Matches(labels.Set(svc.Labels)) || sel[labelMetrics] != "true" {
+	if !labels.SelectorFromSet(sel).Matches(labels.Set(svc.Labels)) || sel[proxies.LabelMetrics] != "true" {
 		t.Errorf("ServiceMonitor selector %v does not select the metrics Service %v", sel, svc.Labels)
 	}
 	eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
@@ -138,10 +141,10 @@ func TestLedgerMetricsReadEverySegment(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "op", Name: ledgerSegmentName(i), Labels: map[string]string{LabelManaged: "true"}},
-			Data: map[string]string{ledgerKey("x.ts.net"): string(b)}}
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "op", Name: certs.LedgerSegmentName(i), Labels: map[string]string{kit.LabelManaged: "true"}},
+			Data: map[string]string{certs.LedgerKey("x.ts.net"): string(b)}}
 	}
-	c := fake.NewClientBuilder().WithObjects(segment(0, "a.x.ts.net", "b.x.ts.net"), segment(3, "c.x.ts.net"), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "op", Name: "tsingress-acme-ledger-x", Labels: map[string]string{LabelManaged: "true"}}, Data: map[string]string{ledgerKey("x.ts.net"): `{"entries":[{"name":"d.x.ts.net","at":"2026-12-04T11:00:00Z"}]}`}}).Build()
+	c := fake.NewClientBuilder().WithObjects(segment(0, "a.x.ts.net", "b.x.ts.net"), segment(3, "c.x.ts.net"), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "op", Name: "tsingress-acme-ledger-x", Labels: map[string]string{kit.LabelManaged: "true"}}, Data: map[string]string{certs.LedgerKey("x.ts.net"): `{"entries":[{"name":"d.x.ts.net","at":"2026-12-04T11:00:00Z"}]}`}}).Build()
 	s := &stateCollector{c: c, namespace: "op", limits: acmebudget.LetsEncrypt, now: func() time.Time { return now }}
 	want := `
 # HELP tsingress_operator_acme_new_certificates New certificates of a registered domain in the CA's window (reservations included), counted against the weekly new-certificates-per-domain limit.

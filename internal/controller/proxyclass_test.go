@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 )
 
 var _ = Describe("ProxyClass reconciler", func() {
@@ -33,7 +34,7 @@ var _ = Describe("ProxyClass reconciler", func() {
 		Expect(k8s.Create(ctx, pc)).To(Succeed())
 		DeferCleanup(k8s.Delete, ctx, pc)
 		Eventually(readyCondition("pc-valid")).Should(And(
-			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", ReasonProxyClassValid)))
+			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", kit.ReasonProxyClassValid)))
 
 		// An edit that breaks it is seen at the new generation.
 		before := pc.DeepCopy()
@@ -41,10 +42,10 @@ var _ = Describe("ProxyClass reconciler", func() {
 		Expect(k8s.Patch(ctx, pc, client.MergeFrom(before))).To(Succeed())
 		Eventually(readyCondition("pc-valid")).Should(And(
 			HaveField("Status", metav1.ConditionFalse),
-			HaveField("Reason", ReasonProxyClassInvalid),
+			HaveField("Reason", kit.ReasonProxyClassInvalid),
 			HaveField("Message", ContainSubstring(`statefulSet.labels: key "bad key!"`))))
 		Eventually(func(g Gomega) {
-			g.Expect(eventReasons(g, "ProxyClass", "pc-valid")).To(ContainElement(ReasonProxyClassInvalid))
+			g.Expect(eventReasons(g, "ProxyClass", "pc-valid")).To(ContainElement(kit.ReasonProxyClassInvalid))
 		}).Should(Succeed())
 	})
 
@@ -73,7 +74,7 @@ var _ = Describe("ProxyClass reconciler", func() {
 		DeferCleanup(k8s.Delete, ctx, pc)
 		Eventually(readyCondition("pc-env")).Should(HaveField("Status", metav1.ConditionTrue))
 		Eventually(func(g Gomega) {
-			g.Expect(eventReasons(g, "ProxyClass", "pc-env")).To(ContainElement(ReasonCustomTSEnvVar))
+			g.Expect(eventReasons(g, "ProxyClass", "pc-env")).To(ContainElement(kit.ReasonCustomTSEnvVar))
 		}).Should(Succeed())
 	})
 })

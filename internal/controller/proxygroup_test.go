@@ -18,6 +18,8 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
 )
 
 func newProxyGroup(name string, mutate func(*tsv1alpha1.ProxyGroup)) *tsv1alpha1.ProxyGroup {
@@ -113,13 +115,13 @@ var _ = Describe("ProxyGroup reconciler", func() {
 		Expect(cfg0.AuthKey).NotTo(Equal(cfg1.AuthKey), "one single-use key per replica")
 		Expect(cfg0.StateSecret).To(Equal("edge-0"))
 		Expect(k8s.Get(ctx, nsKey("edge-0"), &corev1.Secret{})).To(Succeed())
-		Expect(k8s.Get(ctx, nsKey("edge"+groupConfigMapSuffix), &corev1.ConfigMap{})).To(Succeed())
+		Expect(k8s.Get(ctx, nsKey("edge"+proxies.GroupConfigMapSuffix), &corev1.ConfigMap{})).To(Succeed())
 
 		sts := &appsv1.StatefulSet{}
 		Eventually(func() error { return k8s.Get(ctx, nsKey("edge"), sts) }).Should(Succeed())
 		Expect(*sts.Spec.Replicas).To(BeEquivalentTo(2))
 		Expect(sts.Spec.Template.Spec.Containers[0].Args).To(ContainElements(
-			"--config-secret=$(POD_NAME)-config", "--group-configmap=edge"+groupConfigMapSuffix))
+			"--config-secret=$(POD_NAME)-config", "--group-configmap=edge"+proxies.GroupConfigMapSuffix))
 		Expect(metav1.IsControlledBy(sts, pg)).To(BeTrue())
 		role := &rbacv1.Role{}
 		Expect(k8s.Get(ctx, nsKey("edge"), role)).To(Succeed())
@@ -134,7 +136,7 @@ var _ = Describe("ProxyGroup reconciler", func() {
 		Expect(groupCondition("edge", tsv1alpha1.ProxyGroupReady)(Default)).To(HaveField("Status", metav1.ConditionFalse))
 		reportReplica("edge", 1, contract.ProxyState{DeviceID: "nEdge1", FQDN: "edge-proxy-1.tailnet.test", TailnetIPs: []string{"100.64.0.21"}, ConfigVersion: 4})
 		Eventually(groupCondition("edge", tsv1alpha1.ProxyGroupReady)).Should(And(
-			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", ReasonProxyGroupReady)))
+			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", kit.ReasonProxyGroupReady)))
 
 		By("writing v4 alone, without the list of services, to a replica that reads it")
 		configKeys := func(name string) func(g Gomega) []string {
@@ -176,8 +178,8 @@ var _ = Describe("ProxyGroup reconciler", func() {
 		pg := newProxyGroup("egress-group", func(p *tsv1alpha1.ProxyGroup) { p.Spec.Type = tsv1alpha1.ProxyGroupTypeEgress })
 		DeferCleanup(k8s.Delete, ctx, pg)
 		Eventually(groupCondition("egress-group", tsv1alpha1.ProxyGroupReady)).Should(And(
-			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonProxyGroupInvalid)))
-		Eventually(func(g Gomega) []string { return eventReasons(g, "ProxyGroup", "egress-group") }).Should(ContainElement(ReasonProxyGroupInvalid))
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonProxyGroupInvalid)))
+		Eventually(func(g Gomega) []string { return eventReasons(g, "ProxyGroup", "egress-group") }).Should(ContainElement(kit.ReasonProxyGroupInvalid))
 		Expect(apierrors.IsNotFound(k8s.Get(ctx, nsKey("egress-group"), &appsv1.StatefulSet{}))).To(BeTrue())
 	})
 
@@ -185,7 +187,7 @@ var _ = Describe("ProxyGroup reconciler", func() {
 		pg := newProxyGroup("classy-group", func(p *tsv1alpha1.ProxyGroup) { p.Spec.ProxyClass = "missing-class" })
 		DeferCleanup(k8s.Delete, ctx, pg)
 		Eventually(groupCondition("classy-group", tsv1alpha1.ProxyGroupReady)).Should(And(
-			HaveField("Reason", ReasonProxyGroupPending), HaveField("Message", ContainSubstring("missing-class"))))
+			HaveField("Reason", kit.ReasonProxyGroupPending), HaveField("Message", ContainSubstring("missing-class"))))
 	})
 })
 
@@ -209,7 +211,7 @@ var _ = Describe("ProxyGroup availability", func() {
 		pc.Spec.StatefulSet.Labels = map[string]string{"bad key!": "x"}
 		Expect(k8s.Patch(ctx, pc, patch)).To(Succeed())
 		Eventually(groupCondition("avail", tsv1alpha1.ProxyGroupReady)).Should(And(
-			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", ReasonProxyGroupPending)))
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonProxyGroupPending)))
 		Consistently(groupCondition("avail", tsv1alpha1.ProxyGroupAvailable), "1s").Should(And(
 			HaveField("Status", metav1.ConditionTrue), HaveField("Message", ContainSubstring("1/1"))))
 	})

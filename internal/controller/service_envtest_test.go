@@ -5,6 +5,9 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/service"
 )
 
 var _ = Describe("Service status ownership", func() {
@@ -14,7 +17,7 @@ var _ = Describe("Service status ownership", func() {
 		staleHA, staleStandalone := svc.DeepCopy(), svc.DeepCopy()
 		cond := func(typ string, ok bool, reason string) corev1.ServiceStatus {
 			st := corev1.ServiceStatus{}
-			setCondition(&st.Conditions, typ, ok, reason, "m", 1)
+			kit.SetCondition(&st.Conditions, typ, ok, reason, "m", 1)
 			return st
 		}
 		types := func() []string {
@@ -27,23 +30,23 @@ var _ = Describe("Service status ownership", func() {
 			return out
 		}
 
-		Expect(patchServiceStatus(ctx, k8s, staleHA, haServiceOwned, cond(ConditionIngressSvcValid, true, ReasonIngressSvcValid))).To(Succeed())
+		Expect(kit.PatchServiceStatus(ctx, k8s, staleHA, service.HAServiceOwned, cond(kit.ConditionIngressSvcValid, true, kit.ReasonIngressSvcValid))).To(Succeed())
 		// The standalone reconciler's copy predates that write, and its wanted status carries a
 		// condition it does not own: neither touches the HA reconciler's.
-		want := cond(ConditionProxyReady, false, ReasonProxyPending)
-		setCondition(&want.Conditions, ConditionIngressSvcConfigured, false, ReasonConfigMapFull, "not mine", 1)
-		Expect(patchServiceStatus(ctx, k8s, staleStandalone, serviceOwned, want)).To(Succeed())
-		Expect(types()).To(ConsistOf(ConditionIngressSvcValid+"="+ReasonIngressSvcValid, ConditionProxyReady+"="+ReasonProxyPending))
+		want := cond(kit.ConditionProxyReady, false, kit.ReasonProxyPending)
+		kit.SetCondition(&want.Conditions, kit.ConditionIngressSvcConfigured, false, kit.ReasonConfigMapFull, "not mine", 1)
+		Expect(kit.PatchServiceStatus(ctx, k8s, staleStandalone, service.ServiceOwned, want)).To(Succeed())
+		Expect(types()).To(ConsistOf(kit.ConditionIngressSvcValid+"="+kit.ReasonIngressSvcValid, kit.ConditionProxyReady+"="+kit.ReasonProxyPending))
 
 		// The HA reconciler, from its own stale copy, replaces its condition and adds another.
-		st := cond(ConditionIngressSvcValid, false, ReasonDuplicateHostname)
-		setCondition(&st.Conditions, ConditionIngressSvcConfigured, false, ReasonDuplicateHostname, "m", 1)
-		Expect(patchServiceStatus(ctx, k8s, staleHA, haServiceOwned, st)).To(Succeed())
-		Expect(types()).To(ConsistOf(ConditionIngressSvcValid+"="+ReasonDuplicateHostname, ConditionIngressSvcConfigured+"="+ReasonDuplicateHostname,
-			ConditionProxyReady+"="+ReasonProxyPending))
+		st := cond(kit.ConditionIngressSvcValid, false, kit.ReasonDuplicateHostname)
+		kit.SetCondition(&st.Conditions, kit.ConditionIngressSvcConfigured, false, kit.ReasonDuplicateHostname, "m", 1)
+		Expect(kit.PatchServiceStatus(ctx, k8s, staleHA, service.HAServiceOwned, st)).To(Succeed())
+		Expect(types()).To(ConsistOf(kit.ConditionIngressSvcValid+"="+kit.ReasonDuplicateHostname, kit.ConditionIngressSvcConfigured+"="+kit.ReasonDuplicateHostname,
+			kit.ConditionProxyReady+"="+kit.ReasonProxyPending))
 
 		// Clearing the standalone reconciler's status leaves the HA reconciler's.
-		Expect(clearServiceStatus(ctx, k8s, staleStandalone, serviceOwned)).To(Succeed())
-		Expect(types()).To(ConsistOf(ConditionIngressSvcValid+"="+ReasonDuplicateHostname, ConditionIngressSvcConfigured+"="+ReasonDuplicateHostname))
+		Expect(kit.ClearServiceStatus(ctx, k8s, staleStandalone, service.ServiceOwned)).To(Succeed())
+		Expect(types()).To(ConsistOf(kit.ConditionIngressSvcValid+"="+kit.ReasonDuplicateHostname, kit.ConditionIngressSvcConfigured+"="+kit.ReasonDuplicateHostname))
 	})
 })

@@ -14,6 +14,14 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/tsingress/tsingress/internal/acmebudget"
+	"github.com/tsingress/tsingress/internal/controller/certs"
+	"github.com/tsingress/tsingress/internal/controller/groupstore"
+	"github.com/tsingress/tsingress/internal/controller/ingress"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
+	"github.com/tsingress/tsingress/internal/controller/proxyclass"
+	"github.com/tsingress/tsingress/internal/controller/proxygroup"
+	"github.com/tsingress/tsingress/internal/controller/service"
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
@@ -25,9 +33,9 @@ const recorderName = "tsingress-operator"
 // memory. Users' kubernetes.io/tls Secrets are seen by name only (tlsSecretWatch) and read when
 // an Ingress names them. Ingresses, Services and the CRDs are watched cluster-wide, without
 // what the operator never reads (managed fields, kubectl's last applied configuration).
-func CacheOptions(s Settings) cache.Options {
+func CacheOptions(s kit.Settings) cache.Options {
 	own := cache.ByObject{Namespaces: map[string]cache.Config{s.Namespace: {}}}
-	return cache.Options{DefaultTransform: stripUnread, ByObject: map[client.Object]cache.ByObject{
+	return cache.Options{DefaultTransform: certs.StripUnread, ByObject: map[client.Object]cache.ByObject{
 		&corev1.Secret{}:         own,
 		&corev1.ConfigMap{}:      own,
 		&corev1.Pod{}:            own,
@@ -39,9 +47,9 @@ func CacheOptions(s Settings) cache.Options {
 }
 
 // Setup registers every reconciler with the manager. tc is the tailnet's control plane.
-func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
+func Setup(mgr ctrl.Manager, s kit.Settings, tc tailnet.Client) error {
 	rec := mgr.GetEventRecorder(recorderName)
-	tlsSecrets, err := newTLSSecretWatch(mgr)
+	tlsSecrets, err := certs.NewTLSSecretWatch(mgr)
 	if err != nil {
 		return err
 	}
@@ -58,35 +66,35 @@ func Setup(mgr ctrl.Manager, s Settings, tc tailnet.Client) error {
 		return fmt.Errorf("registering the operator's metrics: %w", err)
 	}
 	// Every field index first: the watches of each reconciler rely on none set up by another.
-	if err := indexIngresses(mgr); err != nil {
+	if err := ingress.IndexIngresses(mgr); err != nil {
 		return err
 	}
-	if err := indexGroupObjects(mgr); err != nil {
+	if err := groupstore.IndexGroupObjects(mgr); err != nil {
 		return err
 	}
-	if err := indexCertificateCopies(mgr); err != nil {
+	if err := certs.IndexCertificateCopies(mgr); err != nil {
 		return err
 	}
-	if err := (&ProxyClassReconciler{Client: mgr.GetClient(), Recorder: rec, Mapper: mgr.GetRESTMapper(), metrics: m}).SetupWithManager(mgr); err != nil {
+	if err := (&proxyclass.ProxyClassReconciler{Client: mgr.GetClient(), Recorder: rec, Mapper: mgr.GetRESTMapper(), Metrics: m}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	p := &proxies{Client: mgr.GetClient(), api: mgr.GetAPIReader(), settings: s, tailnet: tc}
-	certs := certSecrets{api: mgr.GetAPIReader(), now: time.Now}
-	guard := &certGuard{Client: mgr.GetClient(), api: mgr.GetAPIReader(), namespace: s.Namespace, limits: limits, now: time.Now}
-	if err := (&IngressReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "ingress"), Settings: s, certs: certs, guard: guard, tlsSecrets: tlsSecrets}).SetupWithManager(mgr, p); err != nil {
+	p := &proxies.Proxies{Client: mgr.GetClient(), API: mgr.GetAPIReader(), Settings: s, Tailnet: tc}
+	certSecrets := certs.CertSecrets{API: mgr.GetAPIReader(), Now: time.Now}
+	guard := &certs.CertGuard{Client: mgr.GetClient(), API: mgr.GetAPIReader(), Namespace: s.Namespace, Limits: limits, Now: time.Now}
+	if err := (&ingress.IngressReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "ingress"), Settings: s, Certs: certSecrets, Guard: guard, TLSSecrets: tlsSecrets}).SetupWithManager(mgr, p); err != nil {
 		return err
 	}
-	if err := (&ServiceReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "service"), Settings: s}).SetupWithManager(mgr, p); err != nil {
+	if err := (&service.ServiceReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "service"), Settings: s}).SetupWithManager(mgr, p); err != nil {
 		return err
 	}
-	if err := (&ProxyGroupReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "proxygroup"), Settings: s, Tailnet: tc}).SetupWithManager(mgr); err != nil {
+	if err := (&proxygroup.ProxyGroupReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "proxygroup"), Settings: s, Tailnet: tc}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	docs := groupDocs{Client: mgr.GetClient(), namespace: s.Namespace, w: newGroupWriter(mgr.GetClient(), mgr.GetAPIReader(), s.Namespace, s.GroupShardBytes)}
-	services := &tailscaleServices{Client: mgr.GetClient(), tailnet: tc, settings: s}
-	if err := (&HAIngressReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "ingress-proxygroup"), Settings: s, certs: certs, guard: guard,
-		tlsSecrets: tlsSecrets, info: p.tailnetInfo}).SetupWithManager(mgr, docs, services); err != nil {
+	docs := groupstore.GroupDocs{Client: mgr.GetClient(), Namespace: s.Namespace, W: groupstore.NewGroupWriter(mgr.GetClient(), mgr.GetAPIReader(), s.Namespace, s.GroupShardBytes)}
+	services := &groupstore.TailscaleServices{Client: mgr.GetClient(), Tailnet: tc, Settings: s}
+	if err := (&ingress.HAIngressReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "ingress-proxygroup"), Settings: s, Certs: certSecrets, Guard: guard,
+		TLSSecrets: tlsSecrets, Info: p.TailnetInfo}).SetupWithManager(mgr, docs, services); err != nil {
 		return err
 	}
-	return (&HAServiceReconciler{Client: mgr.GetClient(), reporter: m.reporter(rec, "service-proxygroup"), Settings: s}).SetupWithManager(mgr, docs, services)
+	return (&service.HAServiceReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "service-proxygroup"), Settings: s}).SetupWithManager(mgr, docs, services)
 }

@@ -20,6 +20,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 	"github.com/tsingress/tsingress/internal/testing/testenv"
@@ -36,7 +37,7 @@ var (
 	ctx       context.Context
 	cancel    context.CancelFunc
 	scheme    = runtime.NewScheme()
-	testSetup = Settings{
+	testSetup = kit.Settings{
 		Namespace:        "tailscale",
 		IngressClassName: "tailscale",
 		DefaultTags:      []string{"tag:k8s"},
@@ -78,7 +79,7 @@ var _ = BeforeSuite(func() {
 		Scheme:         scheme,
 		Metrics:        metricsserver.Options{BindAddress: "0"},
 		Cache:          CacheOptions(testSetup),
-		MapperProvider: MapperProvider,
+		MapperProvider: kit.MapperProvider,
 	})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(Setup(mgr, testSetup, tsClient)).To(Succeed())

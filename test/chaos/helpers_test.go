@@ -26,17 +26,17 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/test/framework"
 )
 
 // l3Service is a LoadBalancer Service of class tailscale for the echo Pods, on group if set.
 func l3Service(ns, name, group string) *corev1.Service {
 	s := framework.BackendService(ns, name, corev1.ServiceTypeLoadBalancer)
-	s.Spec.LoadBalancerClass = ptr.To(controller.LoadBalancerClass)
+	s.Spec.LoadBalancerClass = ptr.To(kit.LoadBalancerClass)
 	if group != "" {
-		s.Annotations[controller.AnnotationProxyGroup] = group
-		s.Annotations[controller.AnnotationHostname] = name + "-" + ns
+		s.Annotations[kit.AnnotationProxyGroup] = group
+		s.Annotations[kit.AnnotationHostname] = name + "-" + ns
 	}
 	return s
 }
@@ -233,7 +233,7 @@ func proxyOf(ctx context.Context, typ string, obj client.Object) string {
 	Eventually(ctx, func(g Gomega) {
 		list := &appsv1.StatefulSetList{}
 		g.Expect(suite.K8s.List(ctx, list, client.InNamespace(opNS), client.MatchingLabels{
-			controller.LabelParentType: typ, controller.LabelParentNS: obj.GetNamespace(), controller.LabelParentName: obj.GetName()})).To(Succeed())
+			kit.LabelParentType: typ, kit.LabelParentNS: obj.GetNamespace(), kit.LabelParentName: obj.GetName()})).To(Succeed())
 		g.Expect(list.Items).To(HaveLen(1))
 		name = list.Items[0].Name
 	}).Should(Succeed(), "the proxy of %s", obj.GetName())

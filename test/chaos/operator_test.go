@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/test/framework"
 )
 
@@ -98,7 +98,7 @@ var _ = Describe("The operator killed while objects churn", func() {
 						o.Annotations = map[string]string{}
 					}
 					if c.kind == kindHAService {
-						o.Annotations[controller.AnnotationHostname] = fmt.Sprintf("%s-%s-r%d", o.Name, ns, rng.IntN(1000))
+						o.Annotations[kit.AnnotationHostname] = fmt.Sprintf("%s-%s-r%d", o.Name, ns, rng.IntN(1000))
 					} else {
 						o.Annotations["example.com/edited"] = fmt.Sprint(rng.IntN(1000))
 					}
@@ -274,7 +274,7 @@ func serve(ctx context.Context, g Gomega, c *churned) error {
 				ip = in.IP
 			}
 			if c.kind == kindHAService && in.Hostname != "" {
-				g.Expect(in.Hostname).To(HavePrefix(o.Annotations[controller.AnnotationHostname]+"."), "the current hostname")
+				g.Expect(in.Hostname).To(HavePrefix(o.Annotations[kit.AnnotationHostname]+"."), "the current hostname")
 			}
 		}
 		g.Expect(ip).NotTo(BeEmpty(), "a tailnet IPv4")
@@ -321,7 +321,7 @@ func audit(ctx context.Context, ns string, pg *tsv1alpha1.ProxyGroup, live []*ch
 		case *corev1.Service:
 			exists["svc/"+ns+"/"+o.Name] = true
 			if c.kind == kindHAService {
-				services["svc:"+o.Annotations[controller.AnnotationHostname]] = true
+				services["svc:"+o.Annotations[kit.AnnotationHostname]] = true
 			}
 		}
 	}
@@ -330,19 +330,19 @@ func audit(ctx context.Context, ns string, pg *tsv1alpha1.ProxyGroup, live []*ch
 		"ServiceAccount": &corev1.ServiceAccountList{}, "Role": &rbacv1.RoleList{}, "RoleBinding": &rbacv1.RoleBindingList{},
 	}
 	for kind, list := range lists {
-		Expect(suite.K8s.List(ctx, list, client.InNamespace(opNS), client.MatchingLabels{controller.LabelManaged: "true"})).To(Succeed())
+		Expect(suite.K8s.List(ctx, list, client.InNamespace(opNS), client.MatchingLabels{kit.LabelManaged: "true"})).To(Succeed())
 		Expect(meta.EachListItem(list, func(o runtime.Object) error {
 			co := o.(client.Object)
 			l := co.GetLabels()
-			if l[controller.LabelParentType] == "" {
+			if l[kit.LabelParentType] == "" {
 				return nil // the operator's own (its certificate ledger), of no object
 			}
-			key := l[controller.LabelParentType] + "/" + l[controller.LabelParentName]
-			if l[controller.LabelParentType] != "proxygroup" {
-				key = l[controller.LabelParentType] + "/" + l[controller.LabelParentNS] + "/" + l[controller.LabelParentName]
+			key := l[kit.LabelParentType] + "/" + l[kit.LabelParentName]
+			if l[kit.LabelParentType] != "proxygroup" {
+				key = l[kit.LabelParentType] + "/" + l[kit.LabelParentNS] + "/" + l[kit.LabelParentName]
 			}
 			orphan := !exists[key]
-			if !orphan && kind == "Secret" && l[controller.LabelSecretType] == "group-certificate" && !certNames[co.GetName()] {
+			if !orphan && kind == "Secret" && l[kit.LabelSecretType] == "group-certificate" && !certNames[co.GetName()] {
 				// Kept by design for a name served again, and deleted with the ProxyGroup
 				// (checked once everything is deleted, below).
 				a.keptCerts = append(a.keptCerts, co.GetName())
@@ -350,7 +350,7 @@ func audit(ctx context.Context, ns string, pg *tsv1alpha1.ProxyGroup, live []*ch
 			}
 			if orphan {
 				a.orphans[kind] = append(a.orphans[kind], co.GetName())
-			} else if kind == "Secret" && (l[controller.LabelSecretType] == "config-state" || l[controller.LabelSecretType] == "state") {
+			} else if kind == "Secret" && (l[kit.LabelSecretType] == "config-state" || l[kit.LabelSecretType] == "state") {
 				stateSecrets = append(stateSecrets, co.GetName())
 			}
 			return nil
@@ -398,11 +398,11 @@ func children(ctx context.Context, g Gomega, ns, pg string) []string {
 		"StatefulSet": &appsv1.StatefulSetList{}, "Secret": &corev1.SecretList{}, "ConfigMap": &corev1.ConfigMapList{},
 		"ServiceAccount": &corev1.ServiceAccountList{}, "Role": &rbacv1.RoleList{}, "RoleBinding": &rbacv1.RoleBindingList{},
 	} {
-		g.Expect(suite.K8s.List(ctx, list, client.InNamespace(opNS), client.MatchingLabels{controller.LabelManaged: "true"})).To(Succeed())
+		g.Expect(suite.K8s.List(ctx, list, client.InNamespace(opNS), client.MatchingLabels{kit.LabelManaged: "true"})).To(Succeed())
 		g.Expect(meta.EachListItem(list, func(o runtime.Object) error {
 			co := o.(client.Object)
 			l := co.GetLabels()
-			if l[controller.LabelParentNS] == ns || (l[controller.LabelParentType] == "proxygroup" && l[controller.LabelParentName] == pg) {
+			if l[kit.LabelParentNS] == ns || (l[kit.LabelParentType] == "proxygroup" && l[kit.LabelParentName] == pg) {
 				out = append(out, kind+" "+co.GetName())
 			}
 			return nil

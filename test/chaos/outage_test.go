@@ -14,7 +14,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/test/framework"
 )
@@ -144,11 +144,11 @@ var _ = Describe("Control plane outages", Ordered, ContinueOnFailure, func() {
 				g.Expect(suite.K8s.List(ctx, list, client.InNamespace(ns))).To(Succeed())
 				found := false
 				for _, e := range list.Items {
-					if e.Regarding.Name == ing.Name && e.Reason == controller.ReasonTailnetAPIFailed {
+					if e.Regarding.Name == ing.Name && e.Reason == kit.ReasonTailnetAPIFailed {
 						found, reason = true, e.Note
 					}
 				}
-				g.Expect(found).To(BeTrue(), "a %s Warning on the new Ingress", controller.ReasonTailnetAPIFailed)
+				g.Expect(found).To(BeTrue(), "a %s Warning on the new Ingress", kit.ReasonTailnetAPIFailed)
 			}).WithTimeout(outage).Should(Succeed())
 			time.Sleep(time.Until(start.Add(outage)))
 			n, _, err := reconciles(ctx)
@@ -165,7 +165,7 @@ var _ = Describe("Control plane outages", Ordered, ContinueOnFailure, func() {
 			"(DERP and the CA up), under 5 requests/s of each kind of traffic. An Ingress created during the outage got the Warning "+
 			"`%s` (%q) and was served once the control server was back; %0.f reconciles in the operator over the whole minute "+
 			"(%0.1f/min); no container restarted.\n\n%s",
-			outage, controller.ReasonTailnetAPIFailed, reason, during, during/outage.Minutes(), table(results))
+			outage, kit.ReasonTailnetAPIFailed, reason, during, during/outage.Minutes(), table(results))
 		for what, r := range results {
 			Expect(r.failed).To(BeZero(), "%s: %s", what, r)
 		}

@@ -23,7 +23,7 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/test/framework"
 )
@@ -58,7 +58,7 @@ var _ = Describe("A standalone Ingress", func() {
 		newBackend(ctx, ns)
 		ing := framework.Ingress(ns, "gone", "e2e-gone-"+framework.Token(), "")
 		suite.Create(ctx, ing)
-		parent := client.MatchingLabels{controller.LabelParentName: ing.Name, controller.LabelParentNS: ns, controller.LabelParentType: "ingress"}
+		parent := client.MatchingLabels{kit.LabelParentName: ing.Name, kit.LabelParentNS: ns, kit.LabelParentType: "ingress"}
 		var sts appsv1.StatefulSet
 		var deviceID string
 		Eventually(ctx, func(g Gomega) {
@@ -101,7 +101,7 @@ var _ = Describe("A standalone L3 Service", func() {
 		ns := suite.NewNamespace(ctx, "e2e")
 		newBackend(ctx, ns)
 		svc := framework.BackendService(ns, "db", corev1.ServiceTypeLoadBalancer)
-		svc.Spec.LoadBalancerClass = ptr.To(controller.LoadBalancerClass)
+		svc.Spec.LoadBalancerClass = ptr.To(kit.LoadBalancerClass)
 		if podSysctls {
 			pc := &tsv1alpha1.ProxyClass{
 				ObjectMeta: metav1.ObjectMeta{Name: "e2e-sysctl-" + framework.Token()},
@@ -110,13 +110,13 @@ var _ = Describe("A standalone L3 Service", func() {
 				}}},
 			}
 			suite.Create(ctx, pc)
-			svc.Labels = map[string]string{controller.LabelProxyClass: pc.Name}
+			svc.Labels = map[string]string{kit.LabelProxyClass: pc.Name}
 		}
 		suite.Create(ctx, svc)
 		var ip netip.Addr
 		Eventually(ctx, func(g Gomega) {
 			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(svc), svc)).To(Succeed())
-			c := meta.FindStatusCondition(svc.Status.Conditions, controller.ConditionProxyReady)
+			c := meta.FindStatusCondition(svc.Status.Conditions, kit.ConditionProxyReady)
 			g.Expect(c).NotTo(BeNil())
 			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
 			lb := svc.Status.LoadBalancer.Ingress

@@ -17,7 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/test/framework"
 )
 
@@ -38,7 +38,7 @@ var _ = Describe("An Ingress annotated tailscale.com/funnel", func() {
 		newBackend(ctx, ns)
 		host := "e2e-funnel-" + framework.Token()
 		ing := framework.Ingress(ns, "public", host, "")
-		ing.Annotations = map[string]string{controller.AnnotationFunnel: "true"}
+		ing.Annotations = map[string]string{kit.AnnotationFunnel: "true"}
 		suite.Create(ctx, ing)
 		fqdn := suite.ServedName(ctx, ing)
 		expectHTTPSEcho(ctx, fqdn)
@@ -48,19 +48,19 @@ var _ = Describe("An Ingress annotated tailscale.com/funnel", func() {
 			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
 			for _, lb := range ing.Status.LoadBalancer.Ingress {
 				for _, p := range lb.Ports {
-					if p.Port == 443 && ptr.Deref(p.Error, "") == controller.ReasonFunnelNotPermitted {
+					if p.Port == 443 && ptr.Deref(p.Error, "") == kit.ReasonFunnelNotPermitted {
 						return "refused"
 					}
 				}
 			}
-			if slices.Contains(eventReasons(ctx, g, ing, corev1.EventTypeNormal), controller.ReasonFunnelEnabled) {
+			if slices.Contains(eventReasons(ctx, g, ing, corev1.EventTypeNormal), kit.ReasonFunnelEnabled) {
 				return "on"
 			}
 			return "pending"
 		}
 		Eventually(ctx, funnel).Should(BeElementOf("on", "refused"), "Funnel on for %s, or refused", fqdn)
 		if funnel(Default) == "refused" {
-			expectWarning(ctx, ing, controller.ReasonFunnelNotPermitted)
+			expectWarning(ctx, ing, kit.ReasonFunnelNotPermitted)
 			Skip(`the tailnet's policy does not grant the proxies' tag Funnel: add {"target": ["tag:k8s"], "attr": ["funnel"]} to its nodeAttrs to run this spec`)
 		}
 
@@ -70,7 +70,7 @@ var _ = Describe("An Ingress annotated tailscale.com/funnel", func() {
 		Expect(get(ctx, public, "https://"+fqdn+"/header?key=Tailscale-Funnel-Request", nil)).To(Equal("?1"),
 			"a request from the internet is marked as such at the backend")
 
-		delete(ing.Annotations, controller.AnnotationFunnel)
+		delete(ing.Annotations, kit.AnnotationFunnel)
 		Expect(suite.K8s.Update(ctx, ing)).To(Succeed())
 		Eventually(ctx, func() error { return echoOnce(ctx, public, "https://"+fqdn) }).ShouldNot(Succeed(), "%s still public", fqdn)
 		expectHTTPSEcho(ctx, fqdn)

@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/test/framework"
 )
@@ -68,13 +68,13 @@ var _ = Describe("A ProxyGroup under a replica restart", Ordered, func() {
 			Skip("L3: " + suite.skipL3)
 		}
 		svc := framework.BackendService(ns, "db", corev1.ServiceTypeLoadBalancer)
-		svc.Spec.LoadBalancerClass = ptr.To(controller.LoadBalancerClass)
-		svc.Annotations = map[string]string{controller.AnnotationProxyGroup: pg.Name}
+		svc.Spec.LoadBalancerClass = ptr.To(kit.LoadBalancerClass)
+		svc.Annotations = map[string]string{kit.AnnotationProxyGroup: pg.Name}
 		suite.Create(ctx, svc)
 		var vip netip.Addr
 		Eventually(ctx, func(g Gomega) {
 			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(svc), svc)).To(Succeed())
-			c := meta.FindStatusCondition(svc.Status.Conditions, controller.ConditionIngressSvcConfigured)
+			c := meta.FindStatusCondition(svc.Status.Conditions, kit.ConditionIngressSvcConfigured)
 			g.Expect(c).NotTo(BeNil(), "conditions %v", svc.Status.Conditions)
 			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
 			g.Expect(c.Message).To(HavePrefix("2/2 "))

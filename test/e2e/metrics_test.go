@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/test/framework"
 )
 
@@ -33,7 +33,7 @@ var _ = Describe("Proxy metrics", func() {
 		suite.Create(ctx, pc)
 		host := "e2e-metrics-" + framework.Token()
 		ing := framework.Ingress(ns, "measured", host, "")
-		ing.Labels = map[string]string{controller.LabelProxyClass: pc.Name}
+		ing.Labels = map[string]string{kit.LabelProxyClass: pc.Name}
 		suite.Create(ctx, ing)
 		expectHTTPSEcho(ctx, suite.ServedName(ctx, ing))
 
@@ -86,7 +86,7 @@ var _ = Describe("An HA Ingress with tailscale.com/http-endpoint: enabled", func
 		suite.WaitGroupReady(ctx, pg)
 		host := "e2e-http-" + framework.Token()
 		ing := framework.Ingress(ns, "plain", host, pg.Name)
-		ing.Annotations[controller.AnnotationHTTPEndpoint] = "enabled"
+		ing.Annotations[kit.AnnotationHTTPEndpoint] = "enabled"
 		suite.Create(ctx, ing)
 		fqdn := suite.ServedName(ctx, ing)
 		Eventually(ctx, func(g Gomega) {

@@ -14,7 +14,8 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
 	"github.com/tsingress/tsingress/test/framework"
 )
 
@@ -37,7 +38,7 @@ var _ = Describe("A ProxyClass", func() {
 		}
 		suite.Create(ctx, pc)
 		ing := framework.Ingress(ns, "classy", "e2e-class-"+framework.Token(), "")
-		ing.Labels = map[string]string{controller.LabelProxyClass: pc.Name}
+		ing.Labels = map[string]string{kit.LabelProxyClass: pc.Name}
 		suite.Create(ctx, ing)
 
 		// Not Ready: the staging CA is out of reach of the suite, so no certificate comes. The
@@ -58,7 +59,7 @@ var _ = Describe("A ProxyClass", func() {
 		Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: pod.Name}, secret)).To(Succeed())
 		cfg, _, err := contract.ProxyConfigs.Decode(secret.Data)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(cfg.TLS.ACMEDirectoryURL).To(Equal(controller.LetsEncryptStaging))
+		Expect(cfg.TLS.ACMEDirectoryURL).To(Equal(proxies.LetsEncryptStaging))
 	})
 })
 
@@ -129,7 +130,7 @@ func pendingProxyPod(ctx context.Context, parentType, ns, name string) *corev1.P
 func onlyProxyPod(ctx context.Context, g Gomega, parentType, ns, name string) corev1.Pod {
 	pods := &corev1.PodList{}
 	g.Expect(suite.K8s.List(ctx, pods, client.InNamespace(suite.opNS), client.MatchingLabels{
-		controller.LabelParentType: parentType, controller.LabelParentNS: ns, controller.LabelParentName: name,
+		kit.LabelParentType: parentType, kit.LabelParentNS: ns, kit.LabelParentName: name,
 	})).To(Succeed())
 	g.Expect(pods.Items).To(HaveLen(1), "the proxy Pod")
 	return pods.Items[0]

@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 	"github.com/tsingress/tsingress/internal/testing/poll"
@@ -40,7 +40,7 @@ func TestFunnelIngress(t *testing.T) {
 	const ns, pg = "public", "edge"
 	backend := newHAGroupWithBackend(t, w, ns, pg)
 	newIngress := func(name string, annotations map[string]string) *networkingv1.Ingress {
-		annotations[controller.AnnotationFunnel] = "true"
+		annotations[kit.AnnotationFunnel] = "true"
 		return &networkingv1.Ingress{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: annotations},
 			Spec: networkingv1.IngressSpec{
@@ -51,7 +51,7 @@ func TestFunnelIngress(t *testing.T) {
 			},
 		}
 	}
-	solo, shared := newIngress("solo", map[string]string{}), newIngress("shared", map[string]string{controller.AnnotationProxyGroup: pg})
+	solo, shared := newIngress("solo", map[string]string{}), newIngress("shared", map[string]string{kit.AnnotationProxyGroup: pg})
 	for _, ing := range []*networkingv1.Ingress{solo, shared} {
 		if err := w.k8s.Create(w.ctx, ing); err != nil {
 			t.Fatal(err)
@@ -67,10 +67,10 @@ func TestFunnelIngress(t *testing.T) {
 	// Not permitted: said on each Ingress, served on the tailnet only.
 	for ing, fqdn := range names {
 		poll.Eventually(t, 90*time.Second, ing.Name+" status with Funnel not permitted", func() error {
-			return wantPortError(w, ing, fqdn, controller.ReasonFunnelNotPermitted)
+			return wantPortError(w, ing, fqdn, kit.ReasonFunnelNotPermitted)
 		})
 		poll.Eventually(t, 10*time.Second, ing.Name+" FunnelNotPermitted Event", func() error {
-			return wantEvent(w, ing, controller.ReasonFunnelNotPermitted, `{"target": ["tag:k8s"], "attr": ["funnel"]}`)
+			return wantEvent(w, ing, kit.ReasonFunnelNotPermitted, `{"target": ["tag:k8s"], "attr": ["funnel"]}`)
 		})
 	}
 	laptop := joinClient(t, w, "laptop")
@@ -97,7 +97,7 @@ func TestFunnelIngress(t *testing.T) {
 		}
 		poll.Eventually(t, 30*time.Second, ing.Name+" status without a port error", func() error { return wantPortError(w, ing, fqdn, "") })
 		poll.Eventually(t, 10*time.Second, ing.Name+" FunnelEnabled Event", func() error {
-			return wantEvent(w, ing, controller.ReasonFunnelEnabled, "https://"+fqdn)
+			return wantEvent(w, ing, kit.ReasonFunnelEnabled, "https://"+fqdn)
 		})
 	}
 	t.Logf("both Ingresses served to the internet %s after the policy granted Funnel", time.Since(granted).Round(time.Millisecond))
@@ -116,7 +116,7 @@ func TestFunnelIngress(t *testing.T) {
 	// The annotation goes: off the internet, still on the tailnet.
 	for ing, fqdn := range names {
 		patch := client.MergeFrom(ing.DeepCopy())
-		delete(ing.Annotations, controller.AnnotationFunnel)
+		delete(ing.Annotations, kit.AnnotationFunnel)
 		if err := w.k8s.Patch(w.ctx, ing, patch); err != nil {
 			t.Fatal(err)
 		}
@@ -140,7 +140,7 @@ func runStandaloneProxy(t *testing.T, w *world, ingress string) {
 	var pod corev1.Pod
 	poll.Eventually(t, 30*time.Second, "proxy Secret and Pod of "+ingress, func() error {
 		list := &corev1.SecretList{}
-		if err := w.k8s.List(w.ctx, list, client.InNamespace(w.opNS), client.MatchingLabels{controller.LabelParentName: ingress}); err != nil {
+		if err := w.k8s.List(w.ctx, list, client.InNamespace(w.opNS), client.MatchingLabels{kit.LabelParentName: ingress}); err != nil {
 			return err
 		}
 		if len(list.Items) != 1 {

@@ -26,7 +26,7 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/testing/netnstest"
 	"github.com/tsingress/tsingress/internal/testing/poll"
@@ -325,7 +325,7 @@ func newHAIngressWorld(t *testing.T, w *world, ns, pg, host string) *networkingv
 	t.Helper()
 	newHAGroupWithBackend(t, w, ns, pg)
 	ing := &networkingv1.Ingress{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "store", Annotations: map[string]string{controller.AnnotationProxyGroup: pg}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "store", Annotations: map[string]string{kit.AnnotationProxyGroup: pg}},
 		Spec: networkingv1.IngressSpec{
 			IngressClassName: ptr.To("tailscale"),
 			TLS:              []networkingv1.IngressTLS{{Hosts: []string{host}}},

@@ -21,7 +21,7 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 	"github.com/tsingress/tsingress/internal/testing/netnstest"
 	"github.com/tsingress/tsingress/internal/testing/poll"
@@ -49,10 +49,10 @@ func TestHAServiceFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "db", Annotations: map[string]string{controller.AnnotationProxyGroup: pg}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "db", Annotations: map[string]string{kit.AnnotationProxyGroup: pg}},
 		Spec: corev1.ServiceSpec{
 			Type:              corev1.ServiceTypeLoadBalancer,
-			LoadBalancerClass: ptr.To(controller.LoadBalancerClass),
+			LoadBalancerClass: ptr.To(kit.LoadBalancerClass),
 			IPFamilyPolicy:    ptr.To(corev1.IPFamilyPolicyRequireDualStack),
 			Ports: []corev1.ServicePort{
 				{Name: "pg", Port: proxytest.EchoTCPPort, Protocol: corev1.ProtocolTCP},
@@ -99,7 +99,7 @@ func TestHAServiceFailover(t *testing.T) {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(svc), svc); err != nil {
 			return err
 		}
-		c := meta.FindStatusCondition(svc.Status.Conditions, controller.ConditionIngressSvcConfigured)
+		c := meta.FindStatusCondition(svc.Status.Conditions, kit.ConditionIngressSvcConfigured)
 		if c == nil || c.Status != metav1.ConditionTrue || !strings.HasPrefix(c.Message, "2/2 ") {
 			return fmt.Errorf("condition %+v", c)
 		}
@@ -162,7 +162,7 @@ func TestHAServiceFailover(t *testing.T) {
 			if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(svc), svc); err != nil {
 				return err
 			}
-			c := meta.FindStatusCondition(svc.Status.Conditions, controller.ConditionIngressSvcConfigured)
+			c := meta.FindStatusCondition(svc.Status.Conditions, kit.ConditionIngressSvcConfigured)
 			if c == nil || c.Status != metav1.ConditionTrue || !strings.HasPrefix(c.Message, "1/2 ") {
 				return fmt.Errorf("condition %+v", c)
 			}

@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 	"github.com/tsingress/tsingress/internal/testing/netnstest"
@@ -92,10 +92,10 @@ func TestHAServiceOnVIPsOfDeletedIngress(t *testing.T) {
 	}
 
 	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "db", Annotations: map[string]string{controller.AnnotationProxyGroup: pg}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "db", Annotations: map[string]string{kit.AnnotationProxyGroup: pg}},
 		Spec: corev1.ServiceSpec{
 			Type:              corev1.ServiceTypeLoadBalancer,
-			LoadBalancerClass: ptr.To(controller.LoadBalancerClass),
+			LoadBalancerClass: ptr.To(kit.LoadBalancerClass),
 			IPFamilyPolicy:    ptr.To(corev1.IPFamilyPolicyRequireDualStack),
 			Ports:             []corev1.ServicePort{{Name: "pg", Port: proxytest.EchoTCPPort, Protocol: corev1.ProtocolTCP}},
 		},
@@ -118,7 +118,7 @@ func TestHAServiceOnVIPsOfDeletedIngress(t *testing.T) {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(svc), svc); err != nil {
 			return err
 		}
-		c := meta.FindStatusCondition(svc.Status.Conditions, controller.ConditionIngressSvcConfigured)
+		c := meta.FindStatusCondition(svc.Status.Conditions, kit.ConditionIngressSvcConfigured)
 		if c == nil || c.Status != metav1.ConditionTrue || !strings.HasPrefix(c.Message, "2/2 ") {
 			return fmt.Errorf("condition %+v", c)
 		}

@@ -30,6 +30,7 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
@@ -63,7 +64,7 @@ func startWorldWith(t *testing.T, tailnetOpts localtailnet.Options, mode contrac
 
 // startCluster starts a control plane running an operator that uses the tailnet lt: a world
 // of its own, or one of several clusters on one tailnet. tune changes the operator's settings.
-func startCluster(t *testing.T, lt *localtailnet.LocalTailnet, mode contract.FirewallMode, tune ...func(*controller.Settings)) *world {
+func startCluster(t *testing.T, lt *localtailnet.LocalTailnet, mode contract.FirewallMode, tune ...func(*kit.Settings)) *world {
 	t.Helper()
 	netns.SetEnabled(false)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -92,7 +93,7 @@ func startCluster(t *testing.T, lt *localtailnet.LocalTailnet, mode contract.Fir
 	}
 	// Each test runs its own operator in this process, with metrics of its own.
 	w.metrics = prometheus.NewRegistry()
-	settings := controller.Settings{
+	settings := kit.Settings{
 		Namespace: w.opNS, IngressClassName: "tailscale", DefaultTags: []string{"tag:k8s"},
 		ProxyImage: "unused", FirewallMode: mode, ControlURL: w.lt.ControlURL, Metrics: w.metrics,
 	}

@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/testing/poll"
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
@@ -54,7 +54,7 @@ func TestHAIngressHTTPEndpoint(t *testing.T) {
 	}
 	ing := &networkingv1.Ingress{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "store", Annotations: map[string]string{
-			controller.AnnotationProxyGroup: pg, controller.AnnotationHTTPEndpoint: "enabled", controller.AnnotationHTTPRedirect: "true"}},
+			kit.AnnotationProxyGroup: pg, kit.AnnotationHTTPEndpoint: "enabled", kit.AnnotationHTTPRedirect: "true"}},
 		Spec: networkingv1.IngressSpec{
 			IngressClassName: ptr.To("tailscale"),
 			TLS:              []networkingv1.IngressTLS{{Hosts: []string{host}}},
@@ -154,7 +154,7 @@ func TestHAIngressHTTPEndpoint(t *testing.T) {
 	// Without the annotation the redirect takes port 80 back; without both, the status lists 443
 	// alone.
 	patch := client.MergeFrom(ing.DeepCopy())
-	delete(ing.Annotations, controller.AnnotationHTTPEndpoint)
+	delete(ing.Annotations, kit.AnnotationHTTPEndpoint)
 	if err := w.k8s.Patch(w.ctx, ing, patch); err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestHAIngressHTTPEndpoint(t *testing.T) {
 		return nil
 	})
 	patch = client.MergeFrom(ing.DeepCopy())
-	delete(ing.Annotations, controller.AnnotationHTTPRedirect)
+	delete(ing.Annotations, kit.AnnotationHTTPRedirect)
 	if err := w.k8s.Patch(w.ctx, ing, patch); err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 	"github.com/tsingress/tsingress/internal/testing/poll"
 )
@@ -42,7 +42,7 @@ func TestIngressOnTailnetWithoutHTTPS(t *testing.T) {
 			return err
 		}
 		for _, e := range list.Items {
-			if e.Regarding.Name == "plain" && e.Reason == controller.ReasonHTTPSNotEnabled && e.Type == corev1.EventTypeWarning {
+			if e.Regarding.Name == "plain" && e.Reason == kit.ReasonHTTPSNotEnabled && e.Type == corev1.EventTypeWarning {
 				return nil
 			}
 		}

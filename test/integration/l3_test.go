@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
@@ -66,7 +66,7 @@ func testL3Flow(t *testing.T, mode contract.FirewallMode) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "db"},
 		Spec: corev1.ServiceSpec{
 			Type:              corev1.ServiceTypeLoadBalancer,
-			LoadBalancerClass: ptr.To(controller.LoadBalancerClass),
+			LoadBalancerClass: ptr.To(kit.LoadBalancerClass),
 			Ports: []corev1.ServicePort{
 				{Name: "pg", Port: proxytest.EchoTCPPort, Protocol: corev1.ProtocolTCP},
 				{Name: "dns", Port: proxytest.EchoUDPPort, Protocol: corev1.ProtocolUDP},
@@ -86,7 +86,7 @@ func testL3Flow(t *testing.T, mode contract.FirewallMode) {
 
 	// The operator writes the proxy's Secret; kube-controller-manager creates its Pod. The proxy
 	// runs here in-process from that Secret, as the Pod would.
-	parent := client.MatchingLabels{controller.LabelParentName: "db", controller.LabelParentNS: ns, controller.LabelParentType: "svc"}
+	parent := client.MatchingLabels{kit.LabelParentName: "db", kit.LabelParentNS: ns, kit.LabelParentType: "svc"}
 	var sts appsv1.StatefulSet
 	var pod corev1.Pod
 	poll.Eventually(t, 30*time.Second, "proxy StatefulSet, Secret and Pod", func() error {
@@ -129,8 +129,8 @@ func testL3Flow(t *testing.T, mode contract.FirewallMode) {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(svc), svc); err != nil {
 			return err
 		}
-		c := meta.FindStatusCondition(svc.Status.Conditions, controller.ConditionProxyReady)
-		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != controller.ReasonProxyReady {
+		c := meta.FindStatusCondition(svc.Status.Conditions, kit.ConditionProxyReady)
+		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != kit.ReasonProxyReady {
 			return fmt.Errorf("condition %+v", c)
 		}
 		lb := svc.Status.LoadBalancer.Ingress

@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/poll"
@@ -43,7 +43,7 @@ func TestL7IngressWholeFlow(t *testing.T) {
 	}
 	exact, prefix := networkingv1.PathTypeExact, networkingv1.PathTypePrefix
 	ing := &networkingv1.Ingress{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "store", Annotations: map[string]string{controller.AnnotationHTTPRedirect: "true"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "store", Annotations: map[string]string{kit.AnnotationHTTPRedirect: "true"}},
 		Spec: networkingv1.IngressSpec{
 			IngressClassName: ptr.To("tailscale"),
 			TLS:              []networkingv1.IngressTLS{{Hosts: []string{"store"}}},
@@ -64,7 +64,7 @@ func TestL7IngressWholeFlow(t *testing.T) {
 	var pod corev1.Pod
 	poll.Eventually(t, 30*time.Second, "proxy Secret and Pod", func() error {
 		list := &corev1.SecretList{}
-		if err := w.k8s.List(w.ctx, list, client.InNamespace(w.opNS), client.MatchingLabels{controller.LabelParentName: "store"}); err != nil {
+		if err := w.k8s.List(w.ctx, list, client.InNamespace(w.opNS), client.MatchingLabels{kit.LabelParentName: "store"}); err != nil {
 			return err
 		}
 		if len(list.Items) != 1 {

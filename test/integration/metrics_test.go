@@ -24,7 +24,7 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/testing/poll"
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
@@ -79,7 +79,7 @@ func TestMetricsWholeFlow(t *testing.T) {
 	poll.Eventually(t, 30*time.Second, "the class accepted with the CRD", classReady(metav1.ConditionTrue, ""))
 
 	ing := &networkingv1.Ingress{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "store", Labels: map[string]string{controller.LabelProxyClass: pc.Name}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "store", Labels: map[string]string{kit.LabelProxyClass: pc.Name}},
 		Spec: networkingv1.IngressSpec{
 			IngressClassName: ptr.To("tailscale"),
 			TLS:              []networkingv1.IngressTLS{{Hosts: []string{"store"}}},
@@ -94,7 +94,7 @@ func TestMetricsWholeFlow(t *testing.T) {
 	var pod corev1.Pod
 	poll.Eventually(t, 30*time.Second, "proxy Secret and Pod", func() error {
 		list := &corev1.SecretList{}
-		if err := w.k8s.List(w.ctx, list, client.InNamespace(w.opNS), client.MatchingLabels{controller.LabelParentName: "store"}); err != nil {
+		if err := w.k8s.List(w.ctx, list, client.InNamespace(w.opNS), client.MatchingLabels{kit.LabelParentName: "store"}); err != nil {
 			return err
 		}
 		if len(list.Items) != 1 {
@@ -194,7 +194,7 @@ func TestMetricsWholeFlow(t *testing.T) {
 			fs.expectValue("tsingress_operator_managed_proxies", map[string]string{"type": "ingress"}, "1", func(v float64) bool { return v == 1 }),
 			fs.expectValue("tsingress_operator_tailnet_devices", map[string]string{"type": "ingress"}, "1", func(v float64) bool { return v == 1 }),
 			fs.expectValue("tsingress_operator_reconcile_outcomes_total", map[string]string{"controller": "ingress", "reason": "Reconciled"}, ">= 1", func(v float64) bool { return v >= 1 }),
-			fs.expectValue("tsingress_operator_reconcile_outcomes_total", map[string]string{"controller": "proxyclass", "reason": controller.ReasonProxyClassInvalid}, ">= 1", func(v float64) bool { return v >= 1 }),
+			fs.expectValue("tsingress_operator_reconcile_outcomes_total", map[string]string{"controller": "proxyclass", "reason": kit.ReasonProxyClassInvalid}, ">= 1", func(v float64) bool { return v >= 1 }),
 			fs.expectValue("tsingress_operator_acme_name_certificates", map[string]string{"name": "store.tailnet.test"}, "1", func(v float64) bool { return v == 1 }),
 			fs.expectValue("tsingress_operator_acme_new_certificates", map[string]string{"domain": "tailnet.test"}, "1", func(v float64) bool { return v == 1 }),
 			fs.expectValue("tsingress_operator_acme_limit", map[string]string{"limit": "per_name"}, "5", func(v float64) bool { return v == 5 }),

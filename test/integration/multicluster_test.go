@@ -23,7 +23,7 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
@@ -56,7 +56,7 @@ func TestMultiClusterIngress(t *testing.T) {
 	const ns, pg, webSvc, dbSvc = "shop", "pg", "svc:web", "svc:db"
 	var clusters []*mcCluster
 	for _, name := range []string{"east", "west"} {
-		c := &mcCluster{name: name, w: startCluster(t, lt, contract.FirewallAuto, func(s *controller.Settings) {
+		c := &mcCluster{name: name, w: startCluster(t, lt, contract.FirewallAuto, func(s *kit.Settings) {
 			s.SharedServiceResync = sharedResync
 		})}
 		clusters = append(clusters, c)
@@ -77,7 +77,7 @@ func TestMultiClusterIngress(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.ing = &networkingv1.Ingress{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web", Annotations: map[string]string{controller.AnnotationProxyGroup: pg}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web", Annotations: map[string]string{kit.AnnotationProxyGroup: pg}},
 			Spec: networkingv1.IngressSpec{
 				IngressClassName: ptr.To("tailscale"),
 				TLS:              []networkingv1.IngressTLS{{Hosts: []string{"web"}}},
@@ -87,9 +87,9 @@ func TestMultiClusterIngress(t *testing.T) {
 		}
 		c.svc = &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "db", Annotations: map[string]string{
-				controller.AnnotationProxyGroup: pg, controller.AnnotationHostname: "db"}},
+				kit.AnnotationProxyGroup: pg, kit.AnnotationHostname: "db"}},
 			Spec: corev1.ServiceSpec{
-				Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: ptr.To(controller.LoadBalancerClass),
+				Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: ptr.To(kit.LoadBalancerClass),
 				Ports: []corev1.ServicePort{{Name: "db", Port: proxytest.EchoTCPPort, Protocol: corev1.ProtocolTCP}},
 			},
 		}
@@ -155,7 +155,7 @@ func TestMultiClusterIngress(t *testing.T) {
 	// The clusters' Ingresses differ for a while (a change rolled out to one cluster first): the
 	// service carries what either asks for, whichever operator writes last.
 	patch := client.MergeFrom(east.ing.DeepCopy())
-	east.ing.Annotations[controller.AnnotationHTTPRedirect] = "true"
+	east.ing.Annotations[kit.AnnotationHTTPRedirect] = "true"
 	if err := east.w.k8s.Patch(east.w.ctx, east.ing, patch); err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,8 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/testing/poll"
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
@@ -100,30 +101,30 @@ func TestProxyClassAndGroupFieldsWholeFlow(t *testing.T) {
 			return err
 		}
 		c := meta.FindStatusCondition(contradiction.Status.Conditions, tsv1alpha1.ProxyClassReady)
-		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != controller.ReasonProxyClassInvalid || !strings.Contains(c.Message, "tailscaleInitContainer cannot apply") {
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != kit.ReasonProxyClassInvalid || !strings.Contains(c.Message, "tailscaleInitContainer cannot apply") {
 			return fmt.Errorf("ProxyClassReady %+v", c)
 		}
 		return nil
 	})
 
 	// An L3 Service's proxy Pod carries the class.
-	classed := map[string]string{controller.LabelProxyClass: tuned.Name}
+	classed := map[string]string{kit.LabelProxyClass: tuned.Name}
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "db", Labels: classed},
-		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: ptr.To(controller.LoadBalancerClass),
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: ptr.To(kit.LoadBalancerClass),
 			Ports: []corev1.ServicePort{{Name: "pg", Port: 5432}}},
 	}
 	if err := w.k8s.Create(w.ctx, svc); err != nil {
 		t.Fatal(err)
 	}
-	pod := proxyPodOf(t, w, client.MatchingLabels{controller.LabelParentType: "svc", controller.LabelParentNS: ns, controller.LabelParentName: "db"})
+	pod := proxyPodOf(t, w, client.MatchingLabels{kit.LabelParentType: "svc", kit.LabelParentNS: ns, kit.LabelParentName: "db"})
 	sts := &appsv1.StatefulSet{}
 	if err := w.k8s.Get(w.ctx, client.ObjectKey{Namespace: w.opNS, Name: strings.TrimSuffix(pod.Name, "-0")}, sts); err != nil {
 		t.Fatal(err)
 	}
 	ps := pod.Spec
 	for what, ok := range map[string]bool{
-		"statefulSet.labels":                  sts.Labels["team"] == "net" && sts.Labels[controller.LabelManaged] == "true",
+		"statefulSet.labels":                  sts.Labels["team"] == "net" && sts.Labels[kit.LabelManaged] == "true",
 		"statefulSet.annotations":             sts.Annotations["owner"] == "net-team",
 		"pod.labels":                          pod.Labels["team"] == "net",
 		"pod.annotations":                     pod.Annotations["scrape"] == "yes",
@@ -164,12 +165,12 @@ func TestProxyClassAndGroupFieldsWholeFlow(t *testing.T) {
 	if err := w.k8s.Create(w.ctx, ing); err != nil {
 		t.Fatal(err)
 	}
-	l7 := proxyPodOf(t, w, client.MatchingLabels{controller.LabelParentType: "ingress", controller.LabelParentNS: ns, controller.LabelParentName: "site"})
+	l7 := proxyPodOf(t, w, client.MatchingLabels{kit.LabelParentType: "ingress", kit.LabelParentNS: ns, kit.LabelParentName: "site"})
 	if len(l7.Spec.InitContainers) != 0 || l7.Labels["team"] != "net" {
 		t.Errorf("the L7 proxy Pod: %d init containers, labels %v; want none and the class's", len(l7.Spec.InitContainers), l7.Labels)
 	}
 	// Staging is for the proxies that get certificates.
-	if cfg, _, err := contract.ProxyConfigs.Decode(mustSecret(t, w, l7.Name).Data); err != nil || !cfg.AcceptRoutes || cfg.TLS.ACMEDirectoryURL != controller.LetsEncryptStaging {
+	if cfg, _, err := contract.ProxyConfigs.Decode(mustSecret(t, w, l7.Name).Data); err != nil || !cfg.AcceptRoutes || cfg.TLS.ACMEDirectoryURL != proxies.LetsEncryptStaging {
 		t.Errorf("the L7 proxy's config: acceptRoutes %v, ACME directory %q (%v)", cfg.AcceptRoutes, cfg.TLS.ACMEDirectoryURL, err)
 	}
 	poll.Eventually(t, 30*time.Second, "ProxyClassFieldIgnored on the Ingress", func() error {
@@ -178,12 +179,12 @@ func TestProxyClassAndGroupFieldsWholeFlow(t *testing.T) {
 			return err
 		}
 		for _, e := range list.Items {
-			if e.Regarding.Name == "site" && e.Reason == controller.ReasonProxyClassFieldIgnored && e.Type == corev1.EventTypeWarning &&
+			if e.Regarding.Name == "site" && e.Reason == kit.ReasonProxyClassFieldIgnored && e.Type == corev1.EventTypeWarning &&
 				strings.Contains(e.Note, "tailscaleInitContainer") {
 				return nil
 			}
 		}
-		return fmt.Errorf("%d Events, none %s", len(list.Items), controller.ReasonProxyClassFieldIgnored)
+		return fmt.Errorf("%d Events, none %s", len(list.Items), kit.ReasonProxyClassFieldIgnored)
 	})
 	ca := proxytest.NewCA(t)
 	runCtx, stop := context.WithCancel(w.ctx)
@@ -252,7 +253,7 @@ func TestProxyClassAndGroupFieldsWholeFlow(t *testing.T) {
 			return err
 		}
 		c := meta.FindStatusCondition(egress.Status.Conditions, tsv1alpha1.ProxyGroupReady)
-		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != controller.ReasonProxyGroupInvalid || !strings.Contains(c.Message, "only ingress") {
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != kit.ReasonProxyGroupInvalid || !strings.Contains(c.Message, "only ingress") {
 			return fmt.Errorf("ProxyGroupReady %+v", c)
 		}
 		return nil

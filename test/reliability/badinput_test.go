@@ -22,7 +22,7 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
@@ -53,7 +53,7 @@ func badInputs() []badInput {
 	now := time.Now()
 	tags := func(v string) func(string) client.Object {
 		return func(ns string) client.Object {
-			return create(ingress(ns, "web", "tags-"+ns, annotate(controller.AnnotationTags, v)))
+			return create(ingress(ns, "web", "tags-"+ns, annotate(kit.AnnotationTags, v)))
 		}
 	}
 	byo := func(secret func(ns string) *corev1.Secret) func(string) client.Object {
@@ -74,163 +74,163 @@ func badInputs() []badInput {
 	}
 	haSvc := func(group string, mutate ...func(*corev1.Service)) func(string) client.Object {
 		return func(ns string) client.Object {
-			return create(lbService(ns, "db", append([]func(*corev1.Service){svcAnnotate(controller.AnnotationProxyGroup, group)}, mutate...)...))
+			return create(lbService(ns, "db", append([]func(*corev1.Service){svcAnnotate(kit.AnnotationProxyGroup, group)}, mutate...)...))
 		}
 	}
-	proxyReady := controller.ConditionProxyReady + "="
-	svcValid := controller.ConditionIngressSvcValid + "="
+	proxyReady := kit.ConditionProxyReady + "="
+	svcValid := kit.ConditionIngressSvcValid + "="
 
 	return []badInput{
 		// Annotations of Ingresses.
-		{name: "tags without the tag: prefix", make: tags("k8s"), reason: controller.ReasonInvalidAnnotation},
-		{name: "an empty tag", make: tags("tag:"), reason: controller.ReasonInvalidAnnotation},
-		{name: "tags that are only commas", make: tags(" , "), reason: controller.ReasonInvalidAnnotation},
-		{name: "a tag with a space", make: tags("tag:a b"), reason: controller.ReasonInvalidAnnotation},
-		{name: "a tag with an underscore", make: tags("tag:k8s,tag:bad_tag"), reason: controller.ReasonInvalidAnnotation},
-		{name: "http-redirect that is not a boolean", reason: controller.ReasonInvalidAnnotation, also: proxyCreated,
+		{name: "tags without the tag: prefix", make: tags("k8s"), reason: kit.ReasonInvalidAnnotation},
+		{name: "an empty tag", make: tags("tag:"), reason: kit.ReasonInvalidAnnotation},
+		{name: "tags that are only commas", make: tags(" , "), reason: kit.ReasonInvalidAnnotation},
+		{name: "a tag with a space", make: tags("tag:a b"), reason: kit.ReasonInvalidAnnotation},
+		{name: "a tag with an underscore", make: tags("tag:k8s,tag:bad_tag"), reason: kit.ReasonInvalidAnnotation},
+		{name: "http-redirect that is not a boolean", reason: kit.ReasonInvalidAnnotation, also: proxyCreated,
 			make: func(ns string) client.Object {
-				return create(ingress(ns, "web", "redirect-"+ns, annotate(controller.AnnotationHTTPRedirect, "maybe")))
+				return create(ingress(ns, "web", "redirect-"+ns, annotate(kit.AnnotationHTTPRedirect, "maybe")))
 			}},
-		{name: "an unknown backend-protocol", reason: controller.ReasonInvalidAnnotation, also: proxyCreated,
+		{name: "an unknown backend-protocol", reason: kit.ReasonInvalidAnnotation, also: proxyCreated,
 			make: func(ns string) client.Object {
-				return create(ingress(ns, "web", "proto-"+ns, annotate(controller.AnnotationBackendProtocol, "gopher")))
+				return create(ingress(ns, "web", "proto-"+ns, annotate(kit.AnnotationBackendProtocol, "gopher")))
 			}},
 		// Hostnames.
-		{name: "a tailnet hostname longer than a DNS label", reason: controller.ReasonInvalidHostname,
+		{name: "a tailnet hostname longer than a DNS label", reason: kit.ReasonInvalidHostname,
 			make: func(ns string) client.Object {
 				return create(ingress(ns, "web", strings.Repeat("x", 64)+".example.ts.net"))
 			}},
-		{name: "a wildcard as the tailnet name", reason: controller.ReasonInvalidHostname,
+		{name: "a wildcard as the tailnet name", reason: kit.ReasonInvalidHostname,
 			make: func(ns string) client.Object { return create(ingress(ns, "web", "*.example.ts.net")) }},
-		{name: "two Ingresses on a ProxyGroup with one hostname", reason: controller.ReasonDuplicateHostname,
+		{name: "two Ingresses on a ProxyGroup with one hostname", reason: kit.ReasonDuplicateHostname,
 			make: func(ns string) client.Object {
 				create(ingress(ns, "first", "dup-"+ns, onGroup(goodGroup)))
 				waitForFinalizer(&networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "first"}})
 				return create(ingress(ns, "second", "dup-"+ns, onGroup(goodGroup)))
 			}},
-		{name: "a hostname whose Tailscale Service belongs to someone else", reason: controller.ReasonInvalidTailscaleSvc,
+		{name: "a hostname whose Tailscale Service belongs to someone else", reason: kit.ReasonInvalidTailscaleSvc,
 			make: func(ns string) client.Object {
 				_, err := tsAPI.PutService(context.Background(), tailnet.Service{Name: "svc:foreign-" + ns, Ports: []string{"tcp:443"}, Comment: "not the operator's"})
 				Expect(err).NotTo(HaveOccurred())
 				return create(ingress(ns, "web", "foreign-"+ns, onGroup(goodGroup)))
 			}},
 		// References.
-		{name: "a ProxyGroup that does not exist", reason: controller.ReasonProxyGroupNotFound,
+		{name: "a ProxyGroup that does not exist", reason: kit.ReasonProxyGroupNotFound,
 			make: func(ns string) client.Object { return create(ingress(ns, "web", "nopg-"+ns, onGroup("no-such-group"))) }},
-		{name: "a ProxyGroup of type egress", reason: controller.ReasonProxyGroupWrongType,
+		{name: "a ProxyGroup of type egress", reason: kit.ReasonProxyGroupWrongType,
 			make: func(ns string) client.Object { return create(ingress(ns, "web", "egress-"+ns, onGroup(egressGroup))) }},
-		{name: "a ProxyClass that does not exist", reason: controller.ReasonProxyClassNotReady,
+		{name: "a ProxyClass that does not exist", reason: kit.ReasonProxyClassNotReady,
 			make: func(ns string) client.Object {
 				ing := ingress(ns, "web", "nopc-"+ns)
-				ing.Labels = map[string]string{controller.LabelProxyClass: "no-such-class"}
+				ing.Labels = map[string]string{kit.LabelProxyClass: "no-such-class"}
 				return create(ing)
 			}},
-		{name: "an invalid ProxyClass", reason: controller.ReasonProxyClassNotReady,
+		{name: "an invalid ProxyClass", reason: kit.ReasonProxyClassNotReady,
 			make: func(ns string) client.Object {
 				ing := ingress(ns, "web", "badpc-"+ns)
-				ing.Labels = map[string]string{controller.LabelProxyClass: badClass}
+				ing.Labels = map[string]string{kit.LabelProxyClass: badClass}
 				return create(ing)
 			}},
 		// Backends.
-		{name: "only a backend Service that does not exist", reason: controller.ReasonNoValidBackends,
+		{name: "only a backend Service that does not exist", reason: kit.ReasonNoValidBackends,
 			make: func(ns string) client.Object {
 				ing := ingress(ns, "web", "nosvc-"+ns)
 				ing.Spec.DefaultBackend = ptr.To(backend("no-such-service", httpPort))
 				return create(ing)
 			}},
-		{name: "a path to a Service that does not exist", reason: controller.ReasonInvalidIngressBackend, also: proxyCreated,
+		{name: "a path to a Service that does not exist", reason: kit.ReasonInvalidIngressBackend, also: proxyCreated,
 			make: func(ns string) client.Object {
 				return create(ingress(ns, "web", "misssvc-"+ns, withRule("", "/api", backend("no-such-service", httpPort))))
 			}},
-		{name: "a path to a port the Service lacks", reason: controller.ReasonInvalidIngressBackend, also: proxyCreated,
+		{name: "a path to a port the Service lacks", reason: kit.ReasonInvalidIngressBackend, also: proxyCreated,
 			make: func(ns string) client.Object {
 				return create(ingress(ns, "web", "noport-"+ns, withRule("", "/api", backend("echo", networkingv1.ServiceBackendPort{Number: 9999}))))
 			}},
-		{name: "a path to a headless Service", reason: controller.ReasonInvalidIngressBackend, also: proxyCreated,
+		{name: "a path to a headless Service", reason: kit.ReasonInvalidIngressBackend, also: proxyCreated,
 			make: func(ns string) client.Object {
 				h := echoService(ns, "headless")
 				h.Spec.ClusterIP = corev1.ClusterIPNone
 				create(h)
 				return create(ingress(ns, "web", "headless-"+ns, withRule("", "/api", backend("headless", httpPort))))
 			}},
-		{name: "a resource backend", reason: controller.ReasonInvalidIngressBackend, also: proxyCreated,
+		{name: "a resource backend", reason: kit.ReasonInvalidIngressBackend, also: proxyCreated,
 			make: func(ns string) client.Object {
 				return create(ingress(ns, "web", "resource-"+ns, withRule("", "/files", networkingv1.IngressBackend{
 					Resource: &corev1.TypedLocalObjectReference{APIGroup: ptr.To("example.com"), Kind: "Bucket", Name: "b"}})))
 			}},
-		{name: "no valid backend on a ProxyGroup", reason: controller.ReasonNoValidBackends,
+		{name: "no valid backend on a ProxyGroup", reason: kit.ReasonNoValidBackends,
 			make: func(ns string) client.Object {
 				ing := ingress(ns, "web", "hanosvc-"+ns, onGroup(goodGroup))
 				ing.Spec.DefaultBackend = ptr.To(backend("no-such-service", httpPort))
 				return create(ing)
 			}},
 		// Rules.
-		{name: "a rule host that is neither the tailnet name nor a certificate's", reason: controller.ReasonUnsupportedHost, also: proxyCreated,
+		{name: "a rule host that is neither the tailnet name nor a certificate's", reason: kit.ReasonUnsupportedHost, also: proxyCreated,
 			make: func(ns string) client.Object {
 				return create(ingress(ns, "web", "host-"+ns, withRule("other.example.com", "/", backend("echo", httpPort))))
 			}},
-		{name: "a wildcard rule host without a certificate", reason: controller.ReasonUnsupportedHost, also: proxyCreated,
+		{name: "a wildcard rule host without a certificate", reason: kit.ReasonUnsupportedHost, also: proxyCreated,
 			make: func(ns string) client.Object {
 				return create(ingress(ns, "web", "wild-"+ns, withRule("*.example.com", "/", backend("echo", httpPort))))
 			}},
-		{name: "the same path twice", reason: controller.ReasonDuplicatePath, also: proxyCreated,
+		{name: "the same path twice", reason: kit.ReasonDuplicatePath, also: proxyCreated,
 			make: func(ns string) client.Object {
 				return create(ingress(ns, "web", "dup-path-"+ns, withRule("", "/a", backend("echo", httpPort)), withRule("", "/a", backend("echo", httpPort))))
 			}},
 		// Bring-your-own certificates.
-		{name: "a TLS Secret that does not exist", reason: controller.ReasonTLSSecretNotFound, also: proxyCreated,
+		{name: "a TLS Secret that does not exist", reason: kit.ReasonTLSSecretNotFound, also: proxyCreated,
 			make: byo(func(string) *corev1.Secret { return nil })},
-		{name: "a TLS Secret of type Opaque", reason: controller.ReasonTLSSecretWrongType, also: proxyCreated,
+		{name: "a TLS Secret of type Opaque", reason: kit.ReasonTLSSecretWrongType, also: proxyCreated,
 			make: byo(func(ns string) *corev1.Secret {
 				return tlsSecret(ns, "cert", corev1.SecretTypeOpaque, validCert, validKey)
 			})},
-		{name: "a TLS Secret holding garbage", reason: controller.ReasonTLSSecretInvalid, also: proxyCreated,
+		{name: "a TLS Secret holding garbage", reason: kit.ReasonTLSSecretInvalid, also: proxyCreated,
 			make: byo(func(ns string) *corev1.Secret {
 				return tlsSecret(ns, "cert", corev1.SecretTypeTLS, []byte("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n"), []byte("garbage"))
 			})},
-		{name: "a TLS Secret whose key does not match", reason: controller.ReasonTLSSecretInvalid, also: proxyCreated,
+		{name: "a TLS Secret whose key does not match", reason: kit.ReasonTLSSecretInvalid, also: proxyCreated,
 			make: byo(func(ns string) *corev1.Secret {
 				return tlsSecret(ns, "cert", corev1.SecretTypeTLS, validCert, otherKey)
 			})},
-		{name: "an expired certificate", reason: controller.ReasonCertificateExpired, also: proxyCreated,
+		{name: "an expired certificate", reason: kit.ReasonCertificateExpired, also: proxyCreated,
 			make: byo(func(ns string) *corev1.Secret {
 				return tlsSecret(ns, "cert", corev1.SecretTypeTLS, expiredCert, expiredKey)
 			})},
-		{name: "a certificate not valid yet", reason: controller.ReasonCertificateExpired, also: proxyCreated,
+		{name: "a certificate not valid yet", reason: kit.ReasonCertificateExpired, also: proxyCreated,
 			make: byo(func(ns string) *corev1.Secret {
 				return tlsSecret(ns, "cert", corev1.SecretTypeTLS, futureCert, futureKey)
 			})},
-		{name: "a certificate for other hosts", reason: controller.ReasonCertificateHostMismatch, also: proxyCreated,
+		{name: "a certificate for other hosts", reason: kit.ReasonCertificateHostMismatch, also: proxyCreated,
 			make: byo(func(ns string) *corev1.Secret {
 				return tlsSecret(ns, "cert", corev1.SecretTypeTLS, otherHostCert, otherHostKey)
 			})},
 		// Services.
-		{name: "a Service hostname that is not a DNS label", reason: controller.ReasonInvalidAnnotation, condition: proxyReady + controller.ReasonProxyInvalid,
-			make: svc(svcAnnotate(controller.AnnotationHostname, "Bad_Name"))},
-		{name: "a Service hostname longer than a DNS label", reason: controller.ReasonInvalidAnnotation, condition: proxyReady + controller.ReasonProxyInvalid,
-			make: svc(svcAnnotate(controller.AnnotationHostname, strings.Repeat("h", 64)))},
-		{name: "expose that is not \"true\"", reason: controller.ReasonInvalidAnnotation, condition: proxyReady + controller.ReasonProxyInvalid,
-			make: svc(svcAnnotate(controller.AnnotationExpose, "yes"))},
-		{name: "bad tags on a Service", reason: controller.ReasonInvalidAnnotation, condition: proxyReady + controller.ReasonProxyInvalid,
-			make: svc(svcAnnotate(controller.AnnotationTags, "tag:ok,nope"))},
-		{name: "a headless Service", reason: controller.ReasonInvalidService, condition: proxyReady + controller.ReasonProxyInvalid,
+		{name: "a Service hostname that is not a DNS label", reason: kit.ReasonInvalidAnnotation, condition: proxyReady + kit.ReasonProxyInvalid,
+			make: svc(svcAnnotate(kit.AnnotationHostname, "Bad_Name"))},
+		{name: "a Service hostname longer than a DNS label", reason: kit.ReasonInvalidAnnotation, condition: proxyReady + kit.ReasonProxyInvalid,
+			make: svc(svcAnnotate(kit.AnnotationHostname, strings.Repeat("h", 64)))},
+		{name: "expose that is not \"true\"", reason: kit.ReasonInvalidAnnotation, condition: proxyReady + kit.ReasonProxyInvalid,
+			make: svc(svcAnnotate(kit.AnnotationExpose, "yes"))},
+		{name: "bad tags on a Service", reason: kit.ReasonInvalidAnnotation, condition: proxyReady + kit.ReasonProxyInvalid,
+			make: svc(svcAnnotate(kit.AnnotationTags, "tag:ok,nope"))},
+		{name: "a headless Service", reason: kit.ReasonInvalidService, condition: proxyReady + kit.ReasonProxyInvalid,
 			make: svc(func(s *corev1.Service) {
 				s.Spec.Type, s.Spec.LoadBalancerClass, s.Spec.ClusterIP = corev1.ServiceTypeClusterIP, nil, corev1.ClusterIPNone
-				s.Annotations[controller.AnnotationExpose] = "true"
+				s.Annotations[kit.AnnotationExpose] = "true"
 			})},
-		{name: "a Service's ProxyClass that does not exist", reason: controller.ReasonProxyClassNotReady, condition: proxyReady + controller.ReasonProxyPending,
-			make: svc(func(s *corev1.Service) { s.Labels = map[string]string{controller.LabelProxyClass: "no-such-class"} })},
-		{name: "a Service on a ProxyGroup that does not exist", reason: controller.ReasonProxyGroupNotFound, condition: svcValid + controller.ReasonProxyGroupNotFound,
+		{name: "a Service's ProxyClass that does not exist", reason: kit.ReasonProxyClassNotReady, condition: proxyReady + kit.ReasonProxyPending,
+			make: svc(func(s *corev1.Service) { s.Labels = map[string]string{kit.LabelProxyClass: "no-such-class"} })},
+		{name: "a Service on a ProxyGroup that does not exist", reason: kit.ReasonProxyGroupNotFound, condition: svcValid + kit.ReasonProxyGroupNotFound,
 			make: haSvc("no-such-group")},
-		{name: "a Service on a ProxyGroup of type egress", reason: controller.ReasonProxyGroupWrongType, condition: svcValid + controller.ReasonProxyGroupWrongType,
+		{name: "a Service on a ProxyGroup of type egress", reason: kit.ReasonProxyGroupWrongType, condition: svcValid + kit.ReasonProxyGroupWrongType,
 			make: haSvc(egressGroup)},
-		{name: "a Service on a ProxyGroup with a bad hostname", reason: controller.ReasonInvalidAnnotation, condition: svcValid + controller.ReasonInvalidAnnotation,
-			make: haSvc(goodGroup, svcAnnotate(controller.AnnotationHostname, "-bad-"))},
-		{name: "two Services on a ProxyGroup with one hostname", reason: controller.ReasonDuplicateHostname, condition: svcValid + controller.ReasonDuplicateHostname,
+		{name: "a Service on a ProxyGroup with a bad hostname", reason: kit.ReasonInvalidAnnotation, condition: svcValid + kit.ReasonInvalidAnnotation,
+			make: haSvc(goodGroup, svcAnnotate(kit.AnnotationHostname, "-bad-"))},
+		{name: "two Services on a ProxyGroup with one hostname", reason: kit.ReasonDuplicateHostname, condition: svcValid + kit.ReasonDuplicateHostname,
 			make: func(ns string) client.Object {
-				first := create(lbService(ns, "first", svcAnnotate(controller.AnnotationProxyGroup, goodGroup, controller.AnnotationHostname, "dupsvc-"+ns)))
+				first := create(lbService(ns, "first", svcAnnotate(kit.AnnotationProxyGroup, goodGroup, kit.AnnotationHostname, "dupsvc-"+ns)))
 				waitForFinalizer(first)
-				return create(lbService(ns, "second", svcAnnotate(controller.AnnotationProxyGroup, goodGroup, controller.AnnotationHostname, "dupsvc-"+ns)))
+				return create(lbService(ns, "second", svcAnnotate(kit.AnnotationProxyGroup, goodGroup, kit.AnnotationHostname, "dupsvc-"+ns)))
 			}},
 		// Shapes the operator does not serve: left alone.
 		{name: "a LoadBalancer Service of another class", ignored: true,
@@ -244,42 +244,42 @@ func badInputs() []badInput {
 				return create(ingress(ns, "web", "other-"+ns, func(i *networkingv1.Ingress) { i.Spec.IngressClassName = ptr.To("nginx") }))
 			}},
 		// ProxyGroups and ProxyClasses.
-		{name: "a ProxyGroup of type kube-apiserver", reason: controller.ReasonProxyGroupInvalid,
-			condition: tsv1alpha1.ProxyGroupReady + "=" + controller.ReasonProxyGroupInvalid,
+		{name: "a ProxyGroup of type kube-apiserver", reason: kit.ReasonProxyGroupInvalid,
+			condition: tsv1alpha1.ProxyGroupReady + "=" + kit.ReasonProxyGroupInvalid,
 			make: func(ns string) client.Object {
 				return create(proxyGroup(ns+"-api", tsv1alpha1.ProxyGroupTypeKubeAPIServer))
 			}},
-		{name: "a ProxyGroup whose ProxyClass does not exist", condition: tsv1alpha1.ProxyGroupReady + "=" + controller.ReasonProxyGroupPending,
+		{name: "a ProxyGroup whose ProxyClass does not exist", condition: tsv1alpha1.ProxyGroupReady + "=" + kit.ReasonProxyGroupPending,
 			make: func(ns string) client.Object {
 				return create(proxyGroup(ns+"-nopc", tsv1alpha1.ProxyGroupTypeIngress, func(pg *tsv1alpha1.ProxyGroup) { pg.Spec.ProxyClass = "no-such-class" }))
 			}},
-		{name: "a ProxyClass with a bad label key", reason: controller.ReasonProxyClassInvalid,
-			condition: tsv1alpha1.ProxyClassReady + "=" + controller.ReasonProxyClassInvalid,
+		{name: "a ProxyClass with a bad label key", reason: kit.ReasonProxyClassInvalid,
+			condition: tsv1alpha1.ProxyClassReady + "=" + kit.ReasonProxyClassInvalid,
 			make: proxyClass(func(s *tsv1alpha1.ProxyClassSpec) {
 				s.StatefulSet = &tsv1alpha1.StatefulSet{Labels: map[string]string{"bad key!": "v"}}
 			})},
-		{name: "a ProxyClass with a bad label value", reason: controller.ReasonProxyClassInvalid,
-			condition: tsv1alpha1.ProxyClassReady + "=" + controller.ReasonProxyClassInvalid,
+		{name: "a ProxyClass with a bad label value", reason: kit.ReasonProxyClassInvalid,
+			condition: tsv1alpha1.ProxyClassReady + "=" + kit.ReasonProxyClassInvalid,
 			make: proxyClass(func(s *tsv1alpha1.ProxyClassSpec) {
 				s.StatefulSet = &tsv1alpha1.StatefulSet{Pod: &tsv1alpha1.Pod{Labels: map[string]string{"app": strings.Repeat("v", 64)}}}
 			})},
-		{name: "a ProxyClass with a bad annotation key", reason: controller.ReasonProxyClassInvalid,
-			condition: tsv1alpha1.ProxyClassReady + "=" + controller.ReasonProxyClassInvalid,
+		{name: "a ProxyClass with a bad annotation key", reason: kit.ReasonProxyClassInvalid,
+			condition: tsv1alpha1.ProxyClassReady + "=" + kit.ReasonProxyClassInvalid,
 			make: proxyClass(func(s *tsv1alpha1.ProxyClassSpec) {
 				s.StatefulSet = &tsv1alpha1.StatefulSet{Annotations: map[string]string{"a/b/c": "v"}}
 			})},
-		{name: "a ProxyClass image with white space", reason: controller.ReasonProxyClassInvalid,
-			condition: tsv1alpha1.ProxyClassReady + "=" + controller.ReasonProxyClassInvalid,
+		{name: "a ProxyClass image with white space", reason: kit.ReasonProxyClassInvalid,
+			condition: tsv1alpha1.ProxyClassReady + "=" + kit.ReasonProxyClassInvalid,
 			make: proxyClass(func(s *tsv1alpha1.ProxyClassSpec) {
 				s.StatefulSet = &tsv1alpha1.StatefulSet{Pod: &tsv1alpha1.Pod{TailscaleContainer: &tsv1alpha1.Container{Image: "proxy :v1"}}}
 			})},
-		{name: "a ProxyClass asking for a ServiceMonitor without its CRD", reason: controller.ReasonProxyClassInvalid,
-			condition: tsv1alpha1.ProxyClassReady + "=" + controller.ReasonProxyClassInvalid,
+		{name: "a ProxyClass asking for a ServiceMonitor without its CRD", reason: kit.ReasonProxyClassInvalid,
+			condition: tsv1alpha1.ProxyClassReady + "=" + kit.ReasonProxyClassInvalid,
 			make: proxyClass(func(s *tsv1alpha1.ProxyClassSpec) {
 				s.Metrics = &tsv1alpha1.Metrics{Enable: true, ServiceMonitor: &tsv1alpha1.ServiceMonitor{Enable: true}}
 			})},
-		{name: "a ProxyClass overriding a TS_ variable", reason: controller.ReasonCustomTSEnvVar,
-			condition: tsv1alpha1.ProxyClassReady + "=" + controller.ReasonProxyClassValid,
+		{name: "a ProxyClass overriding a TS_ variable", reason: kit.ReasonCustomTSEnvVar,
+			condition: tsv1alpha1.ProxyClassReady + "=" + kit.ReasonProxyClassValid,
 			make: proxyClass(func(s *tsv1alpha1.ProxyClassSpec) {
 				s.StatefulSet = &tsv1alpha1.StatefulSet{Pod: &tsv1alpha1.Pod{TailscaleContainer: &tsv1alpha1.Container{
 					Env: []tsv1alpha1.Env{{Name: "TS_USERSPACE", Value: "true"}}}}}
@@ -310,7 +310,7 @@ func waitForFinalizer(obj client.Object) {
 func proxyCreated(g Gomega, obj client.Object) {
 	list := &appsv1.StatefulSetList{}
 	g.Expect(k8s.List(context.Background(), list, client.InNamespace(opNS), client.MatchingLabels{
-		controller.LabelParentName: obj.GetName(), controller.LabelParentNS: obj.GetNamespace()})).To(Succeed())
+		kit.LabelParentName: obj.GetName(), kit.LabelParentNS: obj.GetNamespace()})).To(Succeed())
 	g.Expect(list.Items).To(HaveLen(1), "the proxy of %s/%s", obj.GetNamespace(), obj.GetName())
 }
 
@@ -318,7 +318,7 @@ func proxyCreated(g Gomega, obj client.Object) {
 func noProxy(g Gomega, obj client.Object) {
 	for _, list := range []client.ObjectList{&appsv1.StatefulSetList{}, &corev1.SecretList{}} {
 		g.Expect(k8s.List(context.Background(), list, client.InNamespace(opNS), client.MatchingLabels{
-			controller.LabelParentName: obj.GetName(), controller.LabelParentNS: obj.GetNamespace()})).To(Succeed())
+			kit.LabelParentName: obj.GetName(), kit.LabelParentNS: obj.GetNamespace()})).To(Succeed())
 		g.Expect(meta.LenList(list)).To(BeZero(), "children of %s/%s", obj.GetNamespace(), obj.GetName())
 	}
 }
@@ -332,9 +332,9 @@ type canary struct {
 func snapshotChildren(obj client.Object, typ string) map[string]string {
 	GinkgoHelper()
 	out := map[string]string{}
-	sel := client.MatchingLabels{controller.LabelParentName: obj.GetName(), controller.LabelParentType: typ}
+	sel := client.MatchingLabels{kit.LabelParentName: obj.GetName(), kit.LabelParentType: typ}
 	if obj.GetNamespace() != "" {
-		sel[controller.LabelParentNS] = obj.GetNamespace()
+		sel[kit.LabelParentNS] = obj.GetNamespace()
 	}
 	for kind, list := range map[string]client.ObjectList{"StatefulSet": &appsv1.StatefulSetList{}, "Secret": &corev1.SecretList{}, "ConfigMap": &corev1.ConfigMapList{}} {
 		Expect(k8s.List(context.Background(), list, client.InNamespace(opNS), sel)).To(Succeed())

@@ -15,7 +15,7 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 )
 
 // The documents between the operator and its proxies live in Secrets and ConfigMaps anyone with
@@ -35,7 +35,7 @@ var _ = Describe("Documents edited by hand", Ordered, func() {
 	configSecret := func(g Gomega, name string) *corev1.Secret {
 		list := &corev1.SecretList{}
 		g.Expect(k8s.List(context.Background(), list, client.InNamespace(opNS), client.MatchingLabels{
-			controller.LabelParentName: name, controller.LabelParentNS: ns, controller.LabelSecretType: "config-state"})).To(Succeed())
+			kit.LabelParentName: name, kit.LabelParentNS: ns, kit.LabelSecretType: "config-state"})).To(Succeed())
 		g.Expect(list.Items).To(HaveLen(1), "the config Secret of %s", name)
 		return &list.Items[0]
 	}
@@ -76,7 +76,7 @@ var _ = Describe("Documents edited by hand", Ordered, func() {
 		create(echoService(ns, "echo"))
 		create(proxyGroup(group, tsv1alpha1.ProxyGroupTypeIngress))
 		create(ingress(ns, "web", "docs-web", onGroup(group)))
-		create(lbService(ns, "db", svcAnnotate(controller.AnnotationProxyGroup, group, controller.AnnotationHostname, "docs-db")))
+		create(lbService(ns, "db", svcAnnotate(kit.AnnotationProxyGroup, group, kit.AnnotationHostname, "docs-db")))
 		create(ingress(ns, "alone", "docs-alone"))
 		Eventually(groupEntries).Should(Succeed())
 		Eventually(func(g Gomega) {
@@ -141,7 +141,7 @@ var _ = Describe("Documents edited by hand", Ordered, func() {
 		edit(s, func() { s.Data[contract.StateDeviceIPs] = []byte("[garbage") })
 		restored("a standalone proxy's state holding garbage", func(g Gomega) {
 			sameConfig(g)
-			g.Expect(warnings(g, ingressUID(g, ns, "alone"))).To(ContainElement(controller.ReasonProxyStateInvalid))
+			g.Expect(warnings(g, ingressUID(g, ns, "alone"))).To(ContainElement(kit.ReasonProxyStateInvalid))
 		})
 	})
 

@@ -25,7 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 )
 
 var nsCounter atomic.Int64
@@ -83,7 +83,7 @@ func annotate(kv ...string) func(*networkingv1.Ingress) {
 }
 
 func onGroup(pg string) func(*networkingv1.Ingress) {
-	return annotate(controller.AnnotationProxyGroup, pg)
+	return annotate(kit.AnnotationProxyGroup, pg)
 }
 
 func withRule(host, path string, b networkingv1.IngressBackend) func(*networkingv1.Ingress) {
@@ -107,7 +107,7 @@ func lbService(ns, name string, mutate ...func(*corev1.Service)) *corev1.Service
 	s := echoService(ns, name)
 	s.Annotations = map[string]string{}
 	s.Spec.Type = corev1.ServiceTypeLoadBalancer
-	s.Spec.LoadBalancerClass = ptr.To(controller.LoadBalancerClass)
+	s.Spec.LoadBalancerClass = ptr.To(kit.LoadBalancerClass)
 	for _, m := range mutate {
 		m(s)
 	}

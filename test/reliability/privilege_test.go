@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 )
 
 // Every proxy runs as a ServiceAccount of its own (a ProxyGroup's replicas share one), bound by
@@ -62,10 +62,10 @@ var _ = Describe("Least privilege", Ordered, func() {
 		By("waiting for the proxies' Roles")
 		Eventually(func(g Gomega) {
 			roles := &rbacv1.RoleList{}
-			g.Expect(k8s.List(ctx, roles, client.InNamespace(opNS), client.MatchingLabels{controller.LabelManaged: "true"})).To(Succeed())
+			g.Expect(k8s.List(ctx, roles, client.InNamespace(opNS), client.MatchingLabels{kit.LabelManaged: "true"})).To(Succeed())
 			accounts = nil
 			for _, r := range roles.Items {
-				if r.Labels[controller.LabelParentNS] != userNS && r.Name != "priv-a" && r.Name != "priv-b" {
+				if r.Labels[kit.LabelParentNS] != userNS && r.Name != "priv-a" && r.Name != "priv-b" {
 					continue // another spec's proxy
 				}
 				bindings := &rbacv1.RoleBinding{}

@@ -37,6 +37,7 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
@@ -53,7 +54,7 @@ var (
 	tsAPI    *tailnet.APIClient
 	scheme   = runtime.NewScheme()
 	opLog    = newOperatorLog()
-	settings = controller.Settings{
+	settings = kit.Settings{
 		Namespace:        opNS,
 		IngressClassName: "tailscale",
 		DefaultTags:      []string{"tag:k8s"},

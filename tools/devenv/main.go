@@ -40,6 +40,7 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/lifeline"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
@@ -274,7 +275,7 @@ func run(ctx context.Context, once, verbose bool, logDir string, command []strin
 	if err != nil {
 		return 1, err
 	}
-	settings := controller.Settings{
+	settings := kit.Settings{
 		Namespace: operatorNamespace, IngressClassName: "tailscale", DefaultTags: []string{"tag:k8s"},
 		ProxyImage: "in-process", FirewallMode: contract.FirewallAuto, ControlURL: lt.ControlURL,
 	}

@@ -29,7 +29,7 @@ import (
 	"sigs.k8s.io/yaml"
 	"tailscale.com/tsnet"
 
-	"github.com/tsingress/tsingress/internal/controller"
+	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 )
 
@@ -123,7 +123,7 @@ func installSamples(ctx context.Context, k8s client.Client, objs []client.Object
 			notes = append(notes, fmt.Sprintf("Service %s is an ExternalName for the loopback backend (port %d)", ref, backendPort))
 		case *networkingv1.Ingress:
 			kind := "L7"
-			if o.Annotations[controller.AnnotationProxyGroup] != "" {
+			if o.Annotations[kit.AnnotationProxyGroup] != "" {
 				kind = "HA"
 			}
 			demos = append(demos, &demo{kind: kind, obj: o})
@@ -136,8 +136,8 @@ func installSamples(ctx context.Context, k8s client.Client, objs []client.Object
 }
 
 func exposed(svc *corev1.Service) bool {
-	lb := svc.Spec.Type == corev1.ServiceTypeLoadBalancer && svc.Spec.LoadBalancerClass != nil && *svc.Spec.LoadBalancerClass == controller.LoadBalancerClass
-	return lb || svc.Annotations[controller.AnnotationExpose] == "true"
+	lb := svc.Spec.Type == corev1.ServiceTypeLoadBalancer && svc.Spec.LoadBalancerClass != nil && *svc.Spec.LoadBalancerClass == kit.LoadBalancerClass
+	return lb || svc.Annotations[kit.AnnotationExpose] == "true"
 }
 
 // backendPorts keeps the names of a Service's TCP ports, all at the loopback backend's port.
@@ -168,7 +168,7 @@ func waitServed(ctx context.Context, k8s client.Client, d *demo) error {
 			}
 		case *corev1.Service:
 			if err := k8s.Get(ctx, client.ObjectKeyFromObject(o), o); err == nil {
-				c := meta.FindStatusCondition(o.Status.Conditions, controller.ConditionProxyReady)
+				c := meta.FindStatusCondition(o.Status.Conditions, kit.ConditionProxyReady)
 				if c != nil {
 					last = fmt.Sprintf("%s: %s", c.Reason, c.Message)
 				}

@@ -1,0 +1,151 @@
+package groupstore
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
+)
+
+// operatorOn is one operator's view of the Tailscale Services of a tailnet, with a fixed ID,
+// on a clock the test moves.
+func operatorOn(api tailnet.Client, id string, clock *time.Time) *TailscaleServices {
+	t := &TailscaleServices{Tailnet: api, now: func() time.Time { return *clock }}
+	t.idOnce.Do(func() { t.id = id })
+	return t
+}
+
+func serviceOwners(t *testing.T, api tailnet.Client, name string) []string {
+	t.Helper()
+	svc, err := api.Service(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refs OwnerRefs
+	if err := json.Unmarshal([]byte(svc.Annotations[AnnotationOwnerRefs]), &refs); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range refs.OwnerRefs {
+		ids = append(ids, r.OperatorID)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// Two operators (clusters) share a Tailscale Service: both are recorded, the service carries what
+// either asks for, a record dropped by a concurrent write is restored at the next check (a read
+// that found all as wanted stands for serviceReadReuse, a write for nothing), and the service is
+// deleted with its last owner only.
+func TestSharedTailscaleService(t *testing.T) {
+	_, api := localtailnettest.Start(t, localtailnet.Options{})
+	ctx := t.Context()
+	const name = "svc:web"
+	clock := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
+	east, west := operatorOn(api, "east", &clock), operatorOn(api, "west", &clock)
+
+	claim, err := east.Ensure(ctx, name, []string{"tcp:443"}, []string{"tag:k8s"})
+	if err != nil || !claim.Created || claim.Recheck < ownershipVerify {
+		t.Fatalf("east's first claim: %+v, %v; want created, checked again soon", claim, err)
+	}
+	// Alone, and nothing to change: checked now and then all the same, as west may join unseen.
+	claim, err = east.Ensure(ctx, name, []string{"tcp:443"}, []string{"tag:k8s"})
+	if err != nil || claim.Recheck < defaultSharedResync {
+		t.Errorf("east's check of its own service: recheck %s, %v; want %s or more", claim.Recheck, err, defaultSharedResync)
+	}
+	claim, err = west.Ensure(ctx, name, []string{"tcp:443", "tcp:80"}, []string{"tag:web"})
+	if err != nil || claim.Created {
+		t.Fatalf("west's claim: %+v, %v", claim, err)
+	}
+	if got := serviceOwners(t, api, name); !slices.Equal(got, []string{"east", "west"}) {
+		t.Fatalf("owners %v", got)
+	}
+	if !slices.Equal(claim.Ports, []string{"tcp:443", "tcp:80"}) || !slices.Equal(claim.Tags, []string{"tag:k8s", "tag:web"}) {
+		t.Errorf("shared service: ports %v, tags %v; want what either owner asks for", claim.Ports, claim.Tags)
+	}
+	// Nothing to change: no write, and a check now and then since the service is shared.
+	claim, err = east.Ensure(ctx, name, []string{"tcp:443"}, []string{"tag:k8s"})
+	if err != nil || claim.Recheck < defaultSharedResync {
+		t.Errorf("east's check of a shared service: recheck %s, %v; want %s or more", claim.Recheck, err, defaultSharedResync)
+	}
+
+	// West writes from a read made before east's claim: east's record is gone.
+	svc, _ := api.Service(ctx, name)
+	svc.Annotations = map[string]string{AnnotationOwnerRefs: `{"ownerRefs":[{"operatorID":"west","ports":["tcp:443","tcp:80"],"tags":["tag:web"]}]}`}
+	if _, err := api.PutService(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	// East's reconciles soon after its last read reuse that read: nothing is restored yet.
+	clock = clock.Add(serviceReadReuse - time.Second)
+	if _, err := east.Ensure(ctx, name, []string{"tcp:443"}, []string{"tag:k8s"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := serviceOwners(t, api, name); !slices.Equal(got, []string{"west"}) {
+		t.Fatalf("owners after east's reconcile within a read's reuse %v; want the service not read again", got)
+	}
+	// Asking for something else reads (and writes) at once.
+	if _, err := east.Ensure(ctx, name, []string{"tcp:443", "tcp:8443"}, []string{"tag:k8s"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := serviceOwners(t, api, name); !slices.Equal(got, []string{"east", "west"}) {
+		t.Fatalf("owners after east asked for a new port %v; want east restored", got)
+	}
+	svc.Annotations = map[string]string{AnnotationOwnerRefs: `{"ownerRefs":[{"operatorID":"west","ports":["tcp:443","tcp:80"],"tags":["tag:web"]}]}`}
+	if _, err := api.PutService(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := east.Ensure(ctx, name, []string{"tcp:443", "tcp:8443"}, []string{"tag:k8s"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := serviceOwners(t, api, name); !slices.Equal(got, []string{"east", "west"}) {
+		t.Fatalf("owners after east's write then its check %v; want east restored (a write is no read to reuse)", got)
+	}
+	// Once a read is old, any reconcile reads again.
+	if _, err := east.Ensure(ctx, name, []string{"tcp:443", "tcp:8443"}, []string{"tag:k8s"}); err != nil {
+		t.Fatal(err) // a read that finds all as wanted: reused from here on
+	}
+	svc.Annotations = map[string]string{AnnotationOwnerRefs: `{"ownerRefs":[{"operatorID":"west","ports":["tcp:443","tcp:80"],"tags":["tag:web"]}]}`}
+	if _, err := api.PutService(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	clock = clock.Add(serviceReadReuse)
+	if _, err := east.Ensure(ctx, name, []string{"tcp:443", "tcp:8443"}, []string{"tag:k8s"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := serviceOwners(t, api, name); !slices.Equal(got, []string{"east", "west"}) {
+		t.Fatalf("owners after east's check %v; want east restored", got)
+	}
+	if _, err := east.Ensure(ctx, name, []string{"tcp:443"}, []string{"tag:k8s"}); err != nil {
+		t.Fatal(err)
+	}
+
+	// West leaves: the service stays, with east's ports and tags only.
+	if err := west.Release(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	svc, err = api.Service(ctx, name)
+	if err != nil {
+		t.Fatalf("west's release deleted the service east owns: %v", err)
+	}
+	if !slices.Equal(svc.Ports, []string{"tcp:443"}) || !slices.Equal(svc.Tags, []string{"tag:k8s"}) || !slices.Equal(serviceOwners(t, api, name), []string{"east"}) {
+		t.Errorf("after west left: ports %v, tags %v, owners %v", svc.Ports, svc.Tags, serviceOwners(t, api, name))
+	}
+	// Releasing again, or by an operator that never owned it, changes nothing.
+	if err := west.Release(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := api.Service(ctx, name); err != nil {
+		t.Fatalf("a second release by west deleted the service: %v", err)
+	}
+	if err := east.Release(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := api.Service(ctx, name); !tailnet.IsNotFound(err) {
+		t.Errorf("the service outlived its last owner: %v", err)
+	}
+}

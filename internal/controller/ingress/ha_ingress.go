@@ -1,0 +1,412 @@
+package ingress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/certs"
+	"github.com/tsingress/tsingress/internal/controller/groupstore"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
+	"github.com/tsingress/tsingress/internal/tailnet"
+)
+
+// HAIngressReconciler serves Ingresses annotated tailscale.com/proxy-group through a
+// ProxyGroup: one Tailscale Service each, in the group's Serve config.
+type HAIngressReconciler struct {
+	client.Client
+	kit.Reporter
+	Settings kit.Settings
+	docs     groupstore.GroupDocs
+	services *groupstore.TailscaleServices
+	Certs    certs.CertSecrets
+	Guard    *certs.CertGuard
+	// tlsSecrets sees users' TLS Secrets change.
+	TLSSecrets *certs.TLSSecretWatch
+	Info       func(context.Context) tailnet.TailnetInfo
+}
+
+func (r *HAIngressReconciler) serves(ing *networkingv1.Ingress) bool {
+	return ing.DeletionTimestamp == nil &&
+		ing.Spec.IngressClassName != nil && *ing.Spec.IngressClassName == r.Settings.IngressClassName &&
+		ing.Annotations[kit.AnnotationProxyGroup] != ""
+}
+
+func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
+	ing := &networkingv1.Ingress{}
+	if err := r.Get(ctx, req.NamespacedName, ing); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.Forget(req.NamespacedName)
+		}
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	s := &HAIngressScope{Ing: ing, Hostname: kit.IngressHostname(ing)}
+	s.svcName = "svc:" + s.Hostname
+	if !r.serves(ing) {
+		return r.unserve(ctx, ing, s.svcName)
+	}
+	defer func() { r.Settle(ing, err == nil) }()
+	// Status is computed from what this pass observed and patched once, at the end.
+	defer func() {
+		if lb, decided := s.loadBalancer(r.Guard.Now()); decided {
+			if perr := setIngressLoadBalancer(ctx, r.Client, ing, lb); perr != nil && err == nil {
+				err = fmt.Errorf("writing Ingress status: %w", perr)
+			}
+		}
+	}()
+	if err := r.gather(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	d := decideHAIngress(s, r.Settings.DefaultTags)
+	r.Findings(ing, d.Findings)
+	if kit.HasBlocking(d.Findings) {
+		return ctrl.Result{}, nil
+	}
+	pg, ws := s.Group, &d.WS
+	if err := kit.AddFinalizer(ctx, r.Client, ing, groupstore.FinalizerIngressPG); err != nil {
+		return ctrl.Result{}, err
+	}
+	ports := []string{"tcp:443"}
+	if ws.HTTP != contract.HTTPOff {
+		ports = append(ports, "tcp:80")
+	}
+	ts, err := r.services.Ensure(ctx, s.svcName, ports, d.Tags)
+	if err != nil {
+		var notOurs groupstore.ErrNotOurs
+		if errors.As(err, &notOurs) {
+			r.Warning(ing, kit.ReasonInvalidTailscaleSvc, "%v", err)
+			return ctrl.Result{}, nil
+		}
+		return r.TailnetFailure(ing, err)
+	}
+	if ts.Created {
+		r.Created(ing, kit.ReasonTailscaleServiceCreated, "created Tailscale Service %s (%s) for ProxyGroup %s", s.svcName, groupstore.AddrList(ts.Addrs), pg.Name)
+	}
+	for _, c := range s.byo.Copies {
+		// Owned by the group, so that its Role is rebuilt to let replicas read the copy.
+		if err := controllerutil.SetControllerReference(pg, c, r.Scheme()); err != nil {
+			return ctrl.Result{}, err
+		}
+		if err := kit.Apply(ctx, r.Client, c); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	// Stale copies of this Ingress, on this group or one it left.
+	if err := certs.PruneCertCopies(ctx, r.Client, r.Settings.Namespace, map[string]string{kit.LabelIngress: kit.HashLabel(ing.Namespace + "/" + ing.Name)}, s.byo.Copies); err != nil {
+		return ctrl.Result{}, err
+	}
+	if s.cert, err = r.Certificate(ctx, s); err != nil {
+		return ctrl.Result{}, err
+	}
+	certs.CertificateIssued(r.Reporter, ing, s.cert, r.Guard.Now())
+	ws.TLS.Hold = s.cert.Hold
+	owner, here := groupstore.OwnerOf("Ingress", ing), groupstore.Placement{UID: ing.UID, PG: pg.Name, SvcName: s.svcName}
+	if !r.docs.PlacedAt(owner, here) {
+		if err := r.docs.RemoveElsewhere(ctx, s.svcName, pg.Name); err != nil {
+			return ctrl.Result{}, err
+		}
+		if err := groupstore.ReleaseOwned(ctx, r.docs, r.services, owner, s.svcName); err != nil {
+			return r.TailnetFailure(ing, err)
+		}
+		r.docs.Place(owner, here)
+	}
+	if err := r.docs.SetServe(ctx, pg.Name, s.svcName, ws, owner); err != nil {
+		return groupstore.DocsFailure(r.Reporter, ing, err)
+	}
+	s.configured = ws
+	if _, served := haIngressLoadBalancer(s.svcName, ws, s.cert, s.States, r.Guard.Now()); served {
+		r.Progress(ing, "serving", kit.ReasonServing, "serving https://%s through Tailscale Service %s", s.cert.FQDN, s.svcName)
+		if ws.Funnel {
+			reportFunnel(r.Reporter, ing, s.cert.FQDN, groupTags(pg, r.Settings.DefaultTags), s.States)
+		}
+	}
+	return ctrl.Result{RequeueAfter: groupstore.Sooner(s.cert.Recheck(s.byo.Recheck, r.Guard.Now()), ts.Recheck)}, nil
+}
+
+// haIngressScope is what a pass over an Ingress on a ProxyGroup reads, and what it configured.
+type HAIngressScope struct {
+	Ing               *networkingv1.Ingress
+	Hostname, svcName string
+	// group is the ProxyGroup named, or nil with groupFinding saying why it cannot serve.
+	Group        *tsv1alpha1.ProxyGroup
+	groupFinding *kit.Finding
+	// takenBy is another Ingress that already serves the hostname on a ProxyGroup.
+	takenBy string
+	domain  string
+	routes  RouteInputs
+	byo     certs.BYOCertificates
+	// states is what the group's replicas report, read once for the certificate and the status.
+	States []*contract.ProxyState
+	cert   certs.TailnetCert
+	// configured is what the group's document serves for the Ingress after this pass; nil
+	// leaves the status as it was.
+	configured *contract.WebService
+}
+
+func (r *HAIngressReconciler) gather(ctx context.Context, s *HAIngressScope) error {
+	var err error
+	if s.Group, s.groupFinding, err = groupstore.ResolveGroup(ctx, r.Client, s.Ing.Annotations[kit.AnnotationProxyGroup]); err != nil {
+		return err
+	}
+	// An invalid hostname is decideIngress's finding; a valid one may be taken.
+	if contract.ValidHostname(s.Hostname) {
+		if s.takenBy, err = r.hostnameTakenBy(ctx, s.Ing, s.Hostname); err != nil {
+			return err
+		}
+	}
+	s.domain = r.Info(ctx).Domain
+	if s.routes, err = gatherRouteInputs(ctx, r.Client, s.Ing, s.domain); err != nil {
+		return err
+	}
+	if s.Group == nil {
+		return nil
+	}
+	if s.byo, err = r.Certs.Resolve(ctx, s.Ing, s.Group.Name, r.Settings.Namespace, byoLabels(s.Group, s.Ing)); err != nil {
+		return err
+	}
+	s.States, err = groupstore.GroupStates(ctx, r.Client, r.Settings.Namespace, s.Group)
+	return err
+}
+
+// decideHAIngress decides what an Ingress asks its ProxyGroup to serve, and what stops it.
+func decideHAIngress(s *HAIngressScope, defaultTags []string) ingressDecision {
+	var findings []kit.Finding
+	if s.groupFinding != nil {
+		findings = append(findings, *s.groupFinding)
+	}
+	if s.takenBy != "" {
+		findings = append(findings, kit.Blockf(kit.ReasonDuplicateHostname, "Ingress %s already serves %s on a ProxyGroup; hostnames must be unique", s.takenBy, s.Hostname))
+	}
+	d := DecideIngress(s.Ing, s.routes, s.byo, defaultTags)
+	d.Findings = append(findings, d.Findings...)
+	return d
+}
+
+// loadBalancer is the Ingress's status.loadBalancer.ingress once the pass configured its group
+// (decided false: leave it as it was), with Funnel's port error.
+func (s *HAIngressScope) loadBalancer(now time.Time) (lb []networkingv1.IngressLoadBalancerIngress, decided bool) {
+	if s.configured == nil {
+		return nil, false
+	}
+	lb, served := haIngressLoadBalancer(s.svcName, s.configured, s.cert, s.States, now)
+	if s.configured.Funnel && served {
+		setFunnelPortError(lb, s.cert.FQDN, s.States)
+	}
+	return lb, true
+}
+
+// byoLabels mark the copies of one Ingress's certificates on a ProxyGroup: the group's labels,
+// so that its Role lists them, and the Ingress's, so that they are pruned per Ingress.
+func byoLabels(pg *tsv1alpha1.ProxyGroup, ing *networkingv1.Ingress) map[string]string {
+	l := proxies.Group{Name: pg.Name}.Labels()
+	l[kit.LabelIngress] = kit.HashLabel(ing.Namespace + "/" + ing.Name)
+	return l
+}
+
+// certificate prepares the group's certificate Secret of the Ingress's tailnet name, records
+// what the replicas obtained and decides whether the issuing replica may ask the CA.
+func (r *HAIngressReconciler) Certificate(ctx context.Context, s *HAIngressScope) (certs.TailnetCert, error) {
+	c := certs.TailnetCert{}
+	pg := s.Group
+	class, err := proxies.ResolveProxyClass(ctx, r.Client, pg, r.Settings.DefaultProxyClass)
+	if err != nil {
+		return c, err
+	}
+	// The class the replicas are configured with: staging's limits are for testing, no guard then.
+	staging := class.Staging()
+	domain := s.domain
+	for _, st := range s.States {
+		if st == nil {
+			continue
+		}
+		if _, d, ok := strings.Cut(st.FQDN, "."); ok {
+			domain = d
+		}
+		if err := r.Guard.ObserveReport(ctx, st, staging); err != nil {
+			return c, err
+		}
+	}
+	if domain != "" {
+		c.FQDN = s.Hostname + "." + domain
+		if err := r.ensureGroupCertSecret(ctx, pg, c.FQDN); err != nil {
+			return c, err
+		}
+	}
+	if st := s.States[0]; st != nil {
+		c.Cur = st.Certificates[c.FQDN]
+	}
+	return c, r.Guard.Decide(ctx, r.Reporter, s.Ing, &c, staging)
+}
+
+// ensureGroupCertSecret creates the empty kubernetes.io/tls Secret that the group's issuing
+// replica fills. It belongs to the ProxyGroup, not the Ingress: an Ingress deleted and created
+// again reuses the certificate instead of spending the CA's limits.
+func (r *HAIngressReconciler) ensureGroupCertSecret(ctx context.Context, pg *tsv1alpha1.ProxyGroup, fqdn string) error {
+	name := contract.GroupCertSecret(fqdn)
+	s := &corev1.Secret{}
+	// Whether it exists: the cache's object, not a copy of a certificate per pass.
+	err := r.Get(ctx, client.ObjectKey{Namespace: r.Settings.Namespace, Name: name}, s, client.UnsafeDisableDeepCopy)
+	if !apierrors.IsNotFound(err) {
+		return err
+	}
+	labels := proxies.Group{Name: pg.Name}.Labels()
+	labels[kit.LabelSecretType] = certs.SecretTypeGroupCert
+	s = &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: r.Settings.Namespace, Labels: labels},
+		Type:       corev1.SecretTypeTLS,
+		Data:       map[string][]byte{corev1.TLSCertKey: nil, corev1.TLSPrivateKeyKey: nil},
+	}
+	if err := controllerutil.SetControllerReference(pg, s, r.Scheme()); err != nil {
+		return err
+	}
+	return client.IgnoreAlreadyExists(kit.Create(ctx, r.Client, s))
+}
+
+// hostnameTakenBy returns another HA Ingress that serves hostname and came first.
+func (r *HAIngressReconciler) hostnameTakenBy(ctx context.Context, ing *networkingv1.Ingress, hostname string) (string, error) {
+	list := &networkingv1.IngressList{}
+	if err := r.List(ctx, list, client.MatchingFields{groupstore.IndexIngressHostname: hostname}); err != nil {
+		return "", err
+	}
+	others := make([]*networkingv1.Ingress, len(list.Items))
+	for i := range list.Items {
+		others[i] = &list.Items[i]
+	}
+	return groupstore.TakenBy(ing, others, func(o *networkingv1.Ingress) bool { return r.serves(o) && kit.IngressHostname(o) == hostname }, groupstore.FinalizerIngressPG), nil
+}
+
+// haIngressLoadBalancer is an Ingress's status.loadBalancer.ingress, which the reconciler owns
+// while it serves the Ingress: the Tailscale Service's name once a replica advertises it (or,
+// with a port error, why its certificate is missing) and the bring-your-own hosts served.
+// served says whether the tailnet name is served.
+func haIngressLoadBalancer(svcName string, ws *contract.WebService, cert certs.TailnetCert, states []*contract.ProxyState, now time.Time) (lb []networkingv1.IngressLoadBalancerIngress, served bool) {
+	advertising := firstAdvertising(states, svcName)
+	if errReason := certs.CertPortError(cert.Hold, cert.Cur, now); errReason != "" && cert.FQDN != "" {
+		lb = append(lb, networkingv1.IngressLoadBalancerIngress{Hostname: cert.FQDN,
+			Ports: []networkingv1.IngressPortStatus{{Port: 443, Protocol: corev1.ProtocolTCP, Error: &errReason}}})
+	} else if advertising != nil && cert.FQDN != "" {
+		lb = append(lb, networkingv1.IngressLoadBalancerIngress{Hostname: cert.FQDN, Ports: httpsPorts(ws.HTTP != contract.HTTPOff)})
+		served = true
+	}
+	if advertising != nil {
+		lb = append(lb, byoStatus(ws.TLS.Certificates, advertising.Certificates, now)...)
+	}
+	return lb, served
+}
+
+func firstAdvertising(states []*contract.ProxyState, svcName string) *contract.ProxyState {
+	for _, st := range states {
+		if st != nil && groupstore.Advertises(st, svcName) {
+			return st
+		}
+	}
+	return nil
+}
+
+// unserve removes an Ingress's entry from every group and releases its Tailscale Service.
+func (r *HAIngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingress, svcName string) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(ing, groupstore.FinalizerIngressPG) {
+		r.Forget(client.ObjectKeyFromObject(ing))
+		return ctrl.Result{}, nil
+	}
+	r.docs.Unplace(groupstore.OwnerOf("Ingress", ing))
+	if err := r.docs.RemoveElsewhere(ctx, svcName, ""); err != nil {
+		return ctrl.Result{}, err
+	}
+	// Its certificate copies on whichever group it was on.
+	byo := map[string]string{kit.LabelIngress: kit.HashLabel(ing.Namespace + "/" + ing.Name)}
+	if err := certs.PruneCertCopies(ctx, r.Client, r.Settings.Namespace, byo, nil); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.services.Release(ctx, svcName); err != nil {
+		return r.TailnetFailure(ing, err)
+	}
+	if err := groupstore.ReleaseOwned(ctx, r.docs, r.services, groupstore.OwnerOf("Ingress", ing), ""); err != nil {
+		return r.TailnetFailure(ing, err)
+	}
+	if ing.DeletionTimestamp == nil {
+		if err := setIngressLoadBalancer(ctx, r.Client, ing, nil); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if err := kit.RemoveFinalizer(ctx, r.Client, ing, groupstore.FinalizerIngressPG); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.Forget(client.ObjectKeyFromObject(ing))
+	return ctrl.Result{}, nil
+}
+
+// SetupWithManager watches Ingresses, backend Services, ProxyGroups and their state Secrets.
+func (r *HAIngressReconciler) SetupWithManager(mgr ctrl.Manager, docs groupstore.GroupDocs, services *groupstore.TailscaleServices) error {
+	r.docs, r.services = docs, services
+	group := groupstore.GroupEvents{C: r.Client, Docs: docs, Kind: "Ingress", All: r.onGroup}.Handler()
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&networkingv1.Ingress{}, builder.WithPredicates(groupstore.OwnWrites(groupstore.FinalizerIngressPG))).
+		Named("ingress-proxygroup").
+		WithOptions(groupstore.HAControllerOptions).
+		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			list := &networkingv1.IngressList{}
+			if err := r.List(ctx, list, client.InNamespace(o.GetNamespace()), client.MatchingFields{indexIngressBackends: o.GetName()}); err != nil {
+				return nil
+			}
+			return ingressRequests(list.Items, r.serves)
+		})).
+		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(ingressesForEndpointSlice(r.Client, r.serves))).
+		Watches(&tsv1alpha1.ProxyGroup{}, group).
+		Watches(&corev1.Secret{}, group).
+		WatchesRawSource(r.TLSSecrets.Source(ingressesForTLSSecret(r.Client, r.serves))).
+		Watches(&corev1.ConfigMap{}, group).
+		Complete(r)
+}
+
+// onGroup lists the Ingresses served on a ProxyGroup.
+func (r *HAIngressReconciler) onGroup(ctx context.Context, name string) []reconcile.Request {
+	list := &networkingv1.IngressList{}
+	if err := r.List(ctx, list, client.MatchingFields{groupstore.IndexIngressGroup: name}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil
+	}
+	return ingressRequests(list.Items, r.serves)
+}
+
+// backendServices fetches the Services an Ingress routes to; missing ones are left out.
+func backendServices(ctx context.Context, c client.Client, ing *networkingv1.Ingress) (map[string]*corev1.Service, error) {
+	services := map[string]*corev1.Service{}
+	for _, name := range backendServiceNames(ing) {
+		svc := &corev1.Service{}
+		switch err := c.Get(ctx, client.ObjectKey{Namespace: ing.Namespace, Name: name}, svc); {
+		case err == nil:
+			services[name] = svc
+		case !apierrors.IsNotFound(err):
+			return nil, err
+		}
+	}
+	return services, nil
+}
+
+// setIngressLoadBalancer writes an Ingress's load-balancer status when it changed.
+func setIngressLoadBalancer(ctx context.Context, c client.Client, ing *networkingv1.Ingress, want []networkingv1.IngressLoadBalancerIngress) error {
+	if equality.Semantic.DeepEqual(ing.Status.LoadBalancer.Ingress, want) {
+		return nil
+	}
+	before := ing.DeepCopy()
+	ing.Status.LoadBalancer.Ingress = want
+	return kit.PatchStatus(ctx, c, before, ing)
+}

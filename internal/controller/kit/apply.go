@@ -1,0 +1,165 @@
+package kit
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"maps"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+)
+
+// fieldOwner is the operator's server-side-apply field manager.
+const fieldOwner = "tsingress-operator"
+
+// This file holds every write of the reconcilers: children are applied (or, when their content
+// belongs to someone else once they exist, created), shared documents are written under their
+// resourceVersion, status is patched once per pass, and children are removed.
+
+// apply writes a child object. Server-side apply makes it idempotent and lets the operator own
+// exactly the fields it sets: the keys a proxy writes into its state Secret belong to the
+// proxy's field manager and survive every apply.
+func Apply(ctx context.Context, c client.Client, obj client.Object) error {
+	if alreadyApplied(ctx, c, obj) {
+		return nil
+	}
+	gvk, err := apiutil.GVKForObject(obj, c.Scheme())
+	if err != nil {
+		return err
+	}
+	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return err
+	}
+	u["apiVersion"], u["kind"] = gvk.GroupVersion().String(), gvk.Kind
+	// Fields the typed structs render although nobody set them.
+	delete(u, "status")
+	unstructured.RemoveNestedField(u, "metadata", "creationTimestamp")
+	unstructured.RemoveNestedField(u, "spec", "template", "metadata", "creationTimestamp")
+	ac := client.ApplyConfigurationFromUnstructured(&unstructured.Unstructured{Object: u})
+	if err := c.Apply(ctx, ac, client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
+		return fmt.Errorf("applying %s %s/%s: %w", gvk.Kind, obj.GetNamespace(), obj.GetName(), err)
+	}
+	return nil
+}
+
+// alreadyApplied reports whether the cache holds a Secret or ConfigMap child as obj would make
+// it: the same labels, annotations, owners and type, and, when obj sets data, the same data.
+// Applying it again would change nothing, and a ProxyGroup applies some forty such children
+// (its replicas' state and report Secrets) on every pass. A child whose data obj leaves alone
+// (a replica's state) compares by metadata. Anything else is applied.
+func alreadyApplied(ctx context.Context, c client.Client, obj client.Object) bool {
+	key := client.ObjectKeyFromObject(obj)
+	switch want := obj.(type) {
+	case *corev1.Secret:
+		have := &corev1.Secret{}
+		if c.Get(ctx, key, have, client.UnsafeDisableDeepCopy) != nil {
+			return false
+		}
+		return sameChildMeta(want, have) && (want.Type == "" || want.Type == have.Type) && len(want.StringData) == 0 &&
+			(want.Data == nil || maps.EqualFunc(want.Data, have.Data, bytes.Equal))
+	case *corev1.ConfigMap:
+		have := &corev1.ConfigMap{}
+		if c.Get(ctx, key, have, client.UnsafeDisableDeepCopy) != nil {
+			return false
+		}
+		return sameChildMeta(want, have) && (want.Data == nil || maps.Equal(want.Data, have.Data)) &&
+			(want.BinaryData == nil || maps.EqualFunc(want.BinaryData, have.BinaryData, bytes.Equal))
+	}
+	return false
+}
+
+// sameChildMeta compares what apply sets of an object's metadata.
+func sameChildMeta(want, have client.Object) bool {
+	return have.GetDeletionTimestamp() == nil && maps.Equal(want.GetLabels(), have.GetLabels()) &&
+		maps.Equal(want.GetAnnotations(), have.GetAnnotations()) &&
+		equality.Semantic.DeepEqual(want.GetOwnerReferences(), have.GetOwnerReferences())
+}
+
+// create writes a child whose content, once it exists, another writer owns: a ProxyGroup's
+// certificate Secret, which its issuing replica fills. An apply would take its fields back.
+func Create(ctx context.Context, c client.Client, obj client.Object) error {
+	if err := c.Create(ctx, obj); err != nil {
+		return fmt.Errorf("creating %T %s/%s: %w", obj, obj.GetNamespace(), obj.GetName(), err)
+	}
+	return nil
+}
+
+// writeShared writes obj, changed from before, under before's resourceVersion: an object that
+// several writers change by read-modify-write (a ProxyGroup's ConfigMap, a segment of the
+// certificate ledger) never loses a concurrent change; the conflict goes back to the caller to
+// retry. A whole update rather than a merge patch: these objects are large documents with few
+// keys, whose changed key is sent whole either way, and computing the patch took two encodings
+// and a diff of both versions.
+func WriteShared(ctx context.Context, c client.Client, before, obj client.Object) error {
+	obj.SetResourceVersion(before.GetResourceVersion())
+	return c.Update(ctx, obj)
+}
+
+// remove deletes a child; one already gone is not an error.
+func Remove(ctx context.Context, c client.Client, obj client.Object, opts ...client.DeleteOption) error {
+	return client.IgnoreNotFound(c.Delete(ctx, obj, opts...))
+}
+
+// patchStatus writes obj's status, changed from before, when it changed.
+func PatchStatus(ctx context.Context, c client.Client, before, obj client.Object) error {
+	if equality.Semantic.DeepEqual(before, obj) {
+		return nil
+	}
+	return c.Status().Patch(ctx, obj, client.MergeFrom(before))
+}
+
+func AddFinalizer(ctx context.Context, c client.Client, obj client.Object, finalizer string) error {
+	if controllerutil.ContainsFinalizer(obj, finalizer) {
+		return nil
+	}
+	patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
+	controllerutil.AddFinalizer(obj, finalizer)
+	return c.Patch(ctx, obj, patch)
+}
+
+func RemoveFinalizer(ctx context.Context, c client.Client, obj client.Object, finalizer string) error {
+	patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
+	controllerutil.RemoveFinalizer(obj, finalizer)
+	return client.IgnoreNotFound(c.Patch(ctx, obj, patch))
+}
+
+// serviceStatusOwner is the part of a Service's status one reconciler owns: its condition
+// types and status.loadBalancer (of a LoadBalancer Service it serves). The standalone and HA
+// Service reconcilers write the same Services; each touches only what it owns.
+type ServiceStatusOwner struct {
+	Conditions []string
+}
+
+// patchServiceStatus writes the owned part of want into svc's status. The strategic merge
+// patch names conditions by type, so a condition another reconciler wrote since svc was read
+// survives (a merge patch would replace the whole list).
+func PatchServiceStatus(ctx context.Context, c client.Client, svc *corev1.Service, owner ServiceStatusOwner, want corev1.ServiceStatus) error {
+	before := svc.DeepCopy()
+	for _, t := range owner.Conditions {
+		if w := meta.FindStatusCondition(want.Conditions, t); w != nil {
+			meta.SetStatusCondition(&svc.Status.Conditions, *w)
+		} else {
+			meta.RemoveStatusCondition(&svc.Status.Conditions, t)
+		}
+	}
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		svc.Status.LoadBalancer.Ingress = want.LoadBalancer.Ingress
+	}
+	if equality.Semantic.DeepEqual(before.Status, svc.Status) {
+		return nil
+	}
+	return c.Status().Patch(ctx, svc, client.StrategicMergeFrom(before))
+}
+
+// clearServiceStatus removes what owner reported on a Service it no longer serves.
+func ClearServiceStatus(ctx context.Context, c client.Client, svc *corev1.Service, owner ServiceStatusOwner) error {
+	return PatchServiceStatus(ctx, c, svc, owner, corev1.ServiceStatus{})
+}

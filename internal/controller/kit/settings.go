@@ -1,0 +1,97 @@
+package kit
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/tsingress/tsingress/internal/acmebudget"
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+// Settings are the operator-wide options every reconciler reads.
+type Settings struct {
+	// Namespace holds every proxy's child objects (Secrets, StatefulSets, RBAC).
+	Namespace string
+	// IngressClassName is the IngressClass this operator serves.
+	IngressClassName string
+	// DefaultProxyClass applies to objects that name no ProxyClass.
+	DefaultProxyClass string
+	// DefaultTags are given to proxies that ask for none.
+	DefaultTags []string
+	// ProxyImage runs the proxies.
+	ProxyImage string
+	// FirewallMode is passed to L3 proxies: auto, nftables or iptables.
+	FirewallMode contract.FirewallMode
+	// DefaultLoadBalancer also serves LoadBalancer Services that have no loadBalancerClass.
+	DefaultLoadBalancer bool
+	// ControlURL is the tailnet's control server for the proxies; empty means Tailscale's.
+	ControlURL string
+	// ACMEDirectoryURL is the ACME directory proxies get certificates from unless their ProxyClass
+	// picks Let's Encrypt's staging one: a private CA (step-ca, Pebble) for a tailnet on a control
+	// server of one's own. Empty means Let's Encrypt.
+	ACMEDirectoryURL string
+	// ProxyCAConfigMap names a ConfigMap in Namespace whose PEM certificates every proxy trusts
+	// besides the system roots: the root of a private ACME CA or control server.
+	ProxyCAConfigMap string
+	// ProxyNoLogs forbids every proxy to upload its logs (TS_NO_LOGS_NO_SUPPORT), even to
+	// Tailscale's log server with Tailscale's control server. Proxies of another control server
+	// never upload them.
+	ProxyNoLogs bool
+	// CertificateLimits are the ACME CA's rate limits the operator keeps proxies within; zero
+	// means Let's Encrypt's.
+	CertificateLimits acmebudget.Limits
+	// Metrics receives the operator's metrics; nil means controller-runtime's registry, which
+	// the manager's metrics endpoint serves.
+	Metrics prometheus.Registerer
+	// SharedServiceResync is how often the operator checks that it is still recorded among the
+	// owners of each of its Tailscale Services, which other operators (clusters) may share, at
+	// least (it waits up to twice as long); zero means five minutes.
+	SharedServiceResync time.Duration
+	// GroupShardBytes bounds the documents in one of a ProxyGroup's ConfigMaps, beyond which
+	// they are spread over more; zero means 128 KiB.
+	GroupShardBytes int
+}
+
+// Validate checks the settings at start-up, so a misconfigured operator fails at once.
+func (s *Settings) Validate() error {
+	var errs []error
+	if s.Namespace == "" {
+		errs = append(errs, errors.New("operator namespace is required"))
+	}
+	if s.IngressClassName == "" {
+		errs = append(errs, errors.New("ingress class name is required"))
+	}
+	if s.ProxyImage == "" {
+		errs = append(errs, errors.New("proxy image is required"))
+	}
+	if len(s.DefaultTags) == 0 {
+		errs = append(errs, errors.New("at least one default proxy tag is required"))
+	}
+	for _, t := range s.DefaultTags {
+		if !contract.ValidTag(t) {
+			errs = append(errs, fmt.Errorf("default proxy tag %q must look like tag:name", t))
+		}
+	}
+	if l := s.CertificateLimits; l != (acmebudget.Limits{}) && (l.PerDomain < 1 || l.PerName < 1 || l.Window <= 0) {
+		errs = append(errs, fmt.Errorf("certificate limits must be positive: %d new per domain, %d per name, window %s", l.PerDomain, l.PerName, l.Window))
+	}
+	if s.ACMEDirectoryURL != "" {
+		if u, err := url.Parse(s.ACMEDirectoryURL); err != nil || u.Scheme != "https" || u.Host == "" {
+			errs = append(errs, fmt.Errorf("ACME directory URL %q must be an https URL", s.ACMEDirectoryURL))
+		}
+	}
+	if s.ProxyCAConfigMap != "" && len(validation.IsDNS1123Subdomain(s.ProxyCAConfigMap)) > 0 {
+		errs = append(errs, fmt.Errorf("proxy CA ConfigMap name %q is not a valid object name", s.ProxyCAConfigMap))
+	}
+	switch s.FirewallMode {
+	case contract.FirewallAuto, contract.FirewallNFTables, contract.FirewallIPTables:
+	default:
+		errs = append(errs, fmt.Errorf("firewall mode %q must be auto, nftables or iptables", s.FirewallMode))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,199 @@
+package proxies
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/certs"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/tailnet"
+)
+
+// proxies runs the standalone proxy machinery shared by the Ingress and Service reconcilers:
+// it applies a proxy's children, reads back its state and tears it down.
+type Proxies struct {
+	client.Client
+	API      client.Reader // uncached, to tell a new proxy from one the cache has not seen yet
+	Settings kit.Settings
+	Tailnet  tailnet.Client
+
+	// infoMu guards the cached tailnet settings, which change rarely and would otherwise cost
+	// an API call per reconcile.
+	infoMu     sync.Mutex
+	info       tailnet.TailnetInfo
+	infoExpiry time.Time
+}
+
+const tailnetInfoTTL = 5 * time.Minute
+
+// tailnetInfo returns the tailnet's settings, cached. When the API cannot tell, it assumes
+// certificates are available, so a flaky API raises no false alarm.
+func (m *Proxies) TailnetInfo(ctx context.Context) tailnet.TailnetInfo {
+	m.infoMu.Lock()
+	defer m.infoMu.Unlock()
+	if time.Now().After(m.infoExpiry) {
+		info, err := m.Tailnet.TailnetInfo(ctx)
+		if err != nil {
+			return tailnet.TailnetInfo{HTTPSEnabled: true, MagicDNS: true, Domain: m.info.Domain}
+		}
+		m.info, m.infoExpiry = info, time.Now().Add(tailnetInfoTTL)
+	}
+	return m.info
+}
+
+// ensure applies every child of p, and reports whether it created the proxy's StatefulSet. It
+// mints an auth key only while the proxy has no device yet and holds no unused key.
+func (m *Proxies) Ensure(ctx context.Context, p *StandaloneProxy) (created bool, err error) {
+	ns := m.Settings.Namespace
+	authKey, err := m.authKeyFor(ctx, p)
+	if err != nil {
+		return false, err
+	}
+	secret, err := p.buildSecret(ns, authKey)
+	if err != nil {
+		return false, err
+	}
+	sts := p.BuildStatefulSet(m.Settings)
+	if created, err = m.absent(ctx, sts); err != nil {
+		return false, err
+	}
+	objs := []client.Object{p.buildServiceAccount(ns), p.buildRole(ns), p.buildRoleBinding(ns), secret}
+	for _, c := range p.CertSecrets {
+		objs = append(objs, c)
+	}
+	for _, obj := range append(objs, sts) {
+		if err := kit.Apply(ctx, m.Client, obj); err != nil {
+			return false, err
+		}
+	}
+	if err := ApplyMetricsObjects(ctx, m.Client, nil, p.Name(), ns, p.Parent.Labels(), p.Selector(), p.Class); err != nil {
+		return false, err
+	}
+	return created, certs.PruneCertCopies(ctx, m.Client, ns, p.Parent.Labels(), p.CertSecrets)
+}
+
+// absent reports whether obj does not exist yet. The cache answers when it has it; a miss is
+// confirmed through the API, as the cache may not have seen a creation yet.
+func (m *Proxies) absent(ctx context.Context, obj client.Object) (bool, error) {
+	existing := obj.DeepCopyObject().(client.Object)
+	err := m.Get(ctx, client.ObjectKeyFromObject(obj), existing)
+	if apierrors.IsNotFound(err) {
+		err = m.API.Get(ctx, client.ObjectKeyFromObject(obj), existing)
+	}
+	if apierrors.IsNotFound(err) {
+		return true, nil
+	}
+	return false, err
+}
+
+func (m *Proxies) authKeyFor(ctx context.Context, p *StandaloneProxy) (string, error) {
+	return p.Parent.replicas().AuthKey(ctx, m.Client, m.Tailnet, m.Settings.Namespace, 0, tailnet.AuthKeyRequest{
+		Tags:        p.Config.Tags,
+		Description: fmt.Sprintf("tsingress %s %s/%s", p.Parent.Typ, p.Parent.Namespace, p.Parent.Name),
+		Expiry:      AuthKeyExpiry,
+	})
+}
+
+// state returns what the proxy of par reports, or nil while no running Pod has reported, and
+// the Pod, nil while there is none. A state that cannot be read (edited by hand) is not
+// reported either, and the finding says why: the object is still served as it asks.
+func (m *Proxies) State(ctx context.Context, par Parent) (*contract.ProxyState, *corev1.Pod, *kit.Finding, error) {
+	rs := par.replicas()
+	r, err := rs.Read(ctx, m.Client, m.Settings.Namespace, 0)
+	if err != nil || r.unreadable == nil {
+		return r.State, r.pod, nil, err
+	}
+	f := kit.Warnf(kit.ReasonProxyStateInvalid, "the proxy's state in Secret %s/%s cannot be read (%v); it is ignored until the proxy "+
+		"writes it again, which a restart of Pod %s makes it do at once", m.Settings.Namespace, rs.StateSecret(0), r.unreadable, rs.pod(0))
+	return nil, r.pod, &f, nil
+}
+
+// podRefused says why the kubelet refused to run a proxy Pod (a Pod sysctl it does not allow:
+// SysctlForbidden), or "" when it did not.
+func PodRefused(pod *corev1.Pod) string {
+	if pod == nil || pod.Status.Phase != corev1.PodFailed || pod.Status.Reason == "" {
+		return ""
+	}
+	return fmt.Sprintf("the node refused to run the proxy Pod %s: %s: %s", pod.Name, pod.Status.Reason, pod.Status.Message)
+}
+
+// cleanup tears a proxy down: the StatefulSet first (so the proxy cannot log in again), then
+// its tailnet device, then the remaining children. It reports done=false while the
+// StatefulSet is still going away; the StatefulSet watch calls again.
+func (m *Proxies) Cleanup(ctx context.Context, par Parent) (done bool, err error) {
+	ns, name := m.Settings.Namespace, par.ProxyName()
+	sts := &appsv1.StatefulSet{}
+	switch err := m.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, sts); {
+	case err == nil:
+		if sts.DeletionTimestamp == nil {
+			if err := kit.Remove(ctx, m.Client, sts, client.PropagationPolicy(metav1.DeletePropagationForeground)); err != nil {
+				return false, err
+			}
+		}
+		return false, nil
+	case !apierrors.IsNotFound(err):
+		return false, err
+	}
+
+	state := &corev1.Secret{}
+	switch err := m.Get(ctx, client.ObjectKey{Namespace: ns, Name: par.replicas().StateSecret(0)}, state); {
+	case err == nil:
+		if err := DeleteDevice(ctx, m.Tailnet, state); err != nil {
+			return false, err
+		}
+	case !apierrors.IsNotFound(err):
+		return false, err
+	}
+	if err := certs.PruneCertCopies(ctx, m.Client, ns, par.Labels(), nil); err != nil {
+		return false, err
+	}
+	if err := ApplyMetricsObjects(ctx, m.Client, nil, name, ns, nil, nil, nil); err != nil {
+		return false, err
+	}
+	for _, obj := range []client.Object{
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: par.replicas().StateSecret(0)}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
+	} {
+		if err := kit.Remove(ctx, m.Client, obj); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// parseTags reads the tailscale.com/tags annotation: comma-separated tags replacing the
+// operator's defaults.
+func ParseTags(obj client.Object, defaults []string) ([]string, *kit.Finding) {
+	v, ok := obj.GetAnnotations()[kit.AnnotationTags]
+	if !ok {
+		return defaults, nil
+	}
+	var tags, bad []string
+	for _, t := range strings.Split(v, ",") {
+		if t = strings.TrimSpace(t); t == "" {
+			continue
+		}
+		if !contract.ValidTag(t) {
+			bad = append(bad, t)
+		}
+		tags = append(tags, t)
+	}
+	if len(bad) > 0 || len(tags) == 0 {
+		f := kit.Blockf(kit.ReasonInvalidAnnotation, "annotation %s=%q: every tag must look like tag:name (bad: %s)", kit.AnnotationTags, v, strings.Join(bad, ", "))
+		return nil, &f
+	}
+	return tags, nil
+}

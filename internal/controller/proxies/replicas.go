@@ -1,0 +1,133 @@
+package proxies
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/tailnet"
+)
+
+// authKeyExpiry bounds how long a minted key that was never used stays valid.
+const AuthKeyExpiry = 24 * time.Hour
+
+// replicaSet names the per-replica children of a proxy StatefulSet, standalone (one replica)
+// or a ProxyGroup's. Replica i runs in Pod <name>-i and keeps its state in a Secret of its
+// Pod's name, as the proxy stores it under its own Pod's name. A standalone proxy reads its
+// config from that Secret too; a group's replicas each have a config Secret of their own.
+type replicaSet struct {
+	name           string
+	separateConfig bool
+}
+
+func (s replicaSet) pod(i int) string         { return fmt.Sprintf("%s-%d", s.name, i) }
+func (s replicaSet) StateSecret(i int) string { return s.pod(i) }
+
+func (s replicaSet) ConfigSecret(i int) string {
+	if s.separateConfig {
+		return s.pod(i) + "-config"
+	}
+	return s.pod(i)
+}
+
+// replica is what a pass read of one replica.
+type Replica struct {
+	pod *corev1.Pod // nil while there is none; the cache's: do not change it
+	// state is what the running Pod reports, nil while it has not: state left by an earlier Pod
+	// does not describe the running proxy. It is shared (parsedStates): do not change it.
+	State *contract.ProxyState
+	// unreadable says why the state Secret cannot be read (edited by hand); it is ignored until
+	// the proxy writes it again.
+	unreadable error
+}
+
+// read reads replica i of the set, in namespace ns.
+func (s replicaSet) Read(ctx context.Context, c client.Reader, ns string, i int) (Replica, error) {
+	var r Replica
+	// The cache's own objects, not copies: every reconcile of an object on a group reads all
+	// its replicas, and copying their state Secrets grew with the group.
+	pod := &corev1.Pod{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.pod(i)}, pod, client.UnsafeDisableDeepCopy); err != nil {
+		return r, client.IgnoreNotFound(err)
+	}
+	r.pod = pod
+	secret := &corev1.Secret{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.StateSecret(i)}, secret, client.UnsafeDisableDeepCopy); err != nil {
+		return r, client.IgnoreNotFound(err)
+	}
+	st, err := parseReport(ctx, c, secret)
+	if err != nil {
+		r.unreadable = err
+		return r, nil
+	}
+	if st.CurrentFor(string(pod.UID)) {
+		r.State = st
+	}
+	return r, nil
+}
+
+// authKey is the auth key replica i's config holds: none once the replica is logged in, the
+// unused one its config holds, else a new single-use key minted with req.
+func (s replicaSet) AuthKey(ctx context.Context, c client.Reader, tc tailnet.Client, ns string, i int, req tailnet.AuthKeyRequest) (string, error) {
+	state, err := secretData(ctx, c, ns, s.StateSecret(i))
+	if err != nil {
+		return "", err
+	}
+	config := state
+	if s.ConfigSecret(i) != s.StateSecret(i) {
+		if config, err = secretData(ctx, c, ns, s.ConfigSecret(i)); err != nil {
+			return "", err
+		}
+	}
+	if key, mint := keptAuthKey(state, config); !mint {
+		return key, nil
+	}
+	key, err := tc.CreateAuthKey(ctx, req)
+	if err != nil {
+		return "", err
+	}
+	// By its ID, never its secret.
+	log.FromContext(ctx).Info("minted auth key", "keyID", key.ID, "proxy", s.pod(i), "tags", req.Tags,
+		"description", req.Description, "expires", key.Expires)
+	return key.Secret.Reveal(), nil
+}
+
+// keptAuthKey decides a replica's auth key from its state and config Secrets' data: none once
+// it is logged in (the key is spent and leaves the config), else the unused key its config
+// holds; mint says it has none and needs a new one.
+func keptAuthKey(state, config map[string][]byte) (key string, mint bool) {
+	if contract.LoggedIn(state) {
+		return "", false
+	}
+	if cfg, _, err := contract.ProxyConfigs.Decode(config); err == nil && cfg.AuthKey != "" {
+		return cfg.AuthKey, false
+	}
+	return "", true
+}
+
+// secretData is the data of a Secret, nil when there is none.
+func secretData(ctx context.Context, c client.Reader, ns, name string) (map[string][]byte, error) {
+	s := &corev1.Secret{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, s); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	return s.Data, nil
+}
+
+// deleteDevice removes from the tailnet the device a replica's state Secret records.
+func DeleteDevice(ctx context.Context, tc tailnet.Client, state *corev1.Secret) error {
+	id := string(state.Data[contract.StateDeviceID])
+	if id == "" {
+		return nil
+	}
+	if err := tc.DeleteDevice(ctx, id); err != nil {
+		return fmt.Errorf("deleting tailnet device %s of %s: %w", id, state.Name, err)
+	}
+	log.FromContext(ctx).Info("deleted tailnet device", "deviceID", id, "proxy", state.Name)
+	return nil
+}
