@@ -254,9 +254,9 @@ type TailscaleServices struct {
 	Tailnet  tailnet.Client
 	Settings kit.Settings
 
-	idOnce sync.Once
-	id     string
-	idErr  error
+	// id is this operator's ID once read; a failed read is tried again at the next call.
+	idMu sync.Mutex
+	id   string
 
 	// read remembers, by service name, the last read that found a service as this operator
 	// wants it (readService), and now is the clock it is dated by (time.Now when nil).
@@ -298,13 +298,17 @@ func (t *TailscaleServices) recentRead(name, ports, tags string) (tailnet.Servic
 // operatorID identifies this operator installation among the owners of a Tailscale Service:
 // the UID of its namespace, stable for the life of the installation.
 func (t *TailscaleServices) operatorID(ctx context.Context) (string, error) {
-	t.idOnce.Do(func() {
-		ns := &corev1.Namespace{}
-		if t.idErr = t.Get(ctx, client.ObjectKey{Name: t.Settings.Namespace}, ns); t.idErr == nil {
-			t.id = string(ns.UID)
-		}
-	})
-	return t.id, t.idErr
+	t.idMu.Lock()
+	defer t.idMu.Unlock()
+	if t.id != "" {
+		return t.id, nil
+	}
+	ns := &corev1.Namespace{}
+	if err := t.Get(ctx, client.ObjectKey{Name: t.Settings.Namespace}, ns); err != nil {
+		return "", fmt.Errorf("reading the operator's namespace %s, whose UID identifies it: %w", t.Settings.Namespace, err)
+	}
+	t.id = string(ns.UID)
+	return t.id, nil
 }
 
 // errNotOurs says a Tailscale Service of that name exists and belongs to someone else.

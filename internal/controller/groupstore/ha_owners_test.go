@@ -3,9 +3,18 @@ package groupstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/tsingress/tsingress/internal/controller/kit"
 
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
@@ -15,9 +24,7 @@ import (
 // operatorOn is one operator's view of the Tailscale Services of a tailnet, with a fixed ID,
 // on a clock the test moves.
 func operatorOn(api tailnet.Client, id string, clock *time.Time) *TailscaleServices {
-	t := &TailscaleServices{Tailnet: api, now: func() time.Time { return *clock }}
-	t.idOnce.Do(func() { t.id = id })
-	return t
+	return &TailscaleServices{Tailnet: api, id: id, now: func() time.Time { return *clock }}
 }
 
 func serviceOwners(t *testing.T, api tailnet.Client, name string) []string {
@@ -147,5 +154,29 @@ func TestSharedTailscaleService(t *testing.T) {
 	}
 	if _, err := api.Service(ctx, name); !tailnet.IsNotFound(err) {
 		t.Errorf("the service outlived its last owner: %v", err)
+	}
+}
+
+// A failed read of the operator's namespace is not remembered: the next ensure reads it again
+// (it once failed every later ensure until the operator restarted).
+func TestOperatorIDReadAgainAfterAFailure(t *testing.T) {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "tailscale", UID: "uid-1"}}
+	failures := 1
+	c := fake.NewClientBuilder().WithObjects(ns).WithInterceptorFuncs(interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if failures > 0 {
+				failures--
+				return errors.New("apiserver unavailable")
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+	}).Build()
+	ts := &TailscaleServices{Client: c, Settings: kit.Settings{Namespace: "tailscale"}}
+	if _, err := ts.operatorID(t.Context()); err == nil {
+		t.Fatal("the first read failed, yet operatorID returned no error")
+	}
+	id, err := ts.operatorID(t.Context())
+	if err != nil || id != "uid-1" {
+		t.Fatalf("after the API server came back: id %q, error %v; want uid-1", id, err)
 	}
 }

@@ -1,12 +1,13 @@
 package proxyclass
 
 import (
-	"os"
 	"reflect"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tsingress/tsingress/internal/testing/docstest"
 
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
 
@@ -277,7 +278,7 @@ func fieldPaths(prefix string, typ reflect.Type) []string {
 // docs/proxyclass.md has a row for every ProxyClass and ProxyGroup field, naming what proves
 // it; every ProxyClass field it names as proved by TestProxyClassFields has a case there.
 func TestProxyClassFieldTableIsComplete(t *testing.T) {
-	b, err := os.ReadFile("../../docs/proxyclass.md")
+	b, err := docstest.Read("proxyclass.md")
 	if err != nil {
 		t.Fatal(err)
 	}
