@@ -7,6 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/tsingress/tsingress/internal/controller/proxyclass"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -166,4 +172,40 @@ func (l ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (l ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 	l.s.collectLedger(context.Background(), ch)
+}
+
+// The ProxyClass reconciler reports through a reporter like every other: an invalid class's
+// Warning is emitted once while it stands and counted in the warnings gauge under its controller.
+func TestProxyClassWarningsStand(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m, err := registerOperatorMetrics(reg, emptyReader{}, "tailscale", acmebudget.LetsEncrypt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := &tsv1alpha1.ProxyClass{ObjectMeta: metav1.ObjectMeta{Name: "bad", UID: "1"}, Spec: tsv1alpha1.ProxyClassSpec{
+		StatefulSet: &tsv1alpha1.StatefulSet{Labels: map[string]string{"not a label": "x"}},
+	}}
+	scheme := runtime.NewScheme()
+	if err := tsv1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(pc).WithStatusSubresource(pc).Build()
+	rec := clientevents.NewFakeRecorder(10)
+	r := &proxyclass.ProxyClassReconciler{Client: c, Reporter: m.Reporter(rec, "proxyclass"), Mapper: meta.NewDefaultRESTMapper(nil)}
+	for range 2 {
+		if _, err := r.Reconcile(t.Context(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(pc)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(rec.Events); n != 1 {
+		t.Errorf("two passes over one invalid ProxyClass emitted %d Events, want 1", n)
+	}
+	want := `
+# HELP tsingress_operator_warnings Objects on which a Warning stands now, by controller and reason.
+# TYPE tsingress_operator_warnings gauge
+tsingress_operator_warnings{controller="proxyclass",reason="ProxyClassInvalid"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tsingress_operator_warnings"); err != nil {
+		t.Error(err)
+	}
 }

@@ -51,7 +51,7 @@ func Setup(mgr ctrl.Manager, s kit.Settings, tc tailnet.Client) error {
 	rec := mgr.GetEventRecorder(recorderName)
 	tlsSecrets, err := certs.NewTLSSecretWatch(mgr)
 	if err != nil {
-		return err
+		return fmt.Errorf("watching kubernetes.io/tls Secrets: %w", err)
 	}
 	limits := s.CertificateLimits
 	if limits == (acmebudget.Limits{}) {
@@ -67,34 +67,37 @@ func Setup(mgr ctrl.Manager, s kit.Settings, tc tailnet.Client) error {
 	}
 	// Every field index first: the watches of each reconciler rely on none set up by another.
 	if err := ingress.IndexIngresses(mgr); err != nil {
-		return err
+		return fmt.Errorf("indexing Ingresses: %w", err)
 	}
 	if err := groupstore.IndexGroupObjects(mgr); err != nil {
-		return err
+		return fmt.Errorf("indexing the objects served by ProxyGroups: %w", err)
 	}
 	if err := certs.IndexCertificateCopies(mgr); err != nil {
-		return err
+		return fmt.Errorf("indexing the certificate copies: %w", err)
 	}
-	if err := (&proxyclass.ProxyClassReconciler{Client: mgr.GetClient(), Recorder: rec, Mapper: mgr.GetRESTMapper(), Metrics: m}).SetupWithManager(mgr); err != nil {
-		return err
+	if err := (&proxyclass.ProxyClassReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "proxyclass"), Mapper: mgr.GetRESTMapper()}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the ProxyClass controller: %w", err)
 	}
 	p := &proxies.Proxies{Client: mgr.GetClient(), API: mgr.GetAPIReader(), Settings: s, Tailnet: tc}
 	certSecrets := certs.CertSecrets{API: mgr.GetAPIReader(), Now: time.Now}
 	guard := &certs.CertGuard{Client: mgr.GetClient(), API: mgr.GetAPIReader(), Namespace: s.Namespace, Limits: limits, Now: time.Now}
 	if err := (&ingress.IngressReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "ingress"), Settings: s, Certs: certSecrets, Guard: guard, TLSSecrets: tlsSecrets}).SetupWithManager(mgr, p); err != nil {
-		return err
+		return fmt.Errorf("setting up the Ingress controller: %w", err)
 	}
 	if err := (&service.ServiceReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "service"), Settings: s}).SetupWithManager(mgr, p); err != nil {
-		return err
+		return fmt.Errorf("setting up the Service controller: %w", err)
 	}
 	if err := (&proxygroup.ProxyGroupReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "proxygroup"), Settings: s, Tailnet: tc}).SetupWithManager(mgr); err != nil {
-		return err
+		return fmt.Errorf("setting up the ProxyGroup controller: %w", err)
 	}
 	docs := groupstore.GroupDocs{Client: mgr.GetClient(), Namespace: s.Namespace, W: groupstore.NewGroupWriter(mgr.GetClient(), mgr.GetAPIReader(), s.Namespace, s.GroupShardBytes)}
 	services := &groupstore.TailscaleServices{Client: mgr.GetClient(), Tailnet: tc, Settings: s}
 	if err := (&ingress.HAIngressReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "ingress-proxygroup"), Settings: s, Certs: certSecrets, Guard: guard,
 		TLSSecrets: tlsSecrets, Info: p.TailnetInfo}).SetupWithManager(mgr, docs, services); err != nil {
-		return err
+		return fmt.Errorf("setting up the ProxyGroup Ingress controller: %w", err)
 	}
-	return (&service.HAServiceReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "service-proxygroup"), Settings: s}).SetupWithManager(mgr, docs, services)
+	if err := (&service.HAServiceReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "service-proxygroup"), Settings: s}).SetupWithManager(mgr, docs, services); err != nil {
+		return fmt.Errorf("setting up the ProxyGroup Service controller: %w", err)
+	}
+	return nil
 }

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/controller/kit"
@@ -30,20 +29,23 @@ const recheckMissingCRD = 5 * time.Minute
 // ProxyClassReconciler validates ProxyClasses and reports ProxyClassReady.
 type ProxyClassReconciler struct {
 	client.Client
-	Recorder recorder.EventRecorder
-	Mapper   meta.RESTMapper
-	Metrics  *kit.OperatorMetrics
+	kit.Reporter
+	Mapper meta.RESTMapper
 }
 
 // +kubebuilder:rbac:groups=tailscale.com,resources=proxyclasses,verbs=get;list;watch
 // +kubebuilder:rbac:groups=tailscale.com,resources=proxyclasses/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-func (r *ProxyClassReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *ProxyClassReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
 	pc := &tsv1alpha1.ProxyClass{}
 	if err := r.Get(ctx, req.NamespacedName, pc); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.Forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	defer func() { r.Settle(pc, err == nil) }()
 	hasSM, err := r.serviceMonitorCRDInstalled()
 	if err != nil {
 		return ctrl.Result{}, err
@@ -55,20 +57,14 @@ func (r *ProxyClassReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	reason, msg := kit.ReasonProxyClassValid, "ProxyClass is valid"
 	if !ok {
 		reason, msg = kit.ReasonProxyClassInvalid, "ProxyClass is not valid: "+strings.Join(v.problems, "; ")
-		r.Metrics.Outcome("proxyclass", []string{kit.ReasonProxyClassInvalid}, true)
-	} else {
-		r.Metrics.Outcome("proxyclass", nil, true)
+		r.Warning(pc, kit.ReasonProxyClassInvalid, "%s", msg)
+	}
+	for _, w := range v.warnings {
+		r.Warning(pc, kit.ReasonCustomTSEnvVar, "%s", w)
 	}
 	if kit.SetCondition(&pc.Status.Conditions, tsv1alpha1.ProxyClassReady, ok, reason, msg, pc.Generation) {
 		if err := kit.PatchStatus(ctx, r.Client, before, pc); err != nil {
-			return ctrl.Result{}, err
-		}
-		// Events only on a change, so a steady invalid class does not flood the event stream.
-		if !ok {
-			r.Recorder.Eventf(pc, nil, corev1.EventTypeWarning, kit.ReasonProxyClassInvalid, "Validate", "%s", msg)
-		}
-		for _, w := range v.warnings {
-			r.Recorder.Eventf(pc, nil, corev1.EventTypeWarning, kit.ReasonCustomTSEnvVar, "Validate", "%s", w)
+			return ctrl.Result{}, fmt.Errorf("writing the status of ProxyClass %s: %w", pc.Name, err)
 		}
 	}
 	if v.missingCRD {
@@ -82,7 +78,10 @@ func (r *ProxyClassReconciler) serviceMonitorCRDInstalled() (bool, error) {
 	if meta.IsNoMatchError(err) {
 		return false, nil
 	}
-	return err == nil, err
+	if err != nil {
+		return false, fmt.Errorf("looking up the ServiceMonitor kind: %w", err)
+	}
+	return true, nil
 }
 
 type proxyClassValidation struct {
