@@ -50,20 +50,20 @@ func (r *HAIngressReconciler) serves(ing *networkingv1.Ingress) bool {
 		ing.Annotations[kit.AnnotationProxyGroup] != ""
 }
 
-func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
-	ing := &networkingv1.Ingress{}
-	if err := r.Get(ctx, req.NamespacedName, ing); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.Forget(req.NamespacedName)
-		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
+func (r *HAIngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	return kit.Served[*networkingv1.Ingress]{
+		Client: r.Client, Reporter: r.Reporter, Kind: "Ingress",
+		New: func() *networkingv1.Ingress { return &networkingv1.Ingress{} }, Serves: r.serves, Serve: r.serve, Unserve: func(ctx context.Context, ing *networkingv1.Ingress) (ctrl.Result, error) {
+			return r.unserve(ctx, ing, "svc:"+kit.IngressHostname(ing))
+		},
+	}.Reconcile(ctx, req)
+}
+
+// serve runs a pass over an Ingress this reconciler serves; it adds its finalizer once the
+// Ingress is valid.
+func (r *HAIngressReconciler) serve(ctx context.Context, ing *networkingv1.Ingress) (_ ctrl.Result, err error) {
 	s := &HAIngressScope{Ing: ing, Hostname: kit.IngressHostname(ing)}
 	s.svcName = "svc:" + s.Hostname
-	if !r.serves(ing) {
-		return r.unserve(ctx, ing, s.svcName)
-	}
-	defer func() { r.Settle(ing, err == nil) }()
 	// Status is computed from what this pass observed and patched once, at the end.
 	defer func() {
 		if lb, decided := s.loadBalancer(r.Guard.Now()); decided {
@@ -263,9 +263,11 @@ func (r *HAIngressReconciler) ensureGroupCertSecret(ctx context.Context, pg *tsv
 	name := contract.GroupCertSecret(fqdn)
 	s := &corev1.Secret{}
 	// Whether it exists: the cache's object, not a copy of a certificate per pass.
-	err := r.Get(ctx, client.ObjectKey{Namespace: r.Settings.Namespace, Name: name}, s, client.UnsafeDisableDeepCopy)
-	if !apierrors.IsNotFound(err) {
-		return err
+	switch err := r.Get(ctx, client.ObjectKey{Namespace: r.Settings.Namespace, Name: name}, s, client.UnsafeDisableDeepCopy); {
+	case err == nil:
+		return nil
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("reading the group certificate Secret %s/%s: %w", r.Settings.Namespace, name, err)
 	}
 	labels := proxies.Group{Name: pg.Name}.Labels()
 	labels[kit.LabelSecretType] = certs.SecretTypeGroupCert
@@ -275,7 +277,7 @@ func (r *HAIngressReconciler) ensureGroupCertSecret(ctx context.Context, pg *tsv
 		Data:       map[string][]byte{corev1.TLSCertKey: nil, corev1.TLSPrivateKeyKey: nil},
 	}
 	if err := controllerutil.SetControllerReference(pg, s, r.Scheme()); err != nil {
-		return err
+		return fmt.Errorf("setting ProxyGroup %s as the owner of the certificate Secret %s/%s: %w", pg.Name, r.Settings.Namespace, name, err)
 	}
 	return client.IgnoreAlreadyExists(kit.Create(ctx, r.Client, s))
 }
@@ -284,7 +286,7 @@ func (r *HAIngressReconciler) ensureGroupCertSecret(ctx context.Context, pg *tsv
 func (r *HAIngressReconciler) hostnameTakenBy(ctx context.Context, ing *networkingv1.Ingress, hostname string) (string, error) {
 	list := &networkingv1.IngressList{}
 	if err := r.List(ctx, list, client.MatchingFields{groupstore.IndexIngressHostname: hostname}); err != nil {
-		return "", err
+		return "", fmt.Errorf("listing the Ingresses that ask for hostname %s: %w", hostname, err)
 	}
 	others := make([]*networkingv1.Ingress, len(list.Items))
 	for i := range list.Items {
@@ -395,7 +397,7 @@ func backendServices(ctx context.Context, c client.Client, ing *networkingv1.Ing
 		case err == nil:
 			services[name] = svc
 		case !apierrors.IsNotFound(err):
-			return nil, err
+			return nil, fmt.Errorf("reading backend Service %s/%s: %w", ing.Namespace, name, err)
 		}
 	}
 	return services, nil

@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -62,21 +61,15 @@ func (r *IngressReconciler) serves(ing *networkingv1.Ingress) bool {
 		ing.Annotations[kit.AnnotationProxyGroup] == ""
 }
 
-func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
-	ing := &networkingv1.Ingress{}
-	if err := r.Get(ctx, req.NamespacedName, ing); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.Forget(req.NamespacedName)
-		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	if !r.serves(ing) {
-		return r.unserve(ctx, ing)
-	}
-	defer func() { r.Settle(ing, err == nil) }()
-	if err := kit.AddFinalizer(ctx, r.Client, ing, kit.FinalizerName); err != nil {
-		return ctrl.Result{}, err
-	}
+func (r *IngressReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	return kit.Served[*networkingv1.Ingress]{
+		Client: r.Client, Reporter: r.Reporter, Kind: "Ingress", Finalizer: kit.FinalizerName,
+		New: func() *networkingv1.Ingress { return &networkingv1.Ingress{} }, Serves: r.serves, Serve: r.serve, Unserve: r.unserve,
+	}.Reconcile(ctx, req)
+}
+
+// serve runs a pass over an Ingress this reconciler serves.
+func (r *IngressReconciler) serve(ctx context.Context, ing *networkingv1.Ingress) (_ ctrl.Result, err error) {
 	s := &ingressScope{ing: ing}
 	// Status is computed from what this pass observed and patched once, at the end.
 	defer func() {
@@ -327,10 +320,13 @@ func IndexIngresses(mgr ctrl.Manager) error {
 	idx, ctx := mgr.GetFieldIndexer(), context.Background()
 	if err := idx.IndexField(ctx, &networkingv1.Ingress{}, indexIngressBackends,
 		func(o client.Object) []string { return backendServiceNames(o.(*networkingv1.Ingress)) }); err != nil {
-		return err
+		return fmt.Errorf("adding the %s index: %w", indexIngressBackends, err)
 	}
-	return idx.IndexField(ctx, &networkingv1.Ingress{}, indexIngressTLSSecrets,
-		func(o client.Object) []string { return TLSSecretNames(o.(*networkingv1.Ingress)) })
+	if err := idx.IndexField(ctx, &networkingv1.Ingress{}, indexIngressTLSSecrets,
+		func(o client.Object) []string { return TLSSecretNames(o.(*networkingv1.Ingress)) }); err != nil {
+		return fmt.Errorf("adding the %s index: %w", indexIngressTLSSecrets, err)
+	}
+	return nil
 }
 
 // SetupWithManager watches Ingresses, their proxies' children, backend Services and their

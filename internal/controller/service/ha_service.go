@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -42,20 +41,20 @@ func (r *HAServiceReconciler) serves(s *corev1.Service) bool {
 	return r.standalone.serves(cp)
 }
 
-func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
-	svc := &corev1.Service{}
-	if err := r.Get(ctx, req.NamespacedName, svc); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.Forget(req.NamespacedName)
-		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
+func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	return kit.Served[*corev1.Service]{
+		Client: r.Client, Reporter: r.Reporter, Kind: "Service",
+		New: func() *corev1.Service { return &corev1.Service{} }, Serves: r.serves, Serve: r.serve, Unserve: func(ctx context.Context, svc *corev1.Service) (ctrl.Result, error) {
+			return r.unserve(ctx, svc, "svc:"+kit.HAServiceHostname(svc))
+		},
+	}.Reconcile(ctx, req)
+}
+
+// serve runs a pass over a Service this reconciler serves; it adds its finalizer once the
+// Service is valid.
+func (r *HAServiceReconciler) serve(ctx context.Context, svc *corev1.Service) (_ ctrl.Result, err error) {
 	hostname := kit.HAServiceHostname(svc)
 	svcName := "svc:" + hostname
-	if !r.serves(svc) {
-		return r.unserve(ctx, svc, svcName)
-	}
-	defer func() { r.Settle(svc, err == nil) }()
 	var st HAServiceOutcome
 	defer func() {
 		want := st.Status(svc.Status, svc.Generation, svc.Spec.Type == corev1.ServiceTypeLoadBalancer)
@@ -168,7 +167,7 @@ func DecideHAService(s HAServiceScope, settings kit.Settings) (*contract.ProxyCo
 func (r *HAServiceReconciler) hostnameTakenBy(ctx context.Context, svc *corev1.Service, hostname string) (string, error) {
 	list := &corev1.ServiceList{}
 	if err := r.List(ctx, list, client.MatchingFields{groupstore.IndexServiceHostname: hostname}); err != nil {
-		return "", err
+		return "", fmt.Errorf("listing the Services that ask for hostname %s: %w", hostname, err)
 	}
 	others := make([]*corev1.Service, len(list.Items))
 	for i := range list.Items {

@@ -10,7 +10,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -55,21 +54,15 @@ func (r *ServiceReconciler) serves(s *corev1.Service) bool {
 	return *s.Spec.LoadBalancerClass == kit.LoadBalancerClass
 }
 
-func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
-	svc := &corev1.Service{}
-	if err := r.Get(ctx, req.NamespacedName, svc); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.Forget(req.NamespacedName)
-		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	if !r.serves(svc) {
-		return r.unserve(ctx, svc)
-	}
-	defer func() { r.Settle(svc, err == nil) }()
-	if err := kit.AddFinalizer(ctx, r.Client, svc, kit.FinalizerName); err != nil {
-		return ctrl.Result{}, err
-	}
+func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	return kit.Served[*corev1.Service]{
+		Client: r.Client, Reporter: r.Reporter, Kind: "Service", Finalizer: kit.FinalizerName,
+		New: func() *corev1.Service { return &corev1.Service{} }, Serves: r.serves, Serve: r.serve, Unserve: r.unserve,
+	}.Reconcile(ctx, req)
+}
+
+// serve runs a pass over a Service this reconciler serves.
+func (r *ServiceReconciler) serve(ctx context.Context, svc *corev1.Service) (_ ctrl.Result, err error) {
 	// Status is computed from what this pass observed and patched once, at the end.
 	var out serviceOutcome
 	defer func() {
