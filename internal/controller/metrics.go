@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"time"
 
@@ -31,10 +32,10 @@ func registerOperatorMetrics(reg prometheus.Registerer, c client.Reader, namespa
 		Memories: map[string]*kit.EventMemory{},
 	}
 	if err := reg.Register(m.Outcomes); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("registering the reconcile outcomes counter: %w", err)
 	}
 	if err := reg.Register(&stateCollector{c: c, namespace: namespace, limits: limits, now: time.Now, m: m}); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("registering the state collector: %w", err)
 	}
 	return m, nil
 }

@@ -1,3 +1,7 @@
+// Package certs decides the certificates of the operator's tailnet names: whether a proxy may ask
+// the CA for one, kept within the CA's weekly limits by a ledger of issuances, and the users'
+// bring-your-own TLS Secrets it copies to proxies. It reconciles nothing itself; the Ingress
+// reconcilers call it.
 package certs
 
 import (
@@ -155,7 +159,7 @@ func (c CertSecrets) Resolve(ctx context.Context, ing *networkingv1.Ingress, pre
 			continue
 		}
 		if err != nil {
-			return out, err
+			return out, fmt.Errorf("reading TLS Secret %s/%s: %w", ing.Namespace, t.SecretName, err)
 		}
 		notAfter, f := CheckTLSSecret(src, hosts, now)
 		if f != nil {
@@ -190,7 +194,7 @@ func IndexCertificateCopies(mgr ctrl.Manager) error {
 func PruneCertCopies(ctx context.Context, c client.Client, namespace string, labels map[string]string, keep []*corev1.Secret) error {
 	list := &corev1.SecretList{}
 	if err := c.List(ctx, list, client.InNamespace(namespace), client.MatchingLabels(labels), client.MatchingFields{indexCertCopies: "true"}); err != nil {
-		return err
+		return fmt.Errorf("listing the certificate copies in %s: %w", namespace, err)
 	}
 	for i := range list.Items {
 		s := &list.Items[i]
@@ -198,7 +202,7 @@ func PruneCertCopies(ctx context.Context, c client.Client, namespace string, lab
 			continue
 		}
 		if err := kit.Remove(ctx, c, s); err != nil {
-			return err
+			return fmt.Errorf("deleting the certificate copy %s/%s: %w", s.Namespace, s.Name, err)
 		}
 	}
 	return nil
@@ -304,7 +308,7 @@ func (g *CertGuard) Hold(ctx context.Context, fqdn string, cur contract.Certific
 		reserved = len(l.Entries) > n
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("reserving a certificate issuance for %s in the ledger: %w", fqdn, err)
 	}
 	if reserved && h == nil {
 		log.FromContext(ctx).Info("reserved a certificate issuance", "name", fqdn, "domain", domain, "renewal", cur.Serial != "")
@@ -338,7 +342,7 @@ func (g *CertGuard) Observe(ctx context.Context, certs map[string]contract.Certi
 		var counted []string
 		err := g.update(ctx, domain, func(l *acmebudget.Ledger) { counted = l.Observe(now, certs...) })
 		if err != nil {
-			return err
+			return fmt.Errorf("counting the certificates of %s in the ledger: %w", domain, err)
 		}
 		for _, c := range certs {
 			g.markObserved(c.Name, c.Serial)

@@ -76,7 +76,7 @@ func (s ledgerSegment) Size() int {
 func ListLedgerSegments(ctx context.Context, reader client.Reader, namespace string) ([]ledgerSegment, error) {
 	list := &corev1.ConfigMapList{}
 	if err := reader.List(ctx, list, client.InNamespace(namespace), client.MatchingLabels{kit.LabelManaged: "true"}, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("listing the certificate ledger's ConfigMaps in %s: %w", namespace, err)
 	}
 	var segs []ledgerSegment
 	for i := range list.Items {
@@ -414,7 +414,7 @@ func (g *CertGuard) writeSegment(ctx context.Context, i int, cur *corev1.ConfigM
 		}
 		b, err := json.Marshal(l)
 		if err != nil {
-			return err
+			return fmt.Errorf("encoding the certificate ledger of %s: %w", domain, err)
 		}
 		data[LedgerKey(domain)] = string(b)
 	}
@@ -430,7 +430,9 @@ func (g *CertGuard) writeSegment(ctx context.Context, i int, cur *corev1.ConfigM
 		}
 	case len(data) == 0 && i > 0:
 		rv, uid := cur.ResourceVersion, cur.UID
-		err = kit.Remove(ctx, g.Client, cur.DeepCopy(), client.Preconditions{ResourceVersion: &rv, UID: &uid})
+		if err = kit.Remove(ctx, g.Client, cur.DeepCopy(), client.Preconditions{ResourceVersion: &rv, UID: &uid}); err != nil {
+			err = fmt.Errorf("deleting the empty certificate ledger segment %s/%s: %w", g.Namespace, name, err)
+		}
 		g.last.Forget(name)
 		g.parts.forget(name)
 	default:
@@ -438,6 +440,8 @@ func (g *CertGuard) writeSegment(ctx context.Context, i int, cur *corev1.ConfigM
 		cm.Data = data
 		if err = kit.WriteShared(ctx, g.Client, cur, cm); err == nil {
 			g.wrote(cm, parts)
+		} else {
+			err = fmt.Errorf("writing the certificate ledger segment %s/%s: %w", g.Namespace, name, err)
 		}
 	}
 	if err != nil {

@@ -2,6 +2,7 @@ package certs
 
 import (
 	"context"
+	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -47,10 +48,10 @@ func NewTLSSecretWatch(mgr ctrl.Manager) (*TLSSecretWatch, error) {
 		DefaultTransform:     nameOnly,
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("building the cache of kubernetes.io/tls Secrets: %w", err)
 	}
 	if err := mgr.Add(c); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("adding the cache of kubernetes.io/tls Secrets to the manager: %w", err)
 	}
 	return &TLSSecretWatch{cache: c}, nil
 }

@@ -54,9 +54,11 @@ type GroupDocs struct {
 // them.
 func (d GroupDocs) groupConfigMaps(ctx context.Context) ([]corev1.ConfigMap, error) {
 	list := &corev1.ConfigMapList{}
-	err := d.List(ctx, list, client.InNamespace(d.Namespace), client.UnsafeDisableDeepCopy,
-		client.MatchingLabels{kit.LabelManaged: "true", kit.LabelParentType: proxies.ParentTypeProxyGroup})
-	return list.Items, err
+	if err := d.List(ctx, list, client.InNamespace(d.Namespace), client.UnsafeDisableDeepCopy,
+		client.MatchingLabels{kit.LabelManaged: "true", kit.LabelParentType: proxies.ParentTypeProxyGroup}); err != nil {
+		return nil, fmt.Errorf("listing the ProxyGroup ConfigMaps in %s: %w", d.Namespace, err)
+	}
+	return list.Items, nil
 }
 
 func CMData(cm *corev1.ConfigMap) map[string][]byte {
@@ -193,7 +195,7 @@ func (d GroupDocs) RemoveElsewhere(ctx context.Context, svcName, keep string) er
 			g.setServe(svcName, nil, "")
 			g.setDNAT(svcName, nil, "")
 		}); err != nil {
-			return err
+			return fmt.Errorf("removing %s from the documents of ProxyGroup %s: %w", svcName, pg, err)
 		}
 	}
 	return nil
@@ -207,7 +209,7 @@ func ResolveGroup(ctx context.Context, c client.Client, name string) (*tsv1alpha
 			f := kit.Blockf(kit.ReasonProxyGroupNotFound, "ProxyGroup %q does not exist", name)
 			return nil, &f, nil
 		}
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("reading ProxyGroup %s: %w", name, err)
 	}
 	if pg.Spec.Type != tsv1alpha1.ProxyGroupTypeIngress {
 		f := kit.Blockf(kit.ReasonProxyGroupWrongType, "ProxyGroup %q is of type %s; only ingress ProxyGroups serve Ingresses and Services", name, pg.Spec.Type)
@@ -419,7 +421,7 @@ func (t *TailscaleServices) Release(ctx context.Context, name string) error {
 		return nil
 	}
 	if err != nil {
-		return err
+		return fmt.Errorf("reading Tailscale Service %s to release it: %w", name, err)
 	}
 	var refs OwnerRefs
 	if json.Unmarshal([]byte(existing.Annotations[AnnotationOwnerRefs]), &refs) != nil {
@@ -433,7 +435,7 @@ func (t *TailscaleServices) Release(ctx context.Context, name string) error {
 	// it; it creates it again at its next check (sharedResync, or any change of its object).
 	if len(rest) == 0 {
 		if err := t.Tailnet.DeleteService(ctx, name); err != nil {
-			return err
+			return fmt.Errorf("deleting Tailscale Service %s, which has no other owner: %w", name, err)
 		}
 		log.FromContext(ctx).Info("deleted Tailscale Service", "service", name)
 		return nil
@@ -443,7 +445,7 @@ func (t *TailscaleServices) Release(ctx context.Context, name string) error {
 	existing.Annotations[AnnotationOwnerRefs] = string(raw)
 	existing.Ports, existing.Tags = refs.union(existing)
 	if _, err := t.Tailnet.PutService(ctx, existing); err != nil {
-		return err
+		return fmt.Errorf("releasing Tailscale Service %s to its other owners: %w", name, err)
 	}
 	log.FromContext(ctx).Info("released Tailscale Service to its other owners", "service", name, "owners", len(rest))
 	return nil

@@ -1,3 +1,8 @@
+// Package groupstore is the store of a ProxyGroup's documents: the sharded ConfigMaps that tell
+// its replicas what to serve, where each object's entries are placed, the Tailscale Services the
+// objects are advertised as, and the mapping of the documents' and reports' changes to the
+// objects they concern. It owns its caches over the informer cache; reconcilers reach the
+// documents only through it.
 package groupstore
 
 import (
@@ -126,11 +131,11 @@ func (g *groupContent) setOwner(svcName string, set bool, owner string) {
 func (g *groupContent) encode() (data map[string]string, keys []string, err error) {
 	serve, err := contract.ServeConfigs.Encode(g.serve)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("encoding the serve config: %w", err)
 	}
 	dnat, err := contract.DNATConfigs.Encode(g.dnat)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("encoding the DNAT config: %w", err)
 	}
 	data = map[string]string{}
 	for k, v := range serve {
@@ -141,7 +146,7 @@ func (g *groupContent) encode() (data map[string]string, keys []string, err erro
 	}
 	o, err := json.Marshal(g.owners)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("encoding the owner index: %w", err)
 	}
 	data[ownersKey] = string(o)
 	keys = append(contract.ServeConfigs.Keys(), contract.DNATConfigs.Keys()...)
@@ -349,7 +354,7 @@ func (s *groupShards) encodeChanged() (map[int]map[string]string, []string, erro
 	if data, ok := out[0]; ok && len(s.shards) > 1 {
 		idx, err := contract.GroupShardIndexes.Encode(&contract.GroupShards{Count: len(s.shards)})
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("encoding the shard index: %w", err)
 		}
 		for k, v := range idx {
 			data[k] = string(v)
@@ -542,7 +547,7 @@ func (w *groupWriter) readShard(ctx context.Context, reader client.Reader, main 
 	case apierrors.IsNotFound(err) && i > 0:
 		return nil, nil
 	}
-	return nil, err
+	return nil, fmt.Errorf("reading group ConfigMap %s/%s: %w", w.namespace, name, err)
 }
 
 // write applies the changes to the shards and stores those that changed. When a shard would
@@ -675,7 +680,9 @@ func (w *groupWriter) writeShard(ctx context.Context, main *corev1.ConfigMap, i 
 		err := kit.Create(ctx, w.client, cm)
 		if apierrors.IsAlreadyExists(err) && added {
 			cm = &corev1.ConfigMap{}
-			err = w.api.Get(ctx, client.ObjectKey{Namespace: w.namespace, Name: contract.ShardName(main.Name, i)}, cm)
+			if err = w.api.Get(ctx, client.ObjectKey{Namespace: w.namespace, Name: contract.ShardName(main.Name, i)}, cm); err != nil {
+				err = fmt.Errorf("reading group ConfigMap %s/%s: %w", w.namespace, contract.ShardName(main.Name, i), err)
+			}
 		} else if err == nil {
 			w.last.Set(cm.Name, cm)
 			w.remember(cm, content)
@@ -702,7 +709,7 @@ func (w *groupWriter) writeShard(ctx context.Context, main *corev1.ConfigMap, i 
 		return nil, nil
 	}
 	if err := kit.WriteShared(ctx, w.client, before, cm); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("writing group ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err)
 	}
 	w.last.Set(cm.Name, cm)
 	w.remember(cm, content)

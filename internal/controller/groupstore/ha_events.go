@@ -2,6 +2,7 @@ package groupstore
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"reflect"
 	"slices"
@@ -79,7 +80,7 @@ func IndexGroupObjects(mgr ctrl.Manager) error {
 			}
 			return []string{x.value(o)}
 		}); err != nil {
-			return err
+			return fmt.Errorf("adding the %s index: %w", x.field, err)
 		}
 	}
 	return idx.IndexField(ctx, &corev1.Secret{}, IndexSecretGroupType, SecretGroupType)

@@ -324,7 +324,7 @@ func backendEndpointSlices(ctx context.Context, c client.Client, ing *networking
 		}
 		list := &discoveryv1.EndpointSliceList{}
 		if err := c.List(ctx, list, client.InNamespace(ing.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: name}); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("listing the EndpointSlices of backend Service %s/%s: %w", ing.Namespace, name, err)
 		}
 		out[name] = list.Items
 	}

@@ -1,3 +1,7 @@
+// Package kit is the toolkit every reconciler of the operator uses: the one apply path for child
+// objects, status conditions, the stable reasons and user-facing annotations and labels, the
+// Event reporter, the operator's settings, and batched writes to shared objects. It owns no
+// reconciler and imports no other controller package; everything else builds on it.
 package kit
 
 import (
@@ -32,11 +36,11 @@ func Apply(ctx context.Context, c client.Client, obj client.Object) error {
 	}
 	gvk, err := apiutil.GVKForObject(obj, c.Scheme())
 	if err != nil {
-		return err
+		return fmt.Errorf("finding the kind of %T %s/%s: %w", obj, obj.GetNamespace(), obj.GetName(), err)
 	}
 	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
 	if err != nil {
-		return err
+		return fmt.Errorf("converting %s %s/%s for apply: %w", gvk.Kind, obj.GetNamespace(), obj.GetName(), err)
 	}
 	u["apiVersion"], u["kind"] = gvk.GroupVersion().String(), gvk.Kind
 	// Fields the typed structs render although nobody set them.

@@ -1,6 +1,7 @@
 package kit
 
 import (
+	"fmt"
 	"net/http"
 	"sync"
 
@@ -19,7 +20,7 @@ import (
 func MapperProvider(c *rest.Config, httpClient *http.Client) (meta.RESTMapper, error) {
 	m, err := apiutil.NewDynamicRESTMapper(c, httpClient)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("building the dynamic REST mapper: %w", err)
 	}
 	return &rememberingMapper{RESTMapper: m}, nil
 }

@@ -54,7 +54,7 @@ func ResolveProxyClass(ctx context.Context, c client.Reader, obj client.Object, 
 	pc := &tsv1alpha1.ProxyClass{}
 	if err := c.Get(ctx, client.ObjectKey{Name: name}, pc); err != nil {
 		if !apierrors.IsNotFound(err) {
-			return appliedClass{}, err
+			return appliedClass{}, fmt.Errorf("reading ProxyClass %s: %w", name, err)
 		}
 		pc = nil
 	}

@@ -3,6 +3,7 @@ package proxies
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -126,7 +127,7 @@ func parseReport(ctx context.Context, cl client.Reader, s *corev1.Secret) (*cont
 			if apierrors.IsNotFound(err) {
 				continue // a missing one reads as empty
 			}
-			return nil, err
+			return nil, fmt.Errorf("reading report shard Secret %s/%s: %w", key.Namespace, key.Name, err)
 		}
 		parts[k], versions[k] = reportPart{shard.UID, shard.ResourceVersion, shard.Data}, shard.ResourceVersion
 	}

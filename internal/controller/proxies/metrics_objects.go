@@ -2,6 +2,7 @@ package proxies
 
 import (
 	"context"
+	"fmt"
 	"maps"
 
 	corev1 "k8s.io/api/core/v1"
@@ -113,7 +114,7 @@ func ApplyMetricsObjects(ctx context.Context, c client.Client, owner client.Obje
 	err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: metricsName(name)}, existing)
 	found := err == nil
 	if err != nil && !apierrors.IsNotFound(err) {
-		return err
+		return fmt.Errorf("reading the metrics Service %s/%s: %w", namespace, metricsName(name), err)
 	}
 	if found && sm == nil && existing.Annotations[annotationServiceMonitor] == "true" {
 		if err := removeMetricsMonitor(ctx, c, name, namespace); err != nil {
@@ -122,7 +123,9 @@ func ApplyMetricsObjects(ctx context.Context, c client.Client, owner client.Obje
 	}
 	if svc == nil {
 		if found {
-			return kit.Remove(ctx, c, existing)
+			if err := kit.Remove(ctx, c, existing); err != nil {
+				return fmt.Errorf("deleting the metrics Service %s/%s: %w", namespace, existing.Name, err)
+			}
 		}
 		return nil
 	}
@@ -136,7 +139,7 @@ func ApplyMetricsObjects(ctx context.Context, c client.Client, owner client.Obje
 			break
 		}
 		if err := controllerutil.SetControllerReference(owner, obj, c.Scheme()); err != nil {
-			return err
+			return fmt.Errorf("setting the owner of the metrics objects of %s/%s: %w", namespace, name, err)
 		}
 	}
 	// The Service first: its annotation must be there whenever the ServiceMonitor is.
@@ -155,7 +158,7 @@ func removeMetricsMonitor(ctx context.Context, c client.Client, name, namespace 
 	sm.SetName(metricsName(name))
 	sm.SetNamespace(namespace)
 	if err := kit.Remove(ctx, c, sm); err != nil && !meta.IsNoMatchError(err) {
-		return err
+		return fmt.Errorf("deleting the ServiceMonitor %s/%s: %w", namespace, sm.GetName(), err)
 	}
 	return nil
 }

@@ -1,3 +1,7 @@
+// Package proxies owns what makes a proxy run: the StatefulSet, Secrets and RBAC of a standalone
+// proxy or a ProxyGroup's replicas, their auth keys and tailnet devices, the ProxyClass an object
+// asks for, and reading what a proxy reports in its state Secret. It decides nothing about
+// Ingresses or Services; their reconcilers hand it the proxy they want.
 package proxies
 
 import (
@@ -66,7 +70,7 @@ func (m *Proxies) Ensure(ctx context.Context, p *StandaloneProxy) (created bool,
 	}
 	sts := p.BuildStatefulSet(m.Settings)
 	if created, err = m.absent(ctx, sts); err != nil {
-		return false, err
+		return false, fmt.Errorf("looking for the proxy StatefulSet %s/%s: %w", sts.Namespace, sts.Name, err)
 	}
 	objs := []client.Object{p.buildServiceAccount(ns), p.buildRole(ns), p.buildRoleBinding(ns), secret}
 	for _, c := range p.CertSecrets {
@@ -138,12 +142,12 @@ func (m *Proxies) Cleanup(ctx context.Context, par Parent) (done bool, err error
 	case err == nil:
 		if sts.DeletionTimestamp == nil {
 			if err := kit.Remove(ctx, m.Client, sts, client.PropagationPolicy(metav1.DeletePropagationForeground)); err != nil {
-				return false, err
+				return false, fmt.Errorf("deleting the proxy StatefulSet %s/%s: %w", ns, name, err)
 			}
 		}
 		return false, nil
 	case !apierrors.IsNotFound(err):
-		return false, err
+		return false, fmt.Errorf("reading the proxy StatefulSet %s/%s: %w", ns, name, err)
 	}
 
 	state := &corev1.Secret{}
@@ -153,7 +157,7 @@ func (m *Proxies) Cleanup(ctx context.Context, par Parent) (done bool, err error
 			return false, err
 		}
 	case !apierrors.IsNotFound(err):
-		return false, err
+		return false, fmt.Errorf("reading the proxy state Secret %s/%s: %w", ns, par.replicas().StateSecret(0), err)
 	}
 	if err := certs.PruneCertCopies(ctx, m.Client, ns, par.Labels(), nil); err != nil {
 		return false, err
@@ -161,14 +165,17 @@ func (m *Proxies) Cleanup(ctx context.Context, par Parent) (done bool, err error
 	if err := ApplyMetricsObjects(ctx, m.Client, nil, name, ns, nil, nil, nil); err != nil {
 		return false, err
 	}
-	for _, obj := range []client.Object{
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: par.replicas().StateSecret(0)}},
-		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
-		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}},
+	for _, child := range []struct {
+		kind string
+		obj  client.Object
+	}{
+		{"state Secret", &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: par.replicas().StateSecret(0)}}},
+		{"RoleBinding", &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}},
+		{"Role", &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}},
+		{"ServiceAccount", &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}},
 	} {
-		if err := kit.Remove(ctx, m.Client, obj); err != nil {
-			return false, err
+		if err := kit.Remove(ctx, m.Client, child.obj); err != nil {
+			return false, fmt.Errorf("deleting the proxy's %s %s/%s: %w", child.kind, ns, child.obj.GetName(), err)
 		}
 	}
 	return true, nil

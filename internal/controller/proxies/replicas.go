@@ -53,12 +53,18 @@ func (s replicaSet) Read(ctx context.Context, c client.Reader, ns string, i int)
 	// its replicas, and copying their state Secrets grew with the group.
 	pod := &corev1.Pod{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.pod(i)}, pod, client.UnsafeDisableDeepCopy); err != nil {
-		return r, client.IgnoreNotFound(err)
+		if err := client.IgnoreNotFound(err); err != nil {
+			return r, fmt.Errorf("reading the proxy Pod %s/%s: %w", ns, s.pod(i), err)
+		}
+		return r, nil
 	}
 	r.pod = pod
 	secret := &corev1.Secret{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.StateSecret(i)}, secret, client.UnsafeDisableDeepCopy); err != nil {
-		return r, client.IgnoreNotFound(err)
+		if err := client.IgnoreNotFound(err); err != nil {
+			return r, fmt.Errorf("reading the proxy state Secret %s/%s: %w", ns, s.StateSecret(i), err)
+		}
+		return r, nil
 	}
 	st, err := parseReport(ctx, c, secret)
 	if err != nil {
@@ -89,7 +95,7 @@ func (s replicaSet) AuthKey(ctx context.Context, c client.Reader, tc tailnet.Cli
 	}
 	key, err := tc.CreateAuthKey(ctx, req)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("minting an auth key for %s: %w", s.pod(i), err)
 	}
 	// By its ID, never its secret.
 	log.FromContext(ctx).Info("minted auth key", "keyID", key.ID, "proxy", s.pod(i), "tags", req.Tags,
@@ -114,7 +120,10 @@ func keptAuthKey(state, config map[string][]byte) (key string, mint bool) {
 func secretData(ctx context.Context, c client.Reader, ns, name string) (map[string][]byte, error) {
 	s := &corev1.Secret{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, s); err != nil {
-		return nil, client.IgnoreNotFound(err)
+		if err := client.IgnoreNotFound(err); err != nil {
+			return nil, fmt.Errorf("reading Secret %s/%s: %w", ns, name, err)
+		}
+		return nil, nil
 	}
 	return s.Data, nil
 }

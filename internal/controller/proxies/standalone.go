@@ -77,7 +77,7 @@ func (p *StandaloneProxy) ProxyConfig(authKey string) *contract.ProxyConfig {
 func (p *StandaloneProxy) buildSecret(namespace, authKey string) (*corev1.Secret, error) {
 	data, err := contract.ProxyConfigs.Encode(p.ProxyConfig(authKey))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("encoding the proxy config of %s: %w", p.secretName(), err)
 	}
 	s := &corev1.Secret{ObjectMeta: p.meta(p.secretName()), Data: data}
 	s.Namespace = namespace

@@ -1,3 +1,6 @@
+// Package proxygroup holds the ProxyGroup reconciler: the replicas' StatefulSet, Secrets, auth
+// keys and RBAC, scaling, and the group's status from what its replicas report. What the
+// replicas serve comes from the group store, written by the Ingress and Service reconcilers.
 package proxygroup
 
 import (
@@ -68,7 +71,7 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	}
 	defer func() { r.Settle(pg, err == nil) }()
 	if err := kit.AddFinalizer(ctx, r.Client, pg, kit.FinalizerName); err != nil {
-		return ctrl.Result{}, err
+		return ctrl.Result{}, fmt.Errorf("adding the finalizer to ProxyGroup %s: %w", pg.Name, err)
 	}
 	reps, err := r.readReplicas(ctx, g, proxies.Replicas(pg))
 	if err != nil {
@@ -146,7 +149,7 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 		}
 		data, err := contract.ProxyConfigs.EncodeFrom(cfg, configReads(reps[i]))
 		if err != nil {
-			return err
+			return fmt.Errorf("encoding the config of replica %d of ProxyGroup %s: %w", i, pg.Name, err)
 		}
 		objs = append(objs,
 			r.secret(g, g.Replicas().ConfigSecret(i), secretTypeConfig, i, data),
@@ -168,7 +171,7 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 	}.Build()
 	for _, obj := range append(objs, pods) {
 		if err := controllerutil.SetControllerReference(pg, obj, r.Scheme()); err != nil {
-			return err
+			return fmt.Errorf("setting ProxyGroup %s as the owner of %s: %w", pg.Name, obj.GetName(), err)
 		}
 	}
 	// A group has some thirty children, applied on every change of its documents: in turn,
@@ -202,7 +205,7 @@ func (r *ProxyGroupReconciler) groupConfigMap(ctx context.Context, g proxies.Gro
 		return cm, nil, 1, nil
 	}
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, fmt.Errorf("reading the ConfigMap %s/%s of ProxyGroup %s: %w", cm.Namespace, cm.Name, g.Name, err)
 	}
 	count, err := contract.ShardCount(groupstore.CMData(existing))
 	if err != nil {
@@ -216,7 +219,7 @@ func (r *ProxyGroupReconciler) groupConfigMap(ctx context.Context, g proxies.Gro
 			if apierrors.IsNotFound(err) {
 				continue
 			}
-			return nil, nil, 0, err
+			return nil, nil, 0, fmt.Errorf("reading the ConfigMap shard %s/%s of ProxyGroup %s: %w", r.Settings.Namespace, contract.ShardName(g.ConfigMap(), i), g.Name, err)
 		}
 		shards = append(shards, groupstore.CMData(s))
 	}
@@ -289,7 +292,7 @@ func (r *ProxyGroupReconciler) certSecretNames(ctx context.Context, g proxies.Gr
 		list := &corev1.SecretList{}
 		// Only their names: the cache's objects, not copies of thousands of certificates.
 		if err := r.List(ctx, list, append(groupstore.GroupSecrets(r.Settings.Namespace, g, typ), client.UnsafeDisableDeepCopy)...); err != nil {
-			return out, err
+			return out, fmt.Errorf("listing the %s Secrets of ProxyGroup %s: %w", typ, g.Name, err)
 		}
 		for _, s := range list.Items {
 			*dst = append(*dst, s.Name)
@@ -340,7 +343,7 @@ func (r *ProxyGroupReconciler) buildRoleBinding(g proxies.Group) *rbacv1.RoleBin
 func (r *ProxyGroupReconciler) replicaSecrets(ctx context.Context, g proxies.Group, typ string) (map[int]*corev1.Secret, error) {
 	list := &corev1.SecretList{}
 	if err := r.List(ctx, list, groupstore.GroupSecrets(r.Settings.Namespace, g, typ)...); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("listing the %s Secrets of ProxyGroup %s: %w", typ, g.Name, err)
 	}
 	out := map[int]*corev1.Secret{}
 	for i := range list.Items {
@@ -369,13 +372,13 @@ func (r *ProxyGroupReconciler) scaleDown(ctx context.Context, g proxies.Group, n
 			return err
 		}
 		if err := kit.Remove(ctx, r.Client, s); err != nil {
-			return err
+			return fmt.Errorf("deleting the state Secret %s/%s of removed replica %d: %w", s.Namespace, s.Name, i, err)
 		}
 	}
 	for i, s := range configs {
 		if i >= n {
 			if err := kit.Remove(ctx, r.Client, s); err != nil {
-				return err
+				return fmt.Errorf("deleting the config Secret %s/%s of removed replica %d: %w", s.Namespace, s.Name, i, err)
 			}
 		}
 	}
@@ -393,7 +396,7 @@ func (r *ProxyGroupReconciler) delete(ctx context.Context, pg *tsv1alpha1.ProxyG
 		return r.TailnetFailure(pg, err)
 	}
 	if err := kit.RemoveFinalizer(ctx, r.Client, pg, kit.FinalizerName); err != nil {
-		return ctrl.Result{}, err
+		return ctrl.Result{}, fmt.Errorf("removing the finalizer from ProxyGroup %s: %w", pg.Name, err)
 	}
 	r.Forget(client.ObjectKeyFromObject(pg))
 	return ctrl.Result{}, nil
@@ -564,12 +567,12 @@ func (r *ProxyGroupReconciler) reportSecrets(g proxies.Group, i, shards int) []c
 func (r *ProxyGroupReconciler) removeReportSecrets(ctx context.Context, g proxies.Group, n int) error {
 	list := &corev1.SecretList{}
 	if err := r.List(ctx, list, groupstore.GroupSecrets(r.Settings.Namespace, g, proxies.SecretTypeReport)...); err != nil {
-		return err
+		return fmt.Errorf("listing the %s Secrets of ProxyGroup %s: %w", proxies.SecretTypeReport, g.Name, err)
 	}
 	for i := range list.Items {
 		if ord, err := strconv.Atoi(list.Items[i].Labels[proxies.LabelReplica]); err == nil && ord >= n {
 			if err := kit.Remove(ctx, r.Client, &list.Items[i]); err != nil {
-				return err
+				return fmt.Errorf("deleting the report Secret %s/%s of removed replica %d: %w", list.Items[i].Namespace, list.Items[i].Name, ord, err)
 			}
 		}
 	}
