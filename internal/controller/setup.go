@@ -1,4 +1,6 @@
-// Package controller holds the operator's reconcilers.
+// Package controller wires the operator together: Setup builds each reconciler from the packages
+// below it (kit, certs, proxies, groupstore, and one package per reconciler) and registers the
+// operator's metrics. Its tests run every reconciler against a real API server (envtest).
 package controller
 
 import (

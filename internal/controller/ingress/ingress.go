@@ -1,3 +1,7 @@
+// Package ingress holds the reconcilers of Ingresses of the tailscale class: standalone (a proxy
+// of its own) and HA (an entry in a ProxyGroup's documents behind a Tailscale Service). It owns
+// the routes an Ingress asks for and its Funnel; it must not reach into another reconciler's
+// package.
 package ingress
 
 import (

@@ -1,3 +1,5 @@
+// Package proxyclass holds the ProxyClass reconciler: it validates what the CRD schema cannot and
+// reports ProxyClassReady. How a class shapes a proxy's Pod is the proxies package's.
 package proxyclass
 
 import (

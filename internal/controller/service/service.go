@@ -1,3 +1,7 @@
+// Package service holds the reconcilers of L3 Services (tailscale.com/expose or
+// loadBalancerClass tailscale): standalone (a proxy of its own that DNATs its tailnet IPs to the
+// Service) and HA (DNAT entries in a ProxyGroup's documents behind a Tailscale Service). It must
+// not reach into another reconciler's package.
 package service
 
 import (
