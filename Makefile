@@ -56,9 +56,17 @@ BENCH_ARGS ?=
 bench: envtest ## Measure the data path side by side with tailscale's Serve, the control plane at N = 100/1,000/5,000 and the operator's memory; writes docs/performance.md.
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go run ./tools/bench $(BENCH_ARGS)
 
+.PHONY: lint
+lint: golangci-lint ## Run golangci-lint with .golangci.yml over every package, tests and the e2e and chaos suites included.
+	$(GOLANGCI_LINT) run ./...
+
 .PHONY: verify
-verify: manifests generate ## Fail when generated files are out of date.
-	@git diff --exit-code -- api config || { echo "generated files are stale: run make manifests generate"; exit 1; }
+verify: manifests generate ## Fail when generated files are out of date, a tracked file is a built binary or over 1 MiB (hack/check-tree.sh), or make lint finds anything.
+	@failed=(); \
+	git diff --exit-code -- api config || { echo "generated files are stale: run make manifests generate"; failed+=(generated); }; \
+	hack/check-tree.sh || failed+=(tree); \
+	$(MAKE) --no-print-directory lint || failed+=(lint); \
+	[ $${#failed[@]} -eq 0 ] || { echo "verify failed: $${failed[*]}"; exit 1; }
 
 ##@ Build
 
@@ -159,10 +167,12 @@ $(LOCALBIN):
 
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 KUSTOMIZE ?= $(LOCALBIN)/kustomize-$(KUSTOMIZE_VERSION)
+GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 ENVTEST_ASSETS ?= $(LOCALBIN)/envtest
 
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
 KUSTOMIZE_VERSION ?= v5.8.2
+GOLANGCI_LINT_VERSION ?= v2.15.0
 
 .PHONY: controller-gen
 controller-gen: $(CONTROLLER_GEN) ## Install controller-gen into bin/.
@@ -173,6 +183,11 @@ $(CONTROLLER_GEN): | $(LOCALBIN)
 kustomize: $(KUSTOMIZE) ## Install kustomize into bin/.
 $(KUSTOMIZE): | $(LOCALBIN)
 	$(call go-install-tool,$(KUSTOMIZE),sigs.k8s.io/kustomize/kustomize/v5,$(KUSTOMIZE_VERSION))
+
+.PHONY: golangci-lint
+golangci-lint: $(GOLANGCI_LINT) ## Build golangci-lint from source into bin/ (several minutes the first time).
+$(GOLANGCI_LINT): | $(LOCALBIN)
+	$(call go-install-tool,$(GOLANGCI_LINT),github.com/golangci/golangci-lint/v2/cmd/golangci-lint,$(GOLANGCI_LINT_VERSION))
 
 .PHONY: envtest
 envtest: ## Build kube-apiserver, kube-controller-manager and etcd from source into bin/envtest when missing.

@@ -241,7 +241,3 @@ type ProxyClassList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []ProxyClass `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&ProxyClass{}, &ProxyClassList{})
-}

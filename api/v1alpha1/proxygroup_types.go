@@ -120,7 +120,3 @@ type ProxyGroupList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []ProxyGroup `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&ProxyGroup{}, &ProxyGroupList{})
-}

@@ -45,7 +45,7 @@ func waitForAPIServer(ctx context.Context, cfg *rest.Config, probeAddr string) e
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln) //nolint:errcheck // ends with Close below
 		// Closed before the manager binds the same address.
-		defer srv.Close()
+		defer srv.Close() //nolint:errcheck // it only answered probes while waiting
 	}
 	t := time.NewTicker(apiWaitInterval)
 	defer t.Stop()

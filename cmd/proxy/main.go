@@ -173,11 +173,10 @@ func kubeConfig() (*rest.Config, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	ns, err := os.ReadFile(serviceAccountNamespace)
-	if err != nil {
-		return cfg, "", nil // POD_NAMESPACE or --namespace must say
+	if ns, err := os.ReadFile(serviceAccountNamespace); err == nil {
+		return cfg, strings.TrimSpace(string(ns)), nil
 	}
-	return cfg, strings.TrimSpace(string(ns)), nil
+	return cfg, "", nil // POD_NAMESPACE or --namespace must say
 }
 
 func serveDebug(addr string, log *slog.Logger) {

@@ -449,7 +449,7 @@ func (a *acmeCert) obtain(ctx context.Context, cur *servedCert) time.Duration {
 		return wait
 	}
 	a.set(c, contract.CertificateStatus{})
-	wait := renewAt(c.leaf).Sub(time.Now())
+	wait := time.Until(renewAt(c.leaf))
 	if wait <= 0 { // a certificate due at once: asking again at once would not help
 		wait = a.retry.Fail(time.Now())
 	} else {

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"tailscale.com/types/logger"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -18,6 +17,7 @@ import (
 	"tailscale.com/client/local"
 	"tailscale.com/ipn"
 	"tailscale.com/tsnet"
+	"tailscale.com/types/logger"
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy/secretstore"
@@ -107,7 +107,7 @@ func run(ctx context.Context, opts Options, kube kubernetes.Interface, src confi
 		return err
 	}
 	defer func() {
-		c.node.Close() // first: the node uses the TUN until it stops
+		_ = c.node.Close() // first: the node uses the TUN until it stops
 		err = errors.Join(err, u.close())
 	}()
 	if err := c.node.Start(); err != nil {
@@ -249,7 +249,7 @@ func (c *core) restart(reason string) error {
 func (c *core) takeConfig(ctx context.Context, u unit, up configUpdate) error {
 	if up.err != nil {
 		c.log.Error("the changed config is not applied; serving the previous one", "err", up.err)
-		return nil
+		return nil //nolint:nilerr // a bad change is logged; the proxy goes on with the config it has
 	}
 	// With keyAtLogin a new auth key is judged by needsNewLogin instead.
 	if reason := restartReason(c.cfg.cfg, up.cfg, c.status.running || c.keyAtLogin); reason != "" {

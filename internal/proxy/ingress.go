@@ -307,7 +307,7 @@ func watchNode(ctx context.Context, lc *local.Client, log *slog.Logger, out chan
 				default:
 				}
 			}
-			w.Close()
+			_ = w.Close()
 			sleep(ctx, time.Second)
 		}
 	}()

@@ -28,8 +28,7 @@ type secretState struct {
 	err    error // reading it failed (forbidden, say)
 
 	pair     *tls.Certificate // tls.crt and tls.key, parsed once per change
-	pairErr  error
-	rejected string // why the Secret cannot be a kubernetes.io/tls certificate; "" if it can
+	rejected string           // why the Secret cannot be a kubernetes.io/tls certificate; "" if it can
 }
 
 func newSecretState(sec *corev1.Secret, err error) secretState {

@@ -77,7 +77,7 @@ killed.
 		os.Exit(2)
 	}
 	// Nothing here may leave the machine: tsnet would otherwise upload its logs to Tailscale.
-	os.Setenv("TS_NO_LOGS_NO_SUPPORT", "true")
+	_ = os.Setenv("TS_NO_LOGS_NO_SUPPORT", "true") // fails only on a name with = or NUL
 	ctx, stop := stopContext()
 	defer stop()
 	code, err := run(ctx, *once || flags.NArg() > 0, *verbose, *logDir, flags.Args())
@@ -182,18 +182,18 @@ func run(ctx context.Context, once, verbose bool, logDir string, command []strin
 	}
 	life, err := lifeline.Start(runDir)
 	if err != nil {
-		os.RemoveAll(runDir)
+		_ = os.RemoveAll(runDir) // best effort, when everything has stopped
 		return 1, err
 	}
 	defer func() { err = errors.Join(err, os.RemoveAll(runDir), life.Close()) }()
-	os.Setenv("TMPDIR", runDir)
+	_ = os.Setenv("TMPDIR", runDir) // fails only on a name with = or NUL
 	operatorLog, proxyLog, err := openLogs(logDir, verbose)
 	if err != nil {
 		return 1, err
 	}
 	defer func() {
-		operatorLog.Close()
-		proxyLog.Close()
+		_ = operatorLog.Close() // the logs are for a person to read; nothing depends on them
+		_ = proxyLog.Close()
 		if err != nil || code != 0 {
 			fmt.Printf("Logs: %s, %s\n", operatorLog.Name(), proxyLog.Name())
 		}
@@ -230,7 +230,7 @@ func run(ctx context.Context, once, verbose bool, logDir string, command []strin
 	}
 	stops.add("local tailnet", lt.Close)
 	// tailscaled's ACME client (in the in-process proxies) must trust the local CA's API.
-	if err := lt.ACME.UseInProcess(func(k, v string) { os.Setenv(k, v) }); err != nil {
+	if err := lt.ACME.UseInProcess(func(k, v string) { _ = os.Setenv(k, v) }); err != nil {
 		return 1, err
 	}
 	done()
@@ -348,7 +348,7 @@ func run(ctx context.Context, once, verbose bool, logDir string, command []strin
 	if err != nil {
 		return 1, err
 	}
-	defer cl.Close()
+	defer cl.Close() //nolint:errcheck // the client device leaves with the environment
 	if err := each(demos, func(d *demo) error { return prove(ctx, cl, lt.ACME.Roots(), d) }); err != nil {
 		return 1, err
 	}
@@ -415,16 +415,16 @@ func openLogs(dir string, verbose bool) (operator, proxies *logFile, err error) 
 		return nil, nil, err
 	}
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		lock.Close()
+		_ = lock.Close()
 		return nil, nil, fmt.Errorf("another devenv writes its logs to %s: give this one -logs <another directory>", dir)
 	}
 	if operator, err = newLogFile(filepath.Join(dir, "operator.log"), verbose); err != nil {
-		lock.Close()
+		_ = lock.Close()
 		return nil, nil, err
 	}
 	operator.lock = lock
 	if proxies, err = newLogFile(filepath.Join(dir, "proxies.log"), verbose); err != nil {
-		operator.Close()
+		_ = operator.Close()
 		return nil, nil, err
 	}
 	return operator, proxies, nil
@@ -450,7 +450,7 @@ func (l *logFile) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.echo {
-		os.Stdout.Write(p)
+		_, _ = os.Stdout.Write(p) // the file is the record; the terminal only echoes it
 	}
 	return l.f.Write(p)
 }
@@ -458,7 +458,7 @@ func (l *logFile) Write(p []byte) (int, error) {
 func (l *logFile) Name() string { return l.f.Name() }
 func (l *logFile) Close() error {
 	if l.lock != nil {
-		defer l.lock.Close()
+		defer l.lock.Close() //nolint:errcheck // closing lets the lock go, whatever it reports
 	}
 	return l.f.Close()
 }
@@ -538,12 +538,13 @@ func runCommand(ctx context.Context, command, env []string) (int, error) {
 	select {
 	case err = <-done:
 	case <-ctx.Done():
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
+		// Kill fails only when the group has gone, which Wait then reports.
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
 		select {
 		case err = <-done:
 		case <-time.After(time.Minute):
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-done
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done //nolint:errcheck // killed: the error below says more than Wait's
 			return 1, errors.New("the command did not stop within a minute of the interrupt")
 		}
 	}

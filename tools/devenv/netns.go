@@ -82,7 +82,7 @@ func newPodNet(seq int, serviceCIDR netip.Prefix) (n *podNet, err error) {
 		{"-n", n.cluster, "route", "add", "default", "via", "10.250.2.1"},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			return n, fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+			return n, fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, out)
 		}
 		if args[0] == "netns" {
 			n.closers = append(n.closers, deleteNetns(args[2]))
@@ -112,7 +112,7 @@ func newPodNet(seq int, serviceCIDR netip.Prefix) (n *podNet, err error) {
 	}
 	// Closed before the namespaces go.
 	n.closers = append([]func() error{ln.Close, pc.Close}, n.closers...)
-	go http.Serve(ln, backendHandler("hello (cluster network stand-in)"))
+	go http.Serve(ln, backendHandler("hello (cluster network stand-in)")) //nolint:errcheck // ends with its listener
 	go serveUDP(pc)
 	return n, nil
 }
@@ -138,7 +138,7 @@ func (n *podNet) close() error {
 func deleteNetns(name string) func() error {
 	return func() error {
 		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			return fmt.Errorf("ip netns del %s: %v: %s", name, err, out)
+			return fmt.Errorf("ip netns del %s: %w: %s", name, err, out)
 		}
 		return nil
 	}

@@ -166,7 +166,7 @@ func (p *podRunner) start(ctx context.Context, pod *corev1.Pod) {
 	p.mu.Unlock()
 	p.wg.Go(func() {
 		defer close(stopped)
-		defer os.RemoveAll(dir)
+		defer os.RemoveAll(dir) //nolint:errcheck // best effort: it lies in the run directory, removed at the end
 		p.runPod(podCtx, pod, opts)
 		// After the proxy, which removes its TUN device and rules from the namespace first.
 		if pn != nil {
@@ -273,7 +273,8 @@ func (p *podRunner) reportRunning(ctx context.Context, pod *corev1.Pod, ready bo
 
 // reportPending says in the Pod's status why it does not run.
 func (p *podRunner) reportPending(ctx context.Context, pod *corev1.Pod, why string) {
-	p.patchStatus(ctx, pod, corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{{
+	// patchStatus logs a failure; the Pod stays as it was.
+	_ = p.patchStatus(ctx, pod, corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{{
 		Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "NotRunLocally", Message: why,
 		LastTransitionTime: metav1.Now(),
 	}}})

@@ -91,14 +91,14 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(d)
+		defer os.RemoveAll(d) //nolint:errcheck // best effort, on the way out
 		*dir = d
 	}
 	lt, err := localtailnet.Start(ctx, opts)
 	if err != nil {
 		return err
 	}
-	defer lt.Close()
+	defer lt.Close() //nolint:errcheck // on the way out: nothing is left to act on it
 	idFile, secretFile, err := lt.WriteOAuthFiles(*dir)
 	if err != nil {
 		return err
@@ -232,10 +232,10 @@ func serveAdmin(ctx context.Context, addr string, lt *localtailnet.LocalTailnet)
 		}
 		orders, issued := lt.ACME.OrderTotals()
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(map[string]int{"orders": orders, "issued": issued})
+		_ = json.NewEncoder(w).Encode(map[string]int{"orders": orders, "issued": issued})
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(ln)
-	context.AfterFunc(ctx, func() { srv.Close() })
+	go srv.Serve(ln) //nolint:errcheck // ends with Close
+	context.AfterFunc(ctx, func() { _ = srv.Close() })
 	return "http://" + ln.Addr().String(), nil
 }

@@ -14,5 +14,5 @@ func openNetNS(path string) (fd int, closeFn func(), err error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return int(f.Fd()), func() { f.Close() }, nil
+	return int(f.Fd()), func() { _ = f.Close() }, nil
 }

@@ -27,11 +27,12 @@ import (
 	"time"
 
 	"github.com/tailscale/wireguard-go/tun"
-	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/proxy/firewall"
 	"github.com/vishvananda/netlink"
 	"tailscale.com/net/tstun"
 	"tailscale.com/types/logger"
+
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/proxy/firewall"
 )
 
 // Resolver looks up DNS names; *net.Resolver is one.

@@ -51,7 +51,7 @@ func createTUN(path, name string, mtu int, nl *netlink.Handle) (*device, error) 
 		err = nl.LinkSetUp(link)
 	}
 	if err != nil {
-		dev.Close()
+		_ = dev.Close()
 		return nil, fmt.Errorf("bring up TUN device %s: %w", name, err)
 	}
 	return d, nil
@@ -137,14 +137,17 @@ func (d *device) syncLink(ips []netip.Addr, skip [2]bool) (errs [2]error) {
 // not the measure: wireguard-go's Close races with its link listener over a wake-up pipe and
 // may report EPIPE while closing the device all the same.
 func (d *device) remove() error {
-	closeErr := d.NativeTun.Close()
+	closeErr := d.Close()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		_, err := d.nl.LinkByIndex(d.index)
 		if errors.As(err, new(netlink.LinkNotFoundError)) {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("TUN interface %s still exists after closing it (%v)", d.name, closeErr)
+			if closeErr != nil {
+				return fmt.Errorf("TUN interface %s still exists after closing it (%w)", d.name, closeErr)
+			}
+			return fmt.Errorf("TUN interface %s still exists after closing it", d.name)
 		}
 	}
 }

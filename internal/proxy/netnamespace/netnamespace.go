@@ -30,7 +30,7 @@ func Run(path string, fn func() error) error {
 			return
 		}
 		err = unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET)
-		ns.Close()
+		_ = ns.Close()
 		if err != nil {
 			errc <- fmt.Errorf("join network namespace %s: %w", path, err)
 			return

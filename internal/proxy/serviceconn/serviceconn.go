@@ -67,7 +67,7 @@ func (s *Conns) Listen(name string, port uint16) net.Listener {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old := s.queues[key]; old != nil {
-		old.Close()
+		_ = old.Close()
 	} else {
 		s.ports[port]++
 	}

@@ -212,7 +212,7 @@ const drainTimeout = 30 * time.Second
 func (s *Server) drain(srv *http.Server) {
 	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
-	srv.Shutdown(ctx)
+	_ = srv.Shutdown(ctx) // past drainTimeout the requests still in flight are cut off
 }
 
 // StopKeepAlives closes idle connections and makes every later response close its connection,

@@ -53,7 +53,7 @@ func Start(dir string) (*Lifeline, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lifeline: %w", err)
 	}
-	defer r.Close()
+	defer r.Close() //nolint:errcheck // the child has its own copy; ours is only let go
 	cmd := exec.Command(exe)
 	cmd.Args[0] = "tsingress-lifeline"
 	cmd.Env = append(os.Environ(), watchdogEnv+"="+filepath.Clean(dir))
@@ -62,7 +62,7 @@ func Start(dir string) (*Lifeline, error) {
 	cmd.Stdin = r
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		w.Close()
+		_ = w.Close()
 		return nil, fmt.Errorf("lifeline: starting the watchdog: %w", err)
 	}
 	return &Lifeline{pipe: w, cmd: cmd}, nil

@@ -160,12 +160,12 @@ func Start(ctx context.Context, opts Options) (*CA, error) {
 	if err := c.setUp(ln, root, opts.DNSServer, opts.Validity); err != nil {
 		ln.Close()
 		if c.dir != "" {
-			os.RemoveAll(c.dir)
+			_ = os.RemoveAll(c.dir) // best effort: the setup error is the one to report
 		}
 		return nil, err
 	}
-	go c.http.ServeTLS(ln, "", "")
-	c.stopOnCtx = context.AfterFunc(ctx, func() { c.Close() })
+	go c.http.ServeTLS(ln, "", "") //nolint:errcheck // ends with Close
+	c.stopOnCtx = context.AfterFunc(ctx, func() { _ = c.Close() })
 	c.logf("localacme: ACME directory at %s, DNS-01 checked at %s", c.DirectoryURL, opts.DNSServer)
 	return c, nil
 }
@@ -235,12 +235,13 @@ func withPebbleEnv(f func()) {
 	pebbleEnvMu.Lock()
 	defer pebbleEnvMu.Unlock()
 	for k, v := range pebbleEnv {
+		// os.Setenv and os.Unsetenv fail only on a name with '=' or NUL; pebbleEnv's are constants.
 		if old, ok := os.LookupEnv(k); ok {
-			defer os.Setenv(k, old)
+			defer os.Setenv(k, old) //nolint:errcheck // see above
 		} else {
-			defer os.Unsetenv(k)
+			defer os.Unsetenv(k) //nolint:errcheck // see above
 		}
-		os.Setenv(k, v)
+		_ = os.Setenv(k, v)
 	}
 	f()
 }
@@ -446,7 +447,7 @@ func (c *CA) takeRateLimit(w http.ResponseWriter) bool {
 	w.Header().Set("Retry-After", strconv.Itoa(secs))
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(http.StatusTooManyRequests)
-	json.NewEncoder(w).Encode(map[string]any{
+	_ = json.NewEncoder(w).Encode(map[string]any{
 		"type":   "urn:ietf:params:acme:error:rateLimited",
 		"detail": fmt.Sprintf("too many new orders recently (injected by localacme): retry after %d seconds", secs),
 		"status": http.StatusTooManyRequests,

@@ -69,7 +69,7 @@ const (
 func (s *server) serveKey(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	// No legacy key: clients since capability version 28 speak only Noise (ts2021).
-	json.NewEncoder(w).Encode(tailcfg.OverTLSPublicKeyResponse{PublicKey: s.noiseKey.Public()})
+	_ = json.NewEncoder(w).Encode(tailcfg.OverTLSPublicKeyResponse{PublicKey: s.noiseKey.Public()})
 }
 
 // serveNoise upgrades to the Noise channel and serves the machine API over HTTP/2 inside it.
@@ -80,11 +80,11 @@ func (s *server) serveNoise(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !s.trackConn(conn, true) {
-		conn.Close()
+		_ = conn.Close()
 		return
 	}
 	defer s.trackConn(conn, false)
-	defer conn.Close()
+	defer conn.Close() //nolint:errcheck // the client has gone or is being cut off
 	mkey := conn.Peer()
 	var h2 http2.Server
 	h2.ServeConn(conn, &http2.ServeConnOpts{
@@ -153,7 +153,7 @@ func decodeBody(r *http.Request, v any) error {
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(v)
+	_ = json.NewEncoder(w).Encode(v) // the client sees a short body
 }
 
 // serveRegister logs a node in. A known node key needs nothing more; a new one needs an auth

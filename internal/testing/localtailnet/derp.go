@@ -43,7 +43,7 @@ func startRelay(ip string, logf logger.Logf) (*relay, *tailcfg.DERPMap, error) {
 	if err := stun.Listen(net.JoinHostPort(ip, "0")); err != nil {
 		cancel()
 		srv.Close()
-		d.Close()
+		_ = d.Close()
 		return nil, nil, err
 	}
 	r := &relay{derp: d, https: srv, cancel: cancel, done: make(chan struct{})}

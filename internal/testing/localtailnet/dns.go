@@ -54,8 +54,8 @@ func startDNS(ip string) (*dnsServer, error) {
 		notify := func() { started <- struct{}{} }
 		d.tcp = &dns.Server{Listener: ln, Handler: d, NotifyStartedFunc: notify}
 		d.udp = &dns.Server{PacketConn: pc, Handler: d, NotifyStartedFunc: notify}
-		go d.tcp.ActivateAndServe()
-		go d.udp.ActivateAndServe()
+		go d.tcp.ActivateAndServe() //nolint:errcheck // ends with Shutdown
+		go d.udp.ActivateAndServe() //nolint:errcheck // ends with Shutdown
 		<-started
 		<-started // Shutdown fails on a server that has not started
 		return d, nil
@@ -92,7 +92,7 @@ func (d *dnsServer) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	res.Authoritative = true
 	if len(req.Question) != 1 {
 		res.Rcode = dns.RcodeFormatError
-		w.WriteMsg(res)
+		_ = w.WriteMsg(res) // the resolver retries
 		return
 	}
 	q := req.Question[0]
@@ -125,7 +125,7 @@ func (d *dnsServer) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 			})
 		}
 	}
-	w.WriteMsg(res)
+	_ = w.WriteMsg(res) // the resolver retries
 }
 
 // serveSetDNS publishes a node's ACME DNS-01 record, as control does for the names it owns.

@@ -75,7 +75,7 @@ func startFunnel(ctx context.Context, s *server, controlURL, addr string, logf l
 	upCtx, upCancel := context.WithTimeout(ctx, 30*time.Second)
 	defer upCancel()
 	if _, err := f.node.Up(upCtx); err != nil {
-		f.close()
+		_ = f.close() // best effort: the join error is the one to report
 		return nil, fmt.Errorf("the Funnel relay node did not join: %w", err)
 	}
 	f.wg.Go(f.serve)
@@ -87,7 +87,7 @@ func (f *funnelRelay) addr() string { return f.ln.Addr().String() }
 func (f *funnelRelay) close() error {
 	f.cancel()
 	err := f.ln.Close()
-	f.node.Close()
+	err = errors.Join(err, f.node.Close())
 	f.wg.Wait()
 	return errors.Join(err, os.RemoveAll(f.dir))
 }
@@ -105,7 +105,7 @@ func (f *funnelRelay) serve() {
 // relay hands one public connection to a device, trying each device that serves its name.
 func (f *funnelRelay) relay(c net.Conn) {
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(funnelHandoffTimeout))
+	_ = c.SetDeadline(time.Now().Add(funnelHandoffTimeout)) // fails only on a closed conn: the read fails then
 	name, hello, err := clienthello.ServerName(c)
 	if err != nil {
 		f.logf("localtailnet: funnel: %s: no TLS ClientHello: %v", c.RemoteAddr(), err)
@@ -122,7 +122,7 @@ func (f *funnelRelay) relay(c net.Conn) {
 			f.logf("localtailnet: funnel: %s: %s (node %s): %v", c.RemoteAddr(), name, t, err)
 			continue
 		}
-		c.SetDeadline(time.Time{})
+		_ = c.SetDeadline(time.Time{})
 		f.logf("localtailnet: funnel: %s: %s handed to node %s", c.RemoteAddr(), name, t)
 		pipe(c, dc, br, hello)
 		return
@@ -152,7 +152,7 @@ func (f *funnelRelay) handoff(node tailcfg.StableNodeID, src, name string) (net.
 
 // askIngress asks a device's peer API on dc to take a Funnel connection.
 func askIngress(dc net.Conn, peerAPI, src, name string) (*bufio.Reader, error) {
-	dc.SetDeadline(time.Now().Add(funnelHandoffTimeout))
+	_ = dc.SetDeadline(time.Now().Add(funnelHandoffTimeout)) // fails only on a closed conn: the write fails then
 	req, err := http.NewRequest(http.MethodPost, "http://"+peerAPI+"/v0/ingress", nil)
 	if err != nil {
 		return nil, err
@@ -172,7 +172,7 @@ func askIngress(dc net.Conn, peerAPI, src, name string) (*bufio.Reader, error) {
 		res.Body.Close()
 		return nil, fmt.Errorf("ingress refused: %s: %s", res.Status, bytes.TrimSpace(body))
 	}
-	dc.SetDeadline(time.Time{})
+	_ = dc.SetDeadline(time.Time{})
 	return br, nil
 }
 
@@ -208,11 +208,11 @@ func pipe(client, device net.Conn, fromDevice *bufio.Reader, hello []byte) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		io.Copy(client, fromDevice)
+		_, _ = io.Copy(client, fromDevice) // either side ending ends the relay
 		closeWrite(client)
 	}()
 	if _, err := device.Write(hello); err == nil {
-		io.Copy(device, client)
+		_, _ = io.Copy(device, client)
 	}
 	closeWrite(device)
 	<-done
@@ -221,7 +221,7 @@ func pipe(client, device net.Conn, fromDevice *bufio.Reader, hello []byte) {
 
 func closeWrite(c net.Conn) {
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		cw.CloseWrite()
+		_ = cw.CloseWrite() // the peer has gone: nothing left to tell it
 		return
 	}
 	c.Close()

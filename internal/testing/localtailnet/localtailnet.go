@@ -69,11 +69,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tsingress/tsingress/internal/tailnet"
-	"github.com/tsingress/tsingress/internal/testing/localacme"
 	"tailscale.com/tailcfg"
 	"tailscale.com/types/key"
 	"tailscale.com/types/logger"
+
+	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/localacme"
 )
 
 // Options configures a local tailnet. The zero value is ready to use.
@@ -228,14 +229,14 @@ func Start(ctx context.Context, opts Options) (*LocalTailnet, error) {
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return srvCtx },
 	}
-	go hs.Serve(ln)
+	go hs.Serve(ln) //nolint:errcheck // ends with Close
 
 	url := "http://" + ln.Addr().String()
 	lt.ControlURL, lt.APIBaseURL = url, url
 	lt.OAuthClientID, lt.OAuthClientSecret = s.oauthID, tailnet.NewSecret(s.oauthSecret)
 	lt.DERPMap, lt.Domain = derpMap, s.domain
 	lt.srv, lt.http, lt.cancel = s, hs, cancel
-	lt.stopOnCtx = context.AfterFunc(ctx, func() { lt.Close() })
+	lt.stopOnCtx = context.AfterFunc(ctx, func() { _ = lt.Close() })
 	if opts.Funnel {
 		relayIP, _ := netip.AddrFromSlice(ip)
 		lt.dns.setPublic(func(name string) (netip.Addr, bool) { return relayIP.Unmap(), s.funnelName(name) })

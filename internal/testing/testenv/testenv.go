@@ -53,7 +53,7 @@ func start(crdDirs []string, controllers bool) (*ControlPlane, error) {
 	}
 	life, err := lifeline.Start(dir)
 	if err != nil {
-		os.RemoveAll(dir)
+		_ = os.RemoveAll(dir) // best effort: the lifeline's error is the one to report
 		return nil, err
 	}
 	env := &envtest.Environment{CRDDirectoryPaths: crdDirs, ErrorIfCRDPathMissing: len(crdDirs) > 0}
@@ -73,7 +73,7 @@ func start(crdDirs []string, controllers bool) (*ControlPlane, error) {
 	// envtest always writes webhook serving certificates to a directory of its own; there are
 	// no webhooks here, and the directory would outlive a process killed before Stop.
 	if d := env.WebhookInstallOptions.LocalServingCertDir; d != "" {
-		os.RemoveAll(d)
+		_ = os.RemoveAll(d) // best effort: it lies in the temp directory
 	}
 	if err != nil {
 		return nil, errors.Join(err, cp.Stop())
@@ -134,7 +134,7 @@ func (cp *ControlPlane) startControllerManager(assets string) error {
 	// Stopped by Stop alone, after what depends on it, as envtest does with its processes.
 	cp.kcm.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	err = cp.kcm.Start()
-	log.Close()
+	_ = log.Close() // the child has its own descriptor; ours is only let go
 	if err != nil {
 		return fmt.Errorf("starting kube-controller-manager: %w", err)
 	}

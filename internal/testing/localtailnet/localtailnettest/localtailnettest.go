@@ -17,7 +17,7 @@ func Start(tb testing.TB, opts localtailnet.Options) (*localtailnet.LocalTailnet
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { lt.Close() })
+	tb.Cleanup(func() { _ = lt.Close() })
 	api, err := lt.APIClient(tb.TempDir())
 	if err != nil {
 		tb.Fatal(err)
