@@ -6,17 +6,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tsingress/tsingress/internal/testing/kubeobj"
-
-	"github.com/tsingress/tsingress/internal/controller/certs"
-	"github.com/tsingress/tsingress/internal/controller/ingress"
-	"github.com/tsingress/tsingress/internal/controller/kit"
-	"github.com/tsingress/tsingress/internal/controller/proxies"
-	"github.com/tsingress/tsingress/internal/testing/proxytest"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -29,7 +20,13 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/acmebudget"
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/certs"
+	"github.com/tsingress/tsingress/internal/controller/ingress"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/kubeobj"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 var _ = Describe("Certificates", func() {

@@ -6,13 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tsingress/tsingress/internal/testing/kubeobj"
-
-	"github.com/tsingress/tsingress/internal/controller/certs"
-	"github.com/tsingress/tsingress/internal/controller/ingress"
-	"github.com/tsingress/tsingress/internal/controller/kit"
-	"github.com/tsingress/tsingress/internal/testing/proxytest"
-
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -21,6 +14,11 @@ import (
 
 	"github.com/tsingress/tsingress/internal/acmebudget"
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/certs"
+	"github.com/tsingress/tsingress/internal/controller/ingress"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/testing/kubeobj"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // selfSigned returns PEM certificate and key for hosts, valid from notBefore to notAfter.

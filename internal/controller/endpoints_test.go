@@ -3,12 +3,6 @@ package controller
 import (
 	"time"
 
-	"github.com/tsingress/tsingress/internal/testing/kubeobj"
-
-	"github.com/tsingress/tsingress/internal/controller/kit"
-	"github.com/tsingress/tsingress/internal/controller/proxies"
-	"github.com/tsingress/tsingress/internal/testing/proxytest"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -19,6 +13,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
+	"github.com/tsingress/tsingress/internal/testing/kubeobj"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // newManualSlice creates an EndpointSlice for a Service without a selector, as a user (or a

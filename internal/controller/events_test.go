@@ -3,10 +3,6 @@ package controller
 import (
 	"time"
 
-	"github.com/tsingress/tsingress/internal/testing/proxytest"
-
-	"github.com/tsingress/tsingress/internal/testing/kubeobj"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +14,8 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/controller/proxies"
+	"github.com/tsingress/tsingress/internal/testing/kubeobj"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // normalEvents lists the reasons of the Normal Events about an object.

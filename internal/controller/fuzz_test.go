@@ -6,8 +6,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/tsingress/tsingress/internal/testing/docstest"
-
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -20,6 +18,7 @@ import (
 	"github.com/tsingress/tsingress/internal/controller/ingress"
 	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/controller/service"
+	"github.com/tsingress/tsingress/internal/testing/docstest"
 )
 
 // The route builder and the annotation parsers turn what users write into the proxy config

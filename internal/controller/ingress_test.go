@@ -5,8 +5,6 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/tsingress/tsingress/internal/testing/kubeobj"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
@@ -22,6 +20,7 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/controller/proxies"
+	"github.com/tsingress/tsingress/internal/testing/kubeobj"
 )
 
 var nsCounter atomic.Int32

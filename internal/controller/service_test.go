@@ -11,11 +11,10 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/tsingress/tsingress/internal/testing/proxytest"
-
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/controller/proxies"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 func newService(ns, name string, mutate func(*corev1.Service)) *corev1.Service {

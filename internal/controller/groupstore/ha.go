@@ -424,8 +424,8 @@ func (t *TailscaleServices) Release(ctx context.Context, name string) error {
 		return fmt.Errorf("reading Tailscale Service %s to release it: %w", name, err)
 	}
 	var refs OwnerRefs
-	if json.Unmarshal([]byte(existing.Annotations[AnnotationOwnerRefs]), &refs) != nil {
-		return nil // not ours: leave it alone
+	if err := json.Unmarshal([]byte(existing.Annotations[AnnotationOwnerRefs]), &refs); err != nil {
+		return nil //nolint:nilerr // owner records we cannot read are not ours: leave the service alone
 	}
 	rest := slices.DeleteFunc(slices.Clone(refs.OwnerRefs), func(r ownerRef) bool { return r.OperatorID == id })
 	if len(rest) == len(refs.OwnerRefs) {

@@ -197,7 +197,7 @@ func runConformanceCase(t *testing.T, c conformanceCase, ips *loopbackIPs) {
 	srv := startConformanceProxy(t, ws, kit.IngressHostname(ing)+"."+conformanceDomain, byo.Copies)
 	pods := map[string]bool{}
 	for range c.Request.Count {
-		resp, reply, err := srv.do(c.Request.Method, c.Request.Scheme, reqHost, c.Request.Path, c.Expect.TLSHostname)
+		resp, reply, err := srv.do(c.Request.Method, c.Request.Scheme, reqHost, c.Request.Path, c.Expect.TLSHostname) //nolint:bodyclose // closed inside do
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -360,7 +360,9 @@ func startConformanceProxy(t *testing.T, ws contract.WebService, tailnetName str
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		srv.Shutdown(ctx)
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("stopping the conformance proxy: %v", err)
+		}
 	})
 	certPEM, keyPEM := proxytest.SelfSigned(t, []string{tailnetName}, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
 	pair, err := tls.X509KeyPair(certPEM, keyPEM)

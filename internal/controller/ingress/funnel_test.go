@@ -3,8 +3,6 @@ package ingress
 import (
 	"testing"
 
-	"github.com/tsingress/tsingress/internal/testing/kubeobj"
-
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -12,6 +10,7 @@ import (
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/testing/kubeobj"
 )
 
 func TestFunnelAnnotation(t *testing.T) {

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tsingress/tsingress/internal/testing/kubeobj"
-
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -19,6 +17,7 @@ import (
 	"github.com/tsingress/tsingress/internal/controller/certs"
 	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/controller/proxies"
+	"github.com/tsingress/tsingress/internal/testing/kubeobj"
 )
 
 func TestBuildWebService(t *testing.T) {

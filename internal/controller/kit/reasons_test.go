@@ -11,12 +11,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tsingress/tsingress/internal/testing/docstest"
-
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/acmebudget"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/docstest"
 )
 
 // reasonDecls parses the non-test files of every controller package and returns, per file

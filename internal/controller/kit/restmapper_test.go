@@ -37,8 +37,8 @@ func TestRememberingMapper(t *testing.T) {
 	if inner.calls != 1 {
 		t.Errorf("a mapping at an explicit version asked %d times; want once", inner.calls)
 	}
-	m.RESTMapping(secret)
-	m.RESTMapping(secret)
+	_, _ = m.RESTMapping(secret)
+	_, _ = m.RESTMapping(secret)
 	if inner.calls != 3 {
 		t.Errorf("%d calls; a mapping without a version is asked each time", inner.calls)
 	}

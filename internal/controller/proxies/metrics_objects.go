@@ -85,7 +85,7 @@ func ProxyMetricsObjects(name, namespace string, labels, selector map[string]str
 func promLabel(k string) string {
 	b := []byte(k)
 	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+		if (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (c < '0' || c > '9') {
 			b[i] = '_'
 		}
 	}

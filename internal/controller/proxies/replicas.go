@@ -69,7 +69,7 @@ func (s replicaSet) Read(ctx context.Context, c client.Reader, ns string, i int)
 	st, err := parseReport(ctx, c, secret)
 	if err != nil {
 		r.unreadable = err
-		return r, nil
+		return r, nil //nolint:nilerr // an unreadable report is a finding of the replica, not a failed read
 	}
 	if st.CurrentFor(string(pod.UID)) {
 		r.State = st

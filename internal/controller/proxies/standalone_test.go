@@ -3,12 +3,11 @@ package proxies
 import (
 	"testing"
 
-	"github.com/tsingress/tsingress/internal/testing/proxytest"
-
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 func classWithPod(p tsv1alpha1.Pod) *tsv1alpha1.ProxyClass {

@@ -7,10 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tsingress/tsingress/internal/testing/docstest"
-
-	"github.com/tsingress/tsingress/internal/testing/proxytest"
-
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
@@ -19,6 +15,8 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/controller/proxies"
+	"github.com/tsingress/tsingress/internal/testing/docstest"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // proxyClassFieldCases set one ProxyClass field each and check its effect on an L3 proxy (which

@@ -200,8 +200,8 @@ func TestVersionedParsesEachVersionOnce(t *testing.T) {
 	if st, _ := c.Get("s1", "11", parse("svc:b")); st == got[0] || !slices.Equal(st.Advertised, []string{"svc:b"}) || parses.Load() != 2 {
 		t.Errorf("a new version read as %v after %d parses", st.Advertised, parses.Load())
 	}
-	c.Get("", "11", parse("svc:c"))
-	c.Get("", "11", parse("svc:c"))
+	_, _ = c.Get("", "11", parse("svc:c"))
+	_, _ = c.Get("", "11", parse("svc:c"))
 	if parses.Load() != 4 {
 		t.Errorf("an object without a UID was kept: %d parses", parses.Load())
 	}

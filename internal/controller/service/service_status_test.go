@@ -3,14 +3,13 @@ package service
 import (
 	"testing"
 
-	"github.com/tsingress/tsingress/internal/testing/proxytest"
-
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 func TestServiceStatus(t *testing.T) {
