@@ -6,9 +6,10 @@ import (
 	"log"
 	"net/netip"
 
+	"tailscale.com/tsnet"
+
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy/l3"
-	"tailscale.com/tsnet"
 )
 
 // A standalone L3 proxy: the forwarder's TUN carries the tsnet node's traffic, and the node's

@@ -16,8 +16,9 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-	"github.com/tsingress/tsingress/internal/testing/localacme"
 	xacme "tailscale.com/tempfork/acme"
+
+	"github.com/tsingress/tsingress/internal/testing/localacme"
 )
 
 // txtServer is the DNS server the CA checks DNS-01 against, over TCP as Pebble asks.

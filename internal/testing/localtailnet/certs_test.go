@@ -16,12 +16,13 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"tailscale.com/client/local"
+	"tailscale.com/tsnet"
+
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localacme"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 	"github.com/tsingress/tsingress/internal/testing/poll"
-	"tailscale.com/client/local"
-	"tailscale.com/tsnet"
 )
 
 // The certificate tests are not parallel: tailscaled reads its ACME directory from the

@@ -13,11 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tsingress/tsingress/internal/testing/localtailnet"
-	"github.com/tsingress/tsingress/internal/testing/poll"
 	"tailscale.com/ipn"
 	"tailscale.com/tailcfg"
 	"tailscale.com/tsnet"
+
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/poll"
 )
 
 // A device serves a page over Funnel as tsnet's ListenFunnel sets it up: refused while the

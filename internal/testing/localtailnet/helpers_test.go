@@ -13,12 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tsingress/tsingress/internal/tailnet"
-	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 	"tailscale.com/ipn/store/mem"
 	"tailscale.com/net/netns"
 	"tailscale.com/tsnet"
 	"tailscale.com/types/logger"
+
+	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 )
 
 var verbose = flag.Bool("verbose-nodes", false, "log what the tsnet nodes log")

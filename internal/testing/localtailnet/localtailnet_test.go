@@ -12,14 +12,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tsingress/tsingress/internal/tailnet"
-	"github.com/tsingress/tsingress/internal/testing/localtailnet"
-	"github.com/tsingress/tsingress/internal/testing/poll"
 	"tailscale.com/client/local"
 	"tailscale.com/ipn"
 	"tailscale.com/tailcfg"
 	"tailscale.com/tsnet"
 	"tailscale.com/types/logger"
+
+	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/poll"
 )
 
 // Two nodes join with keys minted through the operator's API backend and talk over the
