@@ -55,7 +55,7 @@ func TestCertificateSurvivesRescheduling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) }))
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok")) }))
 	t.Cleanup(backend.Close)
 	data, err := contract.ProxyConfigs.Encode(&contract.ProxyConfig{
 		Kind: contract.KindIngress, Hostname: "cached", Tags: []string{"tag:k8s"}, ControlURL: lt.ControlURL,
@@ -91,7 +91,7 @@ func TestCertificateSurvivesRescheduling(t *testing.T) {
 			done <- proxy.Run(runCtx, proxy.Options{ConfigSecret: "cached-0", Kube: cp.Config, Namespace: "default",
 				PodUID: pod, StateDir: t.TempDir()})
 		}()
-		defer func() { cancel(); <-done }()
+		defer func() { cancel(); <-done }() //nolint:errcheck // how the proxy stops after the cancel is not what this test checks
 		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: client.Dial,
 			TLSClientConfig: &tls.Config{RootCAs: lt.ACME.Roots()}, DisableKeepAlives: true}}
 		deadline := time.Now().Add(60 * time.Second)

@@ -137,7 +137,7 @@ func (l *logCollector) follow(ctx context.Context, ns, pod, container, key strin
 	for {
 		line, err := r.ReadBytes('\n')
 		if len(line) > 0 {
-			f.Write(line)
+			_, _ = f.Write(line)
 			l.mu.Lock()
 			l.lastRead[key] = time.Now()
 			l.mu.Unlock()
@@ -327,7 +327,7 @@ func reconciles(ctx context.Context) (total, panics float64, err error) {
 				break
 			}
 		}
-		io.Copy(io.Discard, out)
+		_, _ = io.Copy(io.Discard, out)
 	}()
 	var local string
 	select {

@@ -42,12 +42,13 @@ func watchRoutes(ctx context.Context) (*routeMoves, error) {
 			if err != nil {
 				return
 			}
+			//nolint:staticcheck // SA1019: the peers come whole in the initial netmap the watch asks for, then as changes
 			if n.NetMap == nil && n.PeersChanged == nil && n.PeersRemoved == nil {
 				continue
 			}
-			if n.NetMap != nil {
+			if nm := n.NetMap; nm != nil { //nolint:staticcheck // SA1019: as above
 				clear(peers)
-				for _, p := range n.NetMap.Peers {
+				for _, p := range nm.Peers {
 					peers[p.ID()] = p
 				}
 			}

@@ -229,7 +229,7 @@ func newEnv(t *testing.T, policy string) *env {
 		}
 	})
 	e.backend = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		json.NewEncoder(w).Encode(seen{
+		_ = json.NewEncoder(w).Encode(seen{
 			Path: r.URL.Path, Host: r.Host,
 			ForwardedFor: r.Header.Get("X-Forwarded-For"),
 			UserLogin:    r.Header.Get("Tailscale-User-Login"),

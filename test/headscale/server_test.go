@@ -137,7 +137,7 @@ logtail:
 	}()
 	// Registered after t.TempDir, so it runs first: the process is gone before its files are.
 	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-s.exited:
 		case <-time.After(15 * time.Second):

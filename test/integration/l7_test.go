@@ -82,7 +82,7 @@ func TestL7IngressWholeFlow(t *testing.T) {
 			StateDir: t.TempDir(), CertSource: ca,
 		})
 	}()
-	t.Cleanup(func() { stopProxy(); <-proxyDone })
+	t.Cleanup(func() { stopProxy(); <-proxyDone }) //nolint:errcheck // how the proxy stops after the cancel is not what this test checks
 
 	poll.Eventually(t, 60*time.Second, "Ingress status", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(ing), ing); err != nil {

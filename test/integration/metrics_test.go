@@ -122,7 +122,7 @@ func TestMetricsWholeFlow(t *testing.T) {
 			StateDir: t.TempDir(), CertSource: ca, HealthListener: ln,
 		})
 	}()
-	t.Cleanup(func() { stopProxy(); <-proxyDone })
+	t.Cleanup(func() { stopProxy(); <-proxyDone }) //nolint:errcheck // how the proxy stops after the cancel is not what this test checks
 	poll.Eventually(t, 60*time.Second, "Ingress status", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(ing), ing); err != nil {
 			return err
@@ -140,7 +140,7 @@ func TestMetricsWholeFlow(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		io.Copy(io.Discard, resp.Body)
+		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
 

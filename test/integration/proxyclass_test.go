@@ -193,7 +193,7 @@ func TestProxyClassAndGroupFieldsWholeFlow(t *testing.T) {
 		done <- proxy.Run(runCtx, proxy.Options{ConfigSecret: l7.Name, Kube: w.cp.Config, Namespace: w.opNS, PodUID: string(l7.UID),
 			StateDir: t.TempDir(), CertSource: ca})
 	}()
-	t.Cleanup(func() { stop(); <-done })
+	t.Cleanup(func() { stop(); <-done }) //nolint:errcheck // how the proxy stops after the cancel is not what this test checks
 	cl := joinClient(t, w, "laptop")
 	httpc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: cl.Dial, TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}}}
 	poll.Eventually(t, 60*time.Second, "the Ingress served over the tailnet", func() error {
