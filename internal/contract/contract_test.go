@@ -307,7 +307,9 @@ func TestDecodeDir(t *testing.T) {
 		}
 	}
 	// Kubernetes volumes hold "..data" links and other keys: they are skipped.
-	os.WriteFile(filepath.Join(dir, "device_id"), []byte("n123"), 0o600)
+	if err := os.WriteFile(filepath.Join(dir, "device_id"), []byte("n123"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	got, _, err := ProxyConfigs.DecodeDir(dir)
 	if err != nil || got.Hostname != "web" {
 		t.Fatalf("DecodeDir = %+v, %v", got, err)

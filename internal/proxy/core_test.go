@@ -94,10 +94,10 @@ func TestDNATNeeded(t *testing.T) {
 	one := []l3.Mapping{{Name: "svc:a", TailnetIPs: []netip.Addr{netip.MustParseAddr("100.64.0.1")},
 		Destination: contract.Destination{IPs: []string{"10.0.0.1"}}}}
 	moved := []l3.Mapping{{Name: "svc:a", TailnetIPs: one[0].TailnetIPs, Destination: contract.Destination{IPs: []string{"10.0.0.2"}}}}
-	failedAt := func(at time.Time) (error, backoff.Backoff) {
+	failedAt := func(at time.Time) (backoff.Backoff, error) {
 		b := backoff.Backoff{Min: time.Minute, Max: time.Hour}
 		b.Fail(at)
-		return errors.New("no"), b
+		return b, errors.New("no")
 	}
 	for _, tc := range []struct {
 		name     string
@@ -118,7 +118,7 @@ func TestDNATNeeded(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			d := &dnat{applied: tc.applied}
 			if !tc.failedAt.IsZero() {
-				d.err, d.retry = failedAt(tc.failedAt)
+				d.retry, d.err = failedAt(tc.failedAt)
 			}
 			if got := d.needed(tc.want); got != tc.needed {
 				t.Errorf("needed = %t, want %t", got, tc.needed)

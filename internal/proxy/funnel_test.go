@@ -48,7 +48,8 @@ func TestStandaloneFunnel(t *testing.T) {
 	})
 	public := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DialContext: w.lt.PublicDialer(), TLSClientConfig: &tls.Config{RootCAs: w.ca.Pool()}, DisableKeepAlives: true}}
-	if _, err := public.Get("https://web.tailnet.test/"); err == nil {
+	if res, err := public.Get("https://web.tailnet.test/"); err == nil {
+		res.Body.Close()
 		t.Fatal("served to the internet without the policy's grant")
 	}
 
@@ -84,7 +85,10 @@ func TestStandaloneFunnel(t *testing.T) {
 	proxytest.WriteConfig(t, dir, w.config("", contract.WebService{Routes: w.routes()}))
 	eventually(t, "Funnel no longer reported", func() bool { _, ok := funnelState(); return !ok })
 	eventually(t, "the name gone from the internet", func() bool {
-		_, err := public.Get("https://web.tailnet.test/")
+		res, err := public.Get("https://web.tailnet.test/")
+		if err == nil {
+			res.Body.Close()
+		}
 		return err != nil
 	})
 	cancel()

@@ -327,7 +327,7 @@ func TestGroupL7(t *testing.T) {
 			t.Fatal(err)
 		}
 		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "late "+r.URL.Path) })}
-		go srv.Serve(l)
+		go func() { _ = srv.Serve(l) }() // returns ErrServerClosed once closed
 		defer srv.Close()
 		g.waitAdvertised(t, "svc:shop")
 		eventually(t, "the late backend", func() bool {

@@ -576,7 +576,9 @@ func TestGroupNeedsConfigMap(t *testing.T) {
 		t.Fatal(err)
 	}
 	for k, v := range data {
-		os.WriteFile(filepath.Join(dir, k), v, 0o600)
+		if err := os.WriteFile(filepath.Join(dir, k), v, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	err = proxy.Run(t.Context(), proxy.Options{ConfigDir: dir, StateDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
 	if err == nil || !strings.Contains(err.Error(), "needs the name of its group ConfigMap") {

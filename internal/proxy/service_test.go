@@ -217,7 +217,7 @@ func TestServiceProxyFamilies(t *testing.T) {
 			health, done := w.start(t, ctx, proxy.Options{
 				ConfigSecret: secret, Kube: env.Config, Namespace: ns, PodUID: "pod-" + name, StateDir: t.TempDir(), NetNS: top.Proxy.Path,
 			})
-			t.Cleanup(func() { cancel(); waitDone(t, done) })
+			t.Cleanup(func() { cancel(); _ = waitDone(t, done) }) // how the proxy stops after the cancel is not what this test checks
 			waitReady(t, health, done)
 
 			var st *contract.ProxyState

@@ -267,7 +267,7 @@ func TestGroupSharedCertificate(t *testing.T) {
 	t.Cleanup(func() {
 		cancel()
 		for _, d := range dones {
-			<-d
+			<-d //nolint:errcheck // how the replicas stop after the cancel is not what this test checks
 		}
 	})
 	startReplica := func(i int) {
@@ -458,7 +458,7 @@ func TestIssuanceHoldAndOwnCertificates(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := runPod(ctx, "pod-1")
-	stop := sync.OnceFunc(func() { cancel(); <-done })
+	stop := sync.OnceFunc(func() { cancel(); <-done }) //nolint:errcheck // how the proxy stops after the cancel is not what this test checks
 	t.Cleanup(stop)
 	client := w.clients(t, 1)[0]
 	ownRoots := other.Pool()
@@ -558,7 +558,7 @@ func TestIssuanceHoldAndOwnCertificates(t *testing.T) {
 		ctx, cancel2 := context.WithCancel(t.Context())
 		defer cancel2()
 		done2 := runPod(ctx, "pod-2")
-		defer func() { cancel2(); <-done2 }()
+		defer func() { cancel2(); <-done2 }() //nolint:errcheck // how the proxy stops after the cancel is not what this test checks
 		waitFor(t, "the cached certificate served", 30*time.Second, func() bool {
 			_, _, err := fetch(t.Context(), client, "https://"+fqdn+"/", w.ca.Roots())
 			return err == nil
@@ -612,7 +612,7 @@ func TestIssuanceFailed(t *testing.T) {
 	user := w.kube.User(t, ns, "proxy-web-0", secretRule(proxyVerbs, "web-0"), secretRule(readVerbs, "app-tls"))
 	ctx, cancel := context.WithCancel(t.Context())
 	done := w.run(ctx, proxy.Options{ConfigSecret: "web-0", Kube: user, Namespace: ns, PodUID: "pod-1", StateDir: t.TempDir()})
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() { cancel(); <-done }) //nolint:errcheck // how the proxy stops after the cancel is not what this test checks
 	client := w.clients(t, 1)[0]
 
 	const fqdn = "web.tailnet.test"
@@ -654,7 +654,7 @@ func TestRateLimited(t *testing.T) {
 	w.ca.InjectRateLimit(localacme.RateLimit{RetryAfter: time.Minute})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := w.run(ctx, proxy.Options{ConfigSecret: "web-0", Kube: user, Namespace: ns, PodUID: "pod-1", StateDir: t.TempDir()})
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() { cancel(); <-done }) //nolint:errcheck // how the proxy stops after the cancel is not what this test checks
 	client := w.clients(t, 1)[0]
 
 	waitFor(t, "the order to be refused", 30*time.Second, func() bool { return w.ca.RateLimited() == 1 })

@@ -87,7 +87,8 @@ func TestErrorReasons(t *testing.T) {
 	ctx := t.Context()
 	keyReq := tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}}
 
-	check := func(name string, err error, want string) *tailnet.Error {
+	// asReason checks err and returns it as the *tailnet.Error it is, or nil.
+	asReason := func(name string, err error, want string) *tailnet.Error {
 		t.Helper()
 		var te *tailnet.Error
 		if !errors.As(err, &te) {
@@ -98,6 +99,10 @@ func TestErrorReasons(t *testing.T) {
 			t.Errorf("%s: reason %s, want %s (err: %v)", name, got, want, err)
 		}
 		return te
+	}
+	check := func(name string, err error, want string) {
+		t.Helper()
+		_ = asReason(name, err, want) // the *tailnet.Error itself is not needed here
 	}
 
 	_, err := e.client.CreateAuthKey(ctx, tailnet.AuthKeyRequest{Tags: []string{"tag:k8s", "tag:prod"}})
@@ -150,7 +155,7 @@ func TestErrorReasons(t *testing.T) {
 
 	writeFile(t, e.secretFile, "tskey-client-wrong")
 	_, err = e.newClient(t, e.lt.APIBaseURL, "").Devices(ctx)
-	if te := check("wrong secret", err, tailnet.ReasonUnauthorized); te != nil && te.Status != 401 {
+	if te := asReason("wrong secret", err, tailnet.ReasonUnauthorized); te != nil && te.Status != 401 {
 		t.Errorf("wrong secret: status %d, want 401", te.Status)
 	}
 }

@@ -203,7 +203,7 @@ func (top *topology) tcpProbe(dst netip.Addr, timeout time.Duration) (string, er
 			return err
 		}
 		defer c.Close()
-		c.SetDeadline(time.Now().Add(timeout)) //nolint:errcheck // a read error follows
+		c.SetDeadline(time.Now().Add(timeout))
 		reply, err = io.ReadAll(c)
 		return err
 	})
@@ -224,7 +224,7 @@ func (top *topology) udpProbe(dst netip.Addr, tries int, timeout time.Duration) 
 			if _, err = c.Write([]byte("ping")); err != nil {
 				continue // e.g. ECONNREFUSED from an earlier ICMP error
 			}
-			c.SetReadDeadline(time.Now().Add(timeout)) //nolint:errcheck // a read error follows
+			c.SetReadDeadline(time.Now().Add(timeout))
 			var n int
 			if n, err = c.Read(buf); err == nil {
 				reply = string(buf[:n])

@@ -63,8 +63,8 @@ func TestForwardingOffReadOnlyProcSys(t *testing.T) {
 				return st
 			}
 		}
-		cmd.Wait()
-		t.Fatalf("the child ended before %s:\n%s%s", tag, out.String(), stderr.String())
+		err := cmd.Wait()
+		t.Fatalf("the child ended (%v) before %s:\n%s%s", err, tag, out.String(), stderr.String())
 		return contract.FirewallStatus{}
 	}
 

@@ -178,7 +178,7 @@ func tcpEcho(ctx context.Context, client *tsnet.Server, dst netip.Addr, payload 
 	}
 	defer c.Close()
 	if d, ok := ctx.Deadline(); ok {
-		c.SetDeadline(d) //nolint:errcheck // a read error follows
+		c.SetDeadline(d)
 	}
 	if _, err := io.WriteString(c, payload); err != nil {
 		return "", err
@@ -212,7 +212,7 @@ func udpEcho(ctx context.Context, client *tsnet.Server, dst netip.Addr, payload 
 		if _, err := io.WriteString(c, payload); err != nil {
 			return "", err
 		}
-		c.SetReadDeadline(time.Now().Add(200 * time.Millisecond)) //nolint:errcheck // a read error follows
+		c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 		n, err := c.Read(buf)
 		if err == nil {
 			name, echoed, _ := strings.Cut(string(buf[:n]), " ")

@@ -139,7 +139,7 @@ func echoVia(t *testing.T, node *tsnet.Server, dst string) (string, error) {
 		return "", err
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(3 * time.Second)) //nolint:errcheck // the read fails then
+	c.SetDeadline(time.Now().Add(3 * time.Second))
 	b, err := io.ReadAll(c)
 	if err == nil && len(b) == 0 {
 		err = io.ErrUnexpectedEOF

@@ -48,8 +48,12 @@ func BenchmarkProxyRequests(b *testing.B) {
 						b.Error(err)
 						return
 					}
-					io.Copy(io.Discard, resp.Body)
+					_, err = io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
+					if err != nil {
+						b.Error(err)
+						return
+					}
 					if resp.StatusCode != 200 {
 						b.Errorf("status %d", resp.StatusCode)
 						return
@@ -86,8 +90,11 @@ func BenchmarkProxyOneClient(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		io.Copy(io.Discard, resp.Body)
+		_, err = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
 		if resp.StatusCode != 200 {
 			b.Fatalf("status %d", resp.StatusCode)
 		}

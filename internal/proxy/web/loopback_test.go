@@ -373,7 +373,7 @@ func TestServerHeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go named.Serve(ln)
+	go func() { _ = named.Serve(ln) }() // returns ErrServerClosed once closed
 	t.Cleanup(func() { named.Close() })
 	ps := pods(t, "echo", 1)
 	lb := startLoopback(t, contract.WebService{HTTP: contract.HTTPServe, Routes: []contract.Route{
