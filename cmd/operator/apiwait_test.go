@@ -22,7 +22,7 @@ func TestWaitForAPIServer(t *testing.T) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		w.Write([]byte(`{"major":"1","minor":"37","gitVersion":"v1.37.2"}`))
+		_, _ = w.Write([]byte(`{"major":"1","minor":"37","gitVersion":"v1.37.2"}`))
 	}))
 	defer api.Close()
 	probe := freeAddr(t)

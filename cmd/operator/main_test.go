@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"os"
 	"regexp"
@@ -18,7 +19,7 @@ func TestEnvironment(t *testing.T) {
 	}
 	// "Operator settings are flags with environment fallbacks named as in the original operator
 	// (`A`, `B`, ...)"
-	section := regexp.MustCompile("(?s)environment fallbacks.*?\\((.*?)\\);").FindSubmatch(readme)
+	section := regexp.MustCompile(`(?s)environment fallbacks.*?\((.*?)\);`).FindSubmatch(readme)
 	if section == nil {
 		t.Fatal("README.md no longer lists the operator's environment variables")
 	}
@@ -30,7 +31,7 @@ func TestEnvironment(t *testing.T) {
 	fs := flag.NewFlagSet("operator", flag.ContinueOnError)
 	var help bytes.Buffer
 	fs.SetOutput(&help)
-	if _, err := parseFlags(fs, []string{"--help"}); err != flag.ErrHelp {
+	if _, err := parseFlags(fs, []string{"--help"}); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("--help: %v", err)
 	}
 	usage(fs)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"os/exec"
 	"strings"
@@ -17,7 +18,7 @@ const sysctlChildEnv = "TSINGRESS_TEST_RUN_SYSCTL"
 
 func init() {
 	if os.Getenv(sysctlChildEnv) != "" {
-		os.Exit(run(nil, []string{"sysctl"}, os.Stdout, os.Stderr))
+		os.Exit(run(context.Background(), []string{"sysctl"}, os.Stdout, os.Stderr))
 	}
 }
 

@@ -65,7 +65,7 @@ func (tn *Tailnet) Leave(ctx context.Context) {
 	// tsnet's Close can hang in netstack (v1.102: aborting a connection while the outbound queue
 	// is full, nobody draining it); the device is deleted below either way.
 	closed := make(chan struct{})
-	go func() { tn.Client.Close(); close(closed) }()
+	go func() { _ = tn.Client.Close(); close(closed) }()
 	select {
 	case <-closed:
 	case <-time.After(30 * time.Second):

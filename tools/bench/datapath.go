@@ -83,7 +83,9 @@ func (s sample) cpuPer(byBytes bool) string {
 // processCPU is the process's user and system CPU time so far.
 func processCPU() time.Duration {
 	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		panic(err) // only for a bad who or address
+	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
@@ -109,7 +111,7 @@ func smallBackend() http.Handler {
 	mux.HandleFunc("/small", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("/1m", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", "1048576")
-		w.Write(big)
+		_, _ = w.Write(big) // a client cut off at a sample's end
 	})
 	return mux
 }
@@ -126,15 +128,23 @@ func startDataPath(ctx context.Context) (*dataPath, error) {
 		return nil, err
 	}
 	d := &dataPath{lt: lt, scenarios: scenarios, dir: dir}
-	if err := lt.ACME.UseInProcess(func(k, v string) { os.Setenv(k, v) }); err != nil {
+	var setenvErr error
+	if err := lt.ACME.UseInProcess(func(k, v string) { setenvErr = errors.Join(setenvErr, os.Setenv(k, v)) }); err != nil {
 		return nil, err
+	}
+	if setenvErr != nil {
+		return nil, fmt.Errorf("the CA's environment: %w", setenvErr)
 	}
 	bln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	d.backend = &http.Server{Handler: smallBackend()}
-	go d.backend.Serve(bln)
+	go func() {
+		if err := d.backend.Serve(bln); !errors.Is(err, http.ErrServerClosed) {
+			log.Printf("backend: %v", err)
+		}
+	}()
 	backendURL := "http://" + bln.Addr().String()
 	d.backendURL = backendURL
 
@@ -222,8 +232,11 @@ func startDataPath(ctx context.Context) (*dataPath, error) {
 	bu, _ := url.Parse(backendURL)
 	rp := httputil.NewSingleHostReverseProxy(bu)
 	rp.ErrorLog = quiet
-	go (&http.Server{Handler: rp, ErrorLog: quiet}).Serve(
-		tls.NewListener(pln, &tls.Config{Certificates: []tls.Certificate{*plainCert}}))
+	// Serve returns when the node, closing, closes the listener.
+	go func() {
+		_ = (&http.Server{Handler: rp, ErrorLog: quiet}).Serve(
+			tls.NewListener(pln, &tls.Config{Certificates: []tls.Certificate{*plainCert}}))
+	}()
 
 	// ProxyGroup replicas: each serves a Tailscale Service of its own, ours as a replica takes
 	// its services' connections (package serviceconn), the original's through Serve.
@@ -347,20 +360,25 @@ func (d *dataPath) replica(ctx context.Context, api *tailnet.APIClient, up func(
 	return fqdn, nil
 }
 
+// close stops everything, logging what fails to.
 func (d *dataPath) close() {
+	var errs []error
 	for _, srv := range d.ours {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		srv.Shutdown(ctx)
+		errs = append(errs, srv.Shutdown(ctx))
 		cancel()
 	}
 	for _, n := range d.nodes {
-		n.Close()
+		errs = append(errs, n.Close())
 	}
-	os.RemoveAll(d.dir)
+	errs = append(errs, os.RemoveAll(d.dir))
 	if d.backend != nil {
-		d.backend.Close()
+		errs = append(errs, d.backend.Close())
 	}
-	d.lt.Close()
+	errs = append(errs, d.lt.Close())
+	if err := errors.Join(errs...); err != nil {
+		log.Printf("closing the data path: %v", err)
+	}
 }
 
 func certName(n *tsnet.Server) (string, error) {

@@ -3,7 +3,9 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"log"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -100,25 +102,35 @@ func startCluster(ctx context.Context, operatorBin string, logFile string) (*clu
 	return c, nil
 }
 
+// close stops everything, logging what fails to.
 func (c *cluster) close() {
+	var errs []error
 	if c.operator != nil && c.operator.Process != nil {
-		c.operator.Process.Signal(os.Interrupt)
+		_ = c.operator.Process.Signal(os.Interrupt) // fails only once it has exited, as Wait says
+		var waitErr error
 		done := make(chan struct{})
-		go func() { c.operator.Wait(); close(done) }()
+		go func() { waitErr = c.operator.Wait(); close(done) }()
 		select {
 		case <-done:
+			if waitErr != nil {
+				errs = append(errs, fmt.Errorf("the operator: %w", waitErr))
+			}
 		case <-time.After(10 * time.Second):
-			c.operator.Process.Kill()
-			<-done
+			_ = c.operator.Process.Kill() // as above
+			<-done                        // waitErr is "signal: killed", as meant
+			errs = append(errs, errors.New("the operator did not stop within 10s of an interrupt; killed"))
 		}
 	}
 	if c.lt != nil {
-		c.lt.Close()
+		errs = append(errs, c.lt.Close())
 	}
 	if c.cp != nil {
-		c.cp.Stop()
+		errs = append(errs, c.cp.Stop())
 	}
-	os.RemoveAll(c.dir)
+	errs = append(errs, os.RemoveAll(c.dir))
+	if err := errors.Join(errs...); err != nil {
+		log.Printf("closing the cluster: %v", err)
+	}
 }
 
 // cpuTime is the operator's user and system CPU time so far.
@@ -141,7 +153,7 @@ func (c *cluster) rss() (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log"
 	"log/slog"
 	"net/http"
 	"os"
@@ -35,12 +36,12 @@ func (d *dataPath) measureFirst200(ctx context.Context, i int) (firstResult, err
 	if err != nil {
 		return res, err
 	}
-	defer os.RemoveAll(dir)
+	defer logErr("removing the node's directory", func() error { return os.RemoveAll(dir) })
 	name := fmt.Sprintf("fresh-%d", i)
 	start := time.Now()
 	n := &tsnet.Server{Dir: dir, Hostname: name, ControlURL: d.lt.ControlURL, Ephemeral: true, Store: new(mem.Store), Port: firstPort,
 		AuthKey: d.lt.MintUserKey("ops@example.com", "Ops").Reveal(), Logf: func(string, ...any) {}}
-	defer n.Close()
+	defer logErr("closing the node", n.Close)
 	fqdn := name + "." + d.lt.Domain
 
 	done := make(chan struct{})
@@ -96,7 +97,7 @@ func (d *dataPath) measureFirst200(ctx context.Context, i int) (firstResult, err
 		Backend: contract.Backend{URL: d.backendURL}}}}); err != nil {
 		return res, err
 	}
-	defer srv.Shutdown(context.Background())
+	defer logErr("shutting down the web server", func() error { return srv.Shutdown(context.Background()) })
 	<-done
 	close(attempts)
 	for a := range attempts {
@@ -106,6 +107,13 @@ func (d *dataPath) measureFirst200(ctx context.Context, i int) (firstResult, err
 		return res, fmt.Errorf("no 200 within 30 s: %s", strings.Join(res.attempts, "; "))
 	}
 	return res, nil
+}
+
+// logErr logs what f, a cleanup, returns.
+func logErr(what string, f func() error) {
+	if err := f(); err != nil {
+		log.Printf("%s: %v", what, err)
+	}
 }
 
 func shortErr(err error) string {

@@ -91,7 +91,9 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		pprof.StartCPUProfile(f)
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
 		defer pprof.StopCPUProfile()
 	}
 	want := map[string]bool{}
@@ -130,7 +132,7 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		defer os.RemoveAll(dir)
+		defer logErr("removing "+dir, func() error { return os.RemoveAll(dir) })
 		bin := *operator
 		if bin == "" {
 			if bin, err = buildOperator(dir); err != nil {
@@ -171,12 +173,18 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		pprof.Lookup("allocs").WriteTo(f, 0)
-		f.Close()
+		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+			log.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			log.Fatal(err)
+		}
 	}
 	rep.finished, rep.loadAfter = time.Now(), loadAverage()
 	if *out == "" {
-		os.Stdout.Write(rep.markdown())
+		if _, err := os.Stdout.Write(rep.markdown()); err != nil {
+			log.Fatal(err)
+		}
 		return
 	}
 	if *history == "" && filepath.Clean(*out) == defaultPage {

@@ -58,7 +58,7 @@ func measureMemory(ctx context.Context, bins map[string]string, logf func(string
 		if err := other.operator.Start(); err != nil {
 			return nil, err
 		}
-		defer func() { other.operator.Process.Kill(); other.operator.Wait() }()
+		defer func() { _ = other.operator.Process.Kill(); _ = other.operator.Wait() }() // "signal: killed", as meant
 		procs[name] = other
 	}
 	res := map[string]*memoryResult{}

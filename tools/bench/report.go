@@ -47,8 +47,9 @@ func machine() string {
 	mem := ""
 	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
 		var kb int64
-		fmt.Sscanf(strings.SplitN(string(b), "\n", 2)[0], "MemTotal: %d kB", &kb)
-		mem = fmt.Sprintf(", %d GiB of memory", (kb+(1<<19))>>20)
+		if _, err := fmt.Sscanf(strings.SplitN(string(b), "\n", 2)[0], "MemTotal: %d kB", &kb); err == nil {
+			mem = fmt.Sprintf(", %d GiB of memory", (kb+(1<<19))>>20)
+		}
 	}
 	return fmt.Sprintf("%d cores (%s)%s, %s", runtime.NumCPU(), cpu, mem, runtime.Version())
 }

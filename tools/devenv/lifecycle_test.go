@@ -57,7 +57,11 @@ func TestEveryEndLeavesNothing(t *testing.T) {
 			stdout.Close() // tee got the interrupt too
 			signalGroup(t, run, syscall.SIGINT)
 		}, true, "devenv: stopping"},
-		{"SIGTERM", func(t *testing.T, run *exec.Cmd, _ io.Closer) { run.Process.Signal(syscall.SIGTERM) }, true, "devenv: stopping (got terminated)"},
+		{"SIGTERM", func(t *testing.T, run *exec.Cmd, _ io.Closer) {
+			if err := run.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+		}, true, "devenv: stopping (got terminated)"},
 		{"SIGHUP (terminal closed)", func(t *testing.T, run *exec.Cmd, _ io.Closer) { signalGroup(t, run, syscall.SIGHUP) }, true, "devenv: stopping (got hangup)"},
 		{"closed pipe", func(t *testing.T, _ *exec.Cmd, stdout io.Closer) { stdout.Close() }, true, "devenv: stopping (the pipe of its output closed)"},
 		{"parent killed", func(t *testing.T, run *exec.Cmd, _ io.Closer) { run.Process.Kill() }, true, "devenv: stopping (got terminated)"},
@@ -92,7 +96,7 @@ func TestEveryEndLeavesNothing(t *testing.T) {
 			}
 			t.Cleanup(func() {
 				syscall.Kill(-run.Process.Pid, syscall.SIGKILL)
-				run.Wait()
+				_ = run.Wait()
 				stdout.Close()
 			})
 			rest := waitRunning(t, stdout, &stderr)
@@ -106,7 +110,7 @@ func TestEveryEndLeavesNothing(t *testing.T) {
 			}
 			if !end.clean {
 				// Its network namespaces, as the next run would.
-				t.Cleanup(func() { removeStaleNetns() })
+				t.Cleanup(func() { _, _ = removeStaleNetns() })
 			}
 			end.end(t, run, stdout)
 			exited := make(chan error, 1)
@@ -170,7 +174,7 @@ func waitRunning(t *testing.T, stdout io.Reader, stderr *syncBuffer) (rest func(
 			}
 			if strings.HasPrefix(line, "Running; Ctrl-C stops everything.") {
 				running <- nil
-				io.Copy(&after, r)
+				_, _ = io.Copy(&after, r) // a read error ends the output as EOF does
 				return
 			}
 		}

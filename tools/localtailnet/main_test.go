@@ -40,7 +40,7 @@ func TestRun(t *testing.T) {
 			fields[m[1]] = m[2]
 		}
 	}
-	go io.Copy(io.Discard, out)
+	go func() { _, _ = io.Copy(io.Discard, out) }()
 	if len(fields) < 7 {
 		t.Fatalf("output lacks URLs or files: %v", fields)
 	}
@@ -133,8 +133,12 @@ func TestEnvFile(t *testing.T) {
 	}
 	dir := t.TempDir()
 	idFile, secretFile := filepath.Join(dir, "id"), filepath.Join(dir, "secret")
-	os.WriteFile(idFile, []byte(vars["TS_API_CLIENT_ID"]), 0o600)
-	os.WriteFile(secretFile, []byte(vars["TS_API_CLIENT_SECRET"]), 0o600)
+	if err := os.WriteFile(idFile, []byte(vars["TS_API_CLIENT_ID"]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(secretFile, []byte(vars["TS_API_CLIENT_SECRET"]), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	c, err := tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: vars["TS_API_BASE_URL"], ClientIDFile: idFile, ClientSecretFile: secretFile})
 	if err != nil {
 		t.Fatal(err)

@@ -64,7 +64,7 @@ func TestOwnerKilled(t *testing.T) {
 	if err := owner.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { owner.Process.Kill(); owner.Wait() })
+	t.Cleanup(func() { owner.Process.Kill(); _ = owner.Wait() })
 	line, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil {
 		t.Fatalf("reading from the owner: %v", err)
@@ -84,12 +84,12 @@ func TestOwnerKilled(t *testing.T) {
 	if err := bystander.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { bystander.Process.Kill(); bystander.Wait() })
+	t.Cleanup(func() { bystander.Process.Kill(); _ = bystander.Wait() })
 
 	if err := owner.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	owner.Wait()
+	_ = owner.Wait() // "signal: killed", as meant
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		_, statErr := os.Stat(dir)
@@ -123,7 +123,7 @@ func TestClose(t *testing.T) {
 	if err := child.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { child.Process.Kill(); child.Wait() })
+	t.Cleanup(func() { child.Process.Kill(); _ = child.Wait() })
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -47,10 +47,15 @@ func startTXTServer(t *testing.T) *txtServer {
 		} else {
 			res.Rcode = dns.RcodeNameError
 		}
-		w.WriteMsg(res)
+		_ = w.WriteMsg(res) // the CA's connection gone: its check fails and says so
 	})}
-	go srv.ActivateAndServe()
-	<-started
+	served := make(chan error, 1)
+	go func() { served <- srv.ActivateAndServe() }()
+	select {
+	case <-started:
+	case err := <-served:
+		t.Fatalf("DNS server: %v", err)
+	}
 	t.Cleanup(func() { srv.Shutdown() })
 	return s
 }

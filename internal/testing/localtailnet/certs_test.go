@@ -102,7 +102,7 @@ func serveHTTP(t *testing.T, ln net.Listener, body string) {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, body)
 	})}
-	go srv.Serve(ln)
+	go func() { _ = srv.Serve(ln) }() // returns once srv closes
 	t.Cleanup(func() { srv.Close() })
 }
 

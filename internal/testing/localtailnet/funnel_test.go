@@ -77,7 +77,7 @@ func TestFunnel(t *testing.T) {
 			return ctx
 		},
 	}
-	go srv.Serve(ln)
+	go func() { _ = srv.Serve(ln) }() // returns once ln or srv closes
 	t.Cleanup(func() { srv.Close() })
 
 	client := publicClient(lt)
@@ -114,7 +114,8 @@ func TestFunnel(t *testing.T) {
 	// send it anything.
 	lt.SetNodeAttrs(nil)
 	poll.True(t, 10*time.Second, "the funnel attribute gone", func() bool { return !selfCaps().Contains(tailcfg.NodeAttrFunnel) })
-	if _, err := client.Get("https://" + name + "/"); err == nil {
+	if resp, err := client.Get("https://" + name + "/"); err == nil {
+		resp.Body.Close()
 		t.Error("served over Funnel after the policy took the attribute away")
 	}
 	lt.SetNodeAttrs([]localtailnet.NodeAttr{{Target: []string{"*"}, Attr: []string{"funnel"}}})
@@ -135,7 +136,8 @@ func TestFunnel(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if _, err := client.Get("https://" + name + "/"); err == nil {
+	if resp, err := client.Get("https://" + name + "/"); err == nil {
+		resp.Body.Close()
 		t.Error("served over Funnel after the listener closed")
 	}
 }

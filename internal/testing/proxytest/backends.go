@@ -43,8 +43,8 @@ func StartEchoPod(t testing.TB, service, name, addr string) (*EchoPod, error) {
 	}
 	p := &EchoPod{Service: service, Name: name, Addr: ln.Addr().String()}
 	p.srv = &http.Server{Handler: http.HandlerFunc(p.serve), ReadHeaderTimeout: 10 * time.Second}
-	go p.srv.Serve(ln)
-	t.Cleanup(func() { p.srv.Close() })
+	go func() { _ = p.srv.Serve(ln) }() // ErrServerClosed once shut down
+	t.Cleanup(func() { _ = p.srv.Close() })
 	return p, nil
 }
 
@@ -52,7 +52,8 @@ func (p *EchoPod) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	p.Served.Add(1)
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(EchoReply{Service: p.Service, Pod: p.Name, PodAddr: p.Addr, Method: r.Method,
+	// A failed write is the client's to see.
+	_ = json.NewEncoder(w).Encode(EchoReply{Service: p.Service, Pod: p.Name, PodAddr: p.Addr, Method: r.Method,
 		Path: r.URL.Path, Host: r.Host, Proto: r.Proto, Headers: r.Header, Body: string(body)})
 }
 
@@ -120,9 +121,10 @@ func (c *ClusterIP) accept() {
 				return
 			}
 			defer out.Close()
+			// Either side gone ends the connection; no one to tell.
 			done := make(chan struct{}, 2)
-			go func() { io.Copy(out, in); out.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
-			go func() { io.Copy(in, out); in.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
+			go func() { _, _ = io.Copy(out, in); _ = out.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
+			go func() { _, _ = io.Copy(in, out); _ = in.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
 			<-done
 			<-done
 		}()
