@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -386,29 +385,4 @@ func (r *HAIngressReconciler) onGroup(ctx context.Context, name string) []reconc
 		return nil
 	}
 	return ingressRequests(list.Items, r.serves)
-}
-
-// backendServices fetches the Services an Ingress routes to; missing ones are left out.
-func backendServices(ctx context.Context, c client.Client, ing *networkingv1.Ingress) (map[string]*corev1.Service, error) {
-	services := map[string]*corev1.Service{}
-	for _, name := range backendServiceNames(ing) {
-		svc := &corev1.Service{}
-		switch err := c.Get(ctx, client.ObjectKey{Namespace: ing.Namespace, Name: name}, svc); {
-		case err == nil:
-			services[name] = svc
-		case !apierrors.IsNotFound(err):
-			return nil, fmt.Errorf("reading backend Service %s/%s: %w", ing.Namespace, name, err)
-		}
-	}
-	return services, nil
-}
-
-// setIngressLoadBalancer writes an Ingress's load-balancer status when it changed.
-func setIngressLoadBalancer(ctx context.Context, c client.Client, ing *networkingv1.Ingress, want []networkingv1.IngressLoadBalancerIngress) error {
-	if equality.Semantic.DeepEqual(ing.Status.LoadBalancer.Ingress, want) {
-		return nil
-	}
-	before := ing.DeepCopy()
-	ing.Status.LoadBalancer.Ingress = want
-	return kit.PatchStatus(ctx, c, before, ing)
 }

@@ -27,11 +27,6 @@ import (
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
-const (
-	indexIngressBackends   = "tsingress.ingress.backends"
-	indexIngressTLSSecrets = "tsingress.ingress.tls-secrets"
-)
-
 // IngressReconciler serves Ingresses of the tailscale class (without the proxy-group
 // annotation) through a standalone proxy each.
 type IngressReconciler struct {
@@ -208,37 +203,6 @@ func (r *IngressReconciler) certificate(ctx context.Context, ing *networkingv1.I
 	return c, nil
 }
 
-// ingressDecision is what an Ingress asks a proxy (standalone or a group's) to serve.
-type ingressDecision struct {
-	WS       contract.WebService
-	Tags     []string
-	Hostname string
-	Findings []kit.Finding
-}
-
-// decideIngress decides from what a pass read (the backend Services, the bring-your-own
-// certificates) what an Ingress asks to serve, and what stops it or is left out.
-func DecideIngress(ing *networkingv1.Ingress, in RouteInputs, byo certs.BYOCertificates, defaultTags []string) ingressDecision {
-	d := ingressDecision{Hostname: kit.IngressHostname(ing)}
-	if !contract.ValidHostname(d.Hostname) {
-		d.Findings = append(d.Findings, kit.Blockf(kit.ReasonInvalidHostname, "tailnet hostname %q (from the first TLS host) is not a valid DNS label", d.Hostname))
-	}
-	ws, routeFindings := BuildWebService(ing, in)
-	ws.TLS.Certificates = byo.Refs
-	d.WS = ws
-	d.Findings = append(d.Findings, routeFindings...)
-	d.Findings = append(d.Findings, byo.Findings...)
-	tags, f := proxies.ParseTags(ing, defaultTags)
-	if f != nil {
-		d.Findings = append(d.Findings, *f)
-	}
-	d.Tags = tags
-	if len(ws.Routes) == 0 {
-		d.Findings = append(d.Findings, kit.Blockf(kit.ReasonNoValidBackends, "no path of this Ingress can be served; nothing changed"))
-	}
-	return d
-}
-
 // loadBalancer is the Ingress's status.loadBalancer.ingress once the pass applied its proxy
 // (decided false: leave it as it was): the tailnet name once the proxy serves it (or, with a
 // port error, why its certificate or Funnel is missing) and the bring-your-own hosts.
@@ -261,31 +225,6 @@ func (s *ingressScope) loadBalancer(now time.Time) (lb []networkingv1.IngressLoa
 		}
 	}
 	return lb, true
-}
-
-func httpsPorts(http bool) []networkingv1.IngressPortStatus {
-	ports := []networkingv1.IngressPortStatus{{Port: 443, Protocol: corev1.ProtocolTCP}}
-	if http {
-		ports = append(ports, networkingv1.IngressPortStatus{Port: 80, Protocol: corev1.ProtocolTCP})
-	}
-	return ports
-}
-
-// byoStatus lists the bring-your-own hosts the proxy serves with a valid certificate. Wildcards
-// are left out: a status hostname must be a DNS name, and the API refuses "*.example.com".
-func byoStatus(refs []contract.CertificateRef, certs map[string]contract.CertificateStatus, now time.Time) []networkingv1.IngressLoadBalancerIngress {
-	var out []networkingv1.IngressLoadBalancerIngress
-	for _, ref := range refs {
-		for _, h := range ref.Hosts {
-			if contract.IsWildcard(h) {
-				continue
-			}
-			if c, ok := certs[h]; ok && c.Valid(now) {
-				out = append(out, networkingv1.IngressLoadBalancerIngress{Hostname: h, Ports: httpsPorts(false)})
-			}
-		}
-	}
-	return out
 }
 
 // unserve removes the proxy of an Ingress that is deleted or no longer ours.
@@ -317,22 +256,6 @@ func (r *IngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingre
 	return ctrl.Result{}, nil
 }
 
-// indexIngresses registers the indexes of Ingresses by backend Service and by TLS Secret, which
-// the standalone and HA Ingress reconcilers both watch through; Setup calls it once, before
-// either, so that neither depends on the other being set up.
-func IndexIngresses(mgr ctrl.Manager) error {
-	idx, ctx := mgr.GetFieldIndexer(), context.Background()
-	if err := idx.IndexField(ctx, &networkingv1.Ingress{}, indexIngressBackends,
-		func(o client.Object) []string { return backendServiceNames(o.(*networkingv1.Ingress)) }); err != nil {
-		return fmt.Errorf("adding the %s index: %w", indexIngressBackends, err)
-	}
-	if err := idx.IndexField(ctx, &networkingv1.Ingress{}, indexIngressTLSSecrets,
-		func(o client.Object) []string { return TLSSecretNames(o.(*networkingv1.Ingress)) }); err != nil {
-		return fmt.Errorf("adding the %s index: %w", indexIngressTLSSecrets, err)
-	}
-	return nil
-}
-
 // SetupWithManager watches Ingresses, their proxies' children, backend Services and their
 // EndpointSlices, and ProxyClasses.
 func (r *IngressReconciler) SetupWithManager(mgr ctrl.Manager, p *proxies.Proxies) error {
@@ -359,28 +282,6 @@ func (r *IngressReconciler) ingressesForService(ctx context.Context, o client.Ob
 	return ingressRequests(list.Items, func(*networkingv1.Ingress) bool { return true })
 }
 
-// tlsSecretNames lists the Secrets an Ingress's bring-your-own entries name.
-func TLSSecretNames(ing *networkingv1.Ingress) []string {
-	var names []string
-	for _, t := range ing.Spec.TLS {
-		if kit.IsBYO(t) {
-			names = append(names, t.SecretName)
-		}
-	}
-	return names
-}
-
-// ingressesForTLSSecret maps a user's certificate Secret to the Ingresses that serve it.
-func ingressesForTLSSecret(c client.Client, keep func(*networkingv1.Ingress) bool) handler.MapFunc {
-	return func(ctx context.Context, o client.Object) []reconcile.Request {
-		list := &networkingv1.IngressList{}
-		if err := c.List(ctx, list, client.InNamespace(o.GetNamespace()), client.MatchingFields{indexIngressTLSSecrets: o.GetName()}); err != nil {
-			return nil
-		}
-		return ingressRequests(list.Items, keep)
-	}
-}
-
 func (r *IngressReconciler) ingressesForProxyClass(ctx context.Context, o client.Object) []reconcile.Request {
 	list := &networkingv1.IngressList{}
 	if err := r.List(ctx, list); err != nil {
@@ -389,14 +290,4 @@ func (r *IngressReconciler) ingressesForProxyClass(ctx context.Context, o client
 	return ingressRequests(list.Items, func(ing *networkingv1.Ingress) bool {
 		return r.serves(ing) && proxies.ProxyClassOf(ing, r.Settings.DefaultProxyClass) == o.GetName()
 	})
-}
-
-func ingressRequests(items []networkingv1.Ingress, keep func(*networkingv1.Ingress) bool) []reconcile.Request {
-	var reqs []reconcile.Request
-	for i := range items {
-		if keep(&items[i]) {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&items[i])})
-		}
-	}
-	return reqs
 }

@@ -25,10 +25,9 @@ import (
 type HAServiceReconciler struct {
 	client.Client
 	kit.Reporter
-	Settings   kit.Settings
-	docs       groupstore.GroupDocs
-	services   *groupstore.TailscaleServices
-	standalone ServiceReconciler // for its selection rules
+	Settings kit.Settings
+	docs     groupstore.GroupDocs
+	services *groupstore.TailscaleServices
 }
 
 func (r *HAServiceReconciler) serves(s *corev1.Service) bool {
@@ -36,9 +35,7 @@ func (r *HAServiceReconciler) serves(s *corev1.Service) bool {
 	if s.DeletionTimestamp != nil || group == "" {
 		return false
 	}
-	cp := s.DeepCopy()
-	delete(cp.Annotations, kit.AnnotationProxyGroup)
-	return r.standalone.serves(cp)
+	return exposed(s, r.Settings)
 }
 
 func (r *HAServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -286,7 +283,6 @@ func (r *HAServiceReconciler) onGroup(ctx context.Context, name string) []reconc
 // SetupWithManager watches Services, ProxyGroups and their children.
 func (r *HAServiceReconciler) SetupWithManager(mgr ctrl.Manager, docs groupstore.GroupDocs, services *groupstore.TailscaleServices) error {
 	r.docs, r.services = docs, services
-	r.standalone = ServiceReconciler{Settings: r.Settings}
 	group := groupstore.GroupEvents{C: r.Client, Docs: docs, Kind: "Service", All: r.onGroup}.Handler()
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&corev1.Service{}, builder.WithPredicates(groupstore.OwnWrites(groupstore.FinalizerServicePG))).
