@@ -343,16 +343,9 @@ func (r *HAIngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ing
 	if err := groupstore.ReleaseOwned(ctx, r.docs, r.services, groupstore.OwnerOf("Ingress", ing), ""); err != nil {
 		return r.TailnetFailure(ing, err)
 	}
-	if ing.DeletionTimestamp == nil {
-		if err := setIngressLoadBalancer(ctx, r.Client, ing, nil); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-	if err := kit.RemoveFinalizer(ctx, r.Client, ing, groupstore.FinalizerIngressPG); err != nil {
-		return ctrl.Result{}, err
-	}
-	r.Forget(client.ObjectKeyFromObject(ing))
-	return ctrl.Result{}, nil
+	return kit.Unserved(ctx, r.Client, r.Reporter, ing, groupstore.FinalizerIngressPG, func(ctx context.Context) error {
+		return setIngressLoadBalancer(ctx, r.Client, ing, nil)
+	})
 }
 
 // SetupWithManager watches Ingresses, backend Services, ProxyGroups and their state Secrets.

@@ -244,16 +244,9 @@ func (r *IngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingre
 	if !done {
 		return ctrl.Result{RequeueAfter: kit.CleanupPoll}, nil
 	}
-	if ing.DeletionTimestamp == nil {
-		if err := setIngressLoadBalancer(ctx, r.Client, ing, nil); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-	if err := kit.RemoveFinalizer(ctx, r.Client, ing, kit.FinalizerName); err != nil {
-		return ctrl.Result{}, err
-	}
-	r.Forget(client.ObjectKeyFromObject(ing))
-	return ctrl.Result{}, nil
+	return kit.Unserved(ctx, r.Client, r.Reporter, ing, kit.FinalizerName, func(ctx context.Context) error {
+		return setIngressLoadBalancer(ctx, r.Client, ing, nil)
+	})
 }
 
 // SetupWithManager watches Ingresses, their proxies' children, backend Services and their

@@ -47,3 +47,19 @@ func (s Served[T]) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Resu
 	}
 	return s.Serve(ctx, obj)
 }
+
+// Unserved ends serving obj once what served it is gone: the status the reconciler wrote is
+// cleared (unless obj is being deleted), its finalizer removed, and what the reporter was told
+// of it forgotten. Each reconciler's unserve ends with it.
+func Unserved(ctx context.Context, c client.Client, rep Reporter, obj client.Object, finalizer string, clearStatus func(context.Context) error) (ctrl.Result, error) {
+	if obj.GetDeletionTimestamp() == nil {
+		if err := clearStatus(ctx); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if err := RemoveFinalizer(ctx, c, obj, finalizer); err != nil {
+		return ctrl.Result{}, err
+	}
+	rep.Forget(client.ObjectKeyFromObject(obj))
+	return ctrl.Result{}, nil
+}

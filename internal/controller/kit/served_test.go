@@ -65,3 +65,23 @@ func TestServed(t *testing.T) {
 		})
 	}
 }
+
+// Unserved clears the status of an object that stays and removes the finalizer either way.
+func TestUnserved(t *testing.T) {
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", Finalizers: []string{FinalizerName}}}
+	c := fake.NewClientBuilder().WithObjects(svc).Build()
+	cleared := false
+	if _, err := Unserved(t.Context(), c, newReporter(clientevents.NewFakeRecorder(10)), svc, FinalizerName, func(context.Context) error {
+		cleared = true
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got := &corev1.Service{}
+	if err := c.Get(t.Context(), client.ObjectKeyFromObject(svc), got); err != nil {
+		t.Fatal(err)
+	}
+	if !cleared || controllerutil.ContainsFinalizer(got, FinalizerName) {
+		t.Errorf("status cleared %v, finalizers %v; want cleared and none", cleared, got.Finalizers)
+	}
+}

@@ -253,16 +253,9 @@ func (r *HAServiceReconciler) unserve(ctx context.Context, svc *corev1.Service, 
 	if err := groupstore.ReleaseOwned(ctx, r.docs, r.services, groupstore.OwnerOf("Service", svc), ""); err != nil {
 		return r.TailnetFailure(svc, err)
 	}
-	if svc.DeletionTimestamp == nil {
-		if err := kit.ClearServiceStatus(ctx, r.Client, svc, HAServiceOwned); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-	if err := kit.RemoveFinalizer(ctx, r.Client, svc, groupstore.FinalizerServicePG); err != nil {
-		return ctrl.Result{}, err
-	}
-	r.Forget(client.ObjectKeyFromObject(svc))
-	return ctrl.Result{}, nil
+	return kit.Unserved(ctx, r.Client, r.Reporter, svc, groupstore.FinalizerServicePG, func(ctx context.Context) error {
+		return kit.ClearServiceStatus(ctx, r.Client, svc, HAServiceOwned)
+	})
 }
 
 // onGroup lists the Services served on a ProxyGroup.

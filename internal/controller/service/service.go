@@ -273,16 +273,9 @@ func (r *ServiceReconciler) unserve(ctx context.Context, svc *corev1.Service) (c
 	if !done {
 		return ctrl.Result{RequeueAfter: kit.CleanupPoll}, nil
 	}
-	if svc.DeletionTimestamp == nil {
-		if err := kit.ClearServiceStatus(ctx, r.Client, svc, ServiceOwned); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-	if err := kit.RemoveFinalizer(ctx, r.Client, svc, kit.FinalizerName); err != nil {
-		return ctrl.Result{}, err
-	}
-	r.Forget(client.ObjectKeyFromObject(svc))
-	return ctrl.Result{}, nil
+	return kit.Unserved(ctx, r.Client, r.Reporter, svc, kit.FinalizerName, func(ctx context.Context) error {
+		return kit.ClearServiceStatus(ctx, r.Client, svc, ServiceOwned)
+	})
 }
 
 // SetupWithManager watches Services, their proxies' children and ProxyClasses.
