@@ -66,6 +66,15 @@ func ShardCount(main map[string][]byte) (int, error) {
 	return indexCount(GroupShardIndexes, main, func(s *GroupShards) int { return s.Count })
 }
 
+// ConfigMapBytes is a ConfigMap's data as the readers of documents take it.
+func ConfigMapBytes(data map[string]string) map[string][]byte {
+	out := make(map[string][]byte, len(data))
+	for k, v := range data {
+		out[k] = []byte(v)
+	}
+	return out
+}
+
 // ShardCountOf is ShardCount of a ConfigMap's data as strings, without copying its documents.
 func ShardCountOf(main map[string]string) (int, error) {
 	re := GroupShardIndexes.keyPattern()

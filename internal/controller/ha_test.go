@@ -34,13 +34,13 @@ func groupDocuments(g Gomega, pg string) (*contract.ServeConfig, *contract.DNATC
 func readGroupShards(g Gomega, pg string) []map[string][]byte {
 	cm := &corev1.ConfigMap{}
 	g.Expect(k8s.Get(ctx, nsKey(pg+proxies.GroupConfigMapSuffix), cm)).To(Succeed())
-	count, err := contract.ShardCount(groupstore.CMData(cm))
+	count, err := contract.ShardCount(contract.ConfigMapBytes(cm.Data))
 	g.Expect(err).NotTo(HaveOccurred())
-	shards := []map[string][]byte{groupstore.CMData(cm)}
+	shards := []map[string][]byte{contract.ConfigMapBytes(cm.Data)}
 	for i := 1; i < count; i++ {
 		s := &corev1.ConfigMap{}
 		g.Expect(k8s.Get(ctx, nsKey(contract.ShardName(pg+proxies.GroupConfigMapSuffix, i)), s)).To(Succeed())
-		shards = append(shards, groupstore.CMData(s))
+		shards = append(shards, contract.ConfigMapBytes(s.Data))
 	}
 	return shards
 }

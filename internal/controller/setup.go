@@ -89,16 +89,16 @@ func Setup(mgr ctrl.Manager, s kit.Settings, tc tailnet.Client) error {
 	if err := (&service.ServiceReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "service"), Settings: s}).SetupWithManager(mgr, p); err != nil {
 		return fmt.Errorf("setting up the Service controller: %w", err)
 	}
-	if err := (&proxygroup.ProxyGroupReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "proxygroup"), Settings: s, Tailnet: tc}).SetupWithManager(mgr); err != nil {
+	// One store, so that the three reconcilers of ProxyGroups share its caches.
+	store := groupstore.NewStore(mgr.GetClient(), mgr.GetAPIReader(), tc, s)
+	if err := (&proxygroup.ProxyGroupReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "proxygroup"), Settings: s, Tailnet: tc, Store: store}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the ProxyGroup controller: %w", err)
 	}
-	docs := groupstore.GroupDocs{Client: mgr.GetClient(), Namespace: s.Namespace, W: groupstore.NewGroupWriter(mgr.GetClient(), mgr.GetAPIReader(), s.Namespace, s.GroupShardBytes)}
-	services := &groupstore.TailscaleServices{Client: mgr.GetClient(), Tailnet: tc, Settings: s}
 	if err := (&ingress.HAIngressReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "ingress-proxygroup"), Settings: s, Certs: certSecrets, Guard: guard,
-		TLSSecrets: tlsSecrets, Info: p.TailnetInfo}).SetupWithManager(mgr, docs, services); err != nil {
+		TLSSecrets: tlsSecrets, Info: p.TailnetInfo}).SetupWithManager(mgr, store); err != nil {
 		return fmt.Errorf("setting up the ProxyGroup Ingress controller: %w", err)
 	}
-	if err := (&service.HAServiceReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "service-proxygroup"), Settings: s}).SetupWithManager(mgr, docs, services); err != nil {
+	if err := (&service.HAServiceReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "service-proxygroup"), Settings: s}).SetupWithManager(mgr, store); err != nil {
 		return fmt.Errorf("setting up the ProxyGroup Service controller: %w", err)
 	}
 	return nil

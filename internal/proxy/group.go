@@ -290,12 +290,8 @@ func watchConfigMap(ctx context.Context, kube kubernetes.Interface, namespace, n
 		if !ok {
 			return
 		}
-		data := make(map[string][]byte, len(cm.Data))
-		for k, v := range cm.Data {
-			data[k] = []byte(v)
-		}
 		select {
-		case out <- shardData{shard: shard, data: data}:
+		case out <- shardData{shard: shard, data: contract.ConfigMapBytes(cm.Data)}:
 		case <-ctx.Done():
 		}
 	}

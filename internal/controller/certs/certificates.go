@@ -51,7 +51,7 @@ func BYOHosts(ing *networkingv1.Ingress) map[string]bool {
 	return hosts
 }
 
-// checkTLSSecret validates a user's certificate Secret for hosts at now. It returns the leaf's
+// CheckTLSSecret validates a user's certificate Secret for hosts at now. It returns the leaf's
 // expiry, or a finding saying why the Secret cannot be served.
 func CheckTLSSecret(s *corev1.Secret, hosts []string, now time.Time) (time.Time, *kit.Finding) {
 	where := fmt.Sprintf("TLS Secret %s/%s", s.Namespace, s.Name)
@@ -88,7 +88,7 @@ func CheckTLSSecret(s *corev1.Secret, hosts []string, now time.Time) (time.Time,
 	return leaf.NotAfter, nil
 }
 
-// certCopyName names the copy, in the operator's namespace, of a user's certificate Secret.
+// CertCopyName names the copy, in the operator's namespace, of a user's certificate Secret.
 func CertCopyName(prefix, namespace, secret string) string {
 	sum := sha256.Sum256([]byte(namespace + "/" + secret))
 	return prefix + "-byo-" + hex.EncodeToString(sum[:])[:10]
@@ -116,11 +116,11 @@ type BYOCertificates struct {
 	Refs     []contract.CertificateRef
 	Copies   []*corev1.Secret
 	Findings []kit.Finding
-	// recheck is when the earliest served certificate expires, to report it then.
+	// Recheck is when the earliest served certificate expires, to report it then.
 	Recheck time.Duration
 }
 
-// certSecrets reads users' certificate Secrets through the API, by name: the operator caches
+// CertSecrets reads users' certificate Secrets through the API, by name: the operator caches
 // no Secret outside its namespace, only sees the kubernetes.io/tls ones change (metadata only,
 // tlsSecretWatch), so its memory does not grow with the certificates of the cluster.
 type CertSecrets struct {
@@ -133,7 +133,7 @@ func (c CertSecrets) get(ctx context.Context, key client.ObjectKey) (*corev1.Sec
 	return s, c.API.Get(ctx, key, s)
 }
 
-// resolve validates an Ingress's bring-your-own Secrets and builds their copies, named with
+// Resolve validates an Ingress's bring-your-own Secrets and builds their copies, named with
 // prefix and labelled with labels, in namespace. A bad Secret leaves its hosts out with a
 // finding; the other names are unaffected.
 func (c CertSecrets) Resolve(ctx context.Context, ing *networkingv1.Ingress, prefix, namespace string, labels map[string]string) (BYOCertificates, error) {
@@ -190,7 +190,7 @@ func IndexCertificateCopies(mgr ctrl.Manager) error {
 	})
 }
 
-// pruneCertCopies deletes the certificate copies labelled with labels that are not in keep.
+// PruneCertCopies deletes the certificate copies labelled with labels that are not in keep.
 func PruneCertCopies(ctx context.Context, c client.Client, namespace string, labels map[string]string, keep []*corev1.Secret) error {
 	list := &corev1.SecretList{}
 	if err := c.List(ctx, list, client.InNamespace(namespace), client.MatchingLabels(labels), client.MatchingFields{indexCertCopies: "true"}); err != nil {
@@ -216,7 +216,7 @@ func SecretNames(ss []*corev1.Secret) []string {
 	return names
 }
 
-// certGuard keeps proxies within the ACME CA's rate limits: it records every certificate the
+// CertGuard keeps proxies within the ACME CA's rate limits: it records every certificate the
 // proxies report and decides, before a proxy may ask the CA, whether the limits allow it.
 type CertGuard struct {
 	client.Client
@@ -244,7 +244,7 @@ type CertGuard struct {
 	SegmentSize int                      // of the ledger's segments; ledgerSegmentBytes when 0
 }
 
-// observeReport is observe for a replica's parsed report, once per report.
+// ObserveReport is observe for a replica's parsed report, once per report.
 func (g *CertGuard) ObserveReport(ctx context.Context, st *contract.ProxyState, staging bool) error {
 	key := weak.Make(st)
 	g.observedMu.Lock()
@@ -280,7 +280,7 @@ func (g *CertGuard) markObserved(name, serial string) {
 	g.observed[name] = serial
 }
 
-// hold decides whether the proxy serving fqdn may ask the CA for a certificate now. cur is
+// Hold decides whether the proxy serving fqdn may ask the CA for a certificate now. cur is
 // what the proxy reports for fqdn (zero when nothing). No hold means go ahead; a certificate
 // that needs no issuance now costs nothing. An empty fqdn (tailnet domain not known yet) holds
 // until the proxy has joined and reported it.
@@ -319,7 +319,7 @@ func (g *CertGuard) Hold(ctx context.Context, fqdn string, cur contract.Certific
 	return &contract.IssuanceHold{Reason: h.Reason, Message: h.Message, Until: h.Until}, nil
 }
 
-// observe records the certificates a proxy reports having obtained from the CA. The staging
+// Observe records the certificates a proxy reports having obtained from the CA. The staging
 // CA's certificates count against its own limits, not the production CA's this ledger keeps.
 func (g *CertGuard) Observe(ctx context.Context, certs map[string]contract.CertificateStatus, staging bool) error {
 	if staging {
@@ -390,7 +390,7 @@ func (g *CertGuard) flushLedger(_ string, batch []ledgerChange) []error {
 	return errs
 }
 
-// decide sets c.hold for the tailnet name (none when staging: its limits are for testing) and
+// Decide sets c.hold for the tailnet name (none when staging: its limits are for testing) and
 // reports a hold or a failing CA on obj.
 func (g *CertGuard) Decide(ctx context.Context, rep kit.Reporter, obj client.Object, c *TailnetCert, staging bool) error {
 	if staging {
@@ -418,7 +418,7 @@ func CertificateIssued(r kit.Reporter, obj client.Object, c TailnetCert, now tim
 	}
 }
 
-// certPortError is the status.loadBalancer port error of an HTTPS name: why it is not served
+// CertPortError is the status.loadBalancer port error of an HTTPS name: why it is not served
 // with a certificate, or "" when it is (or may still be).
 func CertPortError(hold *contract.IssuanceHold, cur contract.CertificateStatus, now time.Time) string {
 	switch {
@@ -432,14 +432,14 @@ func CertPortError(hold *contract.IssuanceHold, cur contract.CertificateStatus, 
 	return ""
 }
 
-// tailnetCert is the state of an Ingress's tailnet name's certificate during a pass.
+// TailnetCert is the state of an Ingress's tailnet name's certificate during a pass.
 type TailnetCert struct {
 	FQDN string
 	Cur  contract.CertificateStatus
 	Hold *contract.IssuanceHold
 }
 
-// recheck is when to look again without a watch event: when a hold ends or a bring-your-own
+// Recheck is when to look again without a watch event: when a hold ends or a bring-your-own
 // certificate expires (0: no need).
 func (c TailnetCert) Recheck(byo time.Duration, now time.Time) time.Duration {
 	d := byo

@@ -63,7 +63,7 @@ type ledgerSegment struct {
 	CM    *corev1.ConfigMap // shared with the cache: copy it to change it
 }
 
-// size is the bytes of the segment's data.
+// Size is the bytes of the segment's data.
 func (s ledgerSegment) Size() int {
 	n := 0
 	for k, v := range s.CM.Data {
@@ -72,7 +72,7 @@ func (s ledgerSegment) Size() int {
 	return n
 }
 
-// listLedgerSegments returns the ledger's segments in order, as reader has them.
+// ListLedgerSegments returns the ledger's segments in order, as reader has them.
 func ListLedgerSegments(ctx context.Context, reader client.Reader, namespace string) ([]ledgerSegment, error) {
 	list := &corev1.ConfigMapList{}
 	if err := reader.List(ctx, list, client.InNamespace(namespace), client.MatchingLabels{kit.LabelManaged: "true"}, client.UnsafeDisableDeepCopy); err != nil {

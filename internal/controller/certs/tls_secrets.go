@@ -18,7 +18,7 @@ import (
 // lastAppliedAnnotation is kubectl's copy of what was applied; for a Secret it holds the data.
 const lastAppliedAnnotation = "kubectl.kubernetes.io/last-applied-configuration"
 
-// stripUnread drops from cached objects what the operator never reads.
+// StripUnread drops from cached objects what the operator never reads.
 func StripUnread(in any) (any, error) {
 	if obj, err := meta.Accessor(in); err == nil {
 		if obj.GetManagedFields() != nil {
@@ -64,7 +64,7 @@ func nameOnly(in any) (any, error) {
 	return in, nil
 }
 
-// source is a watch of the TLS Secrets that sends each event through mapFn.
+// Source is a watch of the TLS Secrets that sends each event through mapFn.
 func (t *TLSSecretWatch) Source(mapFn handler.MapFunc) source.Source {
 	obj := &metav1.PartialObjectMetadata{}
 	obj.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
 )
 
 // An entry removed from one document keeps its owner while the other document has it.
@@ -57,26 +58,26 @@ func TestChangedServices(t *testing.T) {
 	changed := base
 	changed.Advertised = []string{"svc:b", "svc:c"}
 	changed.Certificates = map[string]contract.CertificateStatus{"a.tailnet.test": {Source: "acme", Serial: "02", NotBefore: now, NotAfter: now.Add(time.Hour)}}
-	names, all := changedServices(secret(base), secret(changed), true)
+	names, all := changedServices(&proxies.Reports{}, secret(base), secret(changed), true)
 	if all || len(names) != 2 || names[0] != "svc:a" || names[1] != "svc:c" {
 		t.Errorf("changed services = %v (all %t), want [svc:a svc:c]", names, all)
 	}
-	if names, all := changedServices(secret(base), secret(base), true); all || len(names) != 0 {
+	if names, all := changedServices(&proxies.Reports{}, secret(base), secret(base), true); all || len(names) != 0 {
 		t.Errorf("same report: %v (all %t), want none", names, all)
 	}
 	funnel := base
 	funnel.Funnel = map[string]contract.FunnelStatus{"b.tailnet.test": {Public: true}}
-	if names, all := changedServices(secret(base), secret(funnel), true); all || !slices.Equal(names, []string{"svc:b"}) {
+	if names, all := changedServices(&proxies.Reports{}, secret(base), secret(funnel), true); all || !slices.Equal(names, []string{"svc:b"}) {
 		t.Errorf("Funnel on for b: %v (all %t), want [svc:b]", names, all)
 	}
 	restarted := base
 	restarted.PodUID = "u2"
-	if _, all := changedServices(secret(base), secret(restarted), true); !all {
+	if _, all := changedServices(&proxies.Reports{}, secret(base), secret(restarted), true); !all {
 		t.Error("a new Pod's report must concern every object")
 	}
 	// Another shard of the report: a new Pod's first write concerns the entries it changed.
 	restarted.Advertised = []string{"svc:a"}
-	if names, all := changedServices(secret(base), secret(restarted), false); all || !slices.Equal(names, []string{"svc:b"}) {
+	if names, all := changedServices(&proxies.Reports{}, secret(base), secret(restarted), false); all || !slices.Equal(names, []string{"svc:b"}) {
 		t.Errorf("a report shard written by a new Pod: %v (all %t), want [svc:b]", names, all)
 	}
 }
@@ -119,7 +120,7 @@ func TestEntriesChanged(t *testing.T) {
 		"everything dropped": {decodeGroup(&corev1.ConfigMap{}), "Service", []string{"ns/d"}},
 	} {
 		var got []string
-		for _, r := range (GroupEvents{Kind: tc.kind}).entriesChanged(base, tc.cur) {
+		for _, r := range (groupEvents{Kind: tc.kind}).entriesChanged(base, tc.cur) {
 			got = append(got, r.String())
 		}
 		slices.Sort(got)
@@ -141,7 +142,7 @@ func TestGroupServicesUnreadableDocument(t *testing.T) {
 		t.Fatal(err)
 	}
 	cm := &corev1.ConfigMap{Data: data}
-	if got := GroupServices([]map[string][]byte{CMData(cm)}); !slices.Equal(got, []string{"svc:db", "svc:web"}) {
+	if got := groupServices([]map[string][]byte{contract.ConfigMapBytes(cm.Data)}); !slices.Equal(got, []string{"svc:db", "svc:web"}) {
 		t.Fatalf("readable documents: %v", got)
 	}
 	for _, k := range contract.ServeConfigs.Keys() {
@@ -149,7 +150,7 @@ func TestGroupServicesUnreadableDocument(t *testing.T) {
 			cm.Data[k] = "garbage"
 		}
 	}
-	if got := GroupServices([]map[string][]byte{CMData(cm)}); !slices.Equal(got, []string{"svc:db", "svc:web"}) {
+	if got := groupServices([]map[string][]byte{contract.ConfigMapBytes(cm.Data)}); !slices.Equal(got, []string{"svc:db", "svc:web"}) {
 		t.Errorf("Serve config overwritten with garbage: %v, want both services kept", got)
 	}
 }

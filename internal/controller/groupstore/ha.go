@@ -44,7 +44,7 @@ const (
 
 // groupDocs reads and writes the documents of ProxyGroup ConfigMaps. Writes go through the
 // group's writer, which batches the changes of concurrent reconcilers (ha_docs.go).
-type GroupDocs struct {
+type documents struct {
 	client.Client
 	Namespace string
 	W         *groupWriter
@@ -52,21 +52,13 @@ type GroupDocs struct {
 
 // groupConfigMaps lists the group ConfigMaps from the cache, shared: read them, never change
 // them.
-func (d GroupDocs) groupConfigMaps(ctx context.Context) ([]corev1.ConfigMap, error) {
+func (d documents) groupConfigMaps(ctx context.Context) ([]corev1.ConfigMap, error) {
 	list := &corev1.ConfigMapList{}
 	if err := d.List(ctx, list, client.InNamespace(d.Namespace), client.UnsafeDisableDeepCopy,
 		client.MatchingLabels{kit.LabelManaged: "true", kit.LabelParentType: proxies.ParentTypeProxyGroup}); err != nil {
 		return nil, fmt.Errorf("listing the ProxyGroup ConfigMaps in %s: %w", d.Namespace, err)
 	}
 	return list.Items, nil
-}
-
-func CMData(cm *corev1.ConfigMap) map[string][]byte {
-	data := map[string][]byte{}
-	for k, v := range cm.Data {
-		data[k] = []byte(v)
-	}
-	return data
 }
 
 // ownersKey holds, in a group ConfigMap, which object each entry was written for
@@ -80,7 +72,7 @@ func owners(cm *corev1.ConfigMap) map[string]string {
 }
 
 // ownedBy lists the Tailscale Services whose group entries were written for owner.
-func (d GroupDocs) ownedBy(ctx context.Context, owner string) ([]string, error) {
+func (d documents) ownedBy(ctx context.Context, owner string) ([]string, error) {
 	cms, err := d.groupConfigMaps(ctx)
 	if err != nil {
 		return nil, err
@@ -93,31 +85,9 @@ func (d GroupDocs) ownedBy(ctx context.Context, owner string) ([]string, error) 
 	return slices.Compact(names), nil
 }
 
-// releaseOwned removes the group entries owner has under any name but keep, and releases their
-// Tailscale Services: what an object served before it was renamed (or everything, keep "").
-func ReleaseOwned(ctx context.Context, d GroupDocs, t *TailscaleServices, owner, keep string) error {
-	names, err := d.ownedBy(ctx, owner)
-	if err != nil {
-		return err
-	}
-	for _, name := range names {
-		if name == keep {
-			continue
-		}
-		// Released first: the owner index leads here again until the entries are gone.
-		if err := t.Release(ctx, name); err != nil {
-			return err
-		}
-		if err := d.RemoveElsewhere(ctx, name, ""); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // placement is where an object's group entries are: on group pg, under svcName. The object is
 // known by its UID, so that one deleted and created again under its name starts afresh.
-type Placement struct {
+type placement struct {
 	UID         types.UID
 	PG, SvcName string
 }
@@ -126,28 +96,28 @@ type Placement struct {
 // alone (removeElsewhere and releaseOwned done). Only this operator writes the entries of its
 // objects, so until the object moves or is renamed, nothing can have gone elsewhere since: its
 // later passes skip both, which read every group's documents.
-func (d GroupDocs) PlacedAt(owner string, p Placement) bool {
+func (d documents) placedAt(owner string, p placement) bool {
 	v, ok := d.W.placed.Load(owner)
-	return ok && v.(Placement) == p
+	return ok && v.(placement) == p
 }
 
 // place records that owner's entries are at p alone.
-func (d GroupDocs) Place(owner string, p Placement) { d.W.placed.Store(owner, p) }
+func (d documents) place(owner string, p placement) { d.W.placed.Store(owner, p) }
 
 // unplace forgets where owner's entries are: it is leaving its group.
-func (d GroupDocs) Unplace(owner string) { d.W.placed.LoadAndDelete(owner) }
+func (d documents) unplace(owner string) { d.W.placed.LoadAndDelete(owner) }
 
 func hasService[V any](services map[string]V, name string) bool {
 	_, ok := services[name]
 	return ok
 }
 
-func OwnerOf(kind string, obj client.Object) string {
+func ownerOf(kind string, obj client.Object) string {
 	return kind + "/" + obj.GetNamespace() + "/" + obj.GetName()
 }
 
 // setServe sets (or, with ws nil, removes) one service's entry in a group's Serve config.
-func (d GroupDocs) SetServe(ctx context.Context, pg, svcName string, ws *contract.WebService, owner string) error {
+func (d documents) setServeDoc(ctx context.Context, pg, svcName string, ws *contract.WebService, owner string) error {
 	if ws != nil && d.W.holds(ctx, pg, svcName, func(g *groupContent) bool {
 		cur, ok := g.serve.Services[svcName]
 		return ok && g.owners[svcName] == owner && sameJSON(cur, *ws)
@@ -158,7 +128,7 @@ func (d GroupDocs) SetServe(ctx context.Context, pg, svcName string, ws *contrac
 }
 
 // setDNAT sets (or, with m nil, removes) one service's entry in a group's DNAT mappings.
-func (d GroupDocs) SetDNAT(ctx context.Context, pg, svcName string, m *contract.DNATService, owner string) error {
+func (d documents) setDNATDoc(ctx context.Context, pg, svcName string, m *contract.DNATService, owner string) error {
 	if m != nil && d.W.holds(ctx, pg, svcName, func(g *groupContent) bool {
 		cur, ok := g.dnat.Services[svcName]
 		return ok && g.owners[svcName] == owner && sameJSON(cur, *m)
@@ -176,12 +146,12 @@ func sameJSON[V any](a, b V) bool {
 	return errA == nil && errB == nil && bytes.Equal(x, y)
 }
 
-// errConfigFull says a group's documents would outgrow its ConfigMaps.
+// ErrConfigFull says a group's documents would outgrow its ConfigMaps.
 var ErrConfigFull = fmt.Errorf("the ProxyGroup's configuration would exceed %d ConfigMaps of %d KiB; spread objects over more ProxyGroups", contract.MaxShards, maxShardBytes>>10)
 
 // removeElsewhere removes svcName from the documents of every group but keep, so an object
 // that moved to another group, or left groups, is served only where it is now.
-func (d GroupDocs) RemoveElsewhere(ctx context.Context, svcName, keep string) error {
+func (d documents) removeElsewhere(ctx context.Context, svcName, keep string) error {
 	cms, err := d.groupConfigMaps(ctx)
 	if err != nil {
 		return err
@@ -201,7 +171,7 @@ func (d GroupDocs) RemoveElsewhere(ctx context.Context, svcName, keep string) er
 	return nil
 }
 
-// resolveGroup finds the ProxyGroup an object names, or a finding saying why it cannot serve.
+// ResolveGroup finds the ProxyGroup an object names, or a finding saying why it cannot serve.
 func ResolveGroup(ctx context.Context, c client.Client, name string) (*tsv1alpha1.ProxyGroup, *kit.Finding, error) {
 	pg := &tsv1alpha1.ProxyGroup{}
 	if err := c.Get(ctx, client.ObjectKey{Name: name}, pg); err != nil {
@@ -218,7 +188,7 @@ func ResolveGroup(ctx context.Context, c client.Client, name string) (*tsv1alpha
 	return pg, nil, nil
 }
 
-// ownerRefs is the ownership annotation of a Tailscale Service: the operators (clusters) that
+// OwnerRefs is the ownership annotation of a Tailscale Service: the operators (clusters) that
 // use it. Several may share one service for multi-cluster HA; it is deleted with its last owner.
 type OwnerRefs struct {
 	OwnerRefs []ownerRef `json:"ownerRefs"`
@@ -251,7 +221,7 @@ func (refs OwnerRefs) union(existing tailnet.Service) (ports, tags []string) {
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 
 // tailscaleServices creates, shares and releases Tailscale Services on behalf of one operator.
-type TailscaleServices struct {
+type tailscaleServices struct {
 	client.Client
 	Tailnet  tailnet.Client
 	Settings kit.Settings
@@ -279,7 +249,7 @@ type readService struct {
 // reconcile, or at the ownership check (sharedResync, when shorter).
 const serviceReadReuse = time.Minute
 
-func (t *TailscaleServices) clock() time.Time {
+func (t *tailscaleServices) clock() time.Time {
 	if t.now != nil {
 		return t.now()
 	}
@@ -287,7 +257,7 @@ func (t *TailscaleServices) clock() time.Time {
 }
 
 // recentRead returns the read of name to reuse for what this operator asks now, if any.
-func (t *TailscaleServices) recentRead(name, ports, tags string) (tailnet.Service, bool) {
+func (t *tailscaleServices) recentRead(name, ports, tags string) (tailnet.Service, bool) {
 	v, ok := t.read.Load(name)
 	if !ok {
 		return tailnet.Service{}, false
@@ -299,7 +269,7 @@ func (t *TailscaleServices) recentRead(name, ports, tags string) (tailnet.Servic
 
 // operatorID identifies this operator installation among the owners of a Tailscale Service:
 // the UID of its namespace, stable for the life of the installation.
-func (t *TailscaleServices) operatorID(ctx context.Context) (string, error) {
+func (t *tailscaleServices) operatorID(ctx context.Context) (string, error) {
 	t.idMu.Lock()
 	defer t.idMu.Unlock()
 	if t.id != "" {
@@ -313,18 +283,18 @@ func (t *TailscaleServices) operatorID(ctx context.Context) (string, error) {
 	return t.id, nil
 }
 
-// errNotOurs says a Tailscale Service of that name exists and belongs to someone else.
+// ErrNotOurs says a Tailscale Service of that name exists and belongs to someone else.
 type ErrNotOurs struct{ name string }
 
 func (e ErrNotOurs) Error() string {
 	return fmt.Sprintf("Tailscale Service %s already exists and is not managed by this operator; delete it or choose another hostname", e.name)
 }
 
-// serviceClaim is a Tailscale Service as ensure left it.
-type serviceClaim struct {
+// ServiceClaim is a Tailscale Service as ensure left it.
+type ServiceClaim struct {
 	tailnet.Service
 	Created bool
-	// recheck is when to run ensure again without a watch event: soon after a write, and now
+	// Recheck is when to run ensure again without a watch event: soon after a write, and now
 	// and then after that, as other operators may own the service too.
 	Recheck time.Duration
 }
@@ -341,23 +311,23 @@ const (
 	defaultSharedResync = 5 * time.Minute
 )
 
-func (t *TailscaleServices) sharedResync() time.Duration {
+func (t *tailscaleServices) sharedResync() time.Duration {
 	return cmp.Or(t.Settings.SharedServiceResync, defaultSharedResync)
 }
 
 // jitter spreads rechecks over [d, 2d), so that operators do not write in step.
 func jitter(d time.Duration) time.Duration { return d + rand.N(d) }
 
-// ensure creates or updates the Tailscale Service, with this operator among its owners.
-func (t *TailscaleServices) Ensure(ctx context.Context, name string, ports, tags []string) (serviceClaim, error) {
+// Ensure creates or updates the Tailscale Service, with this operator among its owners.
+func (t *tailscaleServices) Ensure(ctx context.Context, name string, ports, tags []string) (ServiceClaim, error) {
 	id, err := t.operatorID(ctx)
 	if err != nil {
-		return serviceClaim{}, err
+		return ServiceClaim{}, err
 	}
 	mine := ownerRef{OperatorID: id, Ports: slices.Sorted(slices.Values(ports)), Tags: slices.Sorted(slices.Values(tags))}
 	asked, askedTags := strings.Join(mine.Ports, ","), strings.Join(mine.Tags, ",")
 	if svc, ok := t.recentRead(name, asked, askedTags); ok {
-		return serviceClaim{Service: svc, Recheck: jitter(t.sharedResync())}, nil
+		return ServiceClaim{Service: svc, Recheck: jitter(t.sharedResync())}, nil
 	}
 	// Forgotten until read again: a write below, or a failure, leaves it unknown.
 	t.read.LoadAndDelete(name)
@@ -368,10 +338,10 @@ func (t *TailscaleServices) Ensure(ctx context.Context, name string, ports, tags
 	case err == nil:
 		raw, ok := existing.Annotations[AnnotationOwnerRefs]
 		if !ok || json.Unmarshal([]byte(raw), &refs) != nil {
-			return serviceClaim{}, ErrNotOurs{name}
+			return ServiceClaim{}, ErrNotOurs{name}
 		}
 	case !tailnet.IsNotFound(err):
-		return serviceClaim{}, err
+		return ServiceClaim{}, err
 	}
 	created := err != nil
 	if i := slices.IndexFunc(refs.OwnerRefs, func(r ownerRef) bool { return r.OperatorID == id }); i >= 0 {
@@ -390,18 +360,18 @@ func (t *TailscaleServices) Ensure(ctx context.Context, name string, ports, tags
 		// Rechecked even while the only owner: another cluster may have joined since, and that
 		// join is no event here.
 		t.read.Store(name, readService{svc: existing, ports: asked, tags: askedTags, at: at})
-		return serviceClaim{Service: existing, Recheck: jitter(t.sharedResync())}, nil
+		return ServiceClaim{Service: existing, Recheck: jitter(t.sharedResync())}, nil
 	}
 	svc, err := t.Tailnet.PutService(ctx, want)
 	if err != nil {
-		return serviceClaim{Service: svc}, err
+		return ServiceClaim{Service: svc}, err
 	}
 	log.FromContext(ctx).Info("put Tailscale Service", "service", name, "created", created, "ports", ports, "tags", tags,
 		"addrs", svc.Addrs, "owners", len(refs.OwnerRefs))
-	return serviceClaim{Service: svc, Created: created, Recheck: jitter(ownershipVerify)}, nil
+	return ServiceClaim{Service: svc, Created: created, Recheck: jitter(ownershipVerify)}, nil
 }
 
-// sooner is the earlier of two rechecks, 0 meaning none.
+// Sooner is the earlier of two rechecks, 0 meaning none.
 func Sooner(a, b time.Duration) time.Duration {
 	if a == 0 || (b != 0 && b < a) {
 		return b
@@ -409,8 +379,8 @@ func Sooner(a, b time.Duration) time.Duration {
 	return a
 }
 
-// release drops this operator's ownership, deleting the service when no owner is left.
-func (t *TailscaleServices) Release(ctx context.Context, name string) error {
+// Release drops this operator's ownership, deleting the service when no owner is left.
+func (t *tailscaleServices) Release(ctx context.Context, name string) error {
 	id, err := t.operatorID(ctx)
 	if err != nil {
 		return err
@@ -451,56 +421,14 @@ func (t *TailscaleServices) Release(ctx context.Context, name string) error {
 	return nil
 }
 
-// groupStates reads what each replica's running Pod reports, by ordinal: nil for a replica
-// without a Pod or whose state is left from an earlier Pod.
-func GroupStates(ctx context.Context, c client.Client, namespace string, pg *tsv1alpha1.ProxyGroup) ([]*contract.ProxyState, error) {
-	states := make([]*contract.ProxyState, max(proxies.Replicas(pg), 1))
-	for i := range proxies.Replicas(pg) {
-		r, err := proxies.Group{Name: pg.Name}.Replicas().Read(ctx, c, namespace, i)
-		if err != nil {
-			return nil, err
-		}
-		states[i] = r.State
-	}
-	return states, nil
-}
-
-// advertisers counts the group's replicas whose running Pod advertises svcName, and returns
-// the tailnet domain read off their names, and what the replicas that do not advertise it
-// report about its DNAT rules ("<replica>: <error>"), by ordinal.
-func Advertisers(ctx context.Context, c client.Client, namespace string, pg *tsv1alpha1.ProxyGroup, svcName string) (n, total int, domain string, dnatErrs []string, err error) {
-	states, err := GroupStates(ctx, c, namespace, pg)
-	if err != nil {
-		return 0, 0, "", nil, err
-	}
-	for i, st := range states {
-		if st == nil {
-			continue
-		}
-		if _, d, ok := strings.Cut(st.FQDN, "."); ok {
-			domain = d
-		}
-		if Advertises(st, svcName) {
-			n++
-			continue
-		}
-		if st.Firewall != nil {
-			if m, ok := st.Firewall.Mappings[svcName]; ok && m.Error != "" {
-				dnatErrs = append(dnatErrs, fmt.Sprintf("%s: %s", proxies.Group{Name: pg.Name}.Replicas().StateSecret(i), m.Error))
-			}
-		}
-	}
-	return n, proxies.Replicas(pg), domain, dnatErrs, nil
-}
-
-// advertises reports whether a parsed report lists svcName: its list is sorted, and large
+// Advertises reports whether a parsed report lists svcName: its list is sorted, and large
 // groups look up every one of their services in it.
 func Advertises(st *contract.ProxyState, svcName string) bool {
 	_, found := slices.BinarySearch(st.Advertised, svcName)
 	return found
 }
 
-// vipsFor picks, per family, the VIPs a Service's destination can be reached from.
+// VipsFor picks, per family, the VIPs a Service's destination can be reached from.
 func VipsFor(addrs []netip.Addr, dest contract.Destination) []string {
 	var has4, has6 bool
 	for _, ip := range dest.IPs {
@@ -534,7 +462,7 @@ func firstServed(a, b client.Object, finalizer string) bool {
 	return a.GetUID() < b.GetUID()
 }
 
-// takenBy returns the first of others, besides self, that claims the same name and keeps it.
+// TakenBy returns the first of others, besides self, that claims the same name and keeps it.
 func TakenBy[T client.Object](self T, others []T, sameName func(T) bool, finalizer string) string {
 	for _, o := range others {
 		if o.GetUID() != self.GetUID() && sameName(o) && firstServed(o, self, finalizer) {
@@ -544,8 +472,8 @@ func TakenBy[T client.Object](self T, others []T, sameName func(T) bool, finaliz
 	return ""
 }
 
-// docsFailure reports a group document that cannot be written.
-func DocsFailure(r kit.Reporter, obj client.Object, err error) (ctrl.Result, error) {
+// PutFailure reports an entry that cannot be put on its group (Store.Put).
+func PutFailure(r kit.Reporter, obj client.Object, err error) (ctrl.Result, error) {
 	if errors.Is(err, ErrConfigFull) {
 		r.Warning(obj, kit.ReasonConfigMapFull, "%v", err)
 		return ctrl.Result{}, nil
@@ -554,10 +482,10 @@ func DocsFailure(r kit.Reporter, obj client.Object, err error) (ctrl.Result, err
 		// The ProxyGroup has not created its ConfigMap yet; its creation brings us back.
 		return ctrl.Result{}, nil
 	}
-	return ctrl.Result{}, err
+	return r.TailnetFailure(obj, err) // releasing what it served under another name
 }
 
-// addrList formats a Tailscale Service's addresses for a message.
+// AddrList formats a Tailscale Service's addresses for a message.
 func AddrList(addrs []netip.Addr) string {
 	s := make([]string, len(addrs))
 	for i, a := range addrs {

@@ -1,8 +1,10 @@
 // Package groupstore is the store of a ProxyGroup's documents: the sharded ConfigMaps that tell
 // its replicas what to serve, where each object's entries are placed, the Tailscale Services the
-// objects are advertised as, and the mapping of the documents' and reports' changes to the
-// objects they concern. It owns its caches over the informer cache; reconcilers reach the
-// documents only through it.
+// objects are advertised as, what the replicas report back, and the mapping of the documents'
+// and reports' changes to the objects they concern. Reconcilers hold its one interface, Store,
+// which owns every cache it lays over the informer cache; beside it the package keeps only the
+// pure helpers the HA reconcilers share (finalizers, indexes, claims of a hostname). It must not
+// decide what an object serves: that is each reconciler's.
 package groupstore
 
 import (
@@ -61,7 +63,7 @@ func (g *groupContent) owned(owner string) []string {
 // decodeGroup reads a group ConfigMap's documents. A document this build cannot read counts as
 // empty: the writer then replaces it with one it can.
 func decodeGroup(cm *corev1.ConfigMap) *groupContent {
-	data := CMData(cm)
+	data := contract.ConfigMapBytes(cm.Data)
 	g := &groupContent{owners: owners(cm), byOwner: &ownerIndex{}}
 	if doc, _, err := contract.ServeConfigs.Decode(data); err == nil {
 		g.serve = doc
@@ -401,7 +403,7 @@ type versionContent struct {
 // keptVersions is how many versions of a ConfigMap's content are kept.
 const keptVersions = 4
 
-func NewGroupWriter(c client.Client, api client.Reader, namespace string, shardBytes int) *groupWriter {
+func newGroupWriter(c client.Client, api client.Reader, namespace string, shardBytes int) *groupWriter {
 	w := &groupWriter{client: c, api: api, namespace: namespace, decoded: map[string]decodedContent{}, shardBytes: cmp.Or(shardBytes, maxShardBytes)}
 	w.batch.Flush = w.flush
 	return w
@@ -791,7 +793,7 @@ func (w *groupWriter) content(cm *corev1.ConfigMap) *groupContent {
 // ConfigMap). When a document cannot be read (edited by hand, or of a future version), the
 // owner index stands in for it: the replicas keep advertising what they served until the
 // document is written again, rather than withdrawing every service of the group at once.
-func GroupServices(shards []map[string][]byte) []string {
+func groupServices(shards []map[string][]byte) []string {
 	var names []string
 	for _, data := range shards {
 		serve, _, serveErr := contract.ServeConfigs.Decode(data)

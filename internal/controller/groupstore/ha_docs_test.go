@@ -27,7 +27,7 @@ func shardedWriter(t *testing.T, shardBytes int) (*groupWriter, client.Client) {
 	main := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: proxies.Group{Name: "pg"}.ConfigMap(), Namespace: "ns", Labels: proxies.Group{Name: "pg"}.Labels(),
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: "tailscale.com/v1alpha1", Kind: "ProxyGroup", Name: "pg", UID: "pg-uid"}}}}
 	c := fake.NewClientBuilder().WithObjects(main).Build()
-	return NewGroupWriter(c, c, "ns", shardBytes), c
+	return newGroupWriter(c, c, "ns", shardBytes), c
 }
 
 func webEntry(path string) *contract.WebService {
@@ -46,7 +46,7 @@ func storedShards(t *testing.T, c client.Client, bound int) ([]*corev1.ConfigMap
 			t.Fatalf("shard %d of %d: %v", i, count, err)
 		}
 		if i == 0 {
-			n, err := contract.ShardCount(CMData(cm))
+			n, err := contract.ShardCount(contract.ConfigMapBytes(cm.Data))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -55,7 +55,7 @@ func storedShards(t *testing.T, c client.Client, bound int) ([]*corev1.ConfigMap
 		if size := dataSize(cm.Data, nil, nil); size > bound {
 			t.Errorf("%s holds %d bytes, over the bound of %d", cm.Name, size, bound)
 		}
-		cms, datas = append(cms, cm), append(datas, CMData(cm))
+		cms, datas = append(cms, cm), append(datas, contract.ConfigMapBytes(cm.Data))
 	}
 	docs := contract.MergeShards(datas)
 	if docs.ServeErr != nil || docs.DNATErr != nil {
@@ -111,7 +111,7 @@ func TestGroupWriterShards(t *testing.T) {
 	}
 
 	// Readers find owners in every shard.
-	d := GroupDocs{Client: c, Namespace: "ns", W: w}
+	d := documents{Client: c, Namespace: "ns", W: w}
 	names, err := d.ownedBy(ctx, "Ingress/apps/site-123")
 	if err != nil || len(names) != 1 || names[0] != "svc:site-123" {
 		t.Errorf("ownedBy: %v, %v", names, err)
@@ -123,7 +123,7 @@ func TestGroupWriterShards(t *testing.T) {
 			continue
 		}
 		name := fmt.Sprintf("svc:site-%03d", i)
-		if err := d.RemoveElsewhere(ctx, name, ""); err != nil {
+		if err := d.removeElsewhere(ctx, name, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -211,7 +211,7 @@ func (c laggingCache) Get(ctx context.Context, key client.ObjectKey, obj client.
 func TestGroupWriterCacheLag(t *testing.T) {
 	const bound = 4 << 10
 	_, api := shardedWriter(t, bound)
-	w := NewGroupWriter(laggingCache{api}, api, "ns", bound)
+	w := newGroupWriter(laggingCache{api}, api, "ns", bound)
 	for batch := range 20 {
 		if batch%5 == 4 {
 			w.last = kit.LastWritten[*corev1.ConfigMap]{} // as after a failed flush
@@ -347,7 +347,7 @@ func TestGroupWriterRebuildsUnreadableDocumentFromLastRead(t *testing.T) {
 func TestGroupDocsSkipWhatTheyHold(t *testing.T) {
 	w, c := shardedWriter(t, 4<<10)
 	ctx := context.Background()
-	d := GroupDocs{Client: c, Namespace: "ns", W: w}
+	d := documents{Client: c, Namespace: "ns", W: w}
 	flushes := 0
 	flush := w.batch.Flush
 	w.batch.Flush = func(key string, batch []func(*groupShards)) []error {
@@ -356,10 +356,10 @@ func TestGroupDocsSkipWhatTheyHold(t *testing.T) {
 	}
 	name := func(i int) string { return fmt.Sprintf("svc:site-%03d", i) }
 	for i := range 40 {
-		if err := d.SetServe(ctx, "pg", name(i), webEntry("/"+name(i)), "Ingress/apps/"+name(i)); err != nil {
+		if err := d.setServeDoc(ctx, "pg", name(i), webEntry("/"+name(i)), "Ingress/apps/"+name(i)); err != nil {
 			t.Fatal(err)
 		}
-		if err := d.SetDNAT(ctx, "pg", name(i), &contract.DNATService{VIPs: []string{"100.100.0.1"}, Destination: contract.Destination{DNSName: "db.apps.svc"}}, "Ingress/apps/"+name(i)); err != nil {
+		if err := d.setDNATDoc(ctx, "pg", name(i), &contract.DNATService{VIPs: []string{"100.100.0.1"}, Destination: contract.Destination{DNSName: "db.apps.svc"}}, "Ingress/apps/"+name(i)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -378,16 +378,16 @@ func TestGroupDocsSkipWhatTheyHold(t *testing.T) {
 	}
 	for i := range 40 {
 		step("the same Serve entry", false, func() error {
-			return d.SetServe(ctx, "pg", name(i), webEntry("/"+name(i)), "Ingress/apps/"+name(i))
+			return d.setServeDoc(ctx, "pg", name(i), webEntry("/"+name(i)), "Ingress/apps/"+name(i))
 		})
 		step("the same DNAT entry", false, func() error {
-			return d.SetDNAT(ctx, "pg", name(i), &contract.DNATService{VIPs: []string{"100.100.0.1"}, Destination: contract.Destination{DNSName: "db.apps.svc"}}, "Ingress/apps/"+name(i))
+			return d.setDNATDoc(ctx, "pg", name(i), &contract.DNATService{VIPs: []string{"100.100.0.1"}, Destination: contract.Destination{DNSName: "db.apps.svc"}}, "Ingress/apps/"+name(i))
 		})
 	}
-	step("another owner", true, func() error { return d.SetServe(ctx, "pg", name(1), webEntry("/"+name(1)), "Ingress/other/x") })
-	step("another entry", true, func() error { return d.SetServe(ctx, "pg", name(2), webEntry("/changed"), "Ingress/apps/"+name(2)) })
+	step("another owner", true, func() error { return d.setServeDoc(ctx, "pg", name(1), webEntry("/"+name(1)), "Ingress/other/x") })
+	step("another entry", true, func() error { return d.setServeDoc(ctx, "pg", name(2), webEntry("/changed"), "Ingress/apps/"+name(2)) })
 	step("another DNAT entry", true, func() error {
-		return d.SetDNAT(ctx, "pg", name(3), &contract.DNATService{VIPs: []string{"100.100.0.2"}, Destination: contract.Destination{DNSName: "db.apps.svc"}}, "Ingress/apps/"+name(3))
+		return d.setDNATDoc(ctx, "pg", name(3), &contract.DNATService{VIPs: []string{"100.100.0.2"}, Destination: contract.Destination{DNSName: "db.apps.svc"}}, "Ingress/apps/"+name(3))
 	})
 
 	// Removed by another writer, then edited by hand into a version this build cannot read.
@@ -396,7 +396,7 @@ func TestGroupDocsSkipWhatTheyHold(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	step("an entry removed", true, func() error { return d.SetServe(ctx, "pg", name(4), webEntry("/"+name(4)), "Ingress/apps/"+name(4)) })
+	step("an entry removed", true, func() error { return d.setServeDoc(ctx, "pg", name(4), webEntry("/"+name(4)), "Ingress/apps/"+name(4)) })
 	var cm *corev1.ConfigMap
 	for _, shard := range mustShards(t, c) {
 		if decodeGroup(shard).has(name(5)) {
@@ -416,7 +416,7 @@ func TestGroupDocsSkipWhatTheyHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	step("a document this build cannot read", true, func() error {
-		return d.SetServe(ctx, "pg", name(5), webEntry("/"+name(5)), "Ingress/apps/"+name(5))
+		return d.setServeDoc(ctx, "pg", name(5), webEntry("/"+name(5)), "Ingress/apps/"+name(5))
 	})
 }
 
@@ -429,7 +429,7 @@ func mustShards(t *testing.T, c client.Client) []*corev1.ConfigMap {
 // Readers at two versions in turn (the cache, and the writer's last write ahead of it) find
 // both decoded; only versions beyond keptVersions are dropped.
 func TestGroupWriterKeepsRecentVersions(t *testing.T) {
-	w := NewGroupWriter(nil, nil, "ns", 0)
+	w := newGroupWriter(nil, nil, "ns", 0)
 	at := func(rv int) *corev1.ConfigMap {
 		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: proxies.Group{Name: "pg"}.ConfigMap(), ResourceVersion: fmt.Sprint(rv)}}
 	}
@@ -452,32 +452,32 @@ func TestGroupWriterKeepsRecentVersions(t *testing.T) {
 // and so does every pass after the object leaves its group.
 func TestPlacementRemembered(t *testing.T) {
 	w, _ := shardedWriter(t, 4<<10)
-	d := GroupDocs{W: w}
+	d := documents{W: w}
 	const owner = "Ingress/apps/web"
-	at := Placement{UID: "uid-1", PG: "pg", SvcName: "svc:web"}
-	if d.PlacedAt(owner, at) {
+	at := placement{UID: "uid-1", PG: "pg", SvcName: "svc:web"}
+	if d.placedAt(owner, at) {
 		t.Fatal("placed before any pass")
 	}
-	d.Place(owner, at)
+	d.place(owner, at)
 	for _, c := range []struct {
 		name string
-		p    Placement
+		p    placement
 		want bool
 	}{
 		{"same object, group and name", at, true},
-		{"moved to another group", Placement{UID: "uid-1", PG: "pg2", SvcName: "svc:web"}, false},
-		{"renamed", Placement{UID: "uid-1", PG: "pg", SvcName: "svc:site"}, false},
-		{"created again under its name", Placement{UID: "uid-2", PG: "pg", SvcName: "svc:web"}, false},
+		{"moved to another group", placement{UID: "uid-1", PG: "pg2", SvcName: "svc:web"}, false},
+		{"renamed", placement{UID: "uid-1", PG: "pg", SvcName: "svc:site"}, false},
+		{"created again under its name", placement{UID: "uid-2", PG: "pg", SvcName: "svc:web"}, false},
 	} {
-		if got := d.PlacedAt(owner, c.p); got != c.want {
+		if got := d.placedAt(owner, c.p); got != c.want {
 			t.Errorf("%s: placedAt = %t, want %t", c.name, got, c.want)
 		}
 	}
-	if d.PlacedAt("Service/apps/web", at) {
+	if d.placedAt("Service/apps/web", at) {
 		t.Error("another owner found placed")
 	}
-	d.Unplace(owner)
-	if d.PlacedAt(owner, at) {
+	d.unplace(owner)
+	if d.placedAt(owner, at) {
 		t.Error("still placed after leaving its group")
 	}
 }

@@ -40,7 +40,7 @@ const (
 	IndexSecretGroupType = "tsingress.secret.proxygroup-type"
 )
 
-// secretGroupType indexes a ProxyGroup's Secret by group and type (groupSecretType).
+// SecretGroupType indexes a ProxyGroup's Secret by group and type (groupSecretType).
 func SecretGroupType(o client.Object) []string {
 	pg := groupOf(o)
 	if pg == "" {
@@ -51,7 +51,7 @@ func SecretGroupType(o client.Object) []string {
 
 func groupSecretType(pg, typ string) string { return pg + "/" + typ }
 
-// groupSecrets selects a ProxyGroup's Secrets of one type, through indexSecretGroupType.
+// GroupSecrets selects a ProxyGroup's Secrets of one type, through indexSecretGroupType.
 func GroupSecrets(namespace string, g proxies.Group, typ string) []client.ListOption {
 	labels := g.Labels()
 	labels[kit.LabelSecretType] = typ
@@ -59,7 +59,7 @@ func GroupSecrets(namespace string, g proxies.Group, typ string) []client.ListOp
 		client.MatchingFields{IndexSecretGroupType: groupSecretType(g.Name, typ)}}
 }
 
-// indexGroupObjects registers the indexes, once per manager.
+// IndexGroupObjects registers the indexes, once per manager.
 func IndexGroupObjects(mgr ctrl.Manager) error {
 	idx := mgr.GetFieldIndexer()
 	ctx := context.Background()
@@ -92,7 +92,7 @@ func IndexGroupObjects(mgr ctrl.Manager) error {
 // each write carries: with many objects on a group, throughput grows with this number.
 var HAControllerOptions = controller.Options{MaxConcurrentReconciles: 128}
 
-// ownWrites drops the update events of an object on a ProxyGroup that show only what its
+// OwnWrites drops the update events of an object on a ProxyGroup that show only what its
 // reconciler wrote: its status, or its finalizer added. Each ran one more pass that found
 // nothing to do, through the tailnet's API and the group writer; with many objects on a group
 // such passes were most of what the writer waited for.
@@ -135,47 +135,48 @@ func sameButFinalizer(a, b metav1.ObjectMeta, finalizer string) bool {
 //
 // Other changes, above all the group's own document writes and its replicas' config Secrets,
 // which change with every object added, concern no object's status.
-type GroupEvents struct {
-	C    client.Client
-	Docs GroupDocs
-	Kind string
-	// all lists the objects of the kind served on a group.
+type groupEvents struct {
+	C       client.Client
+	Docs    documents
+	Reports *proxies.Reports
+	Kind    string
+	// All lists the objects of the kind served on a group.
 	All func(ctx context.Context, pg string) []reconcile.Request
 }
 
 type requestQueue = workqueue.TypedRateLimitingInterface[reconcile.Request]
 
-// handler counts every event of a report shard (reportWrites) before it queues what the
+// handler counts every event of a report shard (Reports.Saw) before it queues what the
 // event concerns: a reconcile it queues then reads the shards again.
-func (e GroupEvents) Handler() handler.EventHandler {
-	proxies.ReportWrites.Watch()
+func (e groupEvents) handler() handler.EventHandler {
+	e.Reports.Watch()
 	return handler.Funcs{
 		CreateFunc: func(ctx context.Context, ev event.CreateEvent, q requestQueue) {
-			proxies.ReportWrites.Saw(ev.Object)
+			e.Reports.Saw(ev.Object)
 			e.add(q, e.onCreateOrDelete(ctx, ev.Object, false))
 		},
 		DeleteFunc: func(ctx context.Context, ev event.DeleteEvent, q requestQueue) {
-			proxies.ReportWrites.Saw(ev.Object)
+			e.Reports.Saw(ev.Object)
 			e.add(q, e.onCreateOrDelete(ctx, ev.Object, true))
 		},
 		UpdateFunc: func(ctx context.Context, ev event.UpdateEvent, q requestQueue) {
-			proxies.ReportWrites.Saw(ev.ObjectNew)
+			e.Reports.Saw(ev.ObjectNew)
 			e.add(q, e.onUpdate(ctx, ev.ObjectOld, ev.ObjectNew))
 		},
 		GenericFunc: func(ctx context.Context, ev event.GenericEvent, q requestQueue) {
-			proxies.ReportWrites.Saw(ev.Object)
+			e.Reports.Saw(ev.Object)
 			e.add(q, e.onCreateOrDelete(ctx, ev.Object, false))
 		},
 	}
 }
 
-func (e GroupEvents) add(q requestQueue, reqs []reconcile.Request) {
+func (e groupEvents) add(q requestQueue, reqs []reconcile.Request) {
 	for _, r := range reqs {
 		q.Add(r)
 	}
 }
 
-func (e GroupEvents) onCreateOrDelete(ctx context.Context, o client.Object, deleted bool) []reconcile.Request {
+func (e groupEvents) onCreateOrDelete(ctx context.Context, o client.Object, deleted bool) []reconcile.Request {
 	pg := groupOf(o)
 	if pg == "" {
 		return nil
@@ -200,7 +201,7 @@ func (e GroupEvents) onCreateOrDelete(ctx context.Context, o client.Object, dele
 	return e.All(ctx, pg) // the ProxyGroup
 }
 
-func (e GroupEvents) onUpdate(ctx context.Context, old, cur client.Object) []reconcile.Request {
+func (e groupEvents) onUpdate(ctx context.Context, old, cur client.Object) []reconcile.Request {
 	pg := groupOf(cur)
 	if pg == "" {
 		return nil
@@ -224,7 +225,7 @@ func (e GroupEvents) onUpdate(ctx context.Context, old, cur client.Object) []rec
 		if !ok {
 			return e.All(ctx, pg)
 		}
-		names, all := changedServices(oldSecret, cur, cur.Labels[kit.LabelSecretType] == proxies.SecretTypeState)
+		names, all := changedServices(e.Reports, oldSecret, cur, cur.Labels[kit.LabelSecretType] == proxies.SecretTypeState)
 		if all {
 			return e.All(ctx, pg)
 		}
@@ -236,7 +237,7 @@ func (e GroupEvents) onUpdate(ctx context.Context, old, cur client.Object) []rec
 // entriesChanged maps the entries that differ between two versions of a group's documents (a
 // hand edit, garbage, an earlier write of ours) to the objects of the kind that own them in
 // either version, so that each writes its entry again.
-func (e GroupEvents) entriesChanged(old, cur *groupContent) []reconcile.Request {
+func (e groupEvents) entriesChanged(old, cur *groupContent) []reconcile.Request {
 	changed := map[string]bool{}
 	for _, name := range unionKeys(old.serve.Services, cur.serve.Services) {
 		a, inA := old.serve.Services[name]
@@ -276,7 +277,7 @@ func (e GroupEvents) entriesChanged(old, cur *groupContent) []reconcile.Request 
 }
 
 // owning maps services to the objects of the kind whose entries they are on group pg.
-func (e GroupEvents) owning(ctx context.Context, pg string, svcNames []string) []reconcile.Request {
+func (e groupEvents) owning(ctx context.Context, pg string, svcNames []string) []reconcile.Request {
 	if len(svcNames) == 0 {
 		return nil
 	}
@@ -306,9 +307,9 @@ func (e GroupEvents) owning(ctx context.Context, pg string, svcNames []string) [
 // advertisement, certificate, Funnel or DNAT rules changed, or all when a report cannot be
 // read or, in the state Secret (first), the replica's identity or Pod changed. Another shard
 // names a new Pod with its first write: its entries say what changed.
-func changedServices(old, cur *corev1.Secret, first bool) (names []string, all bool) {
-	a, errA := proxies.ParseShard(old)
-	b, errB := proxies.ParseShard(cur)
+func changedServices(reports *proxies.Reports, old, cur *corev1.Secret, first bool) (names []string, all bool) {
+	a, errA := reports.ParseShard(old)
+	b, errB := reports.ParseShard(cur)
 	if errA != nil || errB != nil || (first && (a.PodUID != b.PodUID || a.FQDN != b.FQDN || a.DeviceID != b.DeviceID)) {
 		return nil, true
 	}

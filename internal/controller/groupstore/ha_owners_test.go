@@ -22,8 +22,8 @@ import (
 
 // operatorOn is one operator's view of the Tailscale Services of a tailnet, with a fixed ID,
 // on a clock the test moves.
-func operatorOn(api tailnet.Client, id string, clock *time.Time) *TailscaleServices {
-	return &TailscaleServices{Tailnet: api, id: id, now: func() time.Time { return *clock }}
+func operatorOn(api tailnet.Client, id string, clock *time.Time) *tailscaleServices {
+	return &tailscaleServices{Tailnet: api, id: id, now: func() time.Time { return *clock }}
 }
 
 func serviceOwners(t *testing.T, api tailnet.Client, name string) []string {
@@ -170,7 +170,7 @@ func TestOperatorIDReadAgainAfterAFailure(t *testing.T) {
 			return c.Get(ctx, key, obj, opts...)
 		},
 	}).Build()
-	ts := &TailscaleServices{Client: c, Settings: kit.Settings{Namespace: "tailscale"}}
+	ts := &tailscaleServices{Client: c, Settings: kit.Settings{Namespace: "tailscale"}}
 	if _, err := ts.operatorID(t.Context()); err == nil {
 		t.Fatal("the first read failed, yet operatorID returned no error")
 	}

@@ -34,8 +34,7 @@ type HAIngressReconciler struct {
 	client.Client
 	kit.Reporter
 	Settings kit.Settings
-	docs     groupstore.GroupDocs
-	services *groupstore.TailscaleServices
+	store    groupstore.Store
 	Certs    certs.CertSecrets
 	Guard    *certs.CertGuard
 	// tlsSecrets sees users' TLS Secrets change.
@@ -87,7 +86,7 @@ func (r *HAIngressReconciler) serve(ctx context.Context, ing *networkingv1.Ingre
 	if ws.HTTP != contract.HTTPOff {
 		ports = append(ports, "tcp:80")
 	}
-	ts, err := r.services.Ensure(ctx, s.svcName, ports, d.Tags)
+	ts, err := r.store.ClaimService(ctx, s.svcName, ports, d.Tags)
 	if err != nil {
 		var notOurs groupstore.ErrNotOurs
 		if errors.As(err, &notOurs) {
@@ -117,18 +116,8 @@ func (r *HAIngressReconciler) serve(ctx context.Context, ing *networkingv1.Ingre
 	}
 	certs.CertificateIssued(r.Reporter, ing, s.cert, r.Guard.Now())
 	ws.TLS.Hold = s.cert.Hold
-	owner, here := groupstore.OwnerOf("Ingress", ing), groupstore.Placement{UID: ing.UID, PG: pg.Name, SvcName: s.svcName}
-	if !r.docs.PlacedAt(owner, here) {
-		if err := r.docs.RemoveElsewhere(ctx, s.svcName, pg.Name); err != nil {
-			return ctrl.Result{}, err
-		}
-		if err := groupstore.ReleaseOwned(ctx, r.docs, r.services, owner, s.svcName); err != nil {
-			return r.TailnetFailure(ing, err)
-		}
-		r.docs.Place(owner, here)
-	}
-	if err := r.docs.SetServe(ctx, pg.Name, s.svcName, ws, owner); err != nil {
-		return groupstore.DocsFailure(r.Reporter, ing, err)
+	if err := r.store.Put(ctx, groupstore.Entry{Kind: "Ingress", Object: ing, Group: pg.Name, Service: s.svcName, Web: ws}); err != nil {
+		return groupstore.PutFailure(r.Reporter, ing, err)
 	}
 	s.configured = ws
 	if _, served := haIngressLoadBalancer(s.svcName, ws, s.cert, s.States, r.Guard.Now()); served {
@@ -144,7 +133,7 @@ func (r *HAIngressReconciler) serve(ctx context.Context, ing *networkingv1.Ingre
 type HAIngressScope struct {
 	Ing               *networkingv1.Ingress
 	Hostname, svcName string
-	// group is the ProxyGroup named, or nil with groupFinding saying why it cannot serve.
+	// Group is the ProxyGroup named, or nil with groupFinding saying why it cannot serve.
 	Group        *tsv1alpha1.ProxyGroup
 	groupFinding *kit.Finding
 	// takenBy is another Ingress that already serves the hostname on a ProxyGroup.
@@ -152,7 +141,7 @@ type HAIngressScope struct {
 	domain  string
 	routes  RouteInputs
 	byo     certs.BYOCertificates
-	// states is what the group's replicas report, read once for the certificate and the status.
+	// States is what the group's replicas report, read once for the certificate and the status.
 	States []*contract.ProxyState
 	cert   certs.TailnetCert
 	// configured is what the group's document serves for the Ingress after this pass; nil
@@ -181,7 +170,7 @@ func (r *HAIngressReconciler) gather(ctx context.Context, s *HAIngressScope) err
 	if s.byo, err = r.Certs.Resolve(ctx, s.Ing, s.Group.Name, r.Settings.Namespace, byoLabels(s.Group, s.Ing)); err != nil {
 		return err
 	}
-	s.States, err = groupstore.GroupStates(ctx, r.Client, r.Settings.Namespace, s.Group)
+	s.States, err = r.store.States(ctx, s.Group)
 	return err
 }
 
@@ -220,7 +209,7 @@ func byoLabels(pg *tsv1alpha1.ProxyGroup, ing *networkingv1.Ingress) map[string]
 	return l
 }
 
-// certificate prepares the group's certificate Secret of the Ingress's tailnet name, records
+// Certificate prepares the group's certificate Secret of the Ingress's tailnet name, records
 // what the replicas obtained and decides whether the issuing replica may ask the CA.
 func (r *HAIngressReconciler) Certificate(ctx context.Context, s *HAIngressScope) (certs.TailnetCert, error) {
 	c := certs.TailnetCert{}
@@ -328,20 +317,13 @@ func (r *HAIngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ing
 		r.Forget(client.ObjectKeyFromObject(ing))
 		return ctrl.Result{}, nil
 	}
-	r.docs.Unplace(groupstore.OwnerOf("Ingress", ing))
-	if err := r.docs.RemoveElsewhere(ctx, svcName, ""); err != nil {
-		return ctrl.Result{}, err
+	if err := r.store.Withdraw(ctx, "Ingress", ing, svcName); err != nil {
+		return r.TailnetFailure(ing, err)
 	}
 	// Its certificate copies on whichever group it was on.
 	byo := map[string]string{kit.LabelIngress: kit.HashLabel(ing.Namespace + "/" + ing.Name)}
 	if err := certs.PruneCertCopies(ctx, r.Client, r.Settings.Namespace, byo, nil); err != nil {
 		return ctrl.Result{}, err
-	}
-	if err := r.services.Release(ctx, svcName); err != nil {
-		return r.TailnetFailure(ing, err)
-	}
-	if err := groupstore.ReleaseOwned(ctx, r.docs, r.services, groupstore.OwnerOf("Ingress", ing), ""); err != nil {
-		return r.TailnetFailure(ing, err)
 	}
 	return kit.Unserved(ctx, r.Client, r.Reporter, ing, groupstore.FinalizerIngressPG, func(ctx context.Context) error {
 		return setIngressLoadBalancer(ctx, r.Client, ing, nil)
@@ -349,9 +331,9 @@ func (r *HAIngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ing
 }
 
 // SetupWithManager watches Ingresses, backend Services, ProxyGroups and their state Secrets.
-func (r *HAIngressReconciler) SetupWithManager(mgr ctrl.Manager, docs groupstore.GroupDocs, services *groupstore.TailscaleServices) error {
-	r.docs, r.services = docs, services
-	group := groupstore.GroupEvents{C: r.Client, Docs: docs, Kind: "Ingress", All: r.onGroup}.Handler()
+func (r *HAIngressReconciler) SetupWithManager(mgr ctrl.Manager, store groupstore.Store) error {
+	r.store = store
+	group := store.Events("Ingress", r.onGroup)
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&networkingv1.Ingress{}, builder.WithPredicates(groupstore.OwnWrites(groupstore.FinalizerIngressPG))).
 		Named("ingress-proxygroup").

@@ -22,18 +22,18 @@ import (
 	"github.com/tsingress/tsingress/internal/controller/kit"
 )
 
-// routeInputs is what an Ingress's routes are built from besides the Ingress.
+// RouteInputs is what an Ingress's routes are built from besides the Ingress.
 type RouteInputs struct {
-	// services holds the Ingress namespace's Services that its backends name (a name missing
+	// Services holds the Ingress namespace's Services that its backends name (a name missing
 	// from it does not exist).
 	Services map[string]*corev1.Service
-	// slices holds the EndpointSlices of those Services, by Service name.
+	// Slices holds the EndpointSlices of those Services, by Service name.
 	Slices map[string][]discoveryv1.EndpointSlice
-	// domain is the tailnet's MagicDNS domain, "" while unknown.
+	// Domain is the tailnet's MagicDNS domain, "" while unknown.
 	Domain string
 }
 
-// buildWebService turns an Ingress into routes. Every backend that cannot be served is left
+// BuildWebService turns an Ingress into routes. Every backend that cannot be served is left
 // out with a finding; the rest still work.
 func BuildWebService(ing *networkingv1.Ingress, in RouteInputs) (contract.WebService, []kit.Finding) {
 	var ws contract.WebService

@@ -36,7 +36,7 @@ type ingressDecision struct {
 	Findings []kit.Finding
 }
 
-// decideIngress decides from what a pass read (the backend Services, the bring-your-own
+// DecideIngress decides from what a pass read (the backend Services, the bring-your-own
 // certificates) what an Ingress asks to serve, and what stops it or is left out.
 func DecideIngress(ing *networkingv1.Ingress, in RouteInputs, byo certs.BYOCertificates, defaultTags []string) ingressDecision {
 	d := ingressDecision{Hostname: kit.IngressHostname(ing)}
@@ -84,7 +84,7 @@ func byoStatus(refs []contract.CertificateRef, certs map[string]contract.Certifi
 	return out
 }
 
-// indexIngresses registers the indexes of Ingresses by backend Service and by TLS Secret, which
+// IndexIngresses registers the indexes of Ingresses by backend Service and by TLS Secret, which
 // the standalone and HA Ingress reconcilers both watch through; Setup calls it once, before
 // either, so that neither depends on the other being set up.
 func IndexIngresses(mgr ctrl.Manager) error {

@@ -27,7 +27,7 @@ const fieldOwner = "tsingress-operator"
 // belongs to someone else once they exist, created), shared documents are written under their
 // resourceVersion, status is patched once per pass, and children are removed.
 
-// apply writes a child object. Server-side apply makes it idempotent and lets the operator own
+// Apply writes a child object. Server-side apply makes it idempotent and lets the operator own
 // exactly the fields it sets: the keys a proxy writes into its state Secret belong to the
 // proxy's field manager and survive every apply.
 func Apply(ctx context.Context, c client.Client, obj client.Object) error {
@@ -87,7 +87,7 @@ func sameChildMeta(want, have client.Object) bool {
 		equality.Semantic.DeepEqual(want.GetOwnerReferences(), have.GetOwnerReferences())
 }
 
-// create writes a child whose content, once it exists, another writer owns: a ProxyGroup's
+// Create writes a child whose content, once it exists, another writer owns: a ProxyGroup's
 // certificate Secret, which its issuing replica fills. An apply would take its fields back.
 func Create(ctx context.Context, c client.Client, obj client.Object) error {
 	if err := c.Create(ctx, obj); err != nil {
@@ -96,7 +96,7 @@ func Create(ctx context.Context, c client.Client, obj client.Object) error {
 	return nil
 }
 
-// writeShared writes obj, changed from before, under before's resourceVersion: an object that
+// WriteShared writes obj, changed from before, under before's resourceVersion: an object that
 // several writers change by read-modify-write (a ProxyGroup's ConfigMap, a segment of the
 // certificate ledger) never loses a concurrent change; the conflict goes back to the caller to
 // retry. A whole update rather than a merge patch: these objects are large documents with few
@@ -107,12 +107,12 @@ func WriteShared(ctx context.Context, c client.Client, before, obj client.Object
 	return c.Update(ctx, obj)
 }
 
-// remove deletes a child; one already gone is not an error.
+// Remove deletes a child; one already gone is not an error.
 func Remove(ctx context.Context, c client.Client, obj client.Object, opts ...client.DeleteOption) error {
 	return client.IgnoreNotFound(c.Delete(ctx, obj, opts...))
 }
 
-// patchStatus writes obj's status, changed from before, when it changed.
+// PatchStatus writes obj's status, changed from before, when it changed.
 func PatchStatus(ctx context.Context, c client.Client, before, obj client.Object) error {
 	if equality.Semantic.DeepEqual(before, obj) {
 		return nil
@@ -135,14 +135,14 @@ func RemoveFinalizer(ctx context.Context, c client.Client, obj client.Object, fi
 	return client.IgnoreNotFound(c.Patch(ctx, obj, patch))
 }
 
-// serviceStatusOwner is the part of a Service's status one reconciler owns: its condition
+// ServiceStatusOwner is the part of a Service's status one reconciler owns: its condition
 // types and status.loadBalancer (of a LoadBalancer Service it serves). The standalone and HA
 // Service reconcilers write the same Services; each touches only what it owns.
 type ServiceStatusOwner struct {
 	Conditions []string
 }
 
-// patchServiceStatus writes the owned part of want into svc's status. The strategic merge
+// PatchServiceStatus writes the owned part of want into svc's status. The strategic merge
 // patch names conditions by type, so a condition another reconciler wrote since svc was read
 // survives (a merge patch would replace the whole list).
 func PatchServiceStatus(ctx context.Context, c client.Client, svc *corev1.Service, owner ServiceStatusOwner, want corev1.ServiceStatus) error {
@@ -163,7 +163,7 @@ func PatchServiceStatus(ctx context.Context, c client.Client, svc *corev1.Servic
 	return c.Status().Patch(ctx, svc, client.StrategicMergeFrom(before))
 }
 
-// clearServiceStatus removes what owner reported on a Service it no longer serves.
+// ClearServiceStatus removes what owner reported on a Service it no longer serves.
 func ClearServiceStatus(ctx context.Context, c client.Client, svc *corev1.Service, owner ServiceStatusOwner) error {
 	return PatchServiceStatus(ctx, c, svc, owner, corev1.ServiceStatus{})
 }

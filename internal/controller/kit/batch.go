@@ -8,13 +8,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// batcher applies changes to shared objects in batches. Reconcilers queue a change under the
+// Batcher applies changes to shared objects in batches. Reconcilers queue a change under the
 // key of the object it changes and wait; one flush per key runs at a time and takes every
 // change queued since the previous flush. An object that many reconcilers change (a
 // ProxyGroup's documents, the certificate ledger) is then read, decoded, encoded and written
 // once per batch instead of once per change, and its writers never conflict with each other.
 type Batcher[C any] struct {
-	// flush applies a batch to the object of key and returns each change's error.
+	// Flush applies a batch to the object of key and returns each change's error.
 	Flush func(key string, batch []C) []error
 
 	Mu     sync.Mutex
@@ -31,7 +31,7 @@ type queued[C any] struct {
 	done   chan error
 }
 
-// do queues change under key and waits until it is applied or ctx ends.
+// Do queues change under key and waits until it is applied or ctx ends.
 func (b *Batcher[C]) Do(ctx context.Context, key string, change C) error {
 	q := queued[C]{change: change, done: make(chan error, 1)}
 	b.Mu.Lock()
@@ -81,7 +81,7 @@ func (b *Batcher[C]) drain(key string, bq *batchQueue[C]) {
 	}
 }
 
-// lastWritten remembers, per object, the version a flush last wrote: right after a write the
+// LastWritten remembers, per object, the version a flush last wrote: right after a write the
 // cache may still hold the previous one, which would only conflict.
 type LastWritten[T any] struct {
 	mu   sync.Mutex
@@ -110,13 +110,13 @@ func (l *LastWritten[T]) Forget(key string) {
 	delete(l.objs, key)
 }
 
-// flushTimeout bounds one flush: reading, writing and retrying conflicts.
+// FlushTimeout bounds one flush: reading, writing and retrying conflicts.
 const FlushTimeout = 30 * time.Second
 
-// maxFlushAttempts bounds the conflicts one flush retries; the reconcilers retry after that.
+// MaxFlushAttempts bounds the conflicts one flush retries; the reconcilers retry after that.
 const MaxFlushAttempts = 5
 
-// freshest is the object to start a read-modify-write from: the cached one, or a copy of the
+// Freshest is the object to start a read-modify-write from: the cached one, or a copy of the
 // one last written when the cache does not show that write yet.
 func Freshest[T client.Object](cached, last T) T {
 	if last.GetUID() == cached.GetUID() && NewerVersion(last.GetResourceVersion(), cached.GetResourceVersion()) {
@@ -125,7 +125,7 @@ func Freshest[T client.Object](cached, last T) T {
 	return cached
 }
 
-// newerVersion reports whether resourceVersion a is newer than b. Resource versions are opaque
+// NewerVersion reports whether resourceVersion a is newer than b. Resource versions are opaque
 // to clients but, from etcd, increasing integers; anything else is taken as not newer.
 func NewerVersion(a, b string) bool {
 	if len(a) != len(b) {

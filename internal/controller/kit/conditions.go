@@ -5,7 +5,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// setCondition records a condition observed at generation gen. It reports whether anything
+// SetCondition records a condition observed at generation gen. It reports whether anything
 // changed, so callers write status only when needed.
 func SetCondition(conds *[]metav1.Condition, typ string, ok bool, reason, msg string, gen int64) bool {
 	status := metav1.ConditionFalse

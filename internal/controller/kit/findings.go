@@ -6,7 +6,7 @@ import (
 	"strings"
 )
 
-// finding is a problem (or notice) met while deciding what to serve, reported as an Event. A
+// Finding is a problem (or notice) met while deciding what to serve, reported as an Event. A
 // blocking finding stops the object from being served as it stands (what serves it already is
 // left alone); another leaves out only what it is about (a route, a custom host).
 type Finding struct {
@@ -26,12 +26,12 @@ func Blockf(reason, format string, a ...any) Finding {
 	return f
 }
 
-// hasBlocking reports whether a finding stops an object from being served.
+// HasBlocking reports whether a finding stops an object from being served.
 func HasBlocking(fs []Finding) bool {
 	return slices.ContainsFunc(fs, func(f Finding) bool { return f.Blocking })
 }
 
-// firstBlocking is the first finding that stops an object from being served.
+// FirstBlocking is the first finding that stops an object from being served.
 func FirstBlocking(fs []Finding) Finding {
 	i := slices.IndexFunc(fs, func(f Finding) bool { return f.Blocking })
 	return fs[i]

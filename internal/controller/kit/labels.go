@@ -48,18 +48,18 @@ const (
 	LabelParentType = "tailscale.com/parent-resource-type"
 	LabelSecretType = "tailscale.com/secret-type"
 
-	// labelIngress marks objects of one Ingress among a ProxyGroup's children (hashLabel of
+	// LabelIngress marks objects of one Ingress among a ProxyGroup's children (hashLabel of
 	// namespace/name: a label value cannot hold both names).
 	LabelIngress = "tailscale.com/ingress"
 )
 
-// hashLabel is a short, label-safe digest of s.
+// HashLabel is a short, label-safe digest of s.
 func HashLabel(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])[:16]
 }
 
-// maxStatefulSetName keeps the Pod's controller-revision-hash label value (name + "-" + 10
+// MaxStatefulSetName keeps the Pod's controller-revision-hash label value (name + "-" + 10
 // characters) within the 63 characters a label value allows.
 const MaxStatefulSetName = 52
 
@@ -77,7 +77,7 @@ func DNSLabelish(s string) string {
 	}, s)
 }
 
-// ingressHostname is the tailnet hostname of an Ingress: the first label of its first TLS host,
+// IngressHostname is the tailnet hostname of an Ingress: the first label of its first TLS host,
 // else <namespace>-<name>-ingress.
 func IngressHostname(ing *networkingv1.Ingress) string {
 	if h := TLSHost(ing); h != "" {
@@ -93,7 +93,7 @@ func HAServiceHostname(s *corev1.Service) string {
 	return TruncateLabel(DNSLabelish(s.Namespace + "-" + s.Name))
 }
 
-// parentRequests maps a child object to its parent through the parent labels.
+// ParentRequests maps a child object to its parent through the parent labels.
 func ParentRequests(typ string) handler.MapFunc {
 	return func(_ context.Context, o client.Object) []reconcile.Request {
 		l := o.GetLabels()
@@ -114,14 +114,14 @@ func TLSHost(ing *networkingv1.Ingress) string {
 	return ""
 }
 
-// isBYO reports whether a TLS entry brings its own certificate: it names a Secret and its hosts
+// IsBYO reports whether a TLS entry brings its own certificate: it names a Secret and its hosts
 // are custom domains. Entries without a Secret, or for tailnet names, are served by ACME as in
 // the original operator, which ignores secretName.
 func IsBYO(t networkingv1.IngressTLS) bool {
 	return t.SecretName != "" && len(t.Hosts) > 0 && CustomHost(t.Hosts[0])
 }
 
-// customHost reports whether an Ingress TLS host is a custom domain, served with a
+// CustomHost reports whether an Ingress TLS host is a custom domain, served with a
 // bring-your-own certificate, rather than a tailnet name: it has a dot and is not under ts.net.
 func CustomHost(h string) bool {
 	h = strings.ToLower(strings.TrimSuffix(h, "."))

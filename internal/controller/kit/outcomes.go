@@ -15,7 +15,7 @@ const (
 	OutcomeError      = "ReconcileError" // ended on an error, retried with backoff
 )
 
-// operatorMetrics are the operator's own metrics, besides controller-runtime's: how reconcile
+// OperatorMetrics are the operator's own metrics, besides controller-runtime's: how reconcile
 // passes end, the Warnings that stand, the certificate ledger's use of the CA's weekly limits,
 // and the proxies and devices the operator manages. All but the outcomes are read from the
 // cache at each scrape.
@@ -26,7 +26,7 @@ type OperatorMetrics struct {
 	Memories map[string]*EventMemory // by controller
 }
 
-// reporter returns the Event reporter of a controller, whose passes these metrics count.
+// Reporter returns the Event reporter of a controller, whose passes these metrics count.
 func (m *OperatorMetrics) Reporter(rec recorder.EventRecorder, controller string) Reporter {
 	r := newReporter(rec)
 	r.controller, r.metrics = controller, m
@@ -36,7 +36,7 @@ func (m *OperatorMetrics) Reporter(rec recorder.EventRecorder, controller string
 	return r
 }
 
-// outcome counts a pass: the Warning reasons it reported, or how it ended without any.
+// Outcome counts a pass: the Warning reasons it reported, or how it ended without any.
 func (m *OperatorMetrics) Outcome(controller string, warnings []string, complete bool) {
 	if m == nil {
 		return
@@ -67,7 +67,7 @@ func warningReasons(keys map[string]bool) []string {
 	return out
 }
 
-// standingWarnings counts, per reason, the objects on which a Warning of that reason stands.
+// StandingWarnings counts, per reason, the objects on which a Warning of that reason stands.
 func (m *EventMemory) StandingWarnings() map[string]int {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -14,7 +14,7 @@ import (
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
-// reporter emits a reconciler's Events when what they say changes, not on every pass: a
+// Reporter emits a reconciler's Events when what they say changes, not on every pass: a
 // problem (a Warning, or a Normal finding) once while it stands, a step of progress once. Each
 // reconciler has its own memory, as an object may be passed from one to another.
 type Reporter struct {
@@ -29,7 +29,7 @@ func newReporter(rec recorder.EventRecorder) Reporter {
 	return Reporter{Recorder: rec, memory: &EventMemory{objects: map[types.NamespacedName]*objectEvents{}}}
 }
 
-// eventMemory is what a reconciler last told about each object, in this process.
+// EventMemory is what a reconciler last told about each object, in this process.
 type EventMemory struct {
 	mu      sync.Mutex
 	objects map[types.NamespacedName]*objectEvents
@@ -93,7 +93,7 @@ func (r Reporter) Findings(obj client.Object, fs []Finding) {
 	}
 }
 
-// progress reports a step (step names it among the object's steps, e.g. one per replica) as a
+// Progress reports a step (step names it among the object's steps, e.g. one per replica) as a
 // Normal Event, when its message differs from the one last reported for that step.
 func (r Reporter) Progress(obj client.Object, step, reason, format string, a ...any) {
 	msg := fmt.Sprintf(format, a...)
@@ -111,12 +111,12 @@ func (r Reporter) Progress(obj client.Object, step, reason, format string, a ...
 	r.emit(obj, corev1.EventTypeNormal, reason, msg)
 }
 
-// created reports a step that happened in this pass (a child created), always.
+// Created reports a step that happened in this pass (a child created), always.
 func (r Reporter) Created(obj client.Object, reason, format string, a ...any) {
 	r.emit(obj, corev1.EventTypeNormal, reason, fmt.Sprintf(format, a...))
 }
 
-// settle ends a pass. One that ran to its end (complete) decides which problems stand: one it
+// Settle ends a pass. One that ran to its end (complete) decides which problems stand: one it
 // did not report is over and is reported again if it comes back. One that stopped on an error
 // may not have looked, and forgets nothing.
 func (r Reporter) Settle(obj client.Object, complete bool) {
@@ -137,7 +137,7 @@ func (r Reporter) Settle(obj client.Object, complete bool) {
 	o.pass, o.seen = map[string]bool{}, true
 }
 
-// forget drops what was told about an object that is gone or no longer served.
+// Forget drops what was told about an object that is gone or no longer served.
 func (r Reporter) Forget(key types.NamespacedName) {
 	if r.memory == nil {
 		return
@@ -147,7 +147,7 @@ func (r Reporter) Forget(key types.NamespacedName) {
 	delete(r.memory.objects, key)
 }
 
-// tailnetFailure turns a control-plane failure into a Warning Event with the API's stable
+// TailnetFailure turns a control-plane failure into a Warning Event with the API's stable
 // reason and a bounded retry; other errors go back to the controller's backoff.
 func (r Reporter) TailnetFailure(obj client.Object, err error) (ctrl.Result, error) {
 	reason := tailnet.ReasonOf(err)
@@ -165,9 +165,9 @@ func tailnetRetryAfter(err error) time.Duration {
 	return TailnetRetry
 }
 
-// tailnetRetry is the least time before retrying after a control-plane error: such errors
+// TailnetRetry is the least time before retrying after a control-plane error: such errors
 // (bad credentials, tags not permitted) rarely fix themselves in seconds.
 const TailnetRetry = time.Minute
 
-// cleanupPoll re-checks a cleanup waiting for a StatefulSet, in case a watch event is missed.
+// CleanupPoll re-checks a cleanup waiting for a StatefulSet, in case a watch event is missed.
 const CleanupPoll = 5 * time.Second

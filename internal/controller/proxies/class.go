@@ -14,7 +14,7 @@ import (
 	"github.com/tsingress/tsingress/internal/controller/kit"
 )
 
-// proxyClassOf names the ProxyClass that applies to the proxies of obj: a ProxyGroup's
+// ProxyClassOf names the ProxyClass that applies to the proxies of obj: a ProxyGroup's
 // spec.proxyClass, an Ingress's or Service's label (else annotation), else the operator's
 // default (def).
 func ProxyClassOf(obj client.Object, def string) string {
@@ -27,11 +27,11 @@ func ProxyClassOf(obj client.Object, def string) string {
 // appliedClass is the ProxyClass that applies to a proxy.
 type appliedClass struct {
 	found *tsv1alpha1.ProxyClass // as it is, ready or not; nil when none applies or it is missing
-	// notReady says why proxies cannot be configured with it yet; "" when they can.
+	// NotReady says why proxies cannot be configured with it yet; "" when they can.
 	NotReady string
 }
 
-// ready is the class to configure proxies with (nil: none), once notReady is "".
+// Ready is the class to configure proxies with (nil: none), once notReady is "".
 func (a appliedClass) Ready() *tsv1alpha1.ProxyClass {
 	if a.NotReady != "" {
 		return nil
@@ -39,13 +39,13 @@ func (a appliedClass) Ready() *tsv1alpha1.ProxyClass {
 	return a.found
 }
 
-// staging reports whether the class picks Let's Encrypt's staging directory, whose limits are
+// Staging reports whether the class picks Let's Encrypt's staging directory, whose limits are
 // for testing. A class being validated again still describes the proxies configured with it.
 func (a appliedClass) Staging() bool {
 	return a.found != nil && a.found.Spec.UseLetsEncryptStagingEnvironment
 }
 
-// resolveProxyClass finds the ProxyClass that applies to the proxies of obj.
+// ResolveProxyClass finds the ProxyClass that applies to the proxies of obj.
 func ResolveProxyClass(ctx context.Context, c client.Reader, obj client.Object, def string) (appliedClass, error) {
 	name := ProxyClassOf(obj, def)
 	if name == "" {

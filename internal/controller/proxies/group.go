@@ -13,12 +13,12 @@ const LabelReplica = "tailscale.com/replica"
 
 const GroupConfigMapSuffix = "-ingress-config"
 
-// group names a ProxyGroup's children.
+// Group names a ProxyGroup's children.
 type Group struct{ Name string }
 
 func (g Group) ConfigMap() string { return g.Name + GroupConfigMapSuffix }
 
-// replicas names the replicas' children: a config Secret each, which they cannot write.
+// Replicas names the replicas' children: a config Secret each, which they cannot write.
 func (g Group) Replicas() replicaSet { return replicaSet{name: g.Name, separateConfig: true} }
 
 func (g Group) Labels() map[string]string {

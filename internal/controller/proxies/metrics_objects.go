@@ -22,7 +22,7 @@ import (
 // +kubebuilder:rbac:groups="",namespace=system,resources=services,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=monitoring.coreos.com,namespace=system,resources=servicemonitors,verbs=get;list;watch;create;update;patch;delete
 
-// labelMetrics marks a proxy's metrics Service, which its ServiceMonitor selects.
+// LabelMetrics marks a proxy's metrics Service, which its ServiceMonitor selects.
 const LabelMetrics = "tailscale.com/metrics"
 
 var serviceMonitorGVK = schema.GroupVersionKind{Group: "monitoring.coreos.com", Version: "v1", Kind: "ServiceMonitor"}
@@ -30,7 +30,7 @@ var serviceMonitorGVK = schema.GroupVersionKind{Group: "monitoring.coreos.com", 
 // metricsName names a proxy's metrics Service and ServiceMonitor.
 func metricsName(proxy string) string { return proxy + "-metrics" }
 
-// proxyMetricsObjects are the metrics Service (nil unless the class enables metrics) and
+// ProxyMetricsObjects are the metrics Service (nil unless the class enables metrics) and
 // ServiceMonitor (nil unless it enables one too) of the proxy StatefulSet name, whose Pods
 // selector selects, labelled with labels. The Service points at the proxies' health port,
 // where they serve /metrics; the ServiceMonitor adds the parent's type, namespace and name as
@@ -105,7 +105,7 @@ func toAny(m map[string]string) map[string]any {
 // every pass (a cluster without the CRD would answer with a discovery miss each time).
 const annotationServiceMonitor = "tailscale.com/service-monitor"
 
-// applyMetricsObjects writes a proxy's metrics Service and ServiceMonitor as its class asks,
+// ApplyMetricsObjects writes a proxy's metrics Service and ServiceMonitor as its class asks,
 // and removes them when it does not. owner, when set, owns them (a ProxyGroup); otherwise the
 // caller removes them with the proxy (a nil class).
 func ApplyMetricsObjects(ctx context.Context, c client.Client, owner client.Object, name, namespace string, labels, selector map[string]string, class *tsv1alpha1.ProxyClass) error {

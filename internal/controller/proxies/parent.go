@@ -17,7 +17,7 @@ const ParentTypeService = "svc"
 
 const SecretTypeConfState = "config-state"
 
-// parent identifies the user object a proxy serves.
+// Parent identifies the user object a proxy serves.
 type Parent struct {
 	Typ, Namespace, Name string
 }
@@ -35,7 +35,7 @@ func (p Parent) Labels() map[string]string {
 	}
 }
 
-// proxyName is the stable name of a parent's proxy StatefulSet (and prefix of its other
+// ProxyName is the stable name of a parent's proxy StatefulSet (and prefix of its other
 // children): readable, unique per parent (a hash of the full identity is appended), and
 // short enough for every Kubernetes name it is used in.
 func (p Parent) ProxyName() string {

@@ -24,13 +24,16 @@ import (
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
-// proxies runs the standalone proxy machinery shared by the Ingress and Service reconcilers:
+// Proxies runs the standalone proxy machinery shared by the Ingress and Service reconcilers:
 // it applies a proxy's children, reads back its state and tears it down.
 type Proxies struct {
 	client.Client
 	API      client.Reader // uncached, to tell a new proxy from one the cache has not seen yet
 	Settings kit.Settings
 	Tailnet  tailnet.Client
+
+	// reports parses what each standalone proxy reports.
+	reports Reports
 
 	// infoMu guards the cached tailnet settings, which change rarely and would otherwise cost
 	// an API call per reconcile.
@@ -41,7 +44,7 @@ type Proxies struct {
 
 const tailnetInfoTTL = 5 * time.Minute
 
-// tailnetInfo returns the tailnet's settings, cached. When the API cannot tell, it assumes
+// TailnetInfo returns the tailnet's settings, cached. When the API cannot tell, it assumes
 // certificates are available, so a flaky API raises no false alarm.
 func (m *Proxies) TailnetInfo(ctx context.Context) tailnet.TailnetInfo {
 	m.infoMu.Lock()
@@ -56,7 +59,7 @@ func (m *Proxies) TailnetInfo(ctx context.Context) tailnet.TailnetInfo {
 	return m.info
 }
 
-// ensure applies every child of p, and reports whether it created the proxy's StatefulSet. It
+// Ensure applies every child of p, and reports whether it created the proxy's StatefulSet. It
 // mints an auth key only while the proxy has no device yet and holds no unused key.
 func (m *Proxies) Ensure(ctx context.Context, p *StandaloneProxy) (created bool, err error) {
 	ns := m.Settings.Namespace
@@ -109,12 +112,12 @@ func (m *Proxies) authKeyFor(ctx context.Context, p *StandaloneProxy) (string, e
 	})
 }
 
-// state returns what the proxy of par reports, or nil while no running Pod has reported, and
+// State returns what the proxy of par reports, or nil while no running Pod has reported, and
 // the Pod, nil while there is none. A state that cannot be read (edited by hand) is not
 // reported either, and the finding says why: the object is still served as it asks.
 func (m *Proxies) State(ctx context.Context, par Parent) (*contract.ProxyState, *corev1.Pod, *kit.Finding, error) {
 	rs := par.replicas()
-	r, err := rs.Read(ctx, m.Client, m.Settings.Namespace, 0)
+	r, err := rs.Read(ctx, m.Client, &m.reports, m.Settings.Namespace, 0)
 	if err != nil || r.unreadable == nil {
 		return r.State, r.pod, nil, err
 	}
@@ -123,7 +126,7 @@ func (m *Proxies) State(ctx context.Context, par Parent) (*contract.ProxyState, 
 	return nil, r.pod, &f, nil
 }
 
-// podRefused says why the kubelet refused to run a proxy Pod (a Pod sysctl it does not allow:
+// PodRefused says why the kubelet refused to run a proxy Pod (a Pod sysctl it does not allow:
 // SysctlForbidden), or "" when it did not.
 func PodRefused(pod *corev1.Pod) string {
 	if pod == nil || pod.Status.Phase != corev1.PodFailed || pod.Status.Reason == "" {
@@ -132,7 +135,7 @@ func PodRefused(pod *corev1.Pod) string {
 	return fmt.Sprintf("the node refused to run the proxy Pod %s: %s: %s", pod.Name, pod.Status.Reason, pod.Status.Message)
 }
 
-// cleanup tears a proxy down: the StatefulSet first (so the proxy cannot log in again), then
+// Cleanup tears a proxy down: the StatefulSet first (so the proxy cannot log in again), then
 // its tailnet device, then the remaining children. It reports done=false while the
 // StatefulSet is still going away; the StatefulSet watch calls again.
 func (m *Proxies) Cleanup(ctx context.Context, par Parent) (done bool, err error) {
@@ -181,7 +184,7 @@ func (m *Proxies) Cleanup(ctx context.Context, par Parent) (done bool, err error
 	return true, nil
 }
 
-// parseTags reads the tailscale.com/tags annotation: comma-separated tags replacing the
+// ParseTags reads the tailscale.com/tags annotation: comma-separated tags replacing the
 // operator's defaults.
 func ParseTags(obj client.Object, defaults []string) ([]string, *kit.Finding) {
 	v, ok := obj.GetAnnotations()[kit.AnnotationTags]

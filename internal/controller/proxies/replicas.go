@@ -13,7 +13,7 @@ import (
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
-// authKeyExpiry bounds how long a minted key that was never used stays valid.
+// AuthKeyExpiry bounds how long a minted key that was never used stays valid.
 const AuthKeyExpiry = 24 * time.Hour
 
 // replicaSet names the per-replica children of a proxy StatefulSet, standalone (one replica)
@@ -35,19 +35,19 @@ func (s replicaSet) ConfigSecret(i int) string {
 	return s.pod(i)
 }
 
-// replica is what a pass read of one replica.
+// Replica is what a pass read of one replica.
 type Replica struct {
 	pod *corev1.Pod // nil while there is none; the cache's: do not change it
-	// state is what the running Pod reports, nil while it has not: state left by an earlier Pod
-	// does not describe the running proxy. It is shared (parsedStates): do not change it.
+	// State is what the running Pod reports, nil while it has not: state left by an earlier Pod
+	// does not describe the running proxy. It is shared (Reports): do not change it.
 	State *contract.ProxyState
 	// unreadable says why the state Secret cannot be read (edited by hand); it is ignored until
 	// the proxy writes it again.
 	unreadable error
 }
 
-// read reads replica i of the set, in namespace ns.
-func (s replicaSet) Read(ctx context.Context, c client.Reader, ns string, i int) (Replica, error) {
+// Read reads replica i of the set, in namespace ns, its report parsed through reports.
+func (s replicaSet) Read(ctx context.Context, c client.Reader, reports *Reports, ns string, i int) (Replica, error) {
 	var r Replica
 	// The cache's own objects, not copies: every reconcile of an object on a group reads all
 	// its replicas, and copying their state Secrets grew with the group.
@@ -66,7 +66,7 @@ func (s replicaSet) Read(ctx context.Context, c client.Reader, ns string, i int)
 		}
 		return r, nil
 	}
-	st, err := parseReport(ctx, c, secret)
+	st, err := reports.parse(ctx, c, secret)
 	if err != nil {
 		r.unreadable = err
 		return r, nil //nolint:nilerr // an unreadable report is a finding of the replica, not a failed read
@@ -77,7 +77,7 @@ func (s replicaSet) Read(ctx context.Context, c client.Reader, ns string, i int)
 	return r, nil
 }
 
-// authKey is the auth key replica i's config holds: none once the replica is logged in, the
+// AuthKey is the auth key replica i's config holds: none once the replica is logged in, the
 // unused one its config holds, else a new single-use key minted with req.
 func (s replicaSet) AuthKey(ctx context.Context, c client.Reader, tc tailnet.Client, ns string, i int, req tailnet.AuthKeyRequest) (string, error) {
 	state, err := secretData(ctx, c, ns, s.StateSecret(i))
@@ -128,7 +128,7 @@ func secretData(ctx context.Context, c client.Reader, ns, name string) (map[stri
 	return s.Data, nil
 }
 
-// deleteDevice removes from the tailnet the device a replica's state Secret records.
+// DeleteDevice removes from the tailnet the device a replica's state Secret records.
 func DeleteDevice(ctx context.Context, tc tailnet.Client, state *corev1.Secret) error {
 	id := string(state.Data[contract.StateDeviceID])
 	if id == "" {

@@ -28,17 +28,17 @@ const (
 	debugPort  = 9001
 )
 
-// standaloneProxy is everything that decides a standalone proxy's child objects: one Pod
+// StandaloneProxy is everything that decides a standalone proxy's child objects: one Pod
 // (a single-replica StatefulSet) with a combined config and state Secret, and RBAC that lets it
 // touch only that Secret.
 type StandaloneProxy struct {
 	Parent Parent
-	// config is the proxy config without auth key and state Secret, which the builders add.
+	// Config is the proxy config without auth key and state Secret, which the builders add.
 	Config contract.ProxyConfig
 	Class  *tsv1alpha1.ProxyClass // nil: no ProxyClass
-	// kernel proxies (L3) need NET_ADMIN and a TUN device; L7 proxies run unprivileged.
+	// Kernel proxies (L3) need NET_ADMIN and a TUN device; L7 proxies run unprivileged.
 	Kernel bool
-	// certSecrets are copies of bring-your-own certificate Secrets the proxy reads.
+	// CertSecrets are copies of bring-your-own certificate Secrets the proxy reads.
 	CertSecrets []*corev1.Secret
 }
 
@@ -60,7 +60,7 @@ func ACMEDirectory(s kit.Settings, class *tsv1alpha1.ProxyClass) string {
 	return s.ACMEDirectoryURL
 }
 
-// proxyConfig is the full config, with the given auth key ("" once the device is logged in).
+// ProxyConfig is the full config, with the given auth key ("" once the device is logged in).
 func (p *StandaloneProxy) ProxyConfig(authKey string) *contract.ProxyConfig {
 	cfg := p.Config
 	cfg.AuthKey = authKey
@@ -117,7 +117,7 @@ func (p *StandaloneProxy) buildRoleBinding(namespace string) *rbacv1.RoleBinding
 	return rb
 }
 
-// selector selects the proxy's Pod.
+// Selector selects the proxy's Pod.
 func (p *StandaloneProxy) Selector() map[string]string {
 	return map[string]string{kit.LabelParentType: p.Parent.Typ, kit.LabelParentNS: p.Parent.Namespace, kit.LabelParentName: p.Parent.Name}
 }
@@ -138,7 +138,7 @@ func (p *StandaloneProxy) BuildStatefulSet(s kit.Settings) *appsv1.StatefulSet {
 	}.Build()
 }
 
-// proxyPods describes a StatefulSet of proxies, standalone or a ProxyGroup's.
+// ProxyPods describes a StatefulSet of proxies, standalone or a ProxyGroup's.
 type ProxyPods struct {
 	Name, Namespace  string
 	Labels, Selector map[string]string
@@ -185,7 +185,7 @@ func forwardingInitContainer(image string) corev1.Container {
 	}
 }
 
-// initContainerIgnored is the finding of an Ingress's (L7) proxy whose class customises an init
+// InitContainerIgnored is the finding of an Ingress's (L7) proxy whose class customises an init
 // container it does not have: nothing breaks, so it only says so.
 func InitContainerIgnored(pc *tsv1alpha1.ProxyClass) *kit.Finding {
 	if pc == nil || pc.Spec.StatefulSet == nil || pc.Spec.StatefulSet.Pod == nil || pc.Spec.StatefulSet.Pod.TailscaleInitContainer == nil {
@@ -195,12 +195,12 @@ func InitContainerIgnored(pc *tsv1alpha1.ProxyClass) *kit.Finding {
 	return &f
 }
 
-// metricsEnabled reports whether a ProxyClass has its proxies serve metrics.
+// MetricsEnabled reports whether a ProxyClass has its proxies serve metrics.
 func MetricsEnabled(pc *tsv1alpha1.ProxyClass) bool {
 	return pc != nil && pc.Spec.Metrics != nil && pc.Spec.Metrics.Enable
 }
 
-// podSysctlForwarding reports whether a ProxyClass turns IPv4 forwarding on through the Pod's
+// PodSysctlForwarding reports whether a ProxyClass turns IPv4 forwarding on through the Pod's
 // sysctls (the kubelet must allow the unsafe sysctl: --allowed-unsafe-sysctls), in which case
 // its proxies need no privileged init container.
 func PodSysctlForwarding(spec *tsv1alpha1.ProxyClassSpec) bool {

@@ -47,6 +47,8 @@ type ProxyGroupReconciler struct {
 	kit.Reporter
 	Settings kit.Settings
 	Tailnet  tailnet.Client
+	// Store reads the group's documents and what its replicas report.
+	Store groupstore.Store
 	// documentsRead holds the groups whose replicas all read their services from the
 	// documents (config v4 on), as the last pass found.
 	documentsRead sync.Map
@@ -73,7 +75,7 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err := kit.AddFinalizer(ctx, r.Client, pg, kit.FinalizerName); err != nil {
 		return ctrl.Result{}, fmt.Errorf("adding the finalizer to ProxyGroup %s: %w", pg.Name, err)
 	}
-	reps, err := r.readReplicas(ctx, g, proxies.Replicas(pg))
+	reps, err := r.Store.Replicas(ctx, g, proxies.Replicas(pg))
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -127,16 +129,16 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g proxies.Group, class *tsv1alpha1.ProxyClass, reps []proxies.Replica) error {
 	ns := r.Settings.Namespace
 	n := proxies.Replicas(pg)
-	cm, docs, shards, err := r.groupConfigMap(ctx, g)
+	// Only a replica that reads configs older than v4 needs the list of services, which grows
+	// with the group: decoding every document for it costs as much.
+	layout, err := r.Store.Layout(ctx, g, slices.ContainsFunc(reps, needsServiceList))
 	if err != nil {
 		return err
 	}
-	// Only a replica that reads configs older than v4 needs the list of services, which grows
-	// with the group: decoding every document for it costs as much.
-	var services []string
-	if slices.ContainsFunc(reps, needsServiceList) {
-		services = groupstore.GroupServices(docs)
-	}
+	services, shards := layout.Services, layout.Shards
+	// Metadata only: the HA Ingress and Service reconcilers own its documents and its other
+	// shards.
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: g.ConfigMap(), Namespace: ns, Labels: g.Labels()}}
 	certs, err := r.certSecretNames(ctx, g)
 	if err != nil {
 		return err
@@ -193,38 +195,6 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 
 // childApplies is how many of a group's children are applied at once.
 const childApplies = 8
-
-// groupConfigMap returns the group's ConfigMap as the reconciler owns it (metadata only: the
-// HA Ingress and Service reconcilers own its documents and its other shards), the data of its
-// shards, and the number of shards.
-func (r *ProxyGroupReconciler) groupConfigMap(ctx context.Context, g proxies.Group) (*corev1.ConfigMap, []map[string][]byte, int, error) {
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: g.ConfigMap(), Namespace: r.Settings.Namespace, Labels: g.Labels()}}
-	existing := &corev1.ConfigMap{}
-	err := r.Get(ctx, client.ObjectKeyFromObject(cm), existing)
-	if apierrors.IsNotFound(err) {
-		return cm, nil, 1, nil
-	}
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("reading the ConfigMap %s/%s of ProxyGroup %s: %w", cm.Namespace, cm.Name, g.Name, err)
-	}
-	count, err := contract.ShardCount(groupstore.CMData(existing))
-	if err != nil {
-		// Its documents are not read either: a reader of this build sees none.
-		return cm, nil, 1, nil //nolint:nilerr // a shard count this build cannot read means no documents for it
-	}
-	shards := []map[string][]byte{groupstore.CMData(existing)}
-	for i := 1; i < count; i++ {
-		s := &corev1.ConfigMap{}
-		if err := r.Get(ctx, client.ObjectKey{Namespace: r.Settings.Namespace, Name: contract.ShardName(g.ConfigMap(), i)}, s); err != nil {
-			if apierrors.IsNotFound(err) {
-				continue
-			}
-			return nil, nil, 0, fmt.Errorf("reading the ConfigMap shard %s/%s of ProxyGroup %s: %w", r.Settings.Namespace, contract.ShardName(g.ConfigMap(), i), g.Name, err)
-		}
-		shards = append(shards, groupstore.CMData(s))
-	}
-	return cm, shards, count, nil
-}
 
 func (r *ProxyGroupReconciler) replicaConfig(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g proxies.Group, class *tsv1alpha1.ProxyClass, i int, services []string) (*contract.ProxyConfig, error) {
 	tags := make([]string, 0, len(pg.Spec.Tags))
@@ -400,18 +370,6 @@ func (r *ProxyGroupReconciler) delete(ctx context.Context, pg *tsv1alpha1.ProxyG
 	}
 	r.Forget(client.ObjectKeyFromObject(pg))
 	return ctrl.Result{}, nil
-}
-
-// devices lists the replicas whose running Pod has reported a tailnet device.
-func (r *ProxyGroupReconciler) readReplicas(ctx context.Context, g proxies.Group, n int) ([]proxies.Replica, error) {
-	reps := make([]proxies.Replica, n)
-	for i := range n {
-		var err error
-		if reps[i], err = g.Replicas().Read(ctx, r.Client, r.Settings.Namespace, i); err != nil {
-			return nil, err
-		}
-	}
-	return reps, nil
 }
 
 // replicaDevices lists the replicas up on the tailnet.

@@ -26,8 +26,7 @@ type HAServiceReconciler struct {
 	client.Client
 	kit.Reporter
 	Settings kit.Settings
-	docs     groupstore.GroupDocs
-	services *groupstore.TailscaleServices
+	store    groupstore.Store
 }
 
 func (r *HAServiceReconciler) serves(s *corev1.Service) bool {
@@ -74,7 +73,7 @@ func (r *HAServiceReconciler) serve(ctx context.Context, svc *corev1.Service) (_
 	if err := kit.AddFinalizer(ctx, r.Client, svc, groupstore.FinalizerServicePG); err != nil {
 		return ctrl.Result{}, err
 	}
-	ts, err := r.services.Ensure(ctx, svcName, []string{"do-not-validate"}, cfg.Tags)
+	ts, err := r.store.ClaimService(ctx, svcName, []string{"do-not-validate"}, cfg.Tags)
 	if err != nil {
 		var notOurs groupstore.ErrNotOurs
 		if errors.As(err, &notOurs) {
@@ -97,30 +96,21 @@ func (r *HAServiceReconciler) serve(ctx context.Context, svc *corev1.Service) (_
 		return ctrl.Result{RequeueAfter: kit.TailnetRetry}, nil
 	}
 	st.Valid()
-	owner, here := groupstore.OwnerOf("Service", svc), groupstore.Placement{UID: svc.UID, PG: pg.Name, SvcName: svcName}
-	if !r.docs.PlacedAt(owner, here) {
-		if err := r.docs.RemoveElsewhere(ctx, svcName, pg.Name); err != nil {
-			return ctrl.Result{}, err
-		}
-		if err := groupstore.ReleaseOwned(ctx, r.docs, r.services, owner, svcName); err != nil {
-			return r.TailnetFailure(svc, err)
-		}
-		r.docs.Place(owner, here)
-	}
-	if err := r.docs.SetDNAT(ctx, pg.Name, svcName, &contract.DNATService{VIPs: vips, Destination: *cfg.Forward}, owner); err != nil {
+	entry := groupstore.Entry{Kind: "Service", Object: svc, Group: pg.Name, Service: svcName, DNAT: &contract.DNATService{VIPs: vips, Destination: *cfg.Forward}}
+	if err := r.store.Put(ctx, entry); err != nil {
 		if errors.Is(err, groupstore.ErrConfigFull) {
 			st.Failed(kit.ReasonConfigMapFull, err.Error())
 		}
 		// Otherwise (a conflict, the group's ConfigMap not created yet) the Service stays
 		// waiting for its replicas, and the retry or the ConfigMap's creation brings it back.
-		return groupstore.DocsFailure(r.Reporter, svc, err)
+		return groupstore.PutFailure(r.Reporter, svc, err)
 	}
-	n, total, domain, dnatErrs, err := groupstore.Advertisers(ctx, r.Client, r.Settings.Namespace, pg, svcName)
+	adv, err := r.store.Advertisers(ctx, pg, svcName)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	st.Configured(n, total, hostname+"."+domain, vips, dnatErrs)
-	if n > 0 {
+	st.Configured(adv.Replicas, adv.Total, hostname+"."+adv.Domain, vips, adv.DNATErrors)
+	if adv.Replicas > 0 {
 		r.Progress(svc, "serving", kit.ReasonServing, "serving %s at %s through ProxyGroup %s", svcName, strings.Join(vips, ", "), pg.Name)
 	}
 	return ctrl.Result{RequeueAfter: ts.Recheck}, nil
@@ -133,7 +123,7 @@ type HAServiceScope struct {
 	// group is the ProxyGroup named, or nil with groupFinding saying why it cannot serve.
 	group        *tsv1alpha1.ProxyGroup
 	GroupFinding *kit.Finding
-	// takenBy is another Service that already serves the hostname on a ProxyGroup.
+	// TakenBy is another Service that already serves the hostname on a ProxyGroup.
 	TakenBy string
 }
 
@@ -147,7 +137,7 @@ func (r *HAServiceReconciler) gather(ctx context.Context, svc *corev1.Service, h
 	return s, err
 }
 
-// decideHAService decides what a Service asks its ProxyGroup to forward, or why it cannot be
+// DecideHAService decides what a Service asks its ProxyGroup to forward, or why it cannot be
 // served (every finding blocks).
 func DecideHAService(s HAServiceScope, settings kit.Settings) (*contract.ProxyConfig, []kit.Finding) {
 	cfg, findings := ServiceProxyConfig(s.Svc, settings)
@@ -201,7 +191,7 @@ func (o *HAServiceOutcome) Valid() {
 	o.confReason, o.confMsg = kit.ReasonIngressSvcNoBackends, "waiting for replicas to advertise the Tailscale Service"
 }
 
-// configured reports how many replicas advertise the Service and, for the others that cannot
+// Configured reports how many replicas advertise the Service and, for the others that cannot
 // install its DNAT rules (a family disabled in their Pods, forwarding off), why.
 func (o *HAServiceOutcome) Configured(n, total int, fqdn string, vips, dnatErrs []string) {
 	o.confMsg = fmt.Sprintf("%d/%d proxy replicas ready and advertising", n, total)
@@ -213,7 +203,7 @@ func (o *HAServiceOutcome) Configured(n, total int, fqdn string, vips, dnatErrs 
 	}
 }
 
-// status computes a Service's status from a pass's outcome: the conditions it decided and, for
+// Status computes a Service's status from a pass's outcome: the conditions it decided and, for
 // a LoadBalancer Service, the addresses it is served at once configured.
 func (o HAServiceOutcome) Status(cur corev1.ServiceStatus, gen int64, loadBalancer bool) corev1.ServiceStatus {
 	st := *cur.DeepCopy()
@@ -243,14 +233,7 @@ func (r *HAServiceReconciler) unserve(ctx context.Context, svc *corev1.Service, 
 		r.Forget(client.ObjectKeyFromObject(svc))
 		return ctrl.Result{}, nil
 	}
-	r.docs.Unplace(groupstore.OwnerOf("Service", svc))
-	if err := r.docs.RemoveElsewhere(ctx, svcName, ""); err != nil {
-		return ctrl.Result{}, err
-	}
-	if err := r.services.Release(ctx, svcName); err != nil {
-		return r.TailnetFailure(svc, err)
-	}
-	if err := groupstore.ReleaseOwned(ctx, r.docs, r.services, groupstore.OwnerOf("Service", svc), ""); err != nil {
+	if err := r.store.Withdraw(ctx, "Service", svc, svcName); err != nil {
 		return r.TailnetFailure(svc, err)
 	}
 	return kit.Unserved(ctx, r.Client, r.Reporter, svc, groupstore.FinalizerServicePG, func(ctx context.Context) error {
@@ -274,9 +257,9 @@ func (r *HAServiceReconciler) onGroup(ctx context.Context, name string) []reconc
 }
 
 // SetupWithManager watches Services, ProxyGroups and their children.
-func (r *HAServiceReconciler) SetupWithManager(mgr ctrl.Manager, docs groupstore.GroupDocs, services *groupstore.TailscaleServices) error {
-	r.docs, r.services = docs, services
-	group := groupstore.GroupEvents{C: r.Client, Docs: docs, Kind: "Service", All: r.onGroup}.Handler()
+func (r *HAServiceReconciler) SetupWithManager(mgr ctrl.Manager, store groupstore.Store) error {
+	r.store = store
+	group := store.Events("Service", r.onGroup)
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&corev1.Service{}, builder.WithPredicates(groupstore.OwnWrites(groupstore.FinalizerServicePG))).
 		Named("service-proxygroup").

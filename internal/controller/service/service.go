@@ -26,7 +26,7 @@ import (
 	"github.com/tsingress/tsingress/internal/controller/proxies"
 )
 
-// serviceOwned is the status the standalone reconciler owns on a Service it serves.
+// ServiceOwned is the status the standalone reconciler owns on a Service it serves.
 var ServiceOwned = kit.ServiceStatusOwner{Conditions: []string{kit.ConditionProxyReady}}
 
 // ServiceReconciler exposes Services on the tailnet at L3 through a standalone proxy each.

@@ -28,7 +28,7 @@ func exposed(s *corev1.Service, settings kit.Settings) bool {
 	return *s.Spec.LoadBalancerClass == kit.LoadBalancerClass
 }
 
-// serviceProxyConfig is the proxy config a Service asks for, or nil with the reasons it cannot
+// ServiceProxyConfig is the proxy config a Service asks for, or nil with the reasons it cannot
 // be served.
 func ServiceProxyConfig(svc *corev1.Service, s kit.Settings) (*contract.ProxyConfig, []kit.Finding) {
 	var findings []kit.Finding

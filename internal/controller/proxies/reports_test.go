@@ -1,4 +1,4 @@
-package proxygroup
+package proxies
 
 import (
 	"context"
@@ -12,21 +12,17 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
-	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/controller/groupstore"
-	"github.com/tsingress/tsingress/internal/controller/kit"
-	"github.com/tsingress/tsingress/internal/controller/proxies"
 )
 
-func TestGroupStatesReadShardedReports(t *testing.T) {
+// A replica's report spread over several Secrets reads whole; one shard's change is read once
+// the event handlers saw it, and a shard deleted reads as empty.
+func TestReportsReadShardedReports(t *testing.T) {
 	ctx := context.Background()
-	pg := &tsv1alpha1.ProxyGroup{ObjectMeta: metav1.ObjectMeta{Name: "pg"}, Spec: tsv1alpha1.ProxyGroupSpec{Replicas: ptr.To[int32](2)}}
-	g := proxies.Group{Name: pg.Name}
+	g := Group{Name: "pg"}
 	report := func(pod string, n int) contract.ProxyState {
 		st := contract.ProxyState{PodUID: pod, DeviceID: "n-" + pod, FQDN: pod + ".tailnet.test"}
 		for i := range n {
@@ -44,14 +40,9 @@ func TestGroupStatesReadShardedReports(t *testing.T) {
 			t.Fatal(err)
 		}
 		var objs []client.Object
-		r := &ProxyGroupReconciler{Settings: kit.Settings{Namespace: "ns"}}
 		for k, d := range shards {
 			name := contract.ReportShardName(g.Replicas().StateSecret(i), k)
-			if k == 0 {
-				objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(fmt.Sprintf("uid-%s-%d", name, time.Now().UnixNano()))}, Data: d})
-			} else { // labelled as the reconciler makes them
-				objs = append(objs, r.secret(g, name, proxies.SecretTypeReport, i, d))
-			}
+			objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(fmt.Sprintf("uid-%s-%d", name, time.Now().UnixNano()))}, Data: d})
 		}
 		return objs
 	}
@@ -62,13 +53,22 @@ func TestGroupStatesReadShardedReports(t *testing.T) {
 	objs = append(objs, shardSecrets(0, report("pod-a", 40), 4)...) // sharded
 	objs = append(objs, shardSecrets(1, report("pod-b", 40), 1)...) // as a replica older than report shards writes it
 	c := fake.NewClientBuilder().WithObjects(objs...).Build()
-	proxies.ReportWrites.Watch() // as the HA reconcilers' event handlers do
-
-	states, err := groupstore.GroupStates(ctx, c, "ns", pg)
-	if err != nil {
-		t.Fatal(err)
+	var reports Reports
+	reports.Watch() // as the group store's event handlers do
+	states := func() []*contract.ProxyState {
+		t.Helper()
+		var states []*contract.ProxyState
+		for i := range 2 {
+			r, err := g.Replicas().Read(ctx, c, &reports, "ns", i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			states = append(states, r.State)
+		}
+		return states
 	}
-	for i, st := range states {
+
+	for i, st := range states() {
 		if st == nil || len(st.Advertised) != 40 {
 			t.Fatalf("replica %d: %+v; want 40 services advertised", i, st)
 		}
@@ -90,23 +90,16 @@ func TestGroupStatesReadShardedReports(t *testing.T) {
 	}
 	// Until the event handlers see the write, the report read last stands: its shards are
 	// not read again.
-	states, err = groupstore.GroupStates(ctx, c, "ns", pg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := len(states[0].Advertised); got != 40 {
+	if got := len(states()[0].Advertised); got != 40 {
 		t.Errorf("before the handlers saw shard 2 change: %d advertised, want the 40 read before", got)
 	}
-	proxies.ReportWrites.Saw(shard)
-	states, err = groupstore.GroupStates(ctx, c, "ns", pg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := len(states[0].Advertised); got != 40-len(part.Advertised) {
+	reports.Saw(shard)
+	read := states()
+	if got := len(read[0].Advertised); got != 40-len(part.Advertised) {
 		t.Errorf("after shard 2 withdrew %d services: %d advertised", len(part.Advertised), got)
 	}
 	for _, svc := range part.Advertised {
-		if slices.Contains(states[0].Advertised, svc) {
+		if slices.Contains(read[0].Advertised, svc) {
 			t.Errorf("%s still read as advertised", svc)
 		}
 	}
@@ -115,66 +108,16 @@ func TestGroupStatesReadShardedReports(t *testing.T) {
 	if err := c.Delete(ctx, shard); err != nil {
 		t.Fatal(err)
 	}
-	proxies.ReportWrites.Saw(shard)
-	states, err = groupstore.GroupStates(ctx, c, "ns", pg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := len(states[0].Advertised); got != 40-len(part.Advertised) {
+	reports.Saw(shard)
+	if got := len(states()[0].Advertised); got != 40-len(part.Advertised) {
 		t.Errorf("with shard 2 gone: %d advertised, want %d", got, 40-len(part.Advertised))
-	}
-}
-
-// Each replica may write the Secrets of its report's shards, one fewer than the documents',
-// which the reconciler makes; those of replicas scaled away go.
-func TestReportSecretsOfReplicas(t *testing.T) {
-	ctx := context.Background()
-	c := fake.NewClientBuilder().WithIndex(&corev1.Secret{}, groupstore.IndexSecretGroupType, groupstore.SecretGroupType).Build()
-	r := &ProxyGroupReconciler{Client: c, Settings: kit.Settings{Namespace: "ns"}}
-	g := proxies.Group{Name: "pg"}
-	role := r.buildRole(g, 2, 3, groupCertSecrets{})
-	var writable []string
-	for _, rule := range role.Rules {
-		if slices.Contains(rule.Resources, "secrets") && slices.Contains(rule.Verbs, "patch") {
-			writable = append(writable, rule.ResourceNames...)
-		}
-	}
-	for _, name := range []string{"pg-0", "pg-0-report1", "pg-0-report2", "pg-1", "pg-1-report1", "pg-1-report2"} {
-		if !slices.Contains(writable, name) {
-			t.Errorf("the replicas may not write %s: %v", name, writable)
-		}
-	}
-	if slices.Contains(writable, "pg-0-report3") {
-		t.Errorf("a report shard beyond the count is writable: %v", writable)
-	}
-	for i := range 3 {
-		for _, obj := range r.reportSecrets(g, i, 3) {
-			if err := c.Create(ctx, obj); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if err := r.removeReportSecrets(ctx, g, 2); err != nil {
-		t.Fatal(err)
-	}
-	list := &corev1.SecretList{}
-	if err := c.List(ctx, list); err != nil {
-		t.Fatal(err)
-	}
-	var left []string
-	for _, s := range list.Items {
-		left = append(left, s.Name)
-	}
-	slices.Sort(left)
-	if want := []string{"pg-0-report1", "pg-0-report2", "pg-1-report1", "pg-1-report2"}; !slices.Equal(left, want) {
-		t.Errorf("after scaling to 2 replicas: %v; want %v", left, want)
 	}
 }
 
 // Each version of a report Secret is parsed once, however many ask for it at once; a new
 // version is parsed again, and an object without identity (not from the API server) every time.
 func TestVersionedParsesEachVersionOnce(t *testing.T) {
-	var c proxies.Versioned[*contract.ProxyState]
+	var c versioned[*contract.ProxyState]
 	var parses atomic.Int32
 	parse := func(svc string) func() (*contract.ProxyState, error) {
 		return func() (*contract.ProxyState, error) {
@@ -186,7 +129,7 @@ func TestVersionedParsesEachVersionOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	got := make([]*contract.ProxyState, 16)
 	for i := range got {
-		wg.Go(func() { got[i], _ = c.Get("s1", "10", parse("svc:a")) })
+		wg.Go(func() { got[i], _ = c.get("s1", "10", parse("svc:a")) })
 	}
 	wg.Wait()
 	if parses.Load() != 1 {
@@ -197,11 +140,11 @@ func TestVersionedParsesEachVersionOnce(t *testing.T) {
 			t.Fatal("callers got different parses of one version")
 		}
 	}
-	if st, _ := c.Get("s1", "11", parse("svc:b")); st == got[0] || !slices.Equal(st.Advertised, []string{"svc:b"}) || parses.Load() != 2 {
+	if st, _ := c.get("s1", "11", parse("svc:b")); st == got[0] || !slices.Equal(st.Advertised, []string{"svc:b"}) || parses.Load() != 2 {
 		t.Errorf("a new version read as %v after %d parses", st.Advertised, parses.Load())
 	}
-	_, _ = c.Get("", "11", parse("svc:c"))
-	_, _ = c.Get("", "11", parse("svc:c"))
+	_, _ = c.get("", "11", parse("svc:c"))
+	_, _ = c.get("", "11", parse("svc:c"))
 	if parses.Load() != 4 {
 		t.Errorf("an object without a UID was kept: %d parses", parses.Load())
 	}
@@ -221,7 +164,7 @@ func TestReportStateOf(t *testing.T) {
 		{"pg-0-report-1", "", false}, // a negative one
 		{"web-report", "", false},    // no ordinal at all
 	} {
-		state, ok := proxies.ReportStateOf(tc.name)
+		state, ok := reportStateOf(tc.name)
 		if state != tc.state || ok != tc.ok {
 			t.Errorf("reportStateOf(%q) = %q, %t; want %q, %t", tc.name, state, ok, tc.state, tc.ok)
 		}

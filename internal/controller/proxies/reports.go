@@ -17,11 +17,11 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 )
 
-// secretTypeReport labels the Secrets a replica's report is spread over besides its state
+// SecretTypeReport labels the Secrets a replica's report is spread over besides its state
 // Secret (contract.ReportShardName): one fewer than the group's document shards.
 const SecretTypeReport = "report"
 
-// reportSecretNames names replica i's report Secrets for a group of the given document shards.
+// ReportSecretNames names replica i's report Secrets for a group of the given document shards.
 func ReportSecretNames(g Group, i, shards int) []string {
 	var names []string
 	for k := 1; k < shards; k++ {
@@ -30,10 +30,28 @@ func ReportSecretNames(g Group, i, shards int) []string {
 	return names
 }
 
+// Reports reads what proxies report in their state Secrets, and keeps the parses: a group's
+// report grows with the objects on it, every reconcile of one of them reads every replica's, and
+// a large group's reports are spread over dozens of Secrets. Its zero value is ready to use;
+// whoever holds one owns its caches, which live as long as it does.
+type Reports struct {
+	// states keeps each replica's report, parsed: keyed by the state Secret, at the versions
+	// of all the report's Secrets.
+	states versioned[*contract.ProxyState]
+	// shards keeps the parse of each report Secret: a replica rewrites one shard of its report
+	// at a time, and the event handlers (old and new version) and the reconcilers read the
+	// same versions.
+	shards versioned[*contract.ProxyState]
+	// assembled keeps the last report assembled from each state Secret.
+	assembled assembled
+	// writes counts the events of report shards the event handlers saw.
+	writes shardWrites
+}
+
 // versioned keeps one value per object (by UID), computed from a version of it: the last
 // version asked for. Callers asking for a version being computed wait for it rather than
 // compute it too: when a report changes, every in-flight reconcile of its group asks at once.
-type Versioned[V any] struct {
+type versioned[V any] struct {
 	mu      sync.Mutex
 	entries map[types.UID]*versionedEntry[V]
 }
@@ -47,7 +65,7 @@ type versionedEntry[V any] struct {
 
 // get returns the value for uid at version, computing it when it has another; without a uid
 // or a version (not from the API server) nothing keys it and it is computed each time.
-func (c *Versioned[V]) Get(uid types.UID, version string, compute func() (V, error)) (V, error) {
+func (c *versioned[V]) get(uid types.UID, version string, compute func() (V, error)) (V, error) {
 	if uid == "" || version == "" {
 		return compute()
 	}
@@ -69,19 +87,9 @@ func (c *Versioned[V]) Get(uid types.UID, version string, compute func() (V, err
 	return e.value, e.err
 }
 
-// parsedStates keeps each replica's report, parsed: it grows with the objects on its group,
-// and every reconcile of one of them reads it. Keyed by the state Secret, at the versions of
-// all the report's Secrets.
-var parsedStates Versioned[*contract.ProxyState]
-
-// parsedShards keeps the parse of each report Secret: a replica rewrites one shard of its
-// report at a time, and the event handlers (old and new version) and the reconcilers read the
-// same versions.
-var parsedShards Versioned[*contract.ProxyState]
-
-// parseShard is contract.ParseState of s's data, shared: callers must not change it.
-func ParseShard(s *corev1.Secret) (*contract.ProxyState, error) {
-	return reportPart{s.UID, s.ResourceVersion, s.Data}.parse()
+// ParseShard is contract.ParseState of s's data, shared: callers must not change it.
+func (r *Reports) ParseShard(s *corev1.Secret) (*contract.ProxyState, error) {
+	return r.parsePart(reportPart{s.UID, s.ResourceVersion, s.Data})
 }
 
 // reportPart is one Secret of a replica's report, as the cache holds it: data shared with the
@@ -92,27 +100,26 @@ type reportPart struct {
 	data    map[string][]byte
 }
 
-func (p reportPart) parse() (*contract.ProxyState, error) {
-	return parsedShards.Get(p.uid, p.version, func() (*contract.ProxyState, error) { return contract.ParseState(p.data) })
+func (r *Reports) parsePart(p reportPart) (*contract.ProxyState, error) {
+	return r.shards.get(p.uid, p.version, func() (*contract.ProxyState, error) { return contract.ParseState(p.data) })
 }
 
-// parseReport returns the report whose state Secret is s, read with the Secrets of its other
-// shards. The result is shared: callers must not change it. Every HA reconcile reads its
-// group's reports, and a large group's reports are spread over dozens of Secrets: the report
-// assembled last stands while its state Secret is at the same version and the event handlers
-// saw no write to its other shards (reportWrites); otherwise each is read from the cache by
-// name into one reused object, keeping only its version and data.
-func parseReport(ctx context.Context, cl client.Reader, s *corev1.Secret) (*contract.ProxyState, error) {
+// parse returns the report whose state Secret is s, read with the Secrets of its other shards.
+// The result is shared: callers must not change it. The report assembled last stands while its
+// state Secret is at the same version and the event handlers saw no write to its other shards
+// (writes); otherwise each is read from the cache by name into one reused object, keeping only
+// its version and data.
+func (r *Reports) parse(ctx context.Context, cl client.Reader, s *corev1.Secret) (*contract.ProxyState, error) {
 	count, err := contract.ReportShardCount(s.Data)
 	if err != nil {
 		return nil, err
 	}
 	// Read before the shards: a write the cache holds but the handlers have not yet counted
 	// is counted before the objects it concerns are queued again.
-	writes, watched := ReportWrites.count(s.Namespace, s.Name)
+	writes, watched := r.writes.count(s.Namespace, s.Name)
 	watched = watched && count > 1 && s.UID != "" && s.ResourceVersion != ""
 	if watched {
-		if st, ok := assembledReports.at(s.UID, s.ResourceVersion, writes); ok {
+		if st, ok := r.assembled.at(s.UID, s.ResourceVersion, writes); ok {
 			return st, nil
 		}
 	}
@@ -135,41 +142,41 @@ func parseReport(ctx context.Context, cl client.Reader, s *corev1.Secret) (*cont
 	if s.ResourceVersion == "" {
 		version = ""
 	}
-	st, err := parsedStates.Get(s.UID, version, func() (*contract.ProxyState, error) {
+	st, err := r.states.get(s.UID, version, func() (*contract.ProxyState, error) {
 		datas := make([]map[string][]byte, count)
 		for k, p := range parts {
 			datas[k] = p.data
 		}
-		return contract.ReadReport(datas, func(k int) (*contract.ProxyState, error) { return parts[k].parse() })
+		return contract.ReadReport(datas, func(k int) (*contract.ProxyState, error) { return r.parsePart(parts[k]) })
 	})
 	if err == nil && watched {
-		assembledReports.keep(s.UID, s.ResourceVersion, writes, st)
+		r.assembled.keep(s.UID, s.ResourceVersion, writes, st)
 	}
 	return st, err
 }
 
 // shardWrites counts, per replica (namespace and state Secret name), the events of its
 // report's other shards that the group event handlers saw. Only once a handler watches
-// (watch) do counts say anything: a process without one reads every shard each time.
+// (Watch) do counts say anything: without one every shard is read each time.
 type shardWrites struct {
 	watched atomic.Bool
 	counts  sync.Map // types.NamespacedName → *atomic.Uint64
 }
 
-var ReportWrites shardWrites
+// Watch says that an event handler now passes every Secret event to Saw, so that a report
+// assembled earlier stands until one of its shards changes.
+func (r *Reports) Watch() { r.writes.watched.Store(true) }
 
-func (w *shardWrites) Watch() { w.watched.Store(true) }
-
-// saw counts an event of Secret o when it is a report shard (contract.ReportShardName).
-func (w *shardWrites) Saw(o client.Object) {
+// Saw counts an event of Secret o when it is a report shard (contract.ReportShardName).
+func (r *Reports) Saw(o client.Object) {
 	if _, secret := o.(*corev1.Secret); !secret {
 		return
 	}
-	state, ok := ReportStateOf(o.GetName())
+	state, ok := reportStateOf(o.GetName())
 	if !ok {
 		return
 	}
-	v, _ := w.counts.LoadOrStore(types.NamespacedName{Namespace: o.GetNamespace(), Name: state}, new(atomic.Uint64))
+	v, _ := r.writes.counts.LoadOrStore(types.NamespacedName{Namespace: o.GetNamespace(), Name: state}, new(atomic.Uint64))
 	v.(*atomic.Uint64).Add(1)
 }
 
@@ -184,7 +191,7 @@ func (w *shardWrites) count(namespace, state string) (n uint64, watched bool) {
 }
 
 // reportStateOf names the state Secret whose report the shard named name is part of.
-func ReportStateOf(name string) (string, bool) {
+func reportStateOf(name string) (string, bool) {
 	i := strings.LastIndex(name, "-report")
 	if i < 0 {
 		return "", false
@@ -208,8 +215,6 @@ type assembledReport struct {
 	writes  uint64
 	state   *contract.ProxyState
 }
-
-var assembledReports assembled
 
 func (a *assembled) at(uid types.UID, version string, writes uint64) (*contract.ProxyState, bool) {
 	a.mu.Lock()
