@@ -252,6 +252,10 @@ func TestNoSupportedVersion(t *testing.T) {
 			if !strings.Contains(err.Error(), "this build reads v4, v3, v2, v1") {
 				t.Errorf("error %q does not say which versions this build reads", err)
 			}
+			// Absent, it may be written yet; only a version this build cannot read is final.
+			if absent := name != "only newer"; errors.Is(err, ErrNoDocument) != absent {
+				t.Errorf("errors.Is(%v, ErrNoDocument) = %t, want %t", err, !absent, absent)
+			}
 		})
 	}
 }

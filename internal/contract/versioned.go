@@ -17,6 +17,10 @@ import (
 // understand (or not at all).
 var ErrNoSupportedVersion = errors.New("no supported schema version")
 
+// ErrNoDocument is returned, besides ErrNoSupportedVersion, when the document is in no version
+// at all: not written yet, rather than written for another build.
+var ErrNoDocument = errors.New("no such document")
+
 // codec stores a document of type T under one key per schema version.
 type codec[T any] struct {
 	name string // key prefix, e.g. "proxy-config"
@@ -132,8 +136,12 @@ func (c codec[T]) Decode(data map[string][]byte) (*T, int, error) {
 		}
 		return doc, v, nil
 	}
-	return nil, 0, fmt.Errorf("%w for %s: found %s, this build reads %s", ErrNoSupportedVersion,
+	err := fmt.Errorf("%w for %s: found %s, this build reads %s", ErrNoSupportedVersion,
 		c.name, versionList(found), versionList(sortedDesc(c.decode)))
+	if len(found) == 0 {
+		err = fmt.Errorf("%w (%w)", err, ErrNoDocument)
+	}
+	return nil, 0, err
 }
 
 // DecodeDir reads the document from a directory, such as a mounted Secret or ConfigMap volume.

@@ -89,15 +89,20 @@ func run(ctx context.Context, opts Options, kube kubernetes.Interface, src confi
 	if err != nil {
 		return err
 	}
-	dir, store, rep, err := nodeStorage(ctx, opts, kube, first.cfg)
-	if err != nil {
+	var (
+		dir   string
+		store ipn.StateStore
+	)
+	if err := untilDone(ctx, opts, hl, "reading the state", func(ctx context.Context) (err error) {
+		dir, store, c.rep, err = nodeStorage(ctx, opts, kube, first.cfg)
 		return err
+	}); err != nil {
+		return stoppedOr(ctx, err)
 	}
-	c.rep = rep
 	// The first write replaces whatever a previous Pod left (advertisements included), before
-	// anything is served; failing it means the proxy cannot report at all (RBAC, say).
-	if err := c.sync(ctx, u); err != nil {
-		return err
+	// anything is served.
+	if err := untilDone(ctx, opts, hl, "writing the state", func(ctx context.Context) error { return c.sync(ctx, u) }); err != nil {
+		return stoppedOr(ctx, err)
 	}
 	if err := useACMEDirectory(first.cfg.TLS.ACMEDirectoryURL); err != nil {
 		return err
@@ -170,6 +175,14 @@ func run(ctx context.Context, opts Options, kube kubernetes.Interface, src confi
 			retry = time.After(syncRetry)
 		}
 	}
+}
+
+// stoppedOr is nil when ctx ended (a stop before the proxy started is no failure), else err.
+func stoppedOr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 // nodeStorage says where a proxy keeps its tailnet identity and reports its state: the state

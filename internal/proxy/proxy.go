@@ -150,8 +150,22 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	opts.metrics = newProxyMetrics()
 	src = countingSource{src, opts.metrics}
-	cfg, version, err := src.load(ctx)
+	// Health first: while the config cannot be read, /readyz says why.
+	hl := newHealth(opts.metrics)
+	stopHealth, err := hl.serve(opts)
 	if err != nil {
+		return err
+	}
+	defer stopHealth()
+	var cfg *contract.ProxyConfig
+	var version int
+	if err := untilDone(ctx, opts, hl, "reading the config", func(ctx context.Context) (err error) {
+		cfg, version, err = src.load(ctx)
+		return err
+	}); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it started
+		}
 		return &ConfigError{err}
 	}
 	opts.Logger.Info("config loaded", "config", cfg.String(), "version", version)
@@ -168,13 +182,6 @@ func Run(ctx context.Context, opts Options) error {
 	default:
 		return fmt.Errorf("proxy kind %q is not supported by this proxy build yet", cfg.Kind)
 	}
-
-	hl := newHealth(opts.metrics)
-	stopHealth, err := hl.serve(opts)
-	if err != nil {
-		return err
-	}
-	defer stopHealth()
 	return run(ctx, opts, kube, src, hl, newUpdate(cfg, version, nil), mk)
 }
 
