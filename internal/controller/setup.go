@@ -17,6 +17,7 @@ import (
 
 	"github.com/tsingress/tsingress/internal/acmebudget"
 	"github.com/tsingress/tsingress/internal/controller/certs"
+	"github.com/tsingress/tsingress/internal/controller/gateway"
 	"github.com/tsingress/tsingress/internal/controller/groupstore"
 	"github.com/tsingress/tsingress/internal/controller/ingress"
 	"github.com/tsingress/tsingress/internal/controller/kit"
@@ -100,6 +101,9 @@ func Setup(mgr ctrl.Manager, s kit.Settings, tc tailnet.Client) error {
 	}
 	if err := (&service.HAServiceReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "service-proxygroup"), Settings: s}).SetupWithManager(mgr, store); err != nil {
 		return fmt.Errorf("setting up the ProxyGroup Service controller: %w", err)
+	}
+	if err := gateway.Setup(mgr, m.Reporter(rec, "gatewayclass")); err != nil {
+		return fmt.Errorf("setting up the Gateway API controllers: %w", err)
 	}
 	return nil
 }

@@ -116,3 +116,12 @@ const (
 
 // ConditionProxyReady is the condition a standalone L3 proxy reports on its Service.
 const ConditionProxyReady = "TailscaleProxyReady"
+
+// The Accepted and SupportedVersion conditions of a GatewayClass (the Gateway API's reasons),
+// and its Warning Events.
+const (
+	ReasonGatewayClassAccepted = "Accepted"
+	ReasonInvalidParameters    = "InvalidParameters"
+	ReasonSupportedVersion     = "SupportedVersion"
+	ReasonUnsupportedVersion   = "UnsupportedVersion"
+)

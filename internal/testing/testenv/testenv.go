@@ -90,6 +90,15 @@ func start(crdDirs []string, controllers bool) (*ControlPlane, error) {
 	return cp, nil
 }
 
+// InstallCRDs installs the CRDs in dirs into the running control plane and waits until the API
+// serves them: for tests of what happens when CRDs appear after the operator started.
+func (cp *ControlPlane) InstallCRDs(dirs ...string) error {
+	if _, err := envtest.InstallCRDs(cp.Config, envtest.CRDInstallOptions{Paths: dirs, ErrorIfPathMissing: true}); err != nil {
+		return fmt.Errorf("installing the CRDs of %v: %w", dirs, err)
+	}
+	return nil
+}
+
 // AddUser adds a user of that name and groups, and returns its client config.
 func (cp *ControlPlane) AddUser(name string, groups ...string) (*rest.Config, error) {
 	u, err := cp.env.AddUser(envtest.User{Name: name, Groups: groups}, cp.Config)
