@@ -92,7 +92,7 @@ func Setup(mgr ctrl.Manager, s kit.Settings, tc tailnet.Client) error {
 	}
 	// One store, so that the three reconcilers of ProxyGroups share its caches.
 	store := groupstore.NewStore(mgr.GetClient(), mgr.GetAPIReader(), tc, s)
-	if err := (&proxygroup.ProxyGroupReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "proxygroup"), Settings: s, Tailnet: tc, Store: store}).SetupWithManager(mgr); err != nil {
+	if err := (&proxygroup.ProxyGroupReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "proxygroup"), Settings: s, Tailnet: tc, API: mgr.GetAPIReader(), Store: store}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the ProxyGroup controller: %w", err)
 	}
 	if err := (&ingress.HAIngressReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "ingress-proxygroup"), Settings: s, Certs: certSecrets, Guard: guard,

@@ -80,6 +80,7 @@ var _ = BeforeSuite(func() {
 		Metrics:        metricsserver.Options{BindAddress: "0"},
 		Cache:          CacheOptions(testSetup),
 		MapperProvider: kit.MapperProvider,
+		NewClient:      applyFaults.client,
 	})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(Setup(mgr, testSetup, tsClient)).To(Succeed())

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
@@ -62,11 +63,22 @@ func (s *secretSource) load(ctx context.Context) (*contract.ProxyConfig, int, er
 		return nil, 0, fmt.Errorf("reading config Secret %s/%s: %w", s.namespace, s.name, err)
 	}
 	cfg, v, err := contract.ProxyConfigs.Decode(sec.Data)
+	if errors.Is(err, contract.ErrNoDocument) {
+		// The operator records its key's intent on the Secret before it writes the config.
+		return nil, 0, fmt.Errorf("config Secret %s/%s holds no config yet", s.namespace, s.name)
+	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("config Secret %s/%s: %w", s.namespace, s.name, err)
+		return nil, 0, &invalidConfig{fmt.Errorf("config Secret %s/%s: %w", s.namespace, s.name, err)}
 	}
 	return cfg, v, nil
 }
+
+// invalidConfig is a config that was read and cannot be used: of versions this build does not
+// read, or invalid. Waiting does not mend it; another operator or proxy version does.
+type invalidConfig struct{ err error }
+
+func (e *invalidConfig) Error() string { return e.err.Error() }
+func (e *invalidConfig) Unwrap() error { return e.err }
 
 func (s *secretSource) watch(ctx context.Context, last configUpdate, updates chan<- configUpdate) {
 	ch := changes{last: last}
@@ -116,7 +128,8 @@ type dirSource struct {
 func (d *dirSource) load(context.Context) (*contract.ProxyConfig, int, error) {
 	cfg, v, err := contract.ProxyConfigs.DecodeDir(d.dir)
 	if err != nil {
-		return nil, 0, fmt.Errorf("config directory %s: %w", d.dir, err)
+		// A directory is mounted whole before the proxy starts: what it lacks, it lacks.
+		return nil, 0, &invalidConfig{fmt.Errorf("config directory %s: %w", d.dir, err)}
 	}
 	return cfg, v, nil
 }

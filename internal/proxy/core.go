@@ -179,10 +179,12 @@ func run(ctx context.Context, opts Options, kube kubernetes.Interface, src confi
 
 // stoppedOr is nil when ctx ended (a stop before the proxy started is no failure), else err.
 func stoppedOr(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
+	select {
+	case <-ctx.Done():
 		return nil
+	default:
+		return err
 	}
-	return err
 }
 
 // nodeStorage says where a proxy keeps its tailnet identity and reports its state: the state

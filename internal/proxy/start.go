@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy/backoff"
 )
 
@@ -19,7 +18,7 @@ var startBackoff = backoff.Backoff{Min: time.Second, Max: 30 * time.Second, Jitt
 // restarting, the proxy's Role not yet in effect, its config Secret not yet written. Exiting on
 // one would put the Pod in the kubelet's crash back-off, which outlasts the cause by minutes.
 // Meanwhile /readyz says what the proxy is waiting for. It returns the step's error only when
-// it is permanent (a config this build cannot read), and ctx's once ctx ends.
+// it is permanent (a config this build cannot use), and ctx's once ctx ends.
 func untilDone(ctx context.Context, opts Options, hl *health, what string, step func(context.Context) error) error {
 	b := startBackoff
 	for {
@@ -44,9 +43,10 @@ func untilDone(ctx context.Context, opts Options, hl *health, what string, step 
 	}
 }
 
-// permanent says a start error will not go away by waiting: the operator writes a config
-// version this proxy image does not read, which needs another image. A config not written yet
-// is only late.
+// permanent says a start error will not go away by waiting: a config the proxy read and cannot
+// use (of versions this image does not read, say, which needs another image). A config not
+// written yet is only late.
 func permanent(err error) bool {
-	return errors.Is(err, contract.ErrNoSupportedVersion) && !errors.Is(err, contract.ErrNoDocument)
+	_, ok := errors.AsType[*invalidConfig](err)
+	return ok
 }

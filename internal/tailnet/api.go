@@ -109,6 +109,42 @@ func (c *APIClient) CreateAuthKey(ctx context.Context, req AuthKeyRequest) (Auth
 	return AuthKey{ID: k.ID, Secret: NewSecret(k.Key), Expires: k.Expires}, nil
 }
 
+// AuthKeys implements [Client].
+func (c *APIClient) AuthKeys(ctx context.Context) ([]AuthKeyInfo, error) {
+	listCtx, resp := observe(ctx)
+	ks, err := c.api.Keys().List(listCtx, true)
+	if err != nil {
+		return nil, resp.wrap("list auth keys", err)
+	}
+	var out []AuthKeyInfo
+	for _, k := range ks {
+		getCtx, resp := observe(ctx)
+		key, err := c.api.Keys().Get(getCtx, k.ID)
+		if err != nil {
+			if err := resp.wrap("get auth key", err); !IsNotFound(err) {
+				return nil, err
+			}
+			continue // gone since the list
+		}
+		if (key.KeyType != "" && key.KeyType != "auth") || key.Invalid || !key.Revoked.IsZero() {
+			continue
+		}
+		out = append(out, AuthKeyInfo{ID: key.ID, Description: key.Description, Created: key.Created})
+	}
+	return out, nil
+}
+
+// DeleteAuthKey implements [Client].
+func (c *APIClient) DeleteAuthKey(ctx context.Context, id string) error {
+	ctx, resp := observe(ctx)
+	if err := c.api.Keys().Delete(ctx, id); err != nil {
+		if err := resp.wrap("delete auth key", err); !IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}
+
 // Device implements [Client].
 func (c *APIClient) Device(ctx context.Context, id string) (Device, error) {
 	ctx, resp := observe(ctx)

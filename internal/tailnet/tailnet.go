@@ -10,6 +10,11 @@ import (
 type Client interface {
 	// CreateAuthKey mints a single-use, pre-authorized auth key.
 	CreateAuthKey(ctx context.Context, req AuthKeyRequest) (AuthKey, error)
+	// AuthKeys lists the auth keys not yet revoked, spent or expired, with their descriptions.
+	// The API lists keys by ID only, so this costs a call per key: for rare sweeps.
+	AuthKeys(ctx context.Context) ([]AuthKeyInfo, error)
+	// DeleteAuthKey revokes an auth key; one already gone is not an error.
+	DeleteAuthKey(ctx context.Context, id string) error
 
 	// Device returns the device with the given stable node ID.
 	Device(ctx context.Context, id string) (Device, error)
@@ -41,6 +46,15 @@ type AuthKeyRequest struct {
 	Description string
 	// Expiry is how long the key stays usable; zero means the control plane's default.
 	Expiry time.Duration
+}
+
+// MaxKeyDescription is the longest description the control plane takes for an auth key.
+const MaxKeyDescription = 50
+
+// AuthKeyInfo describes an auth key, without its secret.
+type AuthKeyInfo struct {
+	ID, Description string
+	Created         time.Time
 }
 
 // AuthKey is a minted auth key.

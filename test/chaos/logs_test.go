@@ -10,6 +10,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -196,17 +197,23 @@ func (l *logCollector) harvest(ctx context.Context) {
 	}
 }
 
-// dumpTails writes the end of the operator's logs, for a failed spec.
-func (l *logCollector) dumpTails(lines int) {
+// operatorLogs lists the files of the operator's container logs, by name.
+func (l *logCollector) operatorLogs() []string {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	var files []string
 	for _, f := range l.files {
 		if strings.HasPrefix(filepath.Base(f), "operator-") {
 			files = append(files, f)
 		}
 	}
-	l.mu.Unlock()
 	slices.Sort(files)
+	return files
+}
+
+// dumpTails writes the end of the operator's logs, for a failed spec.
+func (l *logCollector) dumpTails(lines int) {
+	files := l.operatorLogs()
 	for _, f := range files[max(0, len(files)-2):] {
 		b, _ := os.ReadFile(f)
 		all := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
@@ -282,6 +289,50 @@ func searchCredentials(ctx context.Context) {
 }
 
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+
+// mintedKey finds the proxy replica an operator log line says it minted an auth key for.
+var mintedKey = regexp.MustCompile(`"msg":"minted auth key".*?"proxy":"([^"]+)"`)
+
+// reportKeysMinted counts the auth keys the operator minted for each proxy replica over the
+// run, from every log of its containers (collected until the collector stopped). Goal: one.
+func reportKeysMinted() {
+	GinkgoHelper()
+	files := suite.logs.operatorLogs()
+	perProxy := map[string]int{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		Expect(err).NotTo(HaveOccurred())
+		for _, m := range mintedKey.FindAllSubmatch(b, -1) {
+			perProxy[string(m[1])]++
+		}
+	}
+	counts := map[int]int{} // keys → replicas
+	var most []string
+	for proxy, n := range perProxy {
+		counts[n]++
+		if n > 1 {
+			most = append(most, fmt.Sprintf("%s: %d", proxy, n))
+		}
+	}
+	slices.Sort(most)
+	var dist []string
+	for _, n := range slices.Sorted(maps.Keys(counts)) {
+		dist = append(dist, fmt.Sprintf("%d with %d", counts[n], n))
+	}
+	suite.report.add("### Auth keys minted per proxy\n\nFrom the operator's logs over the whole run (%d log files, every "+
+		"restart of its container): %d auth keys minted for %d proxy replicas; replicas by keys minted: %s. Goal: one key "+
+		"per replica, whatever the faults.\n", len(files), sumValues(perProxy), len(perProxy), strings.Join(dist, ", "))
+	Expect(len(perProxy)).To(BeNumerically(">", 3), "proxies found in the operator's logs: the count must see them")
+	Expect(most).To(BeEmpty(), "replicas given more than one auth key")
+}
+
+func sumValues(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
 
 // metricsReader is a ServiceAccount allowed to scrape the operator's metrics, and its token.
 var metricsToken = sync.OnceValue(func() string {

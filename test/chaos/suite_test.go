@@ -95,6 +95,7 @@ var _ = AfterSuite(func(ctx SpecContext) {
 	}
 	suite.Leave(ctx)
 	searchCredentials(ctx)
+	reportKeysMinted()
 	Expect(suite.report.flush()).To(Succeed())
 })
 

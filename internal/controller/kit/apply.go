@@ -7,14 +7,17 @@ package kit
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -106,6 +109,28 @@ func WriteShared(ctx context.Context, c client.Client, before, obj client.Object
 	obj.SetResourceVersion(before.GetResourceVersion())
 	return c.Update(ctx, obj)
 }
+
+// SetAnnotation sets one annotation of obj (by its namespace and name) through the API, and
+// creates obj bearing it when it does not exist yet. A merge patch under its own field manager:
+// what Apply writes later neither needs nor removes it, so it outlives the applies between.
+func SetAnnotation(ctx context.Context, c client.Client, obj client.Object, key, value string) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: value}}})
+	if err != nil {
+		return fmt.Errorf("encoding annotation %s: %w", key, err)
+	}
+	err = c.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(annotationOwner))
+	if apierrors.IsNotFound(err) {
+		obj.SetAnnotations(map[string]string{key: value})
+		err = c.Create(ctx, obj, client.FieldOwner(annotationOwner))
+	}
+	if err != nil {
+		return fmt.Errorf("setting annotation %s on %s/%s: %w", key, obj.GetNamespace(), obj.GetName(), err)
+	}
+	return nil
+}
+
+// annotationOwner is the field manager of SetAnnotation's writes.
+const annotationOwner = fieldOwner + "-annotations"
 
 // Remove deletes a child; one already gone is not an error.
 func Remove(ctx context.Context, c client.Client, obj client.Object, opts ...client.DeleteOption) error {

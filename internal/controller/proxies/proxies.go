@@ -63,14 +63,15 @@ func (m *Proxies) TailnetInfo(ctx context.Context) tailnet.TailnetInfo {
 // mints an auth key only while the proxy has no device yet and holds no unused key.
 func (m *Proxies) Ensure(ctx context.Context, p *StandaloneProxy) (created bool, err error) {
 	ns := m.Settings.Namespace
-	authKey, err := m.authKeyFor(ctx, p)
+	grant, err := m.authKeyFor(ctx, p)
 	if err != nil {
 		return false, err
 	}
-	secret, err := p.buildSecret(ns, authKey)
+	secret, err := p.buildSecret(ns, grant.Key)
 	if err != nil {
 		return false, err
 	}
+	grant.Annotate(secret)
 	sts := p.BuildStatefulSet(m.Settings)
 	if created, err = m.absent(ctx, sts); err != nil {
 		return false, fmt.Errorf("looking for the proxy StatefulSet %s/%s: %w", sts.Namespace, sts.Name, err)
@@ -81,6 +82,9 @@ func (m *Proxies) Ensure(ctx context.Context, p *StandaloneProxy) (created bool,
 	}
 	for _, obj := range append(objs, sts) {
 		if err := kit.Apply(ctx, m.Client, obj); err != nil {
+			if obj == secret {
+				return false, m.keys().Undelivered(ctx, grant, err)
+			}
 			return false, err
 		}
 	}
@@ -104,8 +108,12 @@ func (m *Proxies) absent(ctx context.Context, obj client.Object) (bool, error) {
 	return false, err
 }
 
-func (m *Proxies) authKeyFor(ctx context.Context, p *StandaloneProxy) (string, error) {
-	return p.Parent.replicas().AuthKey(ctx, m.Client, m.Tailnet, m.Settings.Namespace, 0, tailnet.AuthKeyRequest{
+func (m *Proxies) keys() Keys {
+	return Keys{Client: m.Client, API: m.API, Tailnet: m.Tailnet, Namespace: m.Settings.Namespace}
+}
+
+func (m *Proxies) authKeyFor(ctx context.Context, p *StandaloneProxy) (KeyGrant, error) {
+	return m.keys().Grant(ctx, p.Parent.replicas(), 0, p.configSecret(m.Settings.Namespace), tailnet.AuthKeyRequest{
 		Tags:        p.Config.Tags,
 		Description: fmt.Sprintf("tsingress %s %s/%s", p.Parent.Typ, p.Parent.Namespace, p.Parent.Name),
 		Expiry:      AuthKeyExpiry,
@@ -153,14 +161,19 @@ func (m *Proxies) Cleanup(ctx context.Context, par Parent) (done bool, err error
 		return false, fmt.Errorf("reading the proxy StatefulSet %s/%s: %w", ns, name, err)
 	}
 
-	state := &corev1.Secret{}
-	switch err := m.Get(ctx, client.ObjectKey{Namespace: ns, Name: par.replicas().StateSecret(0)}, state); {
-	case err == nil:
+	// From the API server, not the cache: a device the proxy recorded just before it stopped
+	// must not be missed, nor a key minted just before.
+	state, err := getSecret(ctx, m.API, ns, par.replicas().StateSecret(0))
+	if err != nil {
+		return false, fmt.Errorf("reading the proxy state: %w", err)
+	}
+	if state != nil {
 		if err := DeleteDevice(ctx, m.Tailnet, state); err != nil {
 			return false, err
 		}
-	case !apierrors.IsNotFound(err):
-		return false, fmt.Errorf("reading the proxy state Secret %s/%s: %w", ns, par.replicas().StateSecret(0), err)
+	}
+	if err := m.keys().Release(ctx, state); err != nil { // a standalone proxy's config is its state Secret
+		return false, err
 	}
 	if err := certs.PruneCertCopies(ctx, m.Client, ns, par.Labels(), nil); err != nil {
 		return false, err

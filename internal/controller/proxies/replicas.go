@@ -77,57 +77,6 @@ func (s replicaSet) Read(ctx context.Context, c client.Reader, reports *Reports,
 	return r, nil
 }
 
-// AuthKey is the auth key replica i's config holds: none once the replica is logged in, the
-// unused one its config holds, else a new single-use key minted with req.
-func (s replicaSet) AuthKey(ctx context.Context, c client.Reader, tc tailnet.Client, ns string, i int, req tailnet.AuthKeyRequest) (string, error) {
-	state, err := secretData(ctx, c, ns, s.StateSecret(i))
-	if err != nil {
-		return "", err
-	}
-	config := state
-	if s.ConfigSecret(i) != s.StateSecret(i) {
-		if config, err = secretData(ctx, c, ns, s.ConfigSecret(i)); err != nil {
-			return "", err
-		}
-	}
-	if key, mint := keptAuthKey(state, config); !mint {
-		return key, nil
-	}
-	key, err := tc.CreateAuthKey(ctx, req)
-	if err != nil {
-		return "", fmt.Errorf("minting an auth key for %s: %w", s.pod(i), err)
-	}
-	// By its ID, never its secret.
-	log.FromContext(ctx).Info("minted auth key", "keyID", key.ID, "proxy", s.pod(i), "tags", req.Tags,
-		"description", req.Description, "expires", key.Expires)
-	return key.Secret.Reveal(), nil
-}
-
-// keptAuthKey decides a replica's auth key from its state and config Secrets' data: none once
-// it is logged in (the key is spent and leaves the config), else the unused key its config
-// holds; mint says it has none and needs a new one.
-func keptAuthKey(state, config map[string][]byte) (key string, mint bool) {
-	if contract.LoggedIn(state) {
-		return "", false
-	}
-	if cfg, _, err := contract.ProxyConfigs.Decode(config); err == nil && cfg.AuthKey != "" {
-		return cfg.AuthKey, false
-	}
-	return "", true
-}
-
-// secretData is the data of a Secret, nil when there is none.
-func secretData(ctx context.Context, c client.Reader, ns, name string) (map[string][]byte, error) {
-	s := &corev1.Secret{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, s); err != nil {
-		if err := client.IgnoreNotFound(err); err != nil {
-			return nil, fmt.Errorf("reading Secret %s/%s: %w", ns, name, err)
-		}
-		return nil, nil
-	}
-	return s.Data, nil
-}
-
 // DeleteDevice removes from the tailnet the device a replica's state Secret records.
 func DeleteDevice(ctx context.Context, tc tailnet.Client, state *corev1.Secret) error {
 	id := string(state.Data[contract.StateDeviceID])

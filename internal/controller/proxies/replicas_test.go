@@ -1,6 +1,7 @@
 package proxies
 
 import (
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -10,6 +11,7 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
 // The names of a replica's Pod and Secrets: a standalone proxy's config and state share one
@@ -41,33 +43,45 @@ func TestReplicaSetNames(t *testing.T) {
 }
 
 // A replica keeps its unused auth key, needs none once logged in, and gets a new one only when
-// it has neither.
-func TestKeptAuthKey(t *testing.T) {
-	withKey := func(key string) map[string][]byte {
+// it has neither; what the config Secret records of its key goes along.
+func TestKept(t *testing.T) {
+	withKey := func(key string, ann map[string]string) *corev1.Secret {
 		data, err := contract.ProxyConfigs.Encode(&contract.ProxyConfig{Kind: contract.KindService, Hostname: "h", StateSecret: "h-0",
 			Forward: &contract.Destination{DNSName: "db.example.com"}, AuthKey: key})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return data
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: ann}, Data: data}
 	}
-	loggedIn := map[string][]byte{contract.StateDeviceID: []byte("n123")}
+	loggedIn := &corev1.Secret{Data: map[string][]byte{contract.StateDeviceID: []byte("n123")}}
+	recorded := map[string]string{AnnotationAuthKeyID: "k1", AnnotationAuthKeyNonce: "n1", AnnotationAuthKeyIntent: "n1"}
 	for _, tc := range []struct {
 		name          string
-		state, config map[string][]byte
-		key           string
+		state, config *corev1.Secret
+		want          KeyGrant
 		mint          bool
 	}{
 		{name: "nothing yet", mint: true},
-		{name: "config without a key", config: withKey(""), mint: true},
-		{name: "unused key", config: withKey("tskey-auth-1"), key: "tskey-auth-1"},
-		{name: "logged in, key left in the config", state: loggedIn, config: withKey("tskey-auth-1")},
-		{name: "logged in", state: loggedIn, config: withKey("")},
-		{name: "config unreadable", config: map[string][]byte{"config": []byte("{")}, mint: true},
+		{name: "config without a key", config: withKey("", nil), mint: true},
+		{name: "unused key", config: withKey("tskey-auth-1", recorded), want: KeyGrant{Key: "tskey-auth-1", ID: "k1", Nonce: "n1"}},
+		{name: "logged in, key left in the config", state: loggedIn, config: withKey("tskey-auth-1", recorded), want: KeyGrant{Nonce: "n1"}},
+		{name: "logged in", state: loggedIn, config: withKey("", recorded), want: KeyGrant{Nonce: "n1"}},
+		{name: "config unreadable", config: &corev1.Secret{Data: map[string][]byte{"config": []byte("{")}}, mint: true},
 	} {
-		key, mint := keptAuthKey(tc.state, tc.config)
-		if key != tc.key || mint != tc.mint {
-			t.Errorf("%s: keptAuthKey = %q, mint %v; want %q, mint %v", tc.name, key, mint, tc.key, tc.mint)
+		got, ok := kept(tc.state, tc.config)
+		if got != tc.want || ok == tc.mint {
+			t.Errorf("%s: kept = %+v, %v; want %+v, %v", tc.name, got, ok, tc.want, !tc.mint)
+		}
+	}
+}
+
+// A key's description is what the admin console shows, cut to the control plane's limit so
+// that the nonce that finds it again always ends it.
+func TestKeyDescription(t *testing.T) {
+	for _, human := range []string{"tsingress Ingress default/web", "tsingress Service " + strings.Repeat("x", 80)} {
+		d := keyDescription(human, "0123456789")
+		if len(d) > tailnet.MaxKeyDescription || !strings.HasSuffix(d, " 0123456789") || !strings.HasPrefix(human, strings.TrimSuffix(d, " 0123456789")) {
+			t.Errorf("keyDescription(%q) = %q (%d characters)", human, d, len(d))
 		}
 	}
 }

@@ -79,10 +79,17 @@ func (p *StandaloneProxy) buildSecret(namespace, authKey string) (*corev1.Secret
 	if err != nil {
 		return nil, fmt.Errorf("encoding the proxy config of %s: %w", p.secretName(), err)
 	}
-	s := &corev1.Secret{ObjectMeta: p.meta(p.secretName()), Data: data}
+	s := p.configSecret(namespace)
+	s.Data = data
+	return s, nil
+}
+
+// configSecret is the Secret of the proxy's config and state, without data.
+func (p *StandaloneProxy) configSecret(namespace string) *corev1.Secret {
+	s := &corev1.Secret{ObjectMeta: p.meta(p.secretName())}
 	s.Namespace = namespace
 	s.Labels[kit.LabelSecretType] = SecretTypeConfState
-	return s, nil
+	return s
 }
 
 func (p *StandaloneProxy) buildServiceAccount(namespace string) *corev1.ServiceAccount {

@@ -47,6 +47,9 @@ type ProxyGroupReconciler struct {
 	kit.Reporter
 	Settings kit.Settings
 	Tailnet  tailnet.Client
+	// API reads uncached: the replicas' Secrets before an auth key is minted or a device
+	// deleted, which the cache may show as they were before a write.
+	API client.Reader
 	// Store reads the group's documents and what its replicas report.
 	Store groupstore.Store
 	// documentsRead holds the groups whose replicas all read their services from the
@@ -144,18 +147,22 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 		return err
 	}
 	objs := []client.Object{r.buildServiceAccount(g), r.buildRole(g, n, shards, certs), r.buildRoleBinding(g), cm}
+	grants := map[string]proxies.KeyGrant{} // by config Secret
 	for i := range n {
-		cfg, err := r.replicaConfig(ctx, pg, g, class, i, services)
+		config := r.secret(g, g.Replicas().ConfigSecret(i), secretTypeConfig, i, nil)
+		if err := controllerutil.SetControllerReference(pg, config, r.Scheme()); err != nil {
+			return fmt.Errorf("setting ProxyGroup %s as the owner of %s: %w", pg.Name, config.Name, err)
+		}
+		cfg, grant, err := r.replicaConfig(ctx, pg, g, class, i, services, config)
 		if err != nil {
 			return err
 		}
-		data, err := contract.ProxyConfigs.EncodeFrom(cfg, configReads(reps[i]))
-		if err != nil {
+		if config.Data, err = contract.ProxyConfigs.EncodeFrom(cfg, configReads(reps[i])); err != nil {
 			return fmt.Errorf("encoding the config of replica %d of ProxyGroup %s: %w", i, pg.Name, err)
 		}
-		objs = append(objs,
-			r.secret(g, g.Replicas().ConfigSecret(i), secretTypeConfig, i, data),
-			r.secret(g, g.Replicas().StateSecret(i), proxies.SecretTypeState, i, nil))
+		grant.Annotate(config)
+		grants[config.Name] = grant
+		objs = append(objs, config, r.secret(g, g.Replicas().StateSecret(i), proxies.SecretTypeState, i, nil))
 		objs = append(objs, r.reportSecrets(g, i, shards)...)
 	}
 	pods := proxies.ProxyPods{
@@ -182,7 +189,13 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 	var applies errgroup.Group
 	applies.SetLimit(childApplies)
 	for _, obj := range objs {
-		applies.Go(func() error { return kit.Apply(ctx, r.Client, obj) })
+		applies.Go(func() error {
+			err := kit.Apply(ctx, r.Client, obj)
+			if grant, ok := grants[obj.GetName()]; ok && err != nil {
+				return r.keys().Undelivered(ctx, grant, err)
+			}
+			return err
+		})
 	}
 	if err := applies.Wait(); err != nil {
 		return err
@@ -196,7 +209,13 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 // childApplies is how many of a group's children are applied at once.
 const childApplies = 8
 
-func (r *ProxyGroupReconciler) replicaConfig(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g proxies.Group, class *tsv1alpha1.ProxyClass, i int, services []string) (*contract.ProxyConfig, error) {
+func (r *ProxyGroupReconciler) keys() proxies.Keys {
+	return proxies.Keys{Client: r.Client, API: r.API, Tailnet: r.Tailnet, Namespace: r.Settings.Namespace}
+}
+
+// replicaConfig builds replica i's config, with the auth key its config Secret (config, without
+// data) is to deliver.
+func (r *ProxyGroupReconciler) replicaConfig(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g proxies.Group, class *tsv1alpha1.ProxyClass, i int, services []string, config *corev1.Secret) (*contract.ProxyConfig, proxies.KeyGrant, error) {
 	tags := make([]string, 0, len(pg.Spec.Tags))
 	for _, t := range pg.Spec.Tags {
 		tags = append(tags, string(t))
@@ -231,12 +250,12 @@ func (r *ProxyGroupReconciler) replicaConfig(ctx context.Context, pg *tsv1alpha1
 	cfg.Metrics = proxies.MetricsEnabled(class)
 	// One single-use key per replica.
 	req := tailnet.AuthKeyRequest{Tags: tags, Description: fmt.Sprintf("tsingress proxygroup %s replica %d", pg.Name, i), Expiry: proxies.AuthKeyExpiry}
-	key, err := g.Replicas().AuthKey(ctx, r.Client, r.Tailnet, r.Settings.Namespace, i, req)
+	grant, err := r.keys().Grant(ctx, g.Replicas(), i, config, req)
 	if err != nil {
-		return nil, err
+		return nil, proxies.KeyGrant{}, err
 	}
-	cfg.AuthKey = key
-	return cfg, nil
+	cfg.AuthKey = grant.Key
+	return cfg, grant, nil
 }
 
 func (r *ProxyGroupReconciler) secret(g proxies.Group, name, typ string, i int, data map[string][]byte) *corev1.Secret {
@@ -338,6 +357,10 @@ func (r *ProxyGroupReconciler) scaleDown(ctx context.Context, g proxies.Group, n
 		if i < n {
 			continue
 		}
+		// From the API server, not the cache: a device recorded just before must not be missed.
+		if err := r.API.Get(ctx, client.ObjectKeyFromObject(s), s); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("reading the state Secret %s/%s of removed replica %d: %w", s.Namespace, s.Name, i, err)
+		}
 		if err := proxies.DeleteDevice(ctx, r.Tailnet, s); err != nil {
 			return err
 		}
@@ -347,6 +370,12 @@ func (r *ProxyGroupReconciler) scaleDown(ctx context.Context, g proxies.Group, n
 	}
 	for i, s := range configs {
 		if i >= n {
+			if err := r.API.Get(ctx, client.ObjectKeyFromObject(s), s); client.IgnoreNotFound(err) != nil {
+				return fmt.Errorf("reading the config Secret %s/%s of removed replica %d: %w", s.Namespace, s.Name, i, err)
+			}
+			if err := r.keys().Release(ctx, s); err != nil {
+				return err
+			}
 			if err := kit.Remove(ctx, r.Client, s); err != nil {
 				return fmt.Errorf("deleting the config Secret %s/%s of removed replica %d: %w", s.Namespace, s.Name, i, err)
 			}

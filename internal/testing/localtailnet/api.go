@@ -40,6 +40,9 @@ type APIFault struct {
 func (s *server) apiHandler() http.Handler {
 	api := http.NewServeMux()
 	api.HandleFunc("POST "+tailnetAPIPattern+"keys", s.apiCreateKey)
+	api.HandleFunc("GET "+tailnetAPIPattern+"keys", s.apiListKeys)
+	api.HandleFunc("GET "+tailnetAPIPattern+"keys/{id}", s.apiGetKey)
+	api.HandleFunc("DELETE "+tailnetAPIPattern+"keys/{id}", s.apiDeleteKey)
 	api.HandleFunc("GET "+tailnetAPIPattern+"devices", s.apiListDevices)
 	api.HandleFunc("GET /api/v2/device/{id}", s.apiGetDevice)
 	api.HandleFunc("DELETE /api/v2/device/{id}", s.apiDeleteDevice)
@@ -189,6 +192,11 @@ func (s *server) apiCreateKey(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, "requested tags %v are invalid or not permitted", bad)
 		return
 	}
+	// The admin console's limit, which the API keeps too.
+	if len(req.Description) > maxKeyDescription {
+		apiError(w, http.StatusBadRequest, "description must be at most %d characters", maxKeyDescription)
+		return
+	}
 	if req.ExpirySeconds < 0 {
 		apiError(w, http.StatusBadRequest, "expirySeconds must not be negative")
 		return
@@ -223,6 +231,77 @@ func (s *server) apiCreateKey(w http.ResponseWriter, r *http.Request) {
 		Expires:      k.expires,
 		Capabilities: req.Capabilities,
 	})
+}
+
+// maxKeyDescription is the longest description an auth key may have.
+const maxKeyDescription = 50
+
+// live says whether k can still log a device in.
+func (k *authKey) live(now time.Time) bool {
+	return k.revoked.IsZero() && now.Before(k.expires) && (!k.used || k.reusable)
+}
+
+// keyByIDLocked finds a key by its ID.
+func (s *server) keyByIDLocked(id string) *authKey {
+	for _, k := range s.keys {
+		if k.id == id {
+			return k
+		}
+	}
+	return nil
+}
+
+// apiListKeys lists the active keys by ID only, as the Tailscale API does.
+func (s *server) apiListKeys(w http.ResponseWriter, r *http.Request) {
+	if !s.tailnetOK(w, r) {
+		return
+	}
+	s.mu.Lock()
+	keys := []tsapi.Key{}
+	now := time.Now()
+	for _, k := range s.keys {
+		if k.live(now) && !k.funnelRelay {
+			keys = append(keys, tsapi.Key{ID: k.id})
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(keys, func(a, b tsapi.Key) int { return strings.Compare(a.ID, b.ID) })
+	writeJSON(w, http.StatusOK, map[string][]tsapi.Key{"keys": keys})
+}
+
+// apiGetKey describes one key, without its secret.
+func (s *server) apiGetKey(w http.ResponseWriter, r *http.Request) {
+	if !s.tailnetOK(w, r) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := s.keyByIDLocked(r.PathValue("id"))
+	if k == nil {
+		apiError(w, http.StatusNotFound, "key not found")
+		return
+	}
+	writeJSON(w, http.StatusOK, tsapi.Key{ID: k.id, KeyType: "auth", Description: k.description, Created: k.created,
+		Expires: k.expires, Revoked: k.revoked, Invalid: !k.live(time.Now())})
+}
+
+// apiDeleteKey revokes a key: it logs no device in from then on.
+func (s *server) apiDeleteKey(w http.ResponseWriter, r *http.Request) {
+	if !s.tailnetOK(w, r) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := s.keyByIDLocked(r.PathValue("id"))
+	if k == nil {
+		apiError(w, http.StatusNotFound, "key not found")
+		return
+	}
+	if k.revoked.IsZero() {
+		k.revoked = time.Now()
+		s.logf("localtailnet: revoked auth key %s (%q)", k.id, k.description)
+	}
+	w.WriteHeader(http.StatusOK)
 }
 
 func (s *server) apiDeviceLocked(n *node) tsapi.Device {

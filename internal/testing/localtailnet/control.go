@@ -197,6 +197,10 @@ func (s *server) serveRegister(w http.ResponseWriter, r *http.Request, mkey key.
 		s.logf("localtailnet: refused single-use auth key %s: already used", k.id)
 		fail("auth key has already been used")
 		return
+	case !k.revoked.IsZero():
+		s.logf("localtailnet: refused auth key %s: revoked", k.id)
+		fail("auth key has been revoked")
+		return
 	case time.Now().After(k.expires):
 		s.logf("localtailnet: refused auth key %s: expired", k.id)
 		fail("auth key has expired")

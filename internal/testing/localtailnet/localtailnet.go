@@ -375,6 +375,29 @@ func (lt *LocalTailnet) MintUserKey(login, displayName string) tailnet.Secret {
 	return tailnet.NewSecret(k.secret)
 }
 
+// Key is an auth key as the tailnet holds it, without its secret.
+type Key struct {
+	ID, Description string
+	Created         time.Time
+}
+
+// LiveKeys lists the auth keys that can still log a device in: not revoked, not expired, not
+// spent. An operator should hold at most one per proxy replica that has not logged in.
+func (lt *LocalTailnet) LiveKeys() []Key {
+	s := lt.srv
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var keys []Key
+	now := time.Now()
+	for _, k := range s.keys {
+		if k.live(now) && !k.funnelRelay {
+			keys = append(keys, Key{ID: k.id, Description: k.description, Created: k.created})
+		}
+	}
+	slices.SortFunc(keys, func(a, b Key) int { return a.Created.Compare(b.Created) })
+	return keys
+}
+
 // PublicDialer dials as a client on the internet does, for a test's or a script's
 // http.Transport: it looks names up in the tailnet's public DNS (DNSAddr), which has the names
 // served over Funnel while they are, and reaches port 443 at the Funnel listener. Any other

@@ -581,3 +581,39 @@ func TestControlDown(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// Keys are listed as the Tailscale API lists them (IDs, then one read each), revoked by
+// DELETE, and a revoked key logs nothing in; a spent single-use key is no longer live.
+func TestAuthKeysListedAndRevoked(t *testing.T) {
+	t.Parallel()
+	lt := startTailnet(t, localtailnet.Options{})
+	c := apiClient(t, lt, nil)
+	if _, err := c.CreateAuthKey(t.Context(), tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}, Description: strings.Repeat("x", 51)}); err == nil {
+		t.Error("a description over 50 characters was taken")
+	}
+	spent, revoked, kept := mintKey(t, c, "spent"), mintKey(t, c, "revoked"), mintKey(t, c, "kept")
+	joinNode(t, lt, "spent", spent)
+	if err := c.DeleteAuthKey(t.Context(), revoked.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteAuthKey(t.Context(), "kNOSUCHKEY"); err != nil {
+		t.Errorf("revoking a key that is not there: %v", err)
+	}
+	keys, err := c.AuthKeys(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 1 || keys[0].ID != kept.ID || keys[0].Description != "kept" {
+		t.Errorf("AuthKeys = %+v, want only %s (kept)", keys, kept.ID)
+	}
+	if live := lt.LiveKeys(); len(live) != 1 || live[0].ID != kept.ID {
+		t.Errorf("LiveKeys = %+v, want only %s", live, kept.ID)
+	}
+	node := newNode(lt, t.TempDir(), "late", revoked, logger.Discard)
+	defer node.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if _, err := node.Up(ctx); err == nil || !strings.Contains(err.Error(), "revoked") {
+		t.Errorf("login with a revoked key: err = %v, want it refused as revoked", err)
+	}
+}

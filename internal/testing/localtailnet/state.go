@@ -74,6 +74,7 @@ type authKey struct {
 	created     time.Time
 	expires     time.Time
 	used        bool
+	revoked     time.Time // zero while it is not
 	// owner is the person whose devices log in with the key; nil for tagged devices.
 	owner *tailcfg.UserProfile
 	// funnelRelay is set on the key of the Funnel relay node.
