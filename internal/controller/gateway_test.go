@@ -1,12 +1,15 @@
 package controller
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -17,7 +20,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
 
@@ -87,6 +93,37 @@ var _ = Describe("Gateway API", Ordered, func() {
 		Expect(gw.Get(ctx, client.ObjectKeyFromObject(gc), got)).To(Succeed())
 		Expect(got.Status.SupportedFeatures).To(BeEmpty(), "no Gateway is served yet")
 		Expect(got.Status.Conditions).To(HaveLen(2))
+	})
+
+	It("serves GatewayClasses in an operator started with the CRDs installed", func() {
+		// A second operator, of the Gateway API controllers alone, counting its own passes.
+		s := runtime.NewScheme()
+		Expect(clientgoscheme.AddToScheme(s)).To(Succeed())
+		Expect(tsv1alpha1.AddToScheme(s)).To(Succeed())
+		mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+			Scheme:         s,
+			Metrics:        metricsserver.Options{BindAddress: "0"},
+			MapperProvider: kit.MapperProvider,
+			// Its controllers have the names of the suite's operator's.
+			Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		})
+		Expect(err).NotTo(HaveOccurred())
+		m := &kit.OperatorMetrics{
+			Outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outcomes"}, []string{"controller", "reason"}),
+			Memories: map[string]*kit.EventMemory{},
+		}
+		Expect(gateway.Setup(mgr, m.Reporter(mgr.GetEventRecorder("second-operator"), "gatewayclass"))).To(Succeed())
+		mctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- mgr.Start(mctx) }()
+		DeferCleanup(func() {
+			stop()
+			Eventually(done).Should(Receive(BeNil()))
+		})
+		class("gw-second", gateway.ControllerName, nil)
+		Eventually(func() float64 {
+			return testutil.ToFloat64(m.Outcomes.WithLabelValues("gatewayclass", kit.OutcomeReconciled))
+		}).Should(BeNumerically(">=", 1))
 	})
 
 	It("rejects a missing ProxyClass with InvalidParameters and a Warning, and accepts the class once it exists", func() {
