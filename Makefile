@@ -20,7 +20,7 @@ all: build
 ##@ General
 
 # Variables that help shows by their values.
-HELP_VARS = OVERLAY KIND_CLUSTER CHAOS_CLUSTER FUZZTIME
+HELP_VARS = OVERLAY KIND_CLUSTER CHAOS_CLUSTER FUZZTIME GATEWAY_API_CRDS
 
 .PHONY: help
 help: ## Show this help.
