@@ -290,21 +290,33 @@ func searchCredentials(ctx context.Context) {
 
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 
-// mintedKey finds the proxy replica an operator log line says it minted an auth key for.
-var mintedKey = regexp.MustCompile(`"msg":"minted auth key".*?"proxy":"([^"]+)"`)
+// mintedKey finds the key an operator log line says it minted, the proxy replica it is for, and
+// the UID of its config Secret, which tells it from an earlier replica of its name.
+var mintedKey = regexp.MustCompile(`"msg":"minted auth key".*?"keyID":"([^"]+)","proxy":"([^"]+)","configSecretUID":"([^"]*)"`)
 
 // reportKeysMinted counts the auth keys the operator minted for each proxy replica over the
 // run, from every log of its containers (collected until the collector stopped). Goal: one.
+// A replica is its name and its config Secret: an object deleted and created again under its
+// name gets a new proxy, and a new key. Keys count by ID: a log stream taken up again after a
+// cut repeats its last second.
 func reportKeysMinted() {
 	GinkgoHelper()
 	files := suite.logs.operatorLogs()
-	perProxy := map[string]int{}
+	keys := map[string]map[string]bool{} // replica → key IDs
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		Expect(err).NotTo(HaveOccurred())
 		for _, m := range mintedKey.FindAllSubmatch(b, -1) {
-			perProxy[string(m[1])]++
+			replica := string(m[2]) + " (config Secret " + string(m[3]) + ")"
+			if keys[replica] == nil {
+				keys[replica] = map[string]bool{}
+			}
+			keys[replica][string(m[1])] = true
 		}
+	}
+	perProxy := map[string]int{}
+	for replica, ids := range keys {
+		perProxy[replica] = len(ids)
 	}
 	counts := map[int]int{} // keys → replicas
 	var most []string

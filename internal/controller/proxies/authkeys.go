@@ -97,9 +97,10 @@ func (k Keys) Grant(ctx context.Context, s replicaSet, i int, config *corev1.Sec
 	if err != nil {
 		return KeyGrant{}, fmt.Errorf("minting an auth key for %s: %w", s.pod(i), err)
 	}
-	// By its ID, never its secret.
-	log.FromContext(ctx).Info("minted auth key", "keyID", key.ID, "proxy", s.pod(i), "tags", req.Tags,
-		"description", req.Description, "expires", key.Expires)
+	// By its ID, never its secret. The config Secret's UID tells a proxy from an earlier one of
+	// its name (an object deleted and created again).
+	log.FromContext(ctx).Info("minted auth key", "keyID", key.ID, "proxy", s.pod(i), "configSecretUID", target.UID,
+		"tags", req.Tags, "description", req.Description, "expires", key.Expires)
 	return KeyGrant{Key: key.Secret.Reveal(), ID: key.ID, Nonce: nonce, minted: true}, nil
 }
 
