@@ -52,6 +52,7 @@ func CacheOptions(s kit.Settings) cache.Options {
 // Setup registers every reconciler with the manager. tc is the tailnet's control plane.
 func Setup(mgr ctrl.Manager, s kit.Settings, tc tailnet.Client) error {
 	rec := mgr.GetEventRecorder(recorderName)
+	c, api := kit.QuietSecrets(mgr.GetClient(), mgr.GetAPIReader())
 	tlsSecrets, err := certs.NewTLSSecretWatch(mgr)
 	if err != nil {
 		return fmt.Errorf("watching kubernetes.io/tls Secrets: %w", err)
@@ -64,7 +65,7 @@ func Setup(mgr ctrl.Manager, s kit.Settings, tc tailnet.Client) error {
 	if reg == nil {
 		reg = ctrlmetrics.Registry
 	}
-	m, err := registerOperatorMetrics(reg, mgr.GetClient(), s.Namespace, limits)
+	m, err := registerOperatorMetrics(reg, c, s.Namespace, limits)
 	if err != nil {
 		return fmt.Errorf("registering the operator's metrics: %w", err)
 	}
@@ -78,28 +79,28 @@ func Setup(mgr ctrl.Manager, s kit.Settings, tc tailnet.Client) error {
 	if err := certs.IndexCertificateCopies(mgr); err != nil {
 		return fmt.Errorf("indexing the certificate copies: %w", err)
 	}
-	if err := (&proxyclass.ProxyClassReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "proxyclass"), Mapper: mgr.GetRESTMapper()}).SetupWithManager(mgr); err != nil {
+	if err := (&proxyclass.ProxyClassReconciler{Client: c, Reporter: m.Reporter(rec, "proxyclass"), Mapper: mgr.GetRESTMapper()}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the ProxyClass controller: %w", err)
 	}
-	p := &proxies.Proxies{Client: mgr.GetClient(), API: mgr.GetAPIReader(), Settings: s, Tailnet: tc}
-	certSecrets := certs.CertSecrets{API: mgr.GetAPIReader(), Now: time.Now}
-	guard := &certs.CertGuard{Client: mgr.GetClient(), API: mgr.GetAPIReader(), Namespace: s.Namespace, Limits: limits, Now: time.Now}
-	if err := (&ingress.IngressReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "ingress"), Settings: s, Certs: certSecrets, Guard: guard, TLSSecrets: tlsSecrets}).SetupWithManager(mgr, p); err != nil {
+	p := &proxies.Proxies{Client: c, API: api, Settings: s, Tailnet: tc}
+	certSecrets := certs.CertSecrets{API: api, Now: time.Now}
+	guard := &certs.CertGuard{Client: c, API: api, Namespace: s.Namespace, Limits: limits, Now: time.Now}
+	if err := (&ingress.IngressReconciler{Client: c, Reporter: m.Reporter(rec, "ingress"), Settings: s, Certs: certSecrets, Guard: guard, TLSSecrets: tlsSecrets}).SetupWithManager(mgr, p); err != nil {
 		return fmt.Errorf("setting up the Ingress controller: %w", err)
 	}
-	if err := (&service.ServiceReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "service"), Settings: s}).SetupWithManager(mgr, p); err != nil {
+	if err := (&service.ServiceReconciler{Client: c, Reporter: m.Reporter(rec, "service"), Settings: s}).SetupWithManager(mgr, p); err != nil {
 		return fmt.Errorf("setting up the Service controller: %w", err)
 	}
 	// One store, so that the three reconcilers of ProxyGroups share its caches.
-	store := groupstore.NewStore(mgr.GetClient(), mgr.GetAPIReader(), tc, s)
-	if err := (&proxygroup.ProxyGroupReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "proxygroup"), Settings: s, Tailnet: tc, API: mgr.GetAPIReader(), Store: store}).SetupWithManager(mgr); err != nil {
+	store := groupstore.NewStore(c, api, tc, s)
+	if err := (&proxygroup.ProxyGroupReconciler{Client: c, Reporter: m.Reporter(rec, "proxygroup"), Settings: s, Tailnet: tc, API: api, Store: store}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the ProxyGroup controller: %w", err)
 	}
-	if err := (&ingress.HAIngressReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "ingress-proxygroup"), Settings: s, Certs: certSecrets, Guard: guard,
+	if err := (&ingress.HAIngressReconciler{Client: c, Reporter: m.Reporter(rec, "ingress-proxygroup"), Settings: s, Certs: certSecrets, Guard: guard,
 		TLSSecrets: tlsSecrets, Info: p.TailnetInfo}).SetupWithManager(mgr, store); err != nil {
 		return fmt.Errorf("setting up the ProxyGroup Ingress controller: %w", err)
 	}
-	if err := (&service.HAServiceReconciler{Client: mgr.GetClient(), Reporter: m.Reporter(rec, "service-proxygroup"), Settings: s}).SetupWithManager(mgr, store); err != nil {
+	if err := (&service.HAServiceReconciler{Client: c, Reporter: m.Reporter(rec, "service-proxygroup"), Settings: s}).SetupWithManager(mgr, store); err != nil {
 		return fmt.Errorf("setting up the ProxyGroup Service controller: %w", err)
 	}
 	if err := gateway.Setup(mgr, m.Reporter(rec, "gatewayclass")); err != nil {

@@ -12,6 +12,7 @@ package reliability
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -261,7 +262,9 @@ func searchCredentials() {
 		fmt.Fprintf(&b, "%s %s %s %s\n", e.Reason, e.Note, e.DeprecatedSource.Component, e.Action)
 	}
 	texts["the Events"] = b.String()
-	needles := map[string]string{"tskey-": "an auth key or OAuth client secret", lt.OAuthClientSecret.Reveal(): "the OAuth client secret"}
+	// Base64 too: a Secret's data in a JSON body, as client-go logs request and response bodies.
+	needles := map[string]string{"tskey-": "an auth key or OAuth client secret", lt.OAuthClientSecret.Reveal(): "the OAuth client secret",
+		base64.StdEncoding.EncodeToString([]byte("tskey-")): "an auth key or OAuth client secret, base64"}
 	for i, k := range privateKeys {
 		needles[pemBody(k)] = fmt.Sprintf("TLS private key %d", i)
 	}
