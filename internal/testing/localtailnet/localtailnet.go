@@ -259,7 +259,9 @@ func Start(ctx context.Context, opts Options) (*LocalTailnet, error) {
 func (lt *LocalTailnet) Close() error {
 	lt.closeOnce.Do(func() {
 		lt.stopOnCtx()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// Longer than the 5s Shutdown gives a connection that has sent nothing yet, such as
+		// one a client opened just before giving up on its request, before counting it idle.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		var funnelErr error
 		lt.srv.mu.Lock()
