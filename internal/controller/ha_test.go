@@ -415,6 +415,35 @@ var _ = Describe("A renamed object on a ProxyGroup", func() {
 	})
 })
 
+var _ = Describe("A renamed object whose entry was never written", func() {
+	It("releases the Tailscale Service it claimed under its old name, and at its deletion the one under its new name", func() {
+		// A group whose ProxyClass does not exist has no ConfigMap: every claim stays unentered.
+		pg := newProxyGroup("ha-claims", func(p *tsv1alpha1.ProxyGroup) { p.Spec.ProxyClass = "ha-claims-missing" })
+		DeferCleanup(k8s.Delete, ctx, pg)
+		ns := newNamespace()
+		svc := newService(ns, "claims", func(s *corev1.Service) {
+			s.Annotations = map[string]string{kit.AnnotationProxyGroup: "ha-claims", kit.AnnotationHostname: "claims-one"}
+		})
+		Eventually(func() error { _, err := tailscaleService("svc:claims-one"); return err }).Should(Succeed())
+
+		patch := client.MergeFrom(svc.DeepCopy())
+		svc.Annotations[kit.AnnotationHostname] = "claims-two"
+		Expect(k8s.Patch(ctx, svc, patch)).To(Succeed())
+		Eventually(func(g Gomega) {
+			_, err := tailscaleService("svc:claims-two")
+			g.Expect(err).NotTo(HaveOccurred())
+			_, err = tailscaleService("svc:claims-one")
+			g.Expect(tailnet.IsNotFound(err)).To(BeTrue(), "the old name's Tailscale Service is released: %v", err)
+		}).Should(Succeed())
+
+		Expect(k8s.Delete(ctx, svc)).To(Succeed())
+		Eventually(func(g Gomega) {
+			_, err := tailscaleService("svc:claims-two")
+			g.Expect(tailnet.IsNotFound(err)).To(BeTrue(), "released with the Service: %v", err)
+		}).Should(Succeed())
+	})
+})
+
 var _ = Describe("A Service on a ProxyGroup when a step fails", func() {
 	It("reports a control-plane outage as not configured, leaving validity undecided, and recovers", func() {
 		pg := newProxyGroup("ha-outage", func(p *tsv1alpha1.ProxyGroup) { p.Spec.Replicas = ptr.To[int32](1) })

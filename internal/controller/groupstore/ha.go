@@ -201,6 +201,10 @@ type ownerRef struct {
 	// in turn, and an owner that leaves takes its own away.
 	Ports []string `json:"ports,omitempty"`
 	Tags  []string `json:"tags,omitempty"`
+	// Object is the object of the owner's cluster that serves under the name (see ownerOf):
+	// written with the claim itself, so that a name claimed and never entered on a group (the
+	// object renamed, or the operator stopped, in between) is still found and released.
+	Object string `json:"object,omitempty"`
 }
 
 // union is the ports and tags the owners ask for, sorted. An owner whose record says neither
@@ -234,13 +238,20 @@ type tailscaleServices struct {
 	// wants it (readService), and now is the clock it is dated by (time.Now when nil).
 	read sync.Map
 	now  func() time.Time
+
+	// claims maps each service this operator owns to the object it claimed it for: read from
+	// the tailnet once (what an earlier operator Pod claimed), then kept with every claim and
+	// release.
+	claimsMu     sync.Mutex
+	claims       map[string]string
+	claimsLoaded bool
 }
 
 // readService is a read of a Tailscale Service that found this operator's record as wanted.
 type readService struct {
-	svc         tailnet.Service
-	ports, tags string // what this operator asked for, joined
-	at          time.Time
+	svc                tailnet.Service
+	owner, ports, tags string // what this operator asked for, joined
+	at                 time.Time
 }
 
 // serviceReadReuse is how long such a read stands in for another: a burst of reconciles (a
@@ -257,14 +268,97 @@ func (t *tailscaleServices) clock() time.Time {
 }
 
 // recentRead returns the read of name to reuse for what this operator asks now, if any.
-func (t *tailscaleServices) recentRead(name, ports, tags string) (tailnet.Service, bool) {
+func (t *tailscaleServices) recentRead(name, owner, ports, tags string) (tailnet.Service, bool) {
 	v, ok := t.read.Load(name)
 	if !ok {
 		return tailnet.Service{}, false
 	}
 	r := v.(readService)
 	fresh := t.clock().Before(r.at.Add(min(serviceReadReuse, t.sharedResync())))
-	return r.svc, fresh && r.ports == ports && r.tags == tags
+	return r.svc, fresh && r.owner == owner && r.ports == ports && r.tags == tags
+}
+
+// recordClaim notes that owner claims name, before the write that claims it.
+func (t *tailscaleServices) recordClaim(name, owner string) {
+	t.claimsMu.Lock()
+	defer t.claimsMu.Unlock()
+	if t.claims == nil {
+		t.claims = map[string]string{}
+	}
+	t.claims[name] = owner
+}
+
+// forgetClaim forgets owner's claim of name, if the claim is still owner's.
+func (t *tailscaleServices) forgetClaim(name, owner string) {
+	t.claimsMu.Lock()
+	defer t.claimsMu.Unlock()
+	if t.claims[name] == owner {
+		delete(t.claims, name)
+	}
+}
+
+// claimedBy lists the services this operator claimed for owner, in this Pod or an earlier one.
+func (t *tailscaleServices) claimedBy(ctx context.Context, owner string) ([]string, error) {
+	if err := t.loadClaims(ctx); err != nil {
+		return nil, err
+	}
+	t.claimsMu.Lock()
+	defer t.claimsMu.Unlock()
+	var names []string
+	for name, o := range t.claims {
+		if o == owner {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// loadClaims reads, once, the claims this operator's records on the tailnet name. Claims made
+// in this Pod meanwhile are newer and stand.
+func (t *tailscaleServices) loadClaims(ctx context.Context) error {
+	t.claimsMu.Lock()
+	loaded := t.claimsLoaded
+	t.claimsMu.Unlock()
+	if loaded {
+		return nil
+	}
+	id, err := t.operatorID(ctx)
+	if err != nil {
+		return err
+	}
+	all, err := t.Tailnet.Services(ctx)
+	if err != nil {
+		return fmt.Errorf("listing Tailscale Services to find those this operator claimed: %w", err)
+	}
+	t.claimsMu.Lock()
+	defer t.claimsMu.Unlock()
+	if t.claims == nil {
+		t.claims = map[string]string{}
+	}
+	for _, svc := range all {
+		if ref, ok := ourRef(svc, id); ok && ref.Object != "" {
+			if _, known := t.claims[svc.Name]; !known {
+				t.claims[svc.Name] = ref.Object
+			}
+		}
+	}
+	t.claimsLoaded = true
+	log.FromContext(ctx).Info("read the Tailscale Services this operator claimed", "services", len(all), "claimed", len(t.claims))
+	return nil
+}
+
+// ourRef is operator id's record on svc, if any.
+func ourRef(svc tailnet.Service, id string) (ownerRef, bool) {
+	var refs OwnerRefs
+	if json.Unmarshal([]byte(svc.Annotations[AnnotationOwnerRefs]), &refs) != nil {
+		return ownerRef{}, false
+	}
+	i := slices.IndexFunc(refs.OwnerRefs, func(r ownerRef) bool { return r.OperatorID == id })
+	if i < 0 {
+		return ownerRef{}, false
+	}
+	return refs.OwnerRefs[i], true
 }
 
 // operatorID identifies this operator installation among the owners of a Tailscale Service:
@@ -318,15 +412,16 @@ func (t *tailscaleServices) sharedResync() time.Duration {
 // jitter spreads rechecks over [d, 2d), so that operators do not write in step.
 func jitter(d time.Duration) time.Duration { return d + rand.N(d) }
 
-// Ensure creates or updates the Tailscale Service, with this operator among its owners.
-func (t *tailscaleServices) Ensure(ctx context.Context, name string, ports, tags []string) (ServiceClaim, error) {
+// Ensure creates or updates the Tailscale Service, with this operator among its owners, for
+// object owner.
+func (t *tailscaleServices) Ensure(ctx context.Context, name, owner string, ports, tags []string) (ServiceClaim, error) {
 	id, err := t.operatorID(ctx)
 	if err != nil {
 		return ServiceClaim{}, err
 	}
-	mine := ownerRef{OperatorID: id, Ports: slices.Sorted(slices.Values(ports)), Tags: slices.Sorted(slices.Values(tags))}
+	mine := ownerRef{OperatorID: id, Ports: slices.Sorted(slices.Values(ports)), Tags: slices.Sorted(slices.Values(tags)), Object: owner}
 	asked, askedTags := strings.Join(mine.Ports, ","), strings.Join(mine.Tags, ",")
-	if svc, ok := t.recentRead(name, asked, askedTags); ok {
+	if svc, ok := t.recentRead(name, owner, asked, askedTags); ok {
 		return ServiceClaim{Service: svc, Recheck: jitter(t.sharedResync())}, nil
 	}
 	// Forgotten until read again: a write below, or a failure, leaves it unknown.
@@ -359,9 +454,12 @@ func (t *tailscaleServices) Ensure(ctx context.Context, name string, ports, tags
 		existing.Annotations[AnnotationOwnerRefs] == string(raw) && len(existing.Addrs) > 0 {
 		// Rechecked even while the only owner: another cluster may have joined since, and that
 		// join is no event here.
-		t.read.Store(name, readService{svc: existing, ports: asked, tags: askedTags, at: at})
+		t.recordClaim(name, owner)
+		t.read.Store(name, readService{svc: existing, owner: owner, ports: asked, tags: askedTags, at: at})
 		return ServiceClaim{Service: existing, Recheck: jitter(t.sharedResync())}, nil
 	}
+	// Noted before the write: a write that fails may still have been made.
+	t.recordClaim(name, owner)
 	svc, err := t.Tailnet.PutService(ctx, want)
 	if err != nil {
 		return ServiceClaim{Service: svc}, err
@@ -379,8 +477,10 @@ func Sooner(a, b time.Duration) time.Duration {
 	return a
 }
 
-// Release drops this operator's ownership, deleting the service when no owner is left.
-func (t *tailscaleServices) Release(ctx context.Context, name string) error {
+// Release drops this operator's ownership of name for object owner, deleting the service when
+// no owner is left. A record that names another object of this cluster stays: that object
+// claimed the name since.
+func (t *tailscaleServices) Release(ctx context.Context, name, owner string) error {
 	id, err := t.operatorID(ctx)
 	if err != nil {
 		return err
@@ -388,6 +488,7 @@ func (t *tailscaleServices) Release(ctx context.Context, name string) error {
 	t.read.LoadAndDelete(name)
 	existing, err := t.Tailnet.Service(ctx, name)
 	if tailnet.IsNotFound(err) {
+		t.forgetClaim(name, owner)
 		return nil
 	}
 	if err != nil {
@@ -397,17 +498,23 @@ func (t *tailscaleServices) Release(ctx context.Context, name string) error {
 	if err := json.Unmarshal([]byte(existing.Annotations[AnnotationOwnerRefs]), &refs); err != nil {
 		return nil //nolint:nilerr // owner records we cannot read are not ours: leave the service alone
 	}
-	rest := slices.DeleteFunc(slices.Clone(refs.OwnerRefs), func(r ownerRef) bool { return r.OperatorID == id })
-	if len(rest) == len(refs.OwnerRefs) {
+	i := slices.IndexFunc(refs.OwnerRefs, func(r ownerRef) bool { return r.OperatorID == id })
+	switch {
+	case i < 0:
+		t.forgetClaim(name, owner)
 		return nil // released before, or never ours
+	case refs.OwnerRefs[i].Object != "" && refs.OwnerRefs[i].Object != owner:
+		return nil
 	}
+	rest := slices.Delete(slices.Clone(refs.OwnerRefs), i, i+1)
 	// Deleted with its last owner. Another operator claiming it at this very moment may lose
 	// it; it creates it again at its next check (sharedResync, or any change of its object).
 	if len(rest) == 0 {
 		if err := t.Tailnet.DeleteService(ctx, name); err != nil {
 			return fmt.Errorf("deleting Tailscale Service %s, which has no other owner: %w", name, err)
 		}
-		log.FromContext(ctx).Info("deleted Tailscale Service", "service", name)
+		t.forgetClaim(name, owner)
+		log.FromContext(ctx).Info("deleted Tailscale Service", "service", name, "object", owner)
 		return nil
 	}
 	refs.OwnerRefs = rest
@@ -417,6 +524,7 @@ func (t *tailscaleServices) Release(ctx context.Context, name string) error {
 	if _, err := t.Tailnet.PutService(ctx, existing); err != nil {
 		return fmt.Errorf("releasing Tailscale Service %s to its other owners: %w", name, err)
 	}
+	t.forgetClaim(name, owner)
 	log.FromContext(ctx).Info("released Tailscale Service to its other owners", "service", name, "owners", len(rest))
 	return nil
 }

@@ -3,6 +3,7 @@ package groupstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -25,10 +26,10 @@ import (
 // reconcilers hold a Store and never its parts.
 type Store interface {
 	// ClaimService creates or updates Tailscale Service name with this operator among its
-	// owners (ErrNotOurs when someone else's of that name exists).
-	ClaimService(ctx context.Context, name string, ports, tags []string) (ServiceClaim, error)
+	// owners, for obj (of kind) (ErrNotOurs when someone else's of that name exists).
+	ClaimService(ctx context.Context, kind string, obj client.Object, name string, ports, tags []string) (ServiceClaim, error)
 	// Put writes e's entry on its group, first moving the object's entries off any other
-	// group and releasing what it served under another name. Errors: ErrConfigFull, NotFound
+	// group and releasing what it served, or claimed, under another name. Errors: ErrConfigFull, NotFound
 	// while the group has no ConfigMap yet, or tailnet errors from a release.
 	Put(ctx context.Context, e Entry) error
 	// Withdraw takes the entries of obj (of kind) off every group and releases their
@@ -94,8 +95,8 @@ type store struct {
 	reports  proxies.Reports
 }
 
-func (s *store) ClaimService(ctx context.Context, name string, ports, tags []string) (ServiceClaim, error) {
-	return s.services.Ensure(ctx, name, ports, tags)
+func (s *store) ClaimService(ctx context.Context, kind string, obj client.Object, name string, ports, tags []string) (ServiceClaim, error) {
+	return s.services.Ensure(ctx, name, ownerOf(kind, obj), ports, tags)
 }
 
 func (s *store) Put(ctx context.Context, e Entry) error {
@@ -122,25 +123,32 @@ func (s *store) Withdraw(ctx context.Context, kind string, obj client.Object, sv
 	if err := s.docs.removeElsewhere(ctx, svcName, ""); err != nil {
 		return err
 	}
-	if err := s.services.Release(ctx, svcName); err != nil {
+	if err := s.services.Release(ctx, svcName, owner); err != nil {
 		return err
 	}
 	return s.releaseOwned(ctx, owner, "")
 }
 
 // releaseOwned removes the group entries owner has under any name but keep, and releases their
-// Tailscale Services: what an object served before it was renamed (or everything, keep "").
+// Tailscale Services and those claimed for it: what an object served, or was about to serve,
+// before it was renamed (or everything, keep "").
 func (s *store) releaseOwned(ctx context.Context, owner, keep string) error {
 	names, err := s.docs.ownedBy(ctx, owner)
 	if err != nil {
 		return err
 	}
-	for _, name := range names {
+	claimed, err := s.services.claimedBy(ctx, owner)
+	if err != nil {
+		return err
+	}
+	names = append(names, claimed...)
+	slices.Sort(names)
+	for _, name := range slices.Compact(names) {
 		if name == keep {
 			continue
 		}
 		// Released first: the owner index leads here again until the entries are gone.
-		if err := s.services.Release(ctx, name); err != nil {
+		if err := s.services.Release(ctx, name, owner); err != nil {
 			return err
 		}
 		if err := s.docs.removeElsewhere(ctx, name, ""); err != nil {

@@ -86,7 +86,7 @@ func (r *HAIngressReconciler) serve(ctx context.Context, ing *networkingv1.Ingre
 	if ws.HTTP != contract.HTTPOff {
 		ports = append(ports, "tcp:80")
 	}
-	ts, err := r.store.ClaimService(ctx, s.svcName, ports, d.Tags)
+	ts, err := r.store.ClaimService(ctx, "Ingress", ing, s.svcName, ports, d.Tags)
 	if err != nil {
 		var notOurs groupstore.ErrNotOurs
 		if errors.As(err, &notOurs) {

@@ -73,7 +73,7 @@ func (r *HAServiceReconciler) serve(ctx context.Context, svc *corev1.Service) (_
 	if err := kit.AddFinalizer(ctx, r.Client, svc, groupstore.FinalizerServicePG); err != nil {
 		return ctrl.Result{}, err
 	}
-	ts, err := r.store.ClaimService(ctx, svcName, []string{"do-not-validate"}, cfg.Tags)
+	ts, err := r.store.ClaimService(ctx, "Service", svc, svcName, []string{"do-not-validate"}, cfg.Tags)
 	if err != nil {
 		var notOurs groupstore.ErrNotOurs
 		if errors.As(err, &notOurs) {
