@@ -342,9 +342,7 @@ func applyProxyClass(sts *appsv1.StatefulSet, pc *tsv1alpha1.ProxyClass) {
 	ps.TopologySpreadConstraints = p.TopologySpreadConstraints
 	ps.PriorityClassName = p.PriorityClassName
 	ps.ImagePullSecrets = p.ImagePullSecrets
-	if p.SecurityContext != nil {
-		ps.SecurityContext = p.SecurityContext
-	}
+	ps.SecurityContext = mergePodSecurity(ps.SecurityContext, p.SecurityContext)
 	if p.DNSPolicy != nil {
 		ps.DNSPolicy = *p.DNSPolicy
 	}
@@ -371,9 +369,7 @@ func applyContainer(dst *corev1.Container, c *tsv1alpha1.Container) {
 	if len(c.Resources.Requests) > 0 || len(c.Resources.Limits) > 0 || len(c.Resources.Claims) > 0 {
 		dst.Resources = c.Resources
 	}
-	if c.SecurityContext != nil {
-		dst.SecurityContext = c.SecurityContext
-	}
+	dst.SecurityContext = mergeSecurity(dst.SecurityContext, c.SecurityContext)
 	// Later entries override earlier ones of the same name in a container's env.
 	for _, e := range c.Env {
 		dst.Env = append(dst.Env, corev1.EnvVar{Name: e.Name, Value: e.Value})
