@@ -4,12 +4,15 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -28,8 +31,11 @@ import (
 	"sigs.k8s.io/yaml"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller/gateway"
 	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
+	"github.com/tsingress/tsingress/internal/testing/kubeobj"
 )
 
 // The suite's operator starts without the Gateway API CRDs (BeforeSuite installs config/crd
@@ -112,7 +118,7 @@ var _ = Describe("Gateway API", Ordered, func() {
 			Outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outcomes"}, []string{"controller", "reason"}),
 			Memories: map[string]*kit.EventMemory{},
 		}
-		Expect(gateway.Setup(mgr, m.Reporter(mgr.GetEventRecorder("second-operator"), "gatewayclass"))).To(Succeed())
+		Expect(gateway.Setup(mgr, m.Reporter(mgr.GetEventRecorder("second-operator"), "gatewayclass"), nil)).To(Succeed())
 		mctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- mgr.Start(mctx) }()
@@ -237,6 +243,240 @@ var _ = Describe("Gateway API", Ordered, func() {
 		Expect(as.Status().Patch(ctx, gc, client.MergeFrom(before))).To(Succeed())
 		err = as.Update(ctx, gc)
 		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "updating a class: want Forbidden, got %v", err)
+	})
+
+	// Gateways and HTTPRoutes, on a class of this operator created for each spec.
+	gatewayCondition := func(obj *gatewayv1.Gateway, typ string) func(g Gomega) *metav1.Condition {
+		return func(g Gomega) *metav1.Condition {
+			got := &gatewayv1.Gateway{}
+			g.Expect(gw.Get(ctx, client.ObjectKeyFromObject(obj), got)).To(Succeed())
+			c := meta.FindStatusCondition(got.Status.Conditions, typ)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.ObservedGeneration).To(Equal(got.Generation))
+			return c
+		}
+	}
+	listenerStatus := func(obj *gatewayv1.Gateway, name string) func(g Gomega) gatewayv1.ListenerStatus {
+		return func(g Gomega) gatewayv1.ListenerStatus {
+			got := &gatewayv1.Gateway{}
+			g.Expect(gw.Get(ctx, client.ObjectKeyFromObject(obj), got)).To(Succeed())
+			i := slices.IndexFunc(got.Status.Listeners, func(l gatewayv1.ListenerStatus) bool { return string(l.Name) == name })
+			g.Expect(i).To(BeNumerically(">=", 0), "listener %s in the status", name)
+			return got.Status.Listeners[i]
+		}
+	}
+	listenerCondition := func(obj *gatewayv1.Gateway, name, typ string) func(g Gomega) *metav1.Condition {
+		return func(g Gomega) *metav1.Condition {
+			c := meta.FindStatusCondition(listenerStatus(obj, name)(g).Conditions, typ)
+			g.Expect(c).NotTo(BeNil())
+			return c
+		}
+	}
+	// routeCondition is a condition of this controller's entry for the route's first parentRef.
+	routeCondition := func(route *gatewayv1.HTTPRoute, typ string) func(g Gomega) *metav1.Condition {
+		return func(g Gomega) *metav1.Condition {
+			got := &gatewayv1.HTTPRoute{}
+			g.Expect(gw.Get(ctx, client.ObjectKeyFromObject(route), got)).To(Succeed())
+			i := slices.IndexFunc(got.Status.Parents, func(p gatewayv1.RouteParentStatus) bool {
+				return p.ControllerName == gateway.ControllerName && reflect.DeepEqual(p.ParentRef, got.Spec.ParentRefs[0])
+			})
+			g.Expect(i).To(BeNumerically(">=", 0), "an entry of this controller in the route's status")
+			c := meta.FindStatusCondition(got.Status.Parents[i].Conditions, typ)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.ObservedGeneration).To(Equal(got.Generation))
+			return c
+		}
+	}
+	create := func(objs ...client.Object) {
+		for _, o := range objs {
+			Expect(gw.Create(ctx, o)).To(Succeed())
+			DeferCleanup(func() { Expect(client.IgnoreNotFound(gw.Delete(ctx, o))).To(Succeed()) })
+		}
+	}
+	servedRoutes := func(obj client.Object) func(g Gomega) []contract.Route {
+		return func(g Gomega) []contract.Route { return proxyConfigOf(g, proxies.ParentTypeGateway, obj).Serve.Routes }
+	}
+	// quiet checks that nothing is reconciled again while nothing changes: no hot loop. The
+	// passes the spec's changes cause (the proxy's children appearing) end first.
+	quiet := func() {
+		passes := func() []float64 { return []float64{reconciles("gateway"), reconciles("httproute")} }
+		var last []float64
+		Eventually(func() bool {
+			p := passes()
+			settled := slices.Equal(p, last)
+			last = p
+			return settled
+		}).WithPolling(time.Second).Should(BeTrue())
+		Consistently(passes, "2s").Should(Equal(last))
+	}
+	warned := func(kind, name, reason string) {
+		Eventually(func(g Gomega) []eventsv1.Event { return events(g, kind, name) }).Should(ContainElement(And(
+			HaveField("Reason", reason), HaveField("Type", corev1.EventTypeWarning))), "a Warning %s on %s %s", reason, kind, name)
+	}
+	https, http := kubeobj.Listener("https", gatewayv1.HTTPSProtocolType, 443), kubeobj.Listener("http", gatewayv1.HTTPProtocolType, 80)
+	prefix, exact := gatewayv1.PathMatchPathPrefix, gatewayv1.PathMatchExact
+	noRoutes := []contract.Route{{Path: "/.well-known/tsingress/no-routes", PathType: contract.PathExact, Backend: contract.Backend{URL: "http://127.0.0.1:1"}}}
+
+	It("serves a Gateway with an HTTPRoute on a standalone proxy, reports its addresses, and removes the proxy with the Gateway", func() {
+		class("gw-serve", gateway.ControllerName, nil)
+		ns := newNamespace()
+		web := newBackendService(ns, "web")
+		edge := kubeobj.Gateway(ns, "edge", "gw-serve", https, http)
+		route := kubeobj.HTTPRoute(ns, "shop", "edge",
+			kubeobj.HTTPRule(exact, "/metrics", "", "web", 8080), kubeobj.HTTPRule(prefix, "/", "", "web", 80))
+		create(edge, route)
+
+		By("writing the proxy config with the route's rules, served on HTTPS and HTTP")
+		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{
+			{Path: "/metrics", PathType: contract.PathExact, Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":8080"}},
+			{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"}},
+		}))
+		cfg := proxyConfigOf(Default, proxies.ParentTypeGateway, edge)
+		Expect(cfg.Hostname).To(Equal(ns + "-edge-gateway"))
+		Expect(cfg.Serve.HTTP).To(Equal(contract.HTTPServe))
+		Expect(cfg.AuthKey).NotTo(BeEmpty())
+		Expect(k8s.Get(ctx, proxyKey(proxies.ParentTypeGateway, edge), &appsv1.StatefulSet{})).To(Succeed())
+
+		By("accepting the Gateway, its listeners and the route, and waiting for the proxy")
+		Eventually(gatewayCondition(edge, "Accepted")).Should(HaveField("Reason", kit.ReasonGatewayClassAccepted))
+		Eventually(gatewayCondition(edge, "Programmed")).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonPending)))
+		for _, l := range []string{"https", "http"} {
+			Eventually(listenerStatus(edge, l)).Should(And(HaveField("AttachedRoutes", int32(1)),
+				HaveField("SupportedKinds", ConsistOf(HaveField("Kind", gatewayv1.Kind("HTTPRoute"))))))
+			Expect(listenerCondition(edge, l, "Accepted")(Default)).To(HaveField("Status", metav1.ConditionTrue))
+			Expect(listenerCondition(edge, l, "ResolvedRefs")(Default)).To(HaveField("Status", metav1.ConditionTrue))
+			Expect(listenerCondition(edge, l, "Conflicted")(Default)).To(HaveField("Status", metav1.ConditionFalse))
+		}
+		Eventually(routeCondition(route, "Accepted")).Should(And(HaveField("Status", metav1.ConditionTrue), HaveField("Reason", kit.ReasonGatewayClassAccepted)))
+		Eventually(routeCondition(route, "ResolvedRefs")).Should(HaveField("Status", metav1.ConditionTrue))
+
+		By("reporting the proxy's MagicDNS name and tailnet IPs once it serves")
+		fqdn := ns + "-edge-gateway.tailnet.example"
+		reportState(proxies.ParentTypeGateway, edge, contract.ProxyState{DeviceID: "n-gw", FQDN: fqdn,
+			TailnetIPs: []string{"100.64.0.9", "fd7a:115c:a1e0::9"}, HTTPSEndpoint: fqdn})
+		Eventually(gatewayCondition(edge, "Programmed")).Should(And(HaveField("Status", metav1.ConditionTrue), HaveField("Reason", kit.ReasonProgrammed)))
+		Eventually(func(g Gomega) []gatewayv1.GatewayStatusAddress {
+			got := &gatewayv1.Gateway{}
+			g.Expect(gw.Get(ctx, client.ObjectKeyFromObject(edge), got)).To(Succeed())
+			return got.Status.Addresses
+		}).Should(Equal([]gatewayv1.GatewayStatusAddress{
+			{Type: ptr.To(gatewayv1.HostnameAddressType), Value: fqdn},
+			{Type: ptr.To(gatewayv1.IPAddressType), Value: "100.64.0.9"},
+			{Type: ptr.To(gatewayv1.IPAddressType), Value: "fd7a:115c:a1e0::9"},
+		}))
+		Eventually(listenerCondition(edge, "https", "Programmed")).Should(HaveField("Status", metav1.ConditionTrue))
+		Eventually(normalEvents("Gateway", "edge")).Should(ContainElement(kit.ReasonServing))
+		quiet()
+
+		By("removing the proxy and this controller's route status with the Gateway")
+		Expect(gw.Delete(ctx, edge)).To(Succeed())
+		expectGone(&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: testSetup.Namespace, Name: proxyKey(proxies.ParentTypeGateway, edge).Name}})
+		expectGone(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: testSetup.Namespace, Name: secretKey(proxies.ParentTypeGateway, edge).Name}})
+		Eventually(func() bool {
+			return apierrors.IsNotFound(gw.Get(ctx, client.ObjectKeyFromObject(edge), &gatewayv1.Gateway{}))
+		}).Should(BeTrue())
+		Eventually(func(g Gomega) []gatewayv1.RouteParentStatus {
+			got := &gatewayv1.HTTPRoute{}
+			g.Expect(gw.Get(ctx, client.ObjectKeyFromObject(route), got)).To(Succeed())
+			return got.Status.Parents
+		}).Should(BeEmpty())
+	})
+
+	It("serves a rule whose Service is missing with an error, reports BackendNotFound, and routes to it once it exists", func() {
+		class("gw-missing", gateway.ControllerName, nil)
+		ns := newNamespace()
+		web := newBackendService(ns, "web")
+		edge := kubeobj.Gateway(ns, "edge", "gw-missing", https)
+		route := kubeobj.HTTPRoute(ns, "api", "edge", kubeobj.HTTPRule(prefix, "/api", "", "api", 80), kubeobj.HTTPRule(prefix, "/", "", "web", 80))
+		create(edge, route)
+		Eventually(routeCondition(route, "ResolvedRefs")).Should(And(HaveField("Status", metav1.ConditionFalse),
+			HaveField("Reason", kit.ReasonBackendNotFound), HaveField("Message", ContainSubstring("Service "+ns+"/api does not exist"))))
+		Expect(routeCondition(route, "Accepted")(Default)).To(HaveField("Status", metav1.ConditionTrue))
+		// /api fails rather than fall through to /, another backend.
+		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{
+			{Path: "/api", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://127.0.0.1:1"}},
+			{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"}},
+		}))
+		warned("HTTPRoute", "api", kit.ReasonBackendNotFound)
+		quiet()
+
+		api := newBackendService(ns, "api")
+		Eventually(routeCondition(route, "ResolvedRefs")).Should(HaveField("Status", metav1.ConditionTrue))
+		Eventually(servedRoutes(edge)).Should(ContainElement(HaveField("Backend.URL", "http://"+api.Spec.ClusterIP+":80")))
+	})
+
+	It("refuses a backend in another namespace until a ReferenceGrant allows it", func() {
+		class("gw-grant", gateway.ControllerName, nil)
+		ns, other := newNamespace(), newNamespace()
+		db := newBackendService(other, "db")
+		edge := kubeobj.Gateway(ns, "edge", "gw-grant", https)
+		route := kubeobj.HTTPRoute(ns, "cross", "edge", kubeobj.HTTPRule(prefix, "/", other, "db", 80))
+		create(edge, route)
+		Eventually(routeCondition(route, "ResolvedRefs")).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonRefNotPermitted)))
+		warned("HTTPRoute", "cross", kit.ReasonRefNotPermitted)
+		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://127.0.0.1:1"}}}))
+		quiet()
+
+		create(&gatewayv1.ReferenceGrant{ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: "routes-to-db"}, Spec: gatewayv1.ReferenceGrantSpec{
+			From: []gatewayv1.ReferenceGrantFrom{{Group: gatewayv1.GroupName, Kind: "HTTPRoute", Namespace: gatewayv1.Namespace(ns)}},
+			To:   []gatewayv1.ReferenceGrantTo{{Group: "", Kind: "Service", Name: ptr.To[gatewayv1.ObjectName]("db")}},
+		}})
+		Eventually(routeCondition(route, "ResolvedRefs")).Should(HaveField("Status", metav1.ConditionTrue))
+		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{{Path: "/", PathType: contract.PathPrefix,
+			Backend: contract.Backend{URL: "http://" + db.Spec.ClusterIP + ":80"}}}))
+	})
+
+	It("does not serve a route with a filter, and says so", func() {
+		class("gw-filter", gateway.ControllerName, nil)
+		ns := newNamespace()
+		newBackendService(ns, "web")
+		edge := kubeobj.Gateway(ns, "edge", "gw-filter", https)
+		rule := kubeobj.HTTPRule(prefix, "/", "", "web", 80)
+		rule.Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestHeaderModifier,
+			RequestHeaderModifier: &gatewayv1.HTTPHeaderFilter{Set: []gatewayv1.HTTPHeader{{Name: "X-Env", Value: "prod"}}}}}
+		route := kubeobj.HTTPRoute(ns, "filtered", "edge", rule)
+		create(edge, route)
+		Eventually(routeCondition(route, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse),
+			HaveField("Reason", kit.ReasonUnsupportedValue), HaveField("Message", ContainSubstring("filters (RequestHeaderModifier)"))))
+		warned("HTTPRoute", "filtered", kit.ReasonUnsupportedValue)
+		Eventually(servedRoutes(edge)).Should(Equal(noRoutes))
+		Eventually(listenerStatus(edge, "https")).Should(HaveField("AttachedRoutes", int32(0)))
+		quiet()
+	})
+
+	It("reports a TLS listener as UnsupportedProtocol and serves the HTTPS one", func() {
+		class("gw-tls", gateway.ControllerName, nil)
+		ns := newNamespace()
+		tls := kubeobj.Listener("passthrough", gatewayv1.TLSProtocolType, 8443)
+		tls.TLS = &gatewayv1.ListenerTLSConfig{Mode: ptr.To(gatewayv1.TLSModePassthrough)}
+		edge := kubeobj.Gateway(ns, "edge", "gw-tls", https, tls)
+		create(edge)
+		Eventually(listenerCondition(edge, "passthrough", "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse),
+			HaveField("Reason", kit.ReasonUnsupportedProtocol)))
+		Expect(listenerCondition(edge, "passthrough", "Programmed")(Default)).To(HaveField("Status", metav1.ConditionFalse))
+		Expect(listenerCondition(edge, "https", "Accepted")(Default)).To(HaveField("Status", metav1.ConditionTrue))
+		Expect(gatewayCondition(edge, "Accepted")(Default)).To(And(HaveField("Status", metav1.ConditionTrue), HaveField("Reason", kit.ReasonListenersNotValid)))
+		warned("Gateway", "edge", kit.ReasonUnsupportedProtocol)
+		Eventually(servedRoutes(edge)).Should(Equal(noRoutes))
+		quiet()
+	})
+
+	It("does not serve a Gateway on a ProxyGroup yet, and says so on it and its routes", func() {
+		class("gw-ha", gateway.ControllerName, nil)
+		ns := newNamespace()
+		newBackendService(ns, "web")
+		edge := kubeobj.Gateway(ns, "edge", "gw-ha", https)
+		edge.Annotations = map[string]string{kit.AnnotationProxyGroup: "pg"}
+		route := kubeobj.HTTPRoute(ns, "shop", "edge", kubeobj.HTTPRule(prefix, "/", "", "web", 80))
+		create(edge, route)
+		Eventually(gatewayCondition(edge, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse),
+			HaveField("Reason", kit.ReasonGatewayInvalid), HaveField("Message", ContainSubstring("Gateways on a ProxyGroup"))))
+		Expect(gatewayCondition(edge, "Programmed")(Default)).To(HaveField("Status", metav1.ConditionFalse))
+		warned("Gateway", "edge", kit.ReasonGatewayInvalid)
+		Eventually(routeCondition(route, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonNoMatchingParent)))
+		warned("HTTPRoute", "shop", kit.ReasonNoMatchingParent)
+		quiet()
+		Expect(apierrors.IsNotFound(k8s.Get(ctx, proxyKey(proxies.ParentTypeGateway, edge), &appsv1.StatefulSet{}))).To(BeTrue(), "no standalone proxy")
 	})
 })
 

@@ -1,8 +1,10 @@
-// Package gateway holds the operator's Gateway API controllers: for now the GatewayClass
-// reconciler, which accepts the classes whose controllerName is ControllerName, and the start of
+// Package gateway holds the operator's Gateway API controllers: the GatewayClass reconciler,
+// which accepts the classes whose controllerName is ControllerName; the Gateway reconciler, which
+// serves their Gateways on standalone proxies with the routes of their HTTPRoutes; the HTTPRoute
+// reconciler, which writes this controller's entries of the routes' status; and the start of
 // those controllers, now when the Gateway API CRDs are served or later, once they are installed,
-// without a restart. It must not touch a class of another controller, nor install or change the
-// Gateway API CRDs (users install them), and it serves no Gateway or route yet.
+// without a restart. It must not touch a class, Gateway or status entry of another controller,
+// nor install or change the Gateway API CRDs (users install them).
 package gateway
 
 import (
@@ -35,14 +37,24 @@ const GatewayClassCRD = "gatewayclasses.gateway.networking.k8s.io"
 
 var gatewayClassKind = schema.GroupKind{Group: gatewayv1.GroupName, Kind: "GatewayClass"}
 
+// servingKinds are the kinds the Gateway and HTTPRoute reconcilers read besides GatewayClasses.
+// Their CRDs are installed with it but may reach API discovery later, and a controller set up
+// before its kinds are served fails.
+var servingKinds = []schema.GroupKind{
+	{Group: gatewayv1.GroupName, Kind: "Gateway"},
+	{Group: gatewayv1.GroupName, Kind: "HTTPRoute"},
+	{Group: gatewayv1.GroupName, Kind: "ReferenceGrant"},
+}
+
 // discoveryRetry is how soon an Established CRD is looked up again while API discovery does not
 // list it yet (it lags the CRD's status by moments).
 const discoveryRetry = 2 * time.Second
 
 // Setup starts the Gateway API controllers on mgr now if the GatewayClass CRD is served, else
 // once it is installed and Established: the operator runs without the Gateway API CRDs. rep
-// reports for the GatewayClass reconciler.
-func Setup(mgr ctrl.Manager, rep kit.Reporter) error {
+// reports for the GatewayClass reconciler; serving is what Gateways are served with (nil: the
+// GatewayClass reconciler alone, for an operator that serves no proxies).
+func Setup(mgr ctrl.Manager, rep kit.Reporter, serving *Serving) error {
 	// In Setup rather than in each caller's scheme: every manager that runs the operator (its
 	// main, the test suites, make dev) gets the kinds the controllers read.
 	if err := gatewayv1.Install(mgr.GetScheme()); err != nil {
@@ -52,13 +64,13 @@ func Setup(mgr ctrl.Manager, rep kit.Reporter) error {
 	if err != nil {
 		return err
 	}
-	s := &starter{mgr: mgr, crds: crds, rep: rep}
-	served, err := crdServed(mgr.GetRESTMapper())
+	s := &starter{mgr: mgr, crds: crds, rep: rep, serving: serving}
+	served, err := s.kindsServed()
 	if err != nil {
 		return err
 	}
 	if served {
-		_, err := s.start()
+		_, err := s.start(context.Background())
 		return err
 	}
 	ctrl.Log.WithName("gateway").Info("Gateway API CRDs not installed: the Gateway API controllers start once they are", "crd", GatewayClassCRD)
@@ -93,16 +105,27 @@ func newCRDCache(mgr ctrl.Manager) (cache.Cache, error) {
 	return c, nil
 }
 
-// crdServed reports whether API discovery serves GatewayClasses at v1.
-func crdServed(mapper meta.RESTMapper) (bool, error) {
-	_, err := mapper.RESTMapping(gatewayClassKind, gatewayv1.GroupVersion.Version)
-	if meta.IsNoMatchError(err) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("looking up the GatewayClass kind: %w", err)
+// crdServed reports whether API discovery serves the kinds at v1.
+func crdServed(mapper meta.RESTMapper, kinds ...schema.GroupKind) (bool, error) {
+	for _, k := range kinds {
+		_, err := mapper.RESTMapping(k, gatewayv1.GroupVersion.Version)
+		if meta.IsNoMatchError(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("looking up the %s kind: %w", k.Kind, err)
+		}
 	}
 	return true, nil
+}
+
+// kindsServed reports whether API discovery serves every kind the controllers read.
+func (s *starter) kindsServed() (bool, error) {
+	kinds := []schema.GroupKind{gatewayClassKind}
+	if s.serving != nil {
+		kinds = append(kinds, servingKinds...)
+	}
+	return crdServed(s.mgr.GetRESTMapper(), kinds...)
 }
 
 // crdReady reports whether a CRD is Established and serves v1.
@@ -124,26 +147,50 @@ func crdReady(crd *apiextensionsv1.CustomResourceDefinition) bool {
 // starter adds the Gateway API controllers to the manager, once. Without the CRDs at start it
 // is also the reconciler of the CRD watch, and adds them when the CRD is ready.
 type starter struct {
-	mgr  ctrl.Manager
-	crds cache.Cache
-	rep  kit.Reporter
+	mgr     ctrl.Manager
+	crds    cache.Cache
+	rep     kit.Reporter
+	serving *Serving
 
-	mu      sync.Mutex
-	started bool
+	mu sync.Mutex
+	// done counts the steps of start taken: a step that failed is retried alone, as a
+	// controller or index cannot be added twice.
+	done int
 }
 
 // start adds the controllers unless they were; it reports whether this call added them.
-func (s *starter) start() (bool, error) {
+func (s *starter) start(ctx context.Context) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.started {
+	steps := []func() error{func() error {
+		r := &GatewayClassReconciler{Client: s.mgr.GetClient(), Reporter: s.rep, CRDs: s.crds}
+		if err := r.SetupWithManager(s.mgr); err != nil {
+			return fmt.Errorf("setting up the GatewayClass controller: %w", err)
+		}
+		return nil
+	}}
+	if s.serving != nil {
+		c := common{Client: s.mgr.GetClient(), Serving: s.serving}
+		steps = append(steps, func() error { return indexRoutes(ctx, s.mgr) }, func() error {
+			if err := (&GatewayReconciler{common: c, Reporter: s.serving.Gateways}).SetupWithManager(s.mgr); err != nil {
+				return fmt.Errorf("setting up the Gateway controller: %w", err)
+			}
+			return nil
+		}, func() error {
+			if err := (&HTTPRouteReconciler{common: c, Reporter: s.serving.Routes}).SetupWithManager(s.mgr); err != nil {
+				return fmt.Errorf("setting up the HTTPRoute controller: %w", err)
+			}
+			return nil
+		})
+	}
+	if s.done == len(steps) {
 		return false, nil
 	}
-	r := &GatewayClassReconciler{Client: s.mgr.GetClient(), Reporter: s.rep, CRDs: s.crds}
-	if err := r.SetupWithManager(s.mgr); err != nil {
-		return false, fmt.Errorf("setting up the GatewayClass controller: %w", err)
+	for ; s.done < len(steps); s.done++ {
+		if err := steps[s.done](); err != nil {
+			return false, err
+		}
 	}
-	s.started = true
 	return true, nil
 }
 
@@ -158,14 +205,14 @@ func (s *starter) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	if !crdReady(crd) {
 		return ctrl.Result{}, nil // its next change is watched
 	}
-	served, err := crdServed(s.mgr.GetRESTMapper())
+	served, err := s.kindsServed()
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	if !served {
 		return ctrl.Result{RequeueAfter: discoveryRetry}, nil
 	}
-	added, err := s.start()
+	added, err := s.start(ctx)
 	if err != nil || !added {
 		return ctrl.Result{}, err
 	}

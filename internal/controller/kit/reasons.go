@@ -118,10 +118,34 @@ const (
 const ConditionProxyReady = "TailscaleProxyReady"
 
 // The Accepted and SupportedVersion conditions of a GatewayClass (the Gateway API's reasons),
-// and its Warning Events.
+// and its Warning Events. Accepted and InvalidParameters are also a Gateway's, and Accepted a
+// listener's and a route's.
 const (
 	ReasonGatewayClassAccepted = "Accepted"
 	ReasonInvalidParameters    = "InvalidParameters"
 	ReasonSupportedVersion     = "SupportedVersion"
 	ReasonUnsupportedVersion   = "UnsupportedVersion"
+)
+
+// The conditions of a Gateway, its listeners and its HTTPRoutes' parents (the Gateway API's
+// reasons), and their Warning Events.
+const (
+	ReasonListenersNotValid          = "ListenersNotValid"
+	ReasonGatewayInvalid             = "Invalid" // also a listener's Programmed=False
+	ReasonUnsupportedAddress         = "UnsupportedAddress"
+	ReasonProgrammed                 = "Programmed"
+	ReasonPending                    = "Pending"
+	ReasonUnsupportedProtocol        = "UnsupportedProtocol" // also a backend port's appProtocol
+	ReasonPortUnavailable            = "PortUnavailable"
+	ReasonUnsupportedValue           = "UnsupportedValue"
+	ReasonResolvedRefs               = "ResolvedRefs"
+	ReasonInvalidRouteKinds          = "InvalidRouteKinds"
+	ReasonNoConflicts                = "NoConflicts"
+	ReasonProtocolConflict           = "ProtocolConflict"
+	ReasonNoMatchingParent           = "NoMatchingParent"
+	ReasonNotAllowedByListeners      = "NotAllowedByListeners"
+	ReasonNoMatchingListenerHostname = "NoMatchingListenerHostname"
+	ReasonRefNotPermitted            = "RefNotPermitted"
+	ReasonBackendNotFound            = "BackendNotFound"
+	ReasonInvalidKind                = "InvalidKind"
 )

@@ -47,7 +47,12 @@ func (a appliedClass) Staging() bool {
 
 // ResolveProxyClass finds the ProxyClass that applies to the proxies of obj.
 func ResolveProxyClass(ctx context.Context, c client.Reader, obj client.Object, def string) (appliedClass, error) {
-	name := ProxyClassOf(obj, def)
+	return ResolveProxyClassNamed(ctx, c, ProxyClassOf(obj, def))
+}
+
+// ResolveProxyClassNamed finds the ProxyClass of that name ("": none applies), for objects that
+// name it elsewhere than in a label (a Gateway, through its GatewayClass's parametersRef).
+func ResolveProxyClassNamed(ctx context.Context, c client.Reader, name string) (appliedClass, error) {
 	if name == "" {
 		return appliedClass{}, nil
 	}

@@ -15,6 +15,9 @@ const ParentTypeIngress = "ingress"
 
 const ParentTypeService = "svc"
 
+// ParentTypeGateway is a Gateway API Gateway served by a standalone proxy.
+const ParentTypeGateway = "gateway"
+
 const SecretTypeConfState = "config-state"
 
 // Parent identifies the user object a proxy serves.

@@ -1,0 +1,426 @@
+package gateway
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/certs"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
+	"github.com/tsingress/tsingress/internal/tailnet"
+)
+
+// noRoutesPath is the one route of a Gateway to which no route is attached: a proxy's web
+// service needs a route, and every other path answers 404, as the spec asks of a Gateway
+// without routes.
+const noRoutesPath = "/.well-known/tsingress/no-routes"
+
+// Serving is what the Gateway and HTTPRoute reconcilers share with the Ingress reconcilers:
+// the standalone proxies and the certificate guard, whose ledger is the operator's.
+type Serving struct {
+	Settings kit.Settings
+	Proxies  *proxies.Proxies
+	Guard    *certs.CertGuard
+	// Gateways and Routes report for the two reconcilers.
+	Gateways, Routes kit.Reporter
+}
+
+// common is what both reconcilers read Gateways with.
+type common struct {
+	client.Client
+	*Serving
+}
+
+// GatewayReconciler serves the Gateways of a class of this operator through a standalone
+// proxy each, with the routes of the HTTPRoutes attached to them. The HTTPRoute reconciler
+// decides the same attachments (the same pure functions) for the routes' status: one writer
+// per object, as a route may name several Gateways.
+type GatewayReconciler struct {
+	common
+	kit.Reporter
+}
+
+// Gateways are served (a finalizer, so their proxy is removed first) and their status written.
+// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=gateways,verbs=list;watch;patch
+// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=gateways/status,verbs=patch
+// The routes attached to them, read; the HTTPRoute reconciler writes their status.
+// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes,verbs=list;watch
+// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes/status,verbs=patch
+// The grants that let a route refer to a Service of another namespace.
+// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=referencegrants,verbs=list;watch
+
+func (r *GatewayReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	return kit.Served[*gatewayv1.Gateway]{
+		Client: r.Client, Reporter: r.Reporter, Kind: "Gateway", Finalizer: kit.FinalizerName,
+		New: func() *gatewayv1.Gateway { return &gatewayv1.Gateway{} },
+		// A class that cannot be read is taken as ours: only its absence unserves a Gateway.
+		Serves: func(gw *gatewayv1.Gateway) bool {
+			ok, err := r.ours(ctx, gw)
+			return gw.DeletionTimestamp == nil && (ok || err != nil)
+		},
+		Serve:   r.serve,
+		Unserve: r.unserve,
+	}.Reconcile(ctx, req)
+}
+
+// ours reports whether a Gateway's class is this operator's.
+func (c common) ours(ctx context.Context, gw *gatewayv1.Gateway) (bool, error) {
+	gc := &gatewayv1.GatewayClass{}
+	if err := c.Get(ctx, client.ObjectKey{Name: string(gw.Spec.GatewayClassName)}, gc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("reading GatewayClass %s: %w", gw.Spec.GatewayClassName, err)
+	}
+	return gc.Spec.ControllerName == ControllerName, nil
+}
+
+// gatewayInputs is what a Gateway's view is decided from.
+type gatewayInputs struct {
+	class         *tsv1alpha1.ProxyClass
+	classNotReady string
+	domain        string
+	state         *contract.ProxyState
+	unreadable    *kit.Finding
+}
+
+// gatherGateway reads what a Gateway's view is decided from: its ProxyClass (its class's
+// parametersRef, else the operator's default), the tailnet's domain and what its proxy reports.
+func (c common) gatherGateway(ctx context.Context, gw *gatewayv1.Gateway) (gatewayInputs, error) {
+	var in gatewayInputs
+	gc := &gatewayv1.GatewayClass{}
+	if err := c.Get(ctx, client.ObjectKey{Name: string(gw.Spec.GatewayClassName)}, gc); err != nil {
+		return in, fmt.Errorf("reading GatewayClass %s: %w", gw.Spec.GatewayClassName, err)
+	}
+	name := c.Settings.DefaultProxyClass
+	if ref := gc.Spec.ParametersRef; ref != nil {
+		name = ref.Name
+		if string(ref.Group) != tsv1alpha1.GroupVersion.Group || string(ref.Kind) != proxyClassKind || ref.Namespace != nil {
+			in.classNotReady = fmt.Sprintf("the parametersRef of GatewayClass %s is not a ProxyClass", gc.Name)
+		}
+	}
+	if in.classNotReady == "" {
+		class, err := proxies.ResolveProxyClassNamed(ctx, c.Client, name)
+		if err != nil {
+			return in, err
+		}
+		in.class, in.classNotReady = class.Ready(), class.NotReady
+	}
+	in.domain = c.Proxies.TailnetInfo(ctx).Domain
+	var err error
+	in.state, _, in.unreadable, err = c.Proxies.State(ctx, proxies.ParentOf(proxies.ParentTypeGateway, gw))
+	return in, err
+}
+
+// gatewayHostname is the Gateway's tailnet hostname: the tailscale.com/hostname annotation,
+// else one made of its namespace and name.
+func gatewayHostname(gw *gatewayv1.Gateway) string {
+	if h := gw.Annotations[kit.AnnotationHostname]; h != "" {
+		return h
+	}
+	return kit.TruncateLabel(kit.DNSLabelish(gw.Namespace + "-" + gw.Name + "-gateway"))
+}
+
+// decideGateway decides whether a Gateway can be served, and its listeners. Its names are its
+// hostname and MagicDNS name, and those the proxy reports (the tailnet may have renamed it).
+func decideGateway(gw *gatewayv1.Gateway, in gatewayInputs, defaultTags []string) (gatewayView, []string) {
+	v := gatewayView{Key: types.NamespacedName{Namespace: gw.Namespace, Name: gw.Name}}
+	hostname := gatewayHostname(gw)
+	for _, n := range []string{hostname, hostname + "." + strings.TrimSuffix(in.domain, ".")} {
+		if !strings.HasSuffix(n, ".") {
+			v.Names = append(v.Names, strings.ToLower(n))
+		}
+	}
+	if st := in.state; st != nil && st.FQDN != "" {
+		short, _, _ := strings.Cut(st.FQDN, ".")
+		v.Names = append(v.Names, strings.ToLower(short), strings.ToLower(st.FQDN))
+	}
+	slices.Sort(v.Names)
+	v.Names = slices.Compact(v.Names)
+	v.Listeners = decideListeners(gw.Spec.Listeners, v.Names)
+	tags, tagsFinding := proxies.ParseTags(gw, defaultTags)
+	switch {
+	case gw.Annotations[kit.AnnotationProxyGroup] != "":
+		v.Rejected, v.Why = kit.ReasonGatewayInvalid, fmt.Sprintf("Gateways on a ProxyGroup (annotation %s) are not served yet: remove the annotation for a standalone proxy", kit.AnnotationProxyGroup)
+	case in.classNotReady != "":
+		v.Rejected, v.Why = kit.ReasonInvalidParameters, in.classNotReady
+	case len(gw.Spec.Addresses) > 0:
+		v.Rejected, v.Why = kit.ReasonUnsupportedAddress, "spec.addresses is not served: the tailnet assigns the Gateway's addresses"
+	case gw.Spec.Infrastructure != nil || gw.Spec.TLS != nil || gw.Spec.AllowedListeners != nil || gw.Spec.DefaultScope != "":
+		v.Rejected, v.Why = kit.ReasonGatewayInvalid, "spec.infrastructure, spec.tls, spec.allowedListeners and spec.defaultScope are not served yet"
+	case !contract.ValidHostname(hostname):
+		v.Rejected, v.Why = kit.ReasonGatewayInvalid, fmt.Sprintf("tailnet hostname %q is not a valid DNS label", hostname)
+	case tagsFinding != nil:
+		v.Rejected, v.Why = kit.ReasonGatewayInvalid, tagsFinding.Message
+	}
+	return v, tags
+}
+
+// gatewayScope is what a pass over a Gateway reads and decides.
+type gatewayScope struct {
+	gw    *gatewayv1.Gateway
+	in    gatewayInputs
+	facts gatewayFacts
+	// decided is set once the facts are complete; the status is left as it was otherwise.
+	decided bool
+}
+
+func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_ ctrl.Result, err error) {
+	s := &gatewayScope{gw: gw}
+	defer func() {
+		if !s.decided {
+			return
+		}
+		before := gw.DeepCopy()
+		gw.Status = gatewayStatus(gw.Status, s.facts, gw.Generation)
+		if perr := kit.PatchStatus(ctx, r.Client, before, gw); perr != nil && err == nil {
+			err = fmt.Errorf("writing the status of Gateway %s/%s: %w", gw.Namespace, gw.Name, perr)
+		}
+	}()
+	if s.in, err = r.gatherGateway(ctx, gw); err != nil {
+		return ctrl.Result{}, err
+	}
+	if s.in.unreadable != nil {
+		r.Findings(gw, []kit.Finding{*s.in.unreadable})
+	}
+	view, tags := decideGateway(gw, s.in, r.Settings.DefaultTags)
+	s.facts = gatewayFacts{View: view, State: s.in.state, Attached: map[gatewayv1.SectionName]int32{}}
+	s.decided = true
+	for _, l := range view.Listeners {
+		if !l.served() {
+			r.Warning(gw, l.NotAccepted, "listener %q: %s", l.Name, l.Why)
+		}
+	}
+	if view.Rejected != "" {
+		r.Warning(gw, view.Rejected, "%s", view.Why)
+		if gw.Annotations[kit.AnnotationProxyGroup] != "" {
+			return r.removeProxy(ctx, gw) // a standalone proxy of its own must not keep serving
+		}
+		return ctrl.Result{}, nil // an existing proxy is left as it was rather than torn down over a typo
+	}
+	if !slices.ContainsFunc(view.Listeners, listenerDecision.served) {
+		return ctrl.Result{}, nil
+	}
+	routes, err := r.attachedRoutes(ctx, gw, &view, s.facts.Attached)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	p := r.proxy(gw, view, tags, routes, s.in.class)
+	cert, err := r.certificate(ctx, gw, p, s.in)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	created, err := r.Proxies.Ensure(ctx, p)
+	if err != nil {
+		return r.TailnetFailure(gw, err)
+	}
+	if created {
+		r.Created(gw, kit.ReasonProxyDeployed, "created the proxy %s/%s; it joins the tailnet as %s", r.Settings.Namespace, p.Name(), p.Config.Hostname)
+	}
+	if st := s.in.state; st != nil && st.FQDN != "" {
+		r.Progress(gw, "joined", kit.ReasonDeviceJoined, "the proxy joined the tailnet as %s", st.FQDN)
+	}
+	if s.facts.serving() {
+		r.Progress(gw, "serving", kit.ReasonServing, "serving https://%s", s.in.state.HTTPSEndpoint)
+	}
+	return ctrl.Result{RequeueAfter: cert.Recheck(0, r.Guard.Now())}, nil
+}
+
+// attachedRoutes decides every HTTPRoute that names the Gateway, counts those attached to
+// each listener, and returns the routes of the accepted ones: oldest route first, the spec's
+// precedence between routes, and the first of a path wins.
+func (r *GatewayReconciler) attachedRoutes(ctx context.Context, gw *gatewayv1.Gateway, view *gatewayView, attached map[gatewayv1.SectionName]int32) ([]contract.Route, error) {
+	list := &gatewayv1.HTTPRouteList{}
+	if err := r.List(ctx, list, client.MatchingFields{indexRouteParents: view.Key.String()}); err != nil {
+		return nil, fmt.Errorf("listing the HTTPRoutes of Gateway %s: %w", view.Key, err)
+	}
+	slices.SortFunc(list.Items, func(a, b gatewayv1.HTTPRoute) int {
+		return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name))
+	})
+	in, err := gatherBackends(ctx, r.Client, list.Items)
+	if err != nil {
+		return nil, err
+	}
+	var routes []contract.Route
+	seen := map[string]bool{}
+	for i := range list.Items {
+		d := decideRoute(&list.Items[i], map[types.NamespacedName]*gatewayView{view.Key: view}, in)
+		listeners := map[gatewayv1.SectionName]bool{}
+		for _, p := range d.Parents {
+			for _, l := range p.Listeners {
+				if p.accepted() {
+					listeners[l] = true
+				}
+			}
+		}
+		for l := range listeners {
+			attached[l]++
+		}
+		if len(listeners) == 0 {
+			continue
+		}
+		for _, rt := range d.Routes {
+			if key := string(rt.PathType) + " " + rt.Path; !seen[key] {
+				seen[key] = true
+				routes = append(routes, rt)
+			}
+		}
+	}
+	return routes, nil
+}
+
+// proxy builds the standalone proxy that serves a Gateway's routes.
+func (r *GatewayReconciler) proxy(gw *gatewayv1.Gateway, view gatewayView, tags []string, routes []contract.Route, class *tsv1alpha1.ProxyClass) *proxies.StandaloneProxy {
+	// No Ingress label: the proxy's request metrics name Ingresses only, until the contract can
+	// name a Gateway.
+	ws := contract.WebService{Routes: routes}
+	if len(ws.Routes) == 0 {
+		ws.Routes = []contract.Route{{Path: noRoutesPath, PathType: contract.PathExact, Backend: contract.Backend{URL: unreachableBackend}}}
+	}
+	if slices.ContainsFunc(view.Listeners, func(l listenerDecision) bool { return l.served() && l.Protocol == gatewayv1.HTTPProtocolType }) {
+		ws.HTTP = contract.HTTPServe
+	}
+	return &proxies.StandaloneProxy{
+		Parent: proxies.ParentOf(proxies.ParentTypeGateway, gw),
+		Class:  class,
+		Config: contract.ProxyConfig{
+			Kind:       contract.KindIngress,
+			Hostname:   gatewayHostname(gw),
+			Tags:       tags,
+			ControlURL: r.Settings.ControlURL,
+			Serve:      &ws,
+			TLS:        contract.TLSConfig{ACMEDirectoryURL: proxies.ACMEDirectory(r.Settings, class)},
+		},
+	}
+}
+
+// certificate records the certificates the proxy reports and decides whether it may ask the
+// CA for the tailnet name's certificate, through the operator's rate-limit guard; a hold goes
+// into the web service.
+func (r *GatewayReconciler) certificate(ctx context.Context, gw *gatewayv1.Gateway, p *proxies.StandaloneProxy, in gatewayInputs) (certs.TailnetCert, error) {
+	c := certs.TailnetCert{}
+	switch st := in.state; {
+	case st != nil && st.FQDN != "":
+		c.FQDN = st.FQDN
+	case in.domain != "":
+		c.FQDN = p.Config.Hostname + "." + in.domain
+	}
+	staging := p.Class != nil && p.Class.Spec.UseLetsEncryptStagingEnvironment
+	if st := in.state; st != nil {
+		if err := r.Guard.Observe(ctx, st.Certificates, staging); err != nil {
+			return c, fmt.Errorf("recording the certificates of Gateway %s/%s's proxy: %w", gw.Namespace, gw.Name, err)
+		}
+		c.Cur = st.Certificates[c.FQDN]
+	}
+	if err := r.Guard.Decide(ctx, r.Reporter, gw, &c, staging); err != nil {
+		return c, fmt.Errorf("deciding the certificate of %s: %w", c.FQDN, err)
+	}
+	certs.CertificateIssued(r.Reporter, gw, c, r.Guard.Now())
+	p.Config.Serve.TLS.Hold = c.Hold
+	return c, nil
+}
+
+// removeProxy tears down a Gateway's standalone proxy, if it has one.
+func (r *GatewayReconciler) removeProxy(ctx context.Context, gw *gatewayv1.Gateway) (ctrl.Result, error) {
+	done, err := r.Proxies.Cleanup(ctx, proxies.ParentOf(proxies.ParentTypeGateway, gw))
+	if err != nil {
+		if tailnet.ReasonOf(err) != "" {
+			r.Warning(gw, kit.ReasonCleanupFailed, "removing the proxy: %v", err)
+			return ctrl.Result{RequeueAfter: kit.TailnetRetry}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("removing the proxy of Gateway %s/%s: %w", gw.Namespace, gw.Name, err)
+	}
+	if !done {
+		return ctrl.Result{RequeueAfter: kit.CleanupPoll}, nil
+	}
+	return ctrl.Result{}, nil
+}
+
+// unserve removes the proxy of a Gateway that is deleted or no longer of a class of ours.
+func (r *GatewayReconciler) unserve(ctx context.Context, gw *gatewayv1.Gateway) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(gw, kit.FinalizerName) {
+		r.Forget(client.ObjectKeyFromObject(gw))
+		return ctrl.Result{}, nil
+	}
+	res, err := r.removeProxy(ctx, gw)
+	if err != nil || res.RequeueAfter > 0 {
+		return res, err
+	}
+	return kit.Unserved(ctx, r.Client, r.Reporter, gw, kit.FinalizerName, func(ctx context.Context) error {
+		before := gw.DeepCopy()
+		gw.Status = gatewayv1.GatewayStatus{}
+		return kit.PatchStatus(ctx, r.Client, before, gw)
+	})
+}
+
+// SetupWithManager watches Gateways, their proxies' children, the HTTPRoutes that name them,
+// the Services and ReferenceGrants those resolve through, and ProxyClasses and GatewayClasses.
+func (r *GatewayReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	children := handler.EnqueueRequestsFromMapFunc(kit.ParentRequests(proxies.ParentTypeGateway))
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&gatewayv1.Gateway{}).
+		Named("gateway").
+		Watches(&appsv1.StatefulSet{}, children).
+		Watches(&corev1.Secret{}, children).
+		Watches(&corev1.Pod{}, children).
+		Watches(&gatewayv1.HTTPRoute{}, handler.EnqueueRequestsFromMapFunc(routeParents)).
+		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.gatewaysForService)).
+		Watches(&gatewayv1.ReferenceGrant{}, handler.EnqueueRequestsFromMapFunc(r.allGateways)).
+		Watches(&tsv1alpha1.ProxyClass{}, handler.EnqueueRequestsFromMapFunc(r.allGateways)).
+		Watches(&gatewayv1.GatewayClass{}, handler.EnqueueRequestsFromMapFunc(r.allGateways)).
+		Complete(r)
+}
+
+// routeParents maps an HTTPRoute to the Gateways it names.
+func routeParents(_ context.Context, o client.Object) []reconcile.Request {
+	var out []reconcile.Request
+	for _, key := range parentKeys(o.(*gatewayv1.HTTPRoute)) {
+		out = append(out, reconcile.Request{NamespacedName: key})
+	}
+	return out
+}
+
+// gatewaysForService maps a Service to the Gateways of the routes that name it.
+func (r *GatewayReconciler) gatewaysForService(ctx context.Context, o client.Object) []reconcile.Request {
+	list := &gatewayv1.HTTPRouteList{}
+	if err := r.List(ctx, list, client.MatchingFields{indexRouteBackends: client.ObjectKeyFromObject(o).String()}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing the HTTPRoutes of a Service", "service", client.ObjectKeyFromObject(o))
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range list.Items {
+		out = append(out, routeParents(ctx, &list.Items[i])...)
+	}
+	return out
+}
+
+// allGateways maps a change that may concern any Gateway (a grant, a class) to every Gateway.
+// They are few, and such changes rare.
+func (r *GatewayReconciler) allGateways(ctx context.Context, _ client.Object) []reconcile.Request {
+	list := &gatewayv1.GatewayList{}
+	if err := r.List(ctx, list); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing Gateways")
+		return nil
+	}
+	out := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return out
+}

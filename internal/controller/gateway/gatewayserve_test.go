@@ -1,0 +1,512 @@
+package gateway
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+)
+
+var tailnetNames = []string{"gw", "gw.tailnet.ts.net"}
+
+func listener(name string, proto gatewayv1.ProtocolType, port gatewayv1.PortNumber, mutate ...func(*gatewayv1.Listener)) gatewayv1.Listener {
+	l := gatewayv1.Listener{Name: gatewayv1.SectionName(name), Protocol: proto, Port: port}
+	for _, m := range mutate {
+		m(&l)
+	}
+	return l
+}
+
+func TestDecideListeners(t *testing.T) {
+	hostname := func(h string) func(*gatewayv1.Listener) {
+		return func(l *gatewayv1.Listener) { l.Hostname = ptr.To(gatewayv1.Hostname(h)) }
+	}
+	from := func(f gatewayv1.FromNamespaces) func(*gatewayv1.Listener) {
+		return func(l *gatewayv1.Listener) {
+			l.AllowedRoutes = &gatewayv1.AllowedRoutes{Namespaces: &gatewayv1.RouteNamespaces{From: &f}}
+		}
+	}
+	kinds := func(ks ...gatewayv1.Kind) func(*gatewayv1.Listener) {
+		return func(l *gatewayv1.Listener) {
+			l.AllowedRoutes = &gatewayv1.AllowedRoutes{}
+			for _, k := range ks {
+				l.AllowedRoutes.Kinds = append(l.AllowedRoutes.Kinds, gatewayv1.RouteGroupKind{Kind: k})
+			}
+		}
+	}
+	tests := []struct {
+		name      string
+		listeners []gatewayv1.Listener
+		// want is each listener's NotAccepted reason ("" when served).
+		want       []string
+		conflicted []bool
+	}{
+		{"HTTPS and HTTP", []gatewayv1.Listener{listener("https", "HTTPS", 443), listener("http", "HTTP", 80)}, []string{"", ""}, nil},
+		{"the tailnet names as hostnames", []gatewayv1.Listener{listener("a", "HTTPS", 443, hostname("gw.tailnet.ts.net")), listener("b", "HTTPS", 443, hostname("GW"))}, []string{"", ""}, nil},
+		{"another hostname", []gatewayv1.Listener{listener("a", "HTTPS", 443, hostname("shop.example.com"))}, []string{kit.ReasonUnsupportedValue}, nil},
+		{"TLS, TCP and UDP", []gatewayv1.Listener{listener("tls", "TLS", 8443), listener("tcp", "TCP", 5432), listener("udp", "UDP", 53)},
+			[]string{kit.ReasonUnsupportedProtocol, kit.ReasonUnsupportedProtocol, kit.ReasonUnsupportedProtocol}, nil},
+		{"other ports", []gatewayv1.Listener{listener("https", "HTTPS", 8443), listener("http", "HTTP", 8080)},
+			[]string{kit.ReasonPortUnavailable, kit.ReasonPortUnavailable}, nil},
+		{"HTTP alone", []gatewayv1.Listener{listener("http", "HTTP", 80)}, []string{kit.ReasonUnsupportedValue}, nil},
+		{"certificateRefs", []gatewayv1.Listener{listener("https", "HTTPS", 443, func(l *gatewayv1.Listener) {
+			l.TLS = &gatewayv1.ListenerTLSConfig{CertificateRefs: []gatewayv1.SecretObjectReference{{Name: "cert"}}}
+		})}, []string{kit.ReasonUnsupportedValue}, nil},
+		{"a namespace selector", []gatewayv1.Listener{listener("https", "HTTPS", 443, from(gatewayv1.NamespacesFromSelector))}, []string{kit.ReasonUnsupportedValue}, nil},
+		{"all namespaces", []gatewayv1.Listener{listener("https", "HTTPS", 443, from(gatewayv1.NamespacesFromAll))}, []string{""}, nil},
+		{"a protocol conflict", []gatewayv1.Listener{listener("https", "HTTPS", 443), listener("tls", "TLS", 443)},
+			[]string{kit.ReasonPortUnavailable, kit.ReasonPortUnavailable}, []bool{true, true}},
+		{"invalid route kinds keep the listener", []gatewayv1.Listener{listener("https", "HTTPS", 443, kinds("TCPRoute"))}, []string{""}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := decideListeners(tt.listeners, tailnetNames)
+			for i, d := range got {
+				if d.NotAccepted != tt.want[i] {
+					t.Errorf("listener %s: NotAccepted %q (%s), want %q", d.Name, d.NotAccepted, d.Why, tt.want[i])
+				}
+				if d.NotAccepted != "" && d.Why == "" {
+					t.Errorf("listener %s: not accepted without a message", d.Name)
+				}
+				if want := tt.conflicted != nil && tt.conflicted[i]; d.Conflicted != want {
+					t.Errorf("listener %s: Conflicted %v, want %v", d.Name, d.Conflicted, want)
+				}
+			}
+		})
+	}
+	got := decideListeners([]gatewayv1.Listener{listener("https", "HTTPS", 443, kinds("TCPRoute", "HTTPRoute"))}, tailnetNames)[0]
+	if !got.HTTPRoutes || !reflect.DeepEqual(got.InvalidKinds, []string{"gateway.networking.k8s.io/TCPRoute"}) {
+		t.Errorf("kinds TCPRoute and HTTPRoute: HTTPRoutes %v, InvalidKinds %v", got.HTTPRoutes, got.InvalidKinds)
+	}
+	got = decideListeners([]gatewayv1.Listener{listener("https", "HTTPS", 443, kinds("TCPRoute"))}, tailnetNames)[0]
+	if got.HTTPRoutes {
+		t.Error("kinds TCPRoute alone: HTTPRoutes may attach")
+	}
+}
+
+func TestHostnamesMatch(t *testing.T) {
+	tests := []struct {
+		hostnames []gatewayv1.Hostname
+		want      bool
+	}{
+		{nil, true},
+		{[]gatewayv1.Hostname{"gw.tailnet.ts.net"}, true},
+		{[]gatewayv1.Hostname{"GW"}, true},
+		{[]gatewayv1.Hostname{"*.ts.net"}, true}, // a wildcard covers several labels
+		{[]gatewayv1.Hostname{"*.tailnet.ts.net"}, true},
+		{[]gatewayv1.Hostname{"*.gw.tailnet.ts.net"}, false},
+		{[]gatewayv1.Hostname{"shop.example.com", "gw"}, true},
+		{[]gatewayv1.Hostname{"shop.example.com"}, false},
+	}
+	for _, tt := range tests {
+		if got := hostnamesMatch(tt.hostnames, tailnetNames); got != tt.want {
+			t.Errorf("hostnamesMatch(%v) = %v, want %v", tt.hostnames, got, tt.want)
+		}
+	}
+}
+
+func service(ns, name, clusterIP string, ports ...corev1.ServicePort) *corev1.Service {
+	return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: corev1.ServiceSpec{ClusterIP: clusterIP, Ports: ports}}
+}
+
+func backendRef(name string, port gatewayv1.PortNumber, mutate ...func(*gatewayv1.HTTPBackendRef)) gatewayv1.HTTPBackendRef {
+	b := gatewayv1.HTTPBackendRef{BackendRef: gatewayv1.BackendRef{BackendObjectReference: gatewayv1.BackendObjectReference{
+		Name: gatewayv1.ObjectName(name), Port: ptr.To(port)}}}
+	for _, m := range mutate {
+		m(&b)
+	}
+	return b
+}
+
+func inNamespace(ns string) func(*gatewayv1.HTTPBackendRef) {
+	return func(b *gatewayv1.HTTPBackendRef) { b.Namespace = ptr.To(gatewayv1.Namespace(ns)) }
+}
+
+func grant(ns, fromNS string, name *gatewayv1.ObjectName) gatewayv1.ReferenceGrant {
+	return gatewayv1.ReferenceGrant{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "g"}, Spec: gatewayv1.ReferenceGrantSpec{
+		From: []gatewayv1.ReferenceGrantFrom{{Group: gatewayv1.GroupName, Kind: "HTTPRoute", Namespace: gatewayv1.Namespace(fromNS)}},
+		To:   []gatewayv1.ReferenceGrantTo{{Group: "", Kind: "Service", Name: name}},
+	}}
+}
+
+func TestResolveBackendRef(t *testing.T) {
+	in := backendInputs{Services: map[types.NamespacedName]*corev1.Service{
+		{Namespace: "app", Name: "web"}:      service("app", "web", "10.0.0.1", corev1.ServicePort{Port: 80}, corev1.ServicePort{Port: 81, AppProtocol: ptr.To("kubernetes.io/h2c")}),
+		{Namespace: "app", Name: "headless"}: service("app", "headless", "None", corev1.ServicePort{Port: 80}),
+		{Namespace: "other", Name: "api"}:    service("other", "api", "fd00::1", corev1.ServicePort{Port: 8080, AppProtocol: ptr.To("kubernetes.io/ws")}),
+		{Namespace: "third", Name: "db"}:     service("third", "db", "10.0.0.3", corev1.ServicePort{Port: 80}),
+	}, Grants: []gatewayv1.ReferenceGrant{grant("other", "app", nil), grant("third", "app", ptr.To[gatewayv1.ObjectName]("not-db"))}}
+	tests := []struct {
+		name    string
+		ref     gatewayv1.HTTPBackendRef
+		wantURL string
+		reason  string
+	}{
+		{"a Service port", backendRef("web", 80), "http://10.0.0.1:80", ""},
+		{"a missing Service", backendRef("gone", 80), "", kit.ReasonBackendNotFound},
+		{"a missing port", backendRef("web", 8080), "", kit.ReasonBackendNotFound},
+		{"a headless Service", backendRef("headless", 80), "", kit.ReasonBackendNotFound},
+		{"h2c", backendRef("web", 81), "", kit.ReasonUnsupportedProtocol},
+		{"another kind", backendRef("web", 80, func(b *gatewayv1.HTTPBackendRef) { b.Kind = ptr.To[gatewayv1.Kind]("ConfigMap") }), "", kit.ReasonInvalidKind},
+		{"another namespace, granted", backendRef("api", 8080, inNamespace("other")), "http://[fd00::1]:8080", ""},
+		{"another namespace, granted for another name", backendRef("db", 80, inNamespace("third")), "", kit.ReasonRefNotPermitted},
+		{"another namespace, no grant", backendRef("web", 80, inNamespace("app2")), "", kit.ReasonRefNotPermitted},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, p := resolveBackendRef("app", tt.ref.BackendObjectReference, in)
+			if reason := ""; p != nil {
+				reason = p.Reason
+				if reason != tt.reason {
+					t.Errorf("reason %q (%s), want %q", reason, p.Message, tt.reason)
+				}
+			} else if tt.reason != "" {
+				t.Errorf("resolved to %s, want %s", b.URL, tt.reason)
+			}
+			if b.URL != tt.wantURL {
+				t.Errorf("URL %q, want %q", b.URL, tt.wantURL)
+			}
+		})
+	}
+	// A grant from another kind or namespace grants nothing.
+	other := grant("other", "app", nil)
+	other.Spec.From[0].Kind = "GRPCRoute"
+	if granted([]gatewayv1.ReferenceGrant{other}, "app", types.NamespacedName{Namespace: "other", Name: "api"}) {
+		t.Error("a grant to GRPCRoutes lets an HTTPRoute refer")
+	}
+}
+
+func pathMatch(typ gatewayv1.PathMatchType, v string) gatewayv1.HTTPRouteMatch {
+	return gatewayv1.HTTPRouteMatch{Path: &gatewayv1.HTTPPathMatch{Type: ptr.To(typ), Value: ptr.To(v)}}
+}
+
+func httpRoute(ns string, rules ...gatewayv1.HTTPRouteRule) *gatewayv1.HTTPRoute {
+	return &gatewayv1.HTTPRoute{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "r", Generation: 3},
+		Spec: gatewayv1.HTTPRouteSpec{
+			CommonRouteSpec: gatewayv1.CommonRouteSpec{ParentRefs: []gatewayv1.ParentReference{{Name: "gw"}}},
+			Rules:           rules,
+		},
+	}
+}
+
+func TestBuildRules(t *testing.T) {
+	in := backendInputs{Services: map[types.NamespacedName]*corev1.Service{
+		{Namespace: "app", Name: "web"}: service("app", "web", "10.0.0.1", corev1.ServicePort{Port: 80}, corev1.ServicePort{Port: 8080}),
+	}}
+	web := contract.Backend{URL: "http://10.0.0.1:80"}
+	admin := contract.Backend{URL: "http://10.0.0.1:8080"}
+	tests := []struct {
+		name        string
+		rules       []gatewayv1.HTTPRouteRule
+		want        []contract.Route
+		unsupported string
+		unresolved  string
+	}{
+		{"no matches: every path", []gatewayv1.HTTPRouteRule{{BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}},
+			[]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: web}}, "", ""},
+		{"PathPrefix and Exact", []gatewayv1.HTTPRouteRule{
+			{Matches: []gatewayv1.HTTPRouteMatch{pathMatch(gatewayv1.PathMatchExact, "/metrics")}, BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 8080)}},
+			{Matches: []gatewayv1.HTTPRouteMatch{pathMatch(gatewayv1.PathMatchPathPrefix, "/shop/"), pathMatch(gatewayv1.PathMatchPathPrefix, "/")},
+				BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}},
+		}, []contract.Route{
+			{Path: "/metrics", PathType: contract.PathExact, Backend: admin},
+			{Path: "/shop/", PathType: contract.PathPrefix, Backend: web},
+			{Path: "/", PathType: contract.PathPrefix, Backend: web},
+		}, "", ""},
+		{"the first rule of a path wins", []gatewayv1.HTTPRouteRule{
+			{BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 8080)}},
+			{BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}},
+		}, []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: admin}}, "", ""},
+		{"a missing Service fails its rule, not another's", []gatewayv1.HTTPRouteRule{
+			{Matches: []gatewayv1.HTTPRouteMatch{pathMatch(gatewayv1.PathMatchPathPrefix, "/api")}, BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("gone", 80)}},
+			{BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}},
+		}, []contract.Route{
+			{Path: "/api", PathType: contract.PathPrefix, Backend: contract.Backend{URL: unreachableBackend}},
+			{Path: "/", PathType: contract.PathPrefix, Backend: web},
+		}, "", "rule 0: Service app/gone does not exist"},
+		{"a filter", []gatewayv1.HTTPRouteRule{{Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestHeaderModifier}},
+			BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, nil, "rule 0: filters (RequestHeaderModifier) not served yet", ""},
+		{"weights", []gatewayv1.HTTPRouteRule{{Name: ptr.To[gatewayv1.SectionName]("split"),
+			BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80), backendRef("web", 8080)}}}, nil, `rule "split": 2 backendRefs`, ""},
+		{"matches beyond the path", []gatewayv1.HTTPRouteRule{{Matches: []gatewayv1.HTTPRouteMatch{{
+			Path:    &gatewayv1.HTTPPathMatch{Type: ptr.To(gatewayv1.PathMatchRegularExpression), Value: ptr.To("/a.*")},
+			Headers: []gatewayv1.HTTPHeaderMatch{{Name: "x", Value: "y"}}, QueryParams: []gatewayv1.HTTPQueryParamMatch{{Name: "q", Value: "1"}},
+			Method: ptr.To(gatewayv1.HTTPMethodGet),
+		}}, BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, nil,
+			"rule 0: RegularExpression path matches, header matches, query parameter matches, method matches not served yet", ""},
+		{"no backendRefs", []gatewayv1.HTTPRouteRule{{}}, nil, "a rule without backendRefs", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, unsupported, unresolved := buildRules(httpRoute("app", tt.rules...), in)
+			if tt.unsupported == "" && !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("routes:\n got %+v\nwant %+v", got, tt.want)
+			}
+			if u := strings.Join(unsupported, "; "); (tt.unsupported == "") != (u == "") || !strings.Contains(u, tt.unsupported) {
+				t.Errorf("unsupported %q, want %q", u, tt.unsupported)
+			}
+			var msgs []string
+			for _, u := range unresolved {
+				msgs = append(msgs, u.Message)
+			}
+			if m := strings.Join(msgs, "; "); m != tt.unresolved {
+				t.Errorf("unresolved %q, want %q", m, tt.unresolved)
+			}
+		})
+	}
+}
+
+func TestDecideRoute(t *testing.T) {
+	in := backendInputs{Services: map[types.NamespacedName]*corev1.Service{
+		{Namespace: "app", Name: "web"}: service("app", "web", "10.0.0.1", corev1.ServicePort{Port: 80}),
+	}}
+	rule := gatewayv1.HTTPRouteRule{BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}
+	key := types.NamespacedName{Namespace: "app", Name: "gw"}
+	view := func(ls ...gatewayv1.Listener) map[types.NamespacedName]*gatewayView {
+		return map[types.NamespacedName]*gatewayView{key: {Key: key, Names: tailnetNames, Listeners: decideListeners(ls, tailnetNames)}}
+	}
+	https, http := listener("https", "HTTPS", 443), listener("http", "HTTP", 80)
+	tests := []struct {
+		name     string
+		mutate   func(*gatewayv1.HTTPRoute)
+		gateways map[types.NamespacedName]*gatewayView
+		// want is the reason of each parent ("" accepted), and whether routes are served.
+		want   []string
+		routes bool
+	}{
+		{"attached to every listener", nil, view(https, http), []string{""}, true},
+		{"by sectionName", func(r *gatewayv1.HTTPRoute) {
+			r.Spec.ParentRefs[0].SectionName = ptr.To[gatewayv1.SectionName]("https")
+		}, view(https), []string{""}, true},
+		{"an unknown sectionName", func(r *gatewayv1.HTTPRoute) { r.Spec.ParentRefs[0].SectionName = ptr.To[gatewayv1.SectionName]("nope") },
+			view(https), []string{kit.ReasonNoMatchingParent}, false},
+		{"a port of no listener", func(r *gatewayv1.HTTPRoute) { r.Spec.ParentRefs[0].Port = ptr.To[gatewayv1.PortNumber](8443) },
+			view(https), []string{kit.ReasonNoMatchingParent}, false},
+		{"one of HTTPS and HTTP", func(r *gatewayv1.HTTPRoute) {
+			r.Spec.ParentRefs[0].SectionName = ptr.To[gatewayv1.SectionName]("https")
+		},
+			view(https, http), []string{kit.ReasonUnsupportedValue}, false},
+		{"HTTPS and HTTP through two parentRefs", func(r *gatewayv1.HTTPRoute) {
+			r.Spec.ParentRefs = []gatewayv1.ParentReference{{Name: "gw", SectionName: ptr.To[gatewayv1.SectionName]("https")}, {Name: "gw", Port: ptr.To[gatewayv1.PortNumber](80)}}
+		}, view(https, http), []string{"", ""}, true},
+		{"another namespace, listener Same", func(r *gatewayv1.HTTPRoute) {
+			r.Namespace = "other"
+			r.Spec.ParentRefs[0].Namespace = ptr.To[gatewayv1.Namespace]("app")
+		}, view(https), []string{kit.ReasonNotAllowedByListeners}, false},
+		{"another namespace, listener All", func(r *gatewayv1.HTTPRoute) {
+			r.Namespace = "other"
+			r.Spec.ParentRefs[0].Namespace = ptr.To[gatewayv1.Namespace]("app")
+		}, view(listener("https", "HTTPS", 443, func(l *gatewayv1.Listener) {
+			l.AllowedRoutes = &gatewayv1.AllowedRoutes{Namespaces: &gatewayv1.RouteNamespaces{From: ptr.To(gatewayv1.NamespacesFromAll)}}
+		})), []string{""}, true},
+		{"another hostname", func(r *gatewayv1.HTTPRoute) { r.Spec.Hostnames = []gatewayv1.Hostname{"shop.example.com"} },
+			view(https), []string{kit.ReasonNoMatchingListenerHostname}, false},
+		{"a filter", func(r *gatewayv1.HTTPRoute) {
+			r.Spec.Rules[0].Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestRedirect}}
+		}, view(https), []string{kit.ReasonUnsupportedValue}, false},
+		{"a Gateway not accepted", nil, map[types.NamespacedName]*gatewayView{key: {Key: key, Rejected: kit.ReasonGatewayInvalid, Why: "HA"}},
+			[]string{kit.ReasonNoMatchingParent}, false},
+		{"another controller's Gateway", nil, map[types.NamespacedName]*gatewayView{}, nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := httpRoute("app", *rule.DeepCopy())
+			if tt.mutate != nil {
+				tt.mutate(r)
+			}
+			d := decideRoute(r, tt.gateways, in)
+			var got []string
+			for _, p := range d.Parents {
+				got = append(got, p.NotAccepted)
+				if !p.accepted() && p.Why == "" {
+					t.Errorf("parent %v not accepted without a message", p.Ref)
+				}
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("parents %q, want %q", got, tt.want)
+			}
+			// Routes are served by a Gateway only through an accepted parent; unsupported
+			// rules withhold them from every Gateway.
+			served := false
+			for _, p := range d.Parents {
+				served = served || (p.accepted() && len(d.Routes) > 0)
+			}
+			if served != tt.routes {
+				t.Errorf("served %v, want %v", served, tt.routes)
+			}
+		})
+	}
+}
+
+func TestDecideGateway(t *testing.T) {
+	gw := func(mutate func(*gatewayv1.Gateway)) *gatewayv1.Gateway {
+		g := &gatewayv1.Gateway{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "gw"},
+			Spec: gatewayv1.GatewaySpec{GatewayClassName: "tailscale", Listeners: []gatewayv1.Listener{listener("https", "HTTPS", 443)}}}
+		if mutate != nil {
+			mutate(g)
+		}
+		return g
+	}
+	annotate := func(k, v string) func(*gatewayv1.Gateway) {
+		return func(g *gatewayv1.Gateway) { g.Annotations = map[string]string{k: v} }
+	}
+	tests := []struct {
+		name   string
+		gw     *gatewayv1.Gateway
+		in     gatewayInputs
+		reason string
+	}{
+		{"served", gw(nil), gatewayInputs{}, ""},
+		{"on a ProxyGroup", gw(annotate(kit.AnnotationProxyGroup, "pg")), gatewayInputs{}, kit.ReasonGatewayInvalid},
+		{"ProxyClass not ready", gw(nil), gatewayInputs{classNotReady: `ProxyClass "x" does not exist`}, kit.ReasonInvalidParameters},
+		{"addresses", gw(func(g *gatewayv1.Gateway) { g.Spec.Addresses = []gatewayv1.GatewaySpecAddress{{Value: "10.0.0.1"}} }), gatewayInputs{}, kit.ReasonUnsupportedAddress},
+		{"infrastructure", gw(func(g *gatewayv1.Gateway) { g.Spec.Infrastructure = &gatewayv1.GatewayInfrastructure{} }), gatewayInputs{}, kit.ReasonGatewayInvalid},
+		{"bad tags", gw(annotate(kit.AnnotationTags, "k8s")), gatewayInputs{}, kit.ReasonGatewayInvalid},
+		{"bad hostname", gw(annotate(kit.AnnotationHostname, "a.b")), gatewayInputs{}, kit.ReasonGatewayInvalid},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v, _ := decideGateway(tt.gw, tt.in, []string{"tag:k8s"})
+			if v.Rejected != tt.reason || (v.Rejected != "" && v.Why == "") {
+				t.Errorf("rejected %q (%s), want %q", v.Rejected, v.Why, tt.reason)
+			}
+		})
+	}
+	// Its names: the hostname, the MagicDNS name, and the names the proxy reports.
+	v, tags := decideGateway(gw(nil), gatewayInputs{domain: "tailnet.ts.net", state: &contract.ProxyState{FQDN: "app-gw-gateway-1.tailnet.ts.net"}}, []string{"tag:k8s"})
+	want := []string{"app-gw-gateway", "app-gw-gateway-1", "app-gw-gateway-1.tailnet.ts.net", "app-gw-gateway.tailnet.ts.net"}
+	if !reflect.DeepEqual(v.Names, want) || !reflect.DeepEqual(tags, []string{"tag:k8s"}) {
+		t.Errorf("names %v, tags %v; want %v, [tag:k8s]", v.Names, tags, want)
+	}
+}
+
+func condition(t *testing.T, conds []metav1.Condition, typ string) metav1.Condition {
+	t.Helper()
+	c := meta.FindStatusCondition(conds, typ)
+	if c == nil {
+		t.Fatalf("no %s condition in %+v", typ, conds)
+	}
+	return *c
+}
+
+func TestGatewayStatus(t *testing.T) {
+	listeners := decideListeners([]gatewayv1.Listener{listener("https", "HTTPS", 443), listener("tls", "TLS", 8443)}, tailnetNames)
+	serving := &contract.ProxyState{FQDN: "gw.tailnet.ts.net", TailnetIPs: []string{"100.64.0.1", "fd7a::1", "junk"}, HTTPSEndpoint: "gw.tailnet.ts.net"}
+	tests := []struct {
+		name  string
+		facts gatewayFacts
+		// want: Gateway Accepted and Programmed reasons, then each listener's Accepted and
+		// Programmed reasons.
+		want      []string
+		addresses int
+		attached  []int32
+	}{
+		{"served, one listener not", gatewayFacts{View: gatewayView{Listeners: listeners}, State: serving, Attached: map[gatewayv1.SectionName]int32{"https": 2}},
+			[]string{kit.ReasonListenersNotValid, kit.ReasonProgrammed, kit.ReasonGatewayClassAccepted, kit.ReasonProgrammed, kit.ReasonUnsupportedProtocol, kit.ReasonGatewayInvalid},
+			3, []int32{2, 0}},
+		{"waiting for the proxy", gatewayFacts{View: gatewayView{Listeners: listeners[:1]}},
+			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonPending, kit.ReasonGatewayClassAccepted, kit.ReasonPending}, 0, []int32{0}},
+		{"on a ProxyGroup", gatewayFacts{View: gatewayView{Rejected: kit.ReasonGatewayInvalid, Why: "HA", Listeners: listeners[:1]}, State: serving},
+			[]string{kit.ReasonGatewayInvalid, kit.ReasonGatewayInvalid, kit.ReasonGatewayClassAccepted, kit.ReasonGatewayInvalid}, 3, []int32{0}},
+		{"no listener served", gatewayFacts{View: gatewayView{Listeners: listeners[1:]}},
+			[]string{kit.ReasonListenersNotValid, kit.ReasonGatewayInvalid, kit.ReasonUnsupportedProtocol, kit.ReasonGatewayInvalid}, 0, []int32{0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := gatewayStatus(gatewayv1.GatewayStatus{}, tt.facts, 4)
+			got := []string{condition(t, st.Conditions, conditionAccepted).Reason, condition(t, st.Conditions, conditionProgrammed).Reason}
+			var attached []int32
+			for _, l := range st.Listeners {
+				got = append(got, condition(t, l.Conditions, conditionAccepted).Reason, condition(t, l.Conditions, conditionProgrammed).Reason)
+				attached = append(attached, l.AttachedRoutes)
+				if len(l.Conditions) != 4 {
+					t.Errorf("listener %s: %d conditions, want Accepted, Programmed, ResolvedRefs and Conflicted", l.Name, len(l.Conditions))
+				}
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("reasons %q, want %q", got, tt.want)
+			}
+			if !reflect.DeepEqual(attached, tt.attached) {
+				t.Errorf("attachedRoutes %v, want %v", attached, tt.attached)
+			}
+			if len(st.Addresses) != tt.addresses {
+				t.Errorf("addresses %+v, want %d", st.Addresses, tt.addresses)
+			}
+			for _, c := range st.Conditions {
+				if c.ObservedGeneration != 4 {
+					t.Errorf("%s at generation %d, want 4", c.Type, c.ObservedGeneration)
+				}
+			}
+		})
+	}
+	st := gatewayStatus(gatewayv1.GatewayStatus{}, gatewayFacts{View: gatewayView{Listeners: listeners}, State: serving}, 1)
+	if a := st.Addresses[0]; *a.Type != gatewayv1.HostnameAddressType || a.Value != "gw.tailnet.ts.net" {
+		t.Errorf("first address %+v, want the MagicDNS name", a)
+	}
+	if k := st.Listeners[0].SupportedKinds; len(k) != 1 || k[0].Kind != kindHTTPRoute {
+		t.Errorf("HTTPS supportedKinds %+v", k)
+	}
+	if k := st.Listeners[1].SupportedKinds; len(k) != 0 {
+		t.Errorf("TLS supportedKinds %+v, want none", k)
+	}
+	// A status written at a newer generation is left alone.
+	newer := gatewayv1.GatewayStatus{Conditions: []metav1.Condition{{Type: conditionAccepted, Status: metav1.ConditionTrue, Reason: "Accepted", ObservedGeneration: 5}}}
+	if got := gatewayStatus(newer, gatewayFacts{View: gatewayView{Rejected: kit.ReasonGatewayInvalid}}, 4); !reflect.DeepEqual(got, newer) {
+		t.Errorf("a stale read changed the status: %+v", got)
+	}
+}
+
+func TestRouteStatus(t *testing.T) {
+	other := gatewayv1.RouteParentStatus{ParentRef: gatewayv1.ParentReference{Name: "gw"}, ControllerName: "example.com/other",
+		Conditions: []metav1.Condition{{Type: conditionAccepted, Status: metav1.ConditionTrue, Reason: "Accepted"}}}
+	gone := gatewayv1.RouteParentStatus{ParentRef: gatewayv1.ParentReference{Name: "gone"}, ControllerName: ControllerName,
+		Conditions: []metav1.Condition{{Type: conditionAccepted, Status: metav1.ConditionTrue, Reason: "Accepted", ObservedGeneration: 1}}}
+	cur := gatewayv1.HTTPRouteStatus{RouteStatus: gatewayv1.RouteStatus{Parents: []gatewayv1.RouteParentStatus{other, gone}}}
+	d := routeDecision{
+		Parents: []parentResult{
+			{Ref: gatewayv1.ParentReference{Name: "gw"}, Listeners: []gatewayv1.SectionName{"https"}},
+			{Ref: gatewayv1.ParentReference{Name: "gw2"}, NotAccepted: kit.ReasonNoMatchingParent, Why: "no listener"},
+		},
+		Unresolved: []refProblem{{Reason: kit.ReasonBackendNotFound, Message: "rule 0: Service app/gone does not exist"}},
+	}
+	st := routeStatus(cur, d, 2)
+	if len(st.Parents) != 3 || !reflect.DeepEqual(st.Parents[0], other) {
+		t.Fatalf("parents %+v: want the other controller's entry kept as it was, then ours", st.Parents)
+	}
+	for i, want := range []string{kit.ReasonGatewayClassAccepted, kit.ReasonNoMatchingParent} {
+		p := st.Parents[i+1]
+		if p.ControllerName != ControllerName || p.ParentRef.Name != d.Parents[i].Ref.Name {
+			t.Errorf("entry %d: %+v", i+1, p)
+		}
+		if c := condition(t, p.Conditions, conditionAccepted); c.Reason != want || c.ObservedGeneration != 2 {
+			t.Errorf("entry %d Accepted %+v, want %s at generation 2", i+1, c, want)
+		}
+		if c := condition(t, p.Conditions, conditionResolvedRefs); c.Reason != kit.ReasonBackendNotFound || !strings.Contains(c.Message, "502") {
+			t.Errorf("entry %d ResolvedRefs %+v", i+1, c)
+		}
+	}
+	// No parent of ours left: only the other controller's entry stays.
+	if st := routeStatus(cur, routeDecision{}, 2); !reflect.DeepEqual(st.Parents, []gatewayv1.RouteParentStatus{other}) {
+		t.Errorf("parents %+v, want the other controller's alone", st.Parents)
+	}
+	if st := routeStatus(gatewayv1.HTTPRouteStatus{RouteStatus: gatewayv1.RouteStatus{Parents: []gatewayv1.RouteParentStatus{gone}}}, routeDecision{}, 2); st.Parents == nil || len(st.Parents) != 0 {
+		t.Errorf("parents %#v, want an empty list (the API requires one)", st.Parents)
+	}
+	if st := routeStatus(gatewayv1.HTTPRouteStatus{}, routeDecision{}, 2); st.Parents != nil {
+		t.Errorf("parents %#v of a route that never had one of ours, want it left alone", st.Parents)
+	}
+	// A stale read (our entry at a newer generation) changes nothing.
+	if st := routeStatus(cur, d, 0); !reflect.DeepEqual(st, cur) {
+		t.Errorf("a stale read changed the status: %+v", st)
+	}
+}

@@ -1,0 +1,115 @@
+package gateway
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/tsingress/tsingress/internal/controller/kit"
+)
+
+// The ports a standalone proxy serves: HTTPS with its tailnet name's certificate, and plain
+// HTTP with the same routes (contract.HTTPServe).
+const (
+	httpsPort gatewayv1.PortNumber = 443
+	httpPort  gatewayv1.PortNumber = 80
+)
+
+const kindHTTPRoute gatewayv1.Kind = "HTTPRoute"
+
+// listenerDecision is what a Gateway's listener is served as: NotAccepted is "" when it is
+// served, else the spec's reason it is not (Why says more).
+type listenerDecision struct {
+	Name     gatewayv1.SectionName
+	Port     gatewayv1.PortNumber
+	Protocol gatewayv1.ProtocolType
+	// Hostname is the listener's hostname ("" when unset).
+	Hostname         string
+	NotAccepted, Why string
+	// Conflicted: another listener takes the same port with another protocol.
+	Conflicted bool
+	// InvalidKinds are the route kinds allowedRoutes names that this operator does not serve.
+	InvalidKinds []string
+	// HTTPRoutes may attach (allowedRoutes.kinds is unset or names HTTPRoute).
+	HTTPRoutes bool
+	// AllNamespaces: routes of every namespace may attach, not only the Gateway's.
+	AllNamespaces bool
+}
+
+func (l listenerDecision) served() bool { return l.NotAccepted == "" }
+
+// decideListeners decides which listeners the Gateway's proxy serves. names are the Gateway's
+// tailnet names (its hostname, and its MagicDNS name once the tailnet's domain is known): the
+// only names a listener may have, since no other certificate is served yet.
+func decideListeners(listeners []gatewayv1.Listener, names []string) []listenerDecision {
+	out := make([]listenerDecision, 0, len(listeners))
+	for _, l := range listeners {
+		d := listenerDecision{Name: l.Name, Port: l.Port, Protocol: l.Protocol, HTTPRoutes: true}
+		if l.Hostname != nil {
+			d.Hostname = string(*l.Hostname)
+		}
+		d.NotAccepted, d.Why = listenerProblem(l, names)
+		for _, o := range listeners {
+			if o.Port == l.Port && o.Protocol != l.Protocol {
+				d.Conflicted = true
+				d.NotAccepted, d.Why = kit.ReasonPortUnavailable, fmt.Sprintf("port %d is also given to listener %q with protocol %s", l.Port, o.Name, o.Protocol)
+			}
+		}
+		if ar := l.AllowedRoutes; ar != nil {
+			d.AllNamespaces = ar.Namespaces != nil && ar.Namespaces.From != nil && *ar.Namespaces.From == gatewayv1.NamespacesFromAll
+			if len(ar.Kinds) > 0 {
+				d.HTTPRoutes = false
+				for _, k := range ar.Kinds {
+					if isHTTPRouteKind(k) {
+						d.HTTPRoutes = true
+					} else {
+						d.InvalidKinds = append(d.InvalidKinds, kindString(k))
+					}
+				}
+			}
+		}
+		out = append(out, d)
+	}
+	// Plain HTTP is served with the routes of HTTPS, never alone: the proxy always serves HTTPS.
+	https := slices.ContainsFunc(out, func(d listenerDecision) bool { return d.served() && d.Protocol == gatewayv1.HTTPSProtocolType })
+	for i := range out {
+		if d := &out[i]; d.served() && d.Protocol == gatewayv1.HTTPProtocolType && !https {
+			d.NotAccepted, d.Why = kit.ReasonUnsupportedValue, "an HTTP listener is served only beside an HTTPS listener on port 443 (the proxy always serves HTTPS, with the same routes)"
+		}
+	}
+	return out
+}
+
+// listenerProblem says why a listener, taken alone, cannot be served ("" when it can).
+func listenerProblem(l gatewayv1.Listener, names []string) (reason, why string) {
+	want := map[gatewayv1.ProtocolType]gatewayv1.PortNumber{gatewayv1.HTTPSProtocolType: httpsPort, gatewayv1.HTTPProtocolType: httpPort}
+	port, ok := want[l.Protocol]
+	switch {
+	case !ok:
+		return kit.ReasonUnsupportedProtocol, fmt.Sprintf("protocol %s is not served yet: only HTTPS on port 443 and HTTP on port 80", l.Protocol)
+	case l.Port != port:
+		return kit.ReasonPortUnavailable, fmt.Sprintf("the proxy serves %s on port %d only", l.Protocol, port)
+	case l.Hostname != nil && !slices.Contains(names, strings.ToLower(string(*l.Hostname))):
+		return kit.ReasonUnsupportedValue, fmt.Sprintf("hostname %q is not served: a Gateway serves its tailnet name (%s) only, until certificateRefs are served",
+			*l.Hostname, strings.Join(names, ", "))
+	case l.TLS != nil:
+		return kit.ReasonUnsupportedValue, "tls (certificateRefs, options) is not served yet: leave it unset to serve the tailnet name with its ACME certificate"
+	case l.AllowedRoutes != nil && l.AllowedRoutes.Namespaces != nil && l.AllowedRoutes.Namespaces.From != nil &&
+		*l.AllowedRoutes.Namespaces.From == gatewayv1.NamespacesFromSelector:
+		return kit.ReasonUnsupportedValue, "allowedRoutes.namespaces.from: Selector is not served yet (Same and All are)"
+	}
+	return "", ""
+}
+
+func isHTTPRouteKind(k gatewayv1.RouteGroupKind) bool {
+	return (k.Group == nil || *k.Group == gatewayv1.GroupName) && k.Kind == kindHTTPRoute
+}
+
+func kindString(k gatewayv1.RouteGroupKind) string {
+	if k.Group == nil {
+		return gatewayv1.GroupName + "/" + string(k.Kind)
+	}
+	return string(*k.Group) + "/" + string(k.Kind)
+}

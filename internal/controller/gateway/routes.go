@@ -1,0 +1,380 @@
+package gateway
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+)
+
+// unreachableBackend is the backend of a rule whose backendRef does not resolve. The spec asks
+// such requests to fail (500) rather than fall through to a shorter route of another backend;
+// the contract has no route answering a fixed status yet, and nothing listens on port 1 of the
+// proxy's loopback, so the proxy answers 502 at once.
+const unreachableBackend = "http://127.0.0.1:1"
+
+// gatewayView is a Gateway of this operator as its routes see it.
+type gatewayView struct {
+	Key types.NamespacedName
+	// Rejected is the spec's reason the Gateway is not accepted ("" when it is), Why says more.
+	Rejected, Why string
+	Listeners     []listenerDecision
+	// Names are the Gateway's tailnet names, lower-case: its hostname and its MagicDNS name.
+	Names []string
+}
+
+// backendInputs is what backendRefs resolve against.
+type backendInputs struct {
+	// Services holds the Services the routes name (one missing does not exist).
+	Services map[types.NamespacedName]*corev1.Service
+	// Grants are the ReferenceGrants of the namespaces of cross-namespace backendRefs.
+	Grants []gatewayv1.ReferenceGrant
+}
+
+// refProblem is a backendRef that does not resolve: the spec's ResolvedRefs reason and why.
+type refProblem struct{ Reason, Message string }
+
+// parentResult is a route's status at one of its parentRefs to a Gateway of this operator.
+type parentResult struct {
+	Ref     gatewayv1.ParentReference
+	Gateway types.NamespacedName
+	// Listeners the route attaches to through this parentRef.
+	Listeners []gatewayv1.SectionName
+	// NotAccepted is the spec's reason the route is not accepted there ("" when it is).
+	NotAccepted, Why string
+}
+
+func (p parentResult) accepted() bool { return p.NotAccepted == "" }
+
+// routeDecision is what an HTTPRoute asks of the Gateways of this operator that it names.
+type routeDecision struct {
+	Parents []parentResult
+	// Routes are its rules as contract routes, served by every Gateway that accepts it.
+	Routes []contract.Route
+	// Unresolved lists the backendRefs that do not resolve (ResolvedRefs=False).
+	Unresolved []refProblem
+}
+
+// decideRoute decides an HTTPRoute's attachment to the Gateways of gateways (the Gateways of
+// this operator it names; parentRefs to others are not this operator's to answer) and its
+// contract routes.
+func decideRoute(r *gatewayv1.HTTPRoute, gateways map[types.NamespacedName]*gatewayView, in backendInputs) routeDecision {
+	routes, unsupported, unresolved := buildRules(r, in)
+	d := routeDecision{Unresolved: unresolved}
+	for _, ref := range r.Spec.ParentRefs {
+		key, ok := gatewayRef(r.Namespace, ref)
+		gv := gateways[key]
+		if !ok || gv == nil {
+			continue
+		}
+		p := parentResult{Ref: ref, Gateway: key}
+		p.Listeners, p.NotAccepted, p.Why = attach(r, ref, gv)
+		d.Parents = append(d.Parents, p)
+	}
+	// The proxy serves one route table on ports 443 and 80: a route must attach to both or be
+	// served where it did not ask to be.
+	for i := range d.Parents {
+		p := &d.Parents[i]
+		if !p.accepted() {
+			continue
+		}
+		if missing := missingProtocol(gateways[p.Gateway], d.Parents); missing != "" {
+			p.NotAccepted, p.Why = kit.ReasonUnsupportedValue, fmt.Sprintf("the route attaches to no %s listener of Gateway %s, "+
+				"and the proxy serves the same routes over HTTPS and HTTP: attach it to both (no sectionName or port)", missing, p.Gateway)
+			continue
+		}
+		if len(unsupported) > 0 {
+			p.NotAccepted, p.Why = kit.ReasonUnsupportedValue, strings.Join(unsupported, "; ")
+		}
+	}
+	if len(unsupported) == 0 {
+		d.Routes = routes
+	}
+	return d
+}
+
+// gatewayRef is the Gateway a parentRef names; ok is false for another kind of parent.
+func gatewayRef(routeNS string, ref gatewayv1.ParentReference) (types.NamespacedName, bool) {
+	if (ref.Group != nil && *ref.Group != gatewayv1.GroupName) || (ref.Kind != nil && *ref.Kind != "Gateway") {
+		return types.NamespacedName{}, false
+	}
+	ns := routeNS
+	if ref.Namespace != nil {
+		ns = string(*ref.Namespace)
+	}
+	return types.NamespacedName{Namespace: ns, Name: string(ref.Name)}, true
+}
+
+// attach finds the listeners of gv that a route attaches to through ref, or the spec's reason
+// it attaches to none.
+func attach(r *gatewayv1.HTTPRoute, ref gatewayv1.ParentReference, gv *gatewayView) ([]gatewayv1.SectionName, string, string) {
+	if gv.Rejected != "" {
+		return nil, kit.ReasonNoMatchingParent, fmt.Sprintf("Gateway %s is not accepted: %s", gv.Key, gv.Why)
+	}
+	var named, allowed, attached []gatewayv1.SectionName
+	for _, l := range gv.Listeners {
+		if (ref.SectionName != nil && *ref.SectionName != l.Name) || (ref.Port != nil && *ref.Port != l.Port) || !l.served() {
+			continue
+		}
+		named = append(named, l.Name)
+		if !l.HTTPRoutes || (!l.AllNamespaces && r.Namespace != gv.Key.Namespace) {
+			continue
+		}
+		allowed = append(allowed, l.Name)
+		names := gv.Names
+		if l.Hostname != "" {
+			names = []string{strings.ToLower(l.Hostname)}
+		}
+		if hostnamesMatch(r.Spec.Hostnames, names) {
+			attached = append(attached, l.Name)
+		}
+	}
+	switch {
+	case len(named) == 0:
+		return nil, kit.ReasonNoMatchingParent, fmt.Sprintf("Gateway %s has no accepted listener of that sectionName and port", gv.Key)
+	case len(allowed) == 0:
+		return nil, kit.ReasonNotAllowedByListeners, fmt.Sprintf("no listener of Gateway %s allows HTTPRoutes from namespace %s", gv.Key, r.Namespace)
+	case len(attached) == 0:
+		return nil, kit.ReasonNoMatchingListenerHostname, fmt.Sprintf("no hostname of the route matches a listener of Gateway %s, which serves %s",
+			gv.Key, strings.Join(gv.Names, ", "))
+	}
+	return attached, "", ""
+}
+
+// missingProtocol is the protocol (HTTPS or HTTP) of gv's served listeners that the route,
+// through all its parentRefs to gv, attaches to no listener of; "" when none is missing.
+func missingProtocol(gv *gatewayView, parents []parentResult) gatewayv1.ProtocolType {
+	served := map[gatewayv1.ProtocolType]bool{}
+	for _, l := range gv.Listeners {
+		if l.served() {
+			served[l.Protocol] = false
+		}
+	}
+	for _, p := range parents {
+		if p.Gateway != gv.Key {
+			continue
+		}
+		for _, name := range p.Listeners {
+			for _, l := range gv.Listeners {
+				if l.Name == name {
+					served[l.Protocol] = true
+				}
+			}
+		}
+	}
+	for _, proto := range []gatewayv1.ProtocolType{gatewayv1.HTTPSProtocolType, gatewayv1.HTTPProtocolType} {
+		if attached, ok := served[proto]; ok && !attached {
+			return proto
+		}
+	}
+	return ""
+}
+
+// hostnamesMatch reports whether a route's hostnames intersect a listener's names, as the
+// spec defines it: no hostname matches every name, and a wildcard covers one or more labels.
+func hostnamesMatch(hostnames []gatewayv1.Hostname, names []string) bool {
+	if len(hostnames) == 0 {
+		return true
+	}
+	for _, h := range hostnames {
+		h := strings.ToLower(string(h))
+		for _, n := range names {
+			if h == n || (contract.IsWildcard(h) && strings.HasSuffix(n, h[1:])) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// buildRules turns a route's rules into contract routes. A rule using what the proxy cannot
+// serve is listed in unsupported (the route is then not served at all rather than served
+// differently); a rule whose backendRef does not resolve is served by unreachableBackend.
+func buildRules(r *gatewayv1.HTTPRoute, in backendInputs) (routes []contract.Route, unsupported []string, unresolved []refProblem) {
+	seen := map[string]bool{}
+	for i, rule := range r.Spec.Rules {
+		where := fmt.Sprintf("rule %d", i)
+		if rule.Name != nil {
+			where = fmt.Sprintf("rule %q", *rule.Name)
+		}
+		if why := ruleUnsupported(rule); len(why) > 0 {
+			unsupported = append(unsupported, where+": "+strings.Join(why, ", ")+" not served yet")
+			continue
+		}
+		backend, problem := resolveBackendRef(r.Namespace, rule.BackendRefs[0].BackendObjectReference, in)
+		if problem != nil {
+			problem.Message = where + ": " + problem.Message
+			unresolved = append(unresolved, *problem)
+			backend = contract.Backend{URL: unreachableBackend}
+		}
+		matches := rule.Matches
+		if len(matches) == 0 {
+			matches = []gatewayv1.HTTPRouteMatch{{}}
+		}
+		for _, m := range matches {
+			path, pathType := "/", contract.PathPrefix
+			if m.Path != nil {
+				if m.Path.Value != nil {
+					path = *m.Path.Value
+				}
+				if m.Path.Type != nil && *m.Path.Type == gatewayv1.PathMatchExact {
+					pathType = contract.PathExact
+				}
+			}
+			// The first rule of a path wins, as the spec's precedence orders rules of one route.
+			if key := string(pathType) + " " + path; !seen[key] {
+				seen[key] = true
+				routes = append(routes, contract.Route{Path: path, PathType: pathType, Backend: backend})
+			}
+		}
+	}
+	return routes, unsupported, unresolved
+}
+
+// ruleUnsupported lists what a rule asks that the proxy cannot serve yet.
+func ruleUnsupported(rule gatewayv1.HTTPRouteRule) []string {
+	var why []string
+	if len(rule.Filters) > 0 {
+		var types []string
+		for _, f := range rule.Filters {
+			types = append(types, string(f.Type))
+		}
+		why = append(why, "filters ("+strings.Join(types, ", ")+")")
+	}
+	if rule.Timeouts != nil {
+		why = append(why, "timeouts")
+	}
+	if rule.Retry != nil {
+		why = append(why, "retry")
+	}
+	if rule.SessionPersistence != nil {
+		why = append(why, "sessionPersistence")
+	}
+	switch n := len(rule.BackendRefs); {
+	case n == 0:
+		why = append(why, "a rule without backendRefs")
+	case n > 1:
+		why = append(why, fmt.Sprintf("%d backendRefs (one per rule is served)", n))
+	default:
+		b := rule.BackendRefs[0]
+		if b.Weight != nil && *b.Weight == 0 {
+			why = append(why, "a backendRef of weight 0")
+		}
+		if len(b.Filters) > 0 {
+			why = append(why, "backendRef filters")
+		}
+	}
+	for _, m := range rule.Matches {
+		if m.Path != nil && m.Path.Type != nil && *m.Path.Type == gatewayv1.PathMatchRegularExpression {
+			why = append(why, "RegularExpression path matches")
+		}
+		if len(m.Headers) > 0 {
+			why = append(why, "header matches")
+		}
+		if len(m.QueryParams) > 0 {
+			why = append(why, "query parameter matches")
+		}
+		if m.Method != nil {
+			why = append(why, "method matches")
+		}
+	}
+	return slices.Compact(why)
+}
+
+// appProtocols are the backend Service port appProtocols the proxy serves: plain HTTP/1.1, and
+// WebSockets, which it passes through as HTTP/1.1 Upgrades.
+var appProtocols = []string{"", "http", "kubernetes.io/ws"}
+
+// resolveBackendRef finds the backend a backendRef names: a Service port, reached through the
+// Service's ClusterIP.
+func resolveBackendRef(routeNS string, b gatewayv1.BackendObjectReference, in backendInputs) (contract.Backend, *refProblem) {
+	fail := func(reason, format string, a ...any) (contract.Backend, *refProblem) {
+		return contract.Backend{}, &refProblem{Reason: reason, Message: fmt.Sprintf(format, a...)}
+	}
+	if (b.Group != nil && *b.Group != "") || (b.Kind != nil && *b.Kind != "Service") {
+		return fail(kit.ReasonInvalidKind, "backendRef to a %s: only Services are served", kindOf(b))
+	}
+	key := types.NamespacedName{Namespace: routeNS, Name: string(b.Name)}
+	if b.Namespace != nil && string(*b.Namespace) != routeNS {
+		key.Namespace = string(*b.Namespace)
+		if !granted(in.Grants, routeNS, key) {
+			return fail(kit.ReasonRefNotPermitted, "backendRef to Service %s: no ReferenceGrant in namespace %s lets HTTPRoutes of namespace %s refer to it",
+				key, key.Namespace, routeNS)
+		}
+	}
+	svc := in.Services[key]
+	if svc == nil {
+		return fail(kit.ReasonBackendNotFound, "Service %s does not exist", key)
+	}
+	if svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
+		return fail(kit.ReasonBackendNotFound, "Service %s has no ClusterIP (headless and ExternalName Services are not served)", key)
+	}
+	if b.Port == nil {
+		return fail(kit.ReasonBackendNotFound, "backendRef to Service %s has no port", key)
+	}
+	i := slices.IndexFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Port == *b.Port })
+	if i < 0 {
+		return fail(kit.ReasonBackendNotFound, "Service %s has no port %d", key, *b.Port)
+	}
+	if ap := svc.Spec.Ports[i].AppProtocol; ap != nil && !slices.Contains(appProtocols, *ap) {
+		return fail(kit.ReasonUnsupportedProtocol, "Service %s port %d has appProtocol %s; served: http, kubernetes.io/ws", key, *b.Port, *ap)
+	}
+	return contract.Backend{URL: "http://" + net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(*b.Port)))}, nil
+}
+
+func kindOf(b gatewayv1.BackendObjectReference) string {
+	kind := "Service"
+	if b.Kind != nil {
+		kind = string(*b.Kind)
+	}
+	if b.Group != nil && *b.Group != "" {
+		return string(*b.Group) + "/" + kind
+	}
+	return kind
+}
+
+// granted reports whether a ReferenceGrant in svc's namespace lets HTTPRoutes of routeNS refer
+// to the Service svc.
+func granted(grants []gatewayv1.ReferenceGrant, routeNS string, svc types.NamespacedName) bool {
+	for _, g := range grants {
+		if g.Namespace != svc.Namespace {
+			continue
+		}
+		from := slices.ContainsFunc(g.Spec.From, func(f gatewayv1.ReferenceGrantFrom) bool {
+			return f.Group == gatewayv1.GroupName && f.Kind == kindHTTPRoute && string(f.Namespace) == routeNS
+		})
+		to := slices.ContainsFunc(g.Spec.To, func(t gatewayv1.ReferenceGrantTo) bool {
+			return t.Group == "" && t.Kind == "Service" && (t.Name == nil || string(*t.Name) == svc.Name)
+		})
+		if from && to {
+			return true
+		}
+	}
+	return false
+}
+
+// backendKeys lists the Services a route's backendRefs name, for lookups and watches.
+func backendKeys(r *gatewayv1.HTTPRoute) []types.NamespacedName {
+	var out []types.NamespacedName
+	for _, rule := range r.Spec.Rules {
+		for _, b := range rule.BackendRefs {
+			if (b.Group != nil && *b.Group != "") || (b.Kind != nil && *b.Kind != "Service") {
+				continue
+			}
+			key := types.NamespacedName{Namespace: r.Namespace, Name: string(b.Name)}
+			if b.Namespace != nil {
+				key.Namespace = string(*b.Namespace)
+			}
+			out = append(out, key)
+		}
+	}
+	return out
+}

@@ -1,0 +1,185 @@
+package gateway
+
+import (
+	"fmt"
+	"net/netip"
+	"reflect"
+	"slices"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+)
+
+// Condition types the Gateway reconciler owns on a Gateway and its listeners, and the HTTPRoute
+// reconciler on its own entries of a route's parents.
+const (
+	conditionProgrammed   = string(gatewayv1.GatewayConditionProgrammed)
+	conditionResolvedRefs = string(gatewayv1.ListenerConditionResolvedRefs)
+	conditionConflicted   = string(gatewayv1.ListenerConditionConflicted)
+)
+
+// gatewayFacts is what a pass found about a Gateway, which its status is computed from.
+type gatewayFacts struct {
+	View gatewayView
+	// Attached counts, per listener, the routes attached to it.
+	Attached map[gatewayv1.SectionName]int32
+	// State is what its proxy reports (nil: nothing yet).
+	State *contract.ProxyState
+}
+
+// serving reports whether the proxy serves the Gateway's tailnet name.
+func (f gatewayFacts) serving() bool { return f.State != nil && f.State.HTTPSEndpoint != "" }
+
+// gatewayStatus computes a Gateway's status from a pass's facts; conditions of other types
+// are kept.
+func gatewayStatus(status gatewayv1.GatewayStatus, f gatewayFacts, gen int64) gatewayv1.GatewayStatus {
+	status = *status.DeepCopy()
+	for _, c := range status.Conditions {
+		// Written at a newer generation than the one read: the object read is stale.
+		if (c.Type == conditionAccepted || c.Type == conditionProgrammed) && c.ObservedGeneration > gen {
+			return status
+		}
+	}
+	v := f.View
+	served := slices.ContainsFunc(v.Listeners, listenerDecision.served)
+	allServed := !slices.ContainsFunc(v.Listeners, func(l listenerDecision) bool { return !l.served() })
+	accepted := v.Rejected == "" && served
+	switch {
+	case v.Rejected != "":
+		kit.SetCondition(&status.Conditions, conditionAccepted, false, v.Rejected, v.Why, gen)
+	case !served:
+		kit.SetCondition(&status.Conditions, conditionAccepted, false, kit.ReasonListenersNotValid, "no listener can be served", gen)
+	case !allServed:
+		kit.SetCondition(&status.Conditions, conditionAccepted, true, kit.ReasonListenersNotValid, "some listeners cannot be served; see their conditions", gen)
+	default:
+		kit.SetCondition(&status.Conditions, conditionAccepted, true, kit.ReasonGatewayClassAccepted, "accepted by "+string(ControllerName), gen)
+	}
+	switch {
+	case !accepted:
+		kit.SetCondition(&status.Conditions, conditionProgrammed, false, kit.ReasonGatewayInvalid, "the Gateway is not accepted", gen)
+	case f.serving():
+		kit.SetCondition(&status.Conditions, conditionProgrammed, true, kit.ReasonProgrammed, "the proxy serves https://"+f.State.HTTPSEndpoint, gen)
+	default:
+		kit.SetCondition(&status.Conditions, conditionProgrammed, false, kit.ReasonPending, "waiting for the proxy to join the tailnet and serve its name", gen)
+	}
+	status.Addresses = addresses(f.State)
+	listeners := make([]gatewayv1.ListenerStatus, 0, len(v.Listeners))
+	for _, l := range v.Listeners {
+		ls := gatewayv1.ListenerStatus{Name: l.Name, SupportedKinds: []gatewayv1.RouteGroupKind{}}
+		if i := slices.IndexFunc(status.Listeners, func(s gatewayv1.ListenerStatus) bool { return s.Name == l.Name }); i >= 0 {
+			ls.Conditions = status.Listeners[i].Conditions
+		}
+		listenerConditions(&ls.Conditions, l, accepted && f.serving(), accepted, gen)
+		if l.HTTPRoutes && (l.Protocol == gatewayv1.HTTPSProtocolType || l.Protocol == gatewayv1.HTTPProtocolType) {
+			ls.SupportedKinds = append(ls.SupportedKinds, gatewayv1.RouteGroupKind{Group: ptr.To(gatewayv1.Group(gatewayv1.GroupName)), Kind: kindHTTPRoute})
+		}
+		if accepted && l.served() {
+			ls.AttachedRoutes = f.Attached[l.Name]
+		}
+		listeners = append(listeners, ls)
+	}
+	status.Listeners = listeners
+	return status
+}
+
+// listenerConditions sets a listener's Accepted, Programmed, ResolvedRefs and Conflicted.
+func listenerConditions(conds *[]metav1.Condition, l listenerDecision, serving, gatewayAccepted bool, gen int64) {
+	if l.served() {
+		kit.SetCondition(conds, conditionAccepted, true, kit.ReasonGatewayClassAccepted, "served", gen)
+	} else {
+		kit.SetCondition(conds, conditionAccepted, false, l.NotAccepted, l.Why, gen)
+	}
+	switch {
+	case !l.served() || !gatewayAccepted:
+		kit.SetCondition(conds, conditionProgrammed, false, kit.ReasonGatewayInvalid, "not served", gen)
+	case serving:
+		kit.SetCondition(conds, conditionProgrammed, true, kit.ReasonProgrammed, "served by the proxy", gen)
+	default:
+		kit.SetCondition(conds, conditionProgrammed, false, kit.ReasonPending, "waiting for the proxy", gen)
+	}
+	if len(l.InvalidKinds) > 0 {
+		kit.SetCondition(conds, conditionResolvedRefs, false, kit.ReasonInvalidRouteKinds,
+			fmt.Sprintf("allowedRoutes.kinds names %v; served: HTTPRoute", l.InvalidKinds), gen)
+	} else {
+		kit.SetCondition(conds, conditionResolvedRefs, true, kit.ReasonResolvedRefs, "every reference resolves", gen)
+	}
+	if l.Conflicted {
+		kit.SetCondition(conds, conditionConflicted, true, kit.ReasonProtocolConflict, l.Why, gen)
+	} else {
+		kit.SetCondition(conds, conditionConflicted, false, kit.ReasonNoConflicts, "no conflict", gen)
+	}
+}
+
+// addresses are the proxy's MagicDNS name and tailnet IPs, as it reports them.
+func addresses(st *contract.ProxyState) []gatewayv1.GatewayStatusAddress {
+	if st == nil || st.FQDN == "" {
+		return nil
+	}
+	out := []gatewayv1.GatewayStatusAddress{{Type: ptr.To(gatewayv1.HostnameAddressType), Value: st.FQDN}}
+	for _, ip := range st.TailnetIPs {
+		if _, err := netip.ParseAddr(ip); err == nil {
+			out = append(out, gatewayv1.GatewayStatusAddress{Type: ptr.To(gatewayv1.IPAddressType), Value: ip})
+		}
+	}
+	return out
+}
+
+// routeStatus computes a route's status from its decision: this controller's entry for each
+// parentRef to a Gateway of this operator, others' entries kept as they are.
+func routeStatus(status gatewayv1.HTTPRouteStatus, d routeDecision, gen int64) gatewayv1.HTTPRouteStatus {
+	status = *status.DeepCopy()
+	var parents []gatewayv1.RouteParentStatus
+	mine := map[int]bool{}
+	for i, p := range status.Parents {
+		if p.ControllerName == ControllerName {
+			mine[i] = true
+			for _, c := range p.Conditions {
+				if c.ObservedGeneration > gen {
+					return status // stale read
+				}
+			}
+			continue
+		}
+		parents = append(parents, p)
+	}
+	for _, p := range d.Parents {
+		ps := gatewayv1.RouteParentStatus{ParentRef: p.Ref, ControllerName: ControllerName}
+		for i := range mine {
+			if reflect.DeepEqual(status.Parents[i].ParentRef, p.Ref) {
+				ps.Conditions = status.Parents[i].Conditions
+			}
+		}
+		if p.accepted() {
+			kit.SetCondition(&ps.Conditions, conditionAccepted, true, kit.ReasonGatewayClassAccepted, fmt.Sprintf("attached to listeners %v", p.Listeners), gen)
+		} else {
+			kit.SetCondition(&ps.Conditions, conditionAccepted, false, p.NotAccepted, p.Why, gen)
+		}
+		if len(d.Unresolved) > 0 {
+			kit.SetCondition(&ps.Conditions, conditionResolvedRefs, false, d.Unresolved[0].Reason, unresolvedMessage(d.Unresolved), gen)
+		} else {
+			kit.SetCondition(&ps.Conditions, conditionResolvedRefs, true, kit.ReasonResolvedRefs, "every backendRef resolves", gen)
+		}
+		parents = append(parents, ps)
+	}
+	if parents == nil && len(status.Parents) > 0 {
+		parents = []gatewayv1.RouteParentStatus{} // the API requires the list, empty or not
+	}
+	status.Parents = parents
+	return status
+}
+
+// unresolvedMessage says which backendRefs do not resolve, and what their requests get.
+func unresolvedMessage(ps []refProblem) string {
+	msg := ""
+	for i, p := range ps {
+		if i > 0 {
+			msg += "; "
+		}
+		msg += p.Message
+	}
+	return msg + " (requests to such a rule fail with 502)"
+}
