@@ -106,7 +106,7 @@ func (c *APIClient) CreateAuthKey(ctx context.Context, req AuthKeyRequest) (Auth
 	if k.Key == "" {
 		return AuthKey{}, &Error{Op: op, Reason: ReasonUnavailable, Message: "the API returned no key"}
 	}
-	return AuthKey{ID: k.ID, Secret: NewSecret(k.Key), Expires: k.Expires}, nil
+	return AuthKey{ID: k.ID, Secret: NewSecret(k.Key), Expires: k.Expires, Created: k.Created}, nil
 }
 
 // AuthKeys implements [Client].
@@ -187,6 +187,7 @@ func deviceFromAPI(d *tsapi.Device) Device {
 		Hostname:  d.Hostname,
 		Tags:      d.Tags,
 		Addresses: parseAddrs(d.Addresses),
+		Created:   d.Created.Time,
 	}
 }
 

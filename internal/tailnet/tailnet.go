@@ -62,6 +62,8 @@ type AuthKey struct {
 	ID      string
 	Secret  Secret
 	Expires time.Time
+	// Created is when the control plane minted it, by the clock that dates its devices.
+	Created time.Time
 }
 
 // Secret holds a credential. It formats as [REDACTED] so that it cannot reach logs, errors or
@@ -86,6 +88,8 @@ type Device struct {
 	Hostname  string
 	Tags      []string
 	Addresses []netip.Addr
+	// Created is when the device was added to the tailnet.
+	Created time.Time
 }
 
 // Service is a Tailscale Service: a name with stable virtual addresses, served by the

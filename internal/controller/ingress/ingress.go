@@ -233,7 +233,10 @@ func (r *IngressReconciler) unserve(ctx context.Context, ing *networkingv1.Ingre
 		r.Forget(client.ObjectKeyFromObject(ing))
 		return ctrl.Result{}, nil
 	}
-	done, err := r.proxies.Cleanup(ctx, proxies.ParentOf(proxies.ParentTypeIngress, ing))
+	done, refused, err := r.proxies.Teardown(ctx, proxies.ParentOf(proxies.ParentTypeIngress, ing))
+	if refused != nil {
+		r.Findings(ing, []kit.Finding{*refused})
+	}
 	if err != nil {
 		if tailnet.ReasonOf(err) != "" {
 			r.Warning(ing, kit.ReasonCleanupFailed, "removing the proxy: %v", err)

@@ -44,6 +44,9 @@ const (
 	ReasonCleanupFailed          = "CleanupFailed"
 	// The proxy's state Secret holds what the proxy cannot have written (a hand edit).
 	ReasonProxyStateInvalid = "ProxyStateInvalid"
+	// The device a proxy's state names is not, by the tailnet API, the one its key was minted
+	// for: it is not deleted with the proxy.
+	ReasonDeviceNotMinted = "DeviceNotMinted"
 )
 
 // Certificates, on Events and in an Ingress's status.loadBalancer port errors.

@@ -65,20 +65,22 @@ type Keys struct {
 
 // Grant returns the auth key replica i of s is to hold, minting one with req when it has none.
 // config is the replica's config Secret as its owner builds it (name, labels, owners, without
-// data): the intent is recorded on it, creating it if need be.
-func (k Keys) Grant(ctx context.Context, s replicaSet, i int, config *corev1.Secret, req tailnet.AuthKeyRequest) (KeyGrant, error) {
+// data): the intent is recorded on it, creating it if need be. identity is the proxy's
+// ServiceAccount as its owner builds it, which gets the mint record, and hostname the
+// replica's: what its device must show to be deleted with it.
+func (k Keys) Grant(ctx context.Context, s replicaSet, i int, config *corev1.Secret, identity *corev1.ServiceAccount, hostname string, req tailnet.AuthKeyRequest) (KeyGrant, error) {
 	state, have, err := k.read(ctx, k.Client, s, i)
 	if err != nil {
 		return KeyGrant{}, err
 	}
 	if g, ok := kept(state, have); ok {
-		return g, nil
+		return g, k.pin(ctx, s, i, state, identity)
 	}
 	if state, have, err = k.read(ctx, k.API, s, i); err != nil {
 		return KeyGrant{}, err
 	}
 	if g, ok := kept(state, have); ok {
-		return g, nil
+		return g, k.pin(ctx, s, i, state, identity)
 	}
 	if err := k.sweep(ctx, have); err != nil {
 		return KeyGrant{}, err
@@ -101,7 +103,13 @@ func (k Keys) Grant(ctx context.Context, s replicaSet, i int, config *corev1.Sec
 	// its name (an object deleted and created again).
 	log.FromContext(ctx).Info("minted auth key", "keyID", key.ID, "proxy", s.pod(i), "configSecretUID", target.UID,
 		"tags", req.Tags, "description", req.Description, "expires", key.Expires)
-	return KeyGrant{Key: key.Secret.Reveal(), ID: key.ID, Nonce: nonce, minted: true}, nil
+	grant := KeyGrant{Key: key.Secret.Reveal(), ID: key.ID, Nonce: nonce, minted: true}
+	// Before the key is delivered: a device that logs in with it is then always known.
+	rec := mintRecord{KeyID: key.ID, Created: key.Created, Tags: req.Tags, Hostname: hostname}
+	if err := k.writeRecord(ctx, identity, i, rec); err != nil {
+		return KeyGrant{}, k.Undelivered(ctx, grant, fmt.Errorf("recording auth key %s of %s: %w", key.ID, s.pod(i), err))
+	}
+	return grant, nil
 }
 
 // Undelivered is what a failed write of the config Secret that carries g returns: a key

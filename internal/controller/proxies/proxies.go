@@ -113,7 +113,8 @@ func (m *Proxies) keys() Keys {
 }
 
 func (m *Proxies) authKeyFor(ctx context.Context, p *StandaloneProxy) (KeyGrant, error) {
-	return m.keys().Grant(ctx, p.Parent.replicas(), 0, p.configSecret(m.Settings.Namespace), tailnet.AuthKeyRequest{
+	ns := m.Settings.Namespace
+	return m.keys().Grant(ctx, p.Parent.replicas(), 0, p.configSecret(ns), p.buildServiceAccount(ns), p.Config.Hostname, tailnet.AuthKeyRequest{
 		Tags:        p.Config.Tags,
 		Description: fmt.Sprintf("tsingress %s %s/%s", p.Parent.Typ, p.Parent.Namespace, p.Parent.Name),
 		Expiry:      AuthKeyExpiry,
@@ -143,43 +144,49 @@ func PodRefused(pod *corev1.Pod) string {
 	return fmt.Sprintf("the node refused to run the proxy Pod %s: %s: %s", pod.Name, pod.Status.Reason, pod.Status.Message)
 }
 
-// Cleanup tears a proxy down: the StatefulSet first (so the proxy cannot log in again), then
+// Teardown tears a proxy down: the StatefulSet first (so the proxy cannot log in again), then
 // its tailnet device, then the remaining children. It reports done=false while the
-// StatefulSet is still going away; the StatefulSet watch calls again.
-func (m *Proxies) Cleanup(ctx context.Context, par Parent) (done bool, err error) {
+// StatefulSet is still going away; the StatefulSet watch calls again. A device the tailnet API
+// does not show to be the proxy's stays, and refused says so, for a Warning Event.
+func (m *Proxies) Teardown(ctx context.Context, par Parent) (done bool, refused *kit.Finding, err error) {
 	ns, name := m.Settings.Namespace, par.ProxyName()
 	sts := &appsv1.StatefulSet{}
 	switch err := m.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, sts); {
 	case err == nil:
 		if sts.DeletionTimestamp == nil {
 			if err := kit.Remove(ctx, m.Client, sts, client.PropagationPolicy(metav1.DeletePropagationForeground)); err != nil {
-				return false, fmt.Errorf("deleting the proxy StatefulSet %s/%s: %w", ns, name, err)
+				return false, nil, fmt.Errorf("deleting the proxy StatefulSet %s/%s: %w", ns, name, err)
 			}
 		}
-		return false, nil
+		return false, nil, nil
 	case !apierrors.IsNotFound(err):
-		return false, fmt.Errorf("reading the proxy StatefulSet %s/%s: %w", ns, name, err)
+		return false, nil, fmt.Errorf("reading the proxy StatefulSet %s/%s: %w", ns, name, err)
 	}
 
 	// From the API server, not the cache: a device the proxy recorded just before it stopped
 	// must not be missed, nor a key minted just before.
 	state, err := getSecret(ctx, m.API, ns, par.replicas().StateSecret(0))
 	if err != nil {
-		return false, fmt.Errorf("reading the proxy state: %w", err)
+		return false, nil, fmt.Errorf("reading the proxy state: %w", err)
 	}
 	if state != nil {
-		if err := DeleteDevice(ctx, m.Tailnet, state); err != nil {
-			return false, err
+		why, err := m.keys().DeleteDevice(ctx, par.replicas(), 0, state)
+		if err != nil {
+			return false, nil, err
+		}
+		if why != "" {
+			f := kit.Warnf(kit.ReasonDeviceNotMinted, "%s", why)
+			refused = &f
 		}
 	}
 	if err := m.keys().Release(ctx, state); err != nil { // a standalone proxy's config is its state Secret
-		return false, err
+		return false, nil, err
 	}
 	if err := certs.PruneCertCopies(ctx, m.Client, ns, par.Labels(), nil); err != nil {
-		return false, err
+		return false, nil, err
 	}
 	if err := ApplyMetricsObjects(ctx, m.Client, nil, name, ns, nil, nil, nil); err != nil {
-		return false, err
+		return false, nil, err
 	}
 	for _, child := range []struct {
 		kind string
@@ -191,10 +198,17 @@ func (m *Proxies) Cleanup(ctx context.Context, par Parent) (done bool, err error
 		{"ServiceAccount", &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}},
 	} {
 		if err := kit.Remove(ctx, m.Client, child.obj); err != nil {
-			return false, fmt.Errorf("deleting the proxy's %s %s/%s: %w", child.kind, ns, child.obj.GetName(), err)
+			return false, nil, fmt.Errorf("deleting the proxy's %s %s/%s: %w", child.kind, ns, child.obj.GetName(), err)
 		}
 	}
-	return true, nil
+	return true, refused, nil
+}
+
+// Cleanup is Teardown for a reconciler that gives no Event for a refused device deletion (the
+// refusal is logged).
+func (m *Proxies) Cleanup(ctx context.Context, par Parent) (done bool, err error) {
+	done, _, err = m.Teardown(ctx, par)
+	return done, err
 }
 
 // ParseTags reads the tailscale.com/tags annotation: comma-separated tags replacing the

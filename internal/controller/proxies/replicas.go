@@ -7,10 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/tsingress/tsingress/internal/contract"
-	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
 // AuthKeyExpiry bounds how long a minted key that was never used stays valid.
@@ -75,17 +73,4 @@ func (s replicaSet) Read(ctx context.Context, c client.Reader, reports *Reports,
 		r.State = st
 	}
 	return r, nil
-}
-
-// DeleteDevice removes from the tailnet the device a replica's state Secret records.
-func DeleteDevice(ctx context.Context, tc tailnet.Client, state *corev1.Secret) error {
-	id := string(state.Data[contract.StateDeviceID])
-	if id == "" {
-		return nil
-	}
-	if err := tc.DeleteDevice(ctx, id); err != nil {
-		return fmt.Errorf("deleting tailnet device %s of %s: %w", id, state.Name, err)
-	}
-	log.FromContext(ctx).Info("deleted tailnet device", "deviceID", id, "proxy", state.Name)
-	return nil
 }

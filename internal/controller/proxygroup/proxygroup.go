@@ -118,7 +118,7 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		}
 		return ctrl.Result{}, err
 	}
-	if err := r.scaleDown(ctx, g, proxies.Replicas(pg)); err != nil {
+	if err := r.scaleDown(ctx, pg, g, proxies.Replicas(pg)); err != nil {
 		return r.TailnetFailure(pg, err)
 	}
 	if len(devices) == proxies.Replicas(pg) {
@@ -250,7 +250,11 @@ func (r *ProxyGroupReconciler) replicaConfig(ctx context.Context, pg *tsv1alpha1
 	cfg.Metrics = proxies.MetricsEnabled(class)
 	// One single-use key per replica.
 	req := tailnet.AuthKeyRequest{Tags: tags, Description: fmt.Sprintf("tsingress proxygroup %s replica %d", pg.Name, i), Expiry: proxies.AuthKeyExpiry}
-	grant, err := r.keys().Grant(ctx, g.Replicas(), i, config, req)
+	identity := r.buildServiceAccount(g)
+	if err := controllerutil.SetControllerReference(pg, identity, r.Scheme()); err != nil {
+		return nil, proxies.KeyGrant{}, fmt.Errorf("setting ProxyGroup %s as the owner of %s: %w", pg.Name, identity.Name, err)
+	}
+	grant, err := r.keys().Grant(ctx, g.Replicas(), i, config, identity, cfg.Hostname, req)
 	if err != nil {
 		return nil, proxies.KeyGrant{}, err
 	}
@@ -343,8 +347,9 @@ func (r *ProxyGroupReconciler) replicaSecrets(ctx context.Context, g proxies.Gro
 	return out, nil
 }
 
-// scaleDown removes the devices and Secrets of replicas at or above n.
-func (r *ProxyGroupReconciler) scaleDown(ctx context.Context, g proxies.Group, n int) error {
+// scaleDown removes the devices and Secrets of replicas at or above n. A device the tailnet API
+// does not show to be the replica's stays, with a Warning Event on pg.
+func (r *ProxyGroupReconciler) scaleDown(ctx context.Context, pg *tsv1alpha1.ProxyGroup, g proxies.Group, n int) error {
 	states, err := r.replicaSecrets(ctx, g, proxies.SecretTypeState)
 	if err != nil {
 		return err
@@ -361,8 +366,12 @@ func (r *ProxyGroupReconciler) scaleDown(ctx context.Context, g proxies.Group, n
 		if err := r.API.Get(ctx, client.ObjectKeyFromObject(s), s); client.IgnoreNotFound(err) != nil {
 			return fmt.Errorf("reading the state Secret %s/%s of removed replica %d: %w", s.Namespace, s.Name, i, err)
 		}
-		if err := proxies.DeleteDevice(ctx, r.Tailnet, s); err != nil {
+		refused, err := r.keys().DeleteDevice(ctx, g.Replicas(), i, s)
+		if err != nil {
 			return err
+		}
+		if refused != "" {
+			r.Warning(pg, kit.ReasonDeviceNotMinted, "%s", refused)
 		}
 		if err := kit.Remove(ctx, r.Client, s); err != nil {
 			return fmt.Errorf("deleting the state Secret %s/%s of removed replica %d: %w", s.Namespace, s.Name, i, err)
@@ -391,7 +400,7 @@ func (r *ProxyGroupReconciler) delete(ctx context.Context, pg *tsv1alpha1.ProxyG
 		r.Forget(client.ObjectKeyFromObject(pg))
 		return ctrl.Result{}, nil
 	}
-	if err := r.scaleDown(ctx, g, 0); err != nil {
+	if err := r.scaleDown(ctx, pg, g, 0); err != nil {
 		return r.TailnetFailure(pg, err)
 	}
 	if err := kit.RemoveFinalizer(ctx, r.Client, pg, kit.FinalizerName); err != nil {

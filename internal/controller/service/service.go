@@ -266,7 +266,10 @@ func (r *ServiceReconciler) unserve(ctx context.Context, svc *corev1.Service) (c
 		r.Forget(client.ObjectKeyFromObject(svc))
 		return ctrl.Result{}, nil
 	}
-	done, err := r.proxies.Cleanup(ctx, proxies.ParentOf(proxies.ParentTypeService, svc))
+	done, refused, err := r.proxies.Teardown(ctx, proxies.ParentOf(proxies.ParentTypeService, svc))
+	if refused != nil {
+		r.Findings(svc, []kit.Finding{*refused})
+	}
 	if err != nil {
 		return r.TailnetFailure(svc, err)
 	}
