@@ -96,8 +96,10 @@ type gatewayInputs struct {
 	class         *tsv1alpha1.ProxyClass
 	classNotReady string
 	domain        string
-	state         *contract.ProxyState
-	unreadable    *kit.Finding
+	// certsOff: the tailnet has HTTPS (or MagicDNS) off, so no certificate can be issued.
+	certsOff   bool
+	state      *contract.ProxyState
+	unreadable *kit.Finding
 }
 
 // gatherGateway reads what a Gateway's view is decided from: its ProxyClass (its class's
@@ -122,7 +124,8 @@ func (c common) gatherGateway(ctx context.Context, gw *gatewayv1.Gateway) (gatew
 		}
 		in.class, in.classNotReady = class.Ready(), class.NotReady
 	}
-	in.domain = c.Proxies.TailnetInfo(ctx).Domain
+	info := c.Proxies.TailnetInfo(ctx)
+	in.domain, in.certsOff = info.Domain, !info.CertsAvailable()
 	var err error
 	in.state, _, in.unreadable, err = c.Proxies.State(ctx, proxies.ParentOf(proxies.ParentTypeGateway, gw))
 	return in, err
@@ -220,6 +223,12 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 	routes, err := r.attachedRoutes(ctx, gw, &view, s.facts.Attached)
 	if err != nil {
 		return ctrl.Result{}, err
+	}
+	if s.in.certsOff {
+		r.Warning(gw, kit.ReasonHTTPSNotEnabled, "HTTPS is not enabled on the tailnet (or MagicDNS is off): the proxy cannot get a certificate until it is")
+	}
+	if _, ok := gw.Annotations[kit.AnnotationFunnel]; ok {
+		r.Warning(gw, kit.ReasonInvalidAnnotation, "annotation %s is not served for Gateways yet: the Gateway is served on the tailnet only", kit.AnnotationFunnel)
 	}
 	p := r.proxy(gw, view, tags, routes, s.in.class)
 	cert, err := r.certificate(ctx, gw, p, s.in)

@@ -144,6 +144,8 @@ func TestResolveBackendRef(t *testing.T) {
 		{Namespace: "app", Name: "headless"}: service("app", "headless", "None", corev1.ServicePort{Port: 80}),
 		{Namespace: "other", Name: "api"}:    service("other", "api", "fd00::1", corev1.ServicePort{Port: 8080, AppProtocol: ptr.To("kubernetes.io/ws")}),
 		{Namespace: "third", Name: "db"}:     service("third", "db", "10.0.0.3", corev1.ServicePort{Port: 80}),
+		{Namespace: "app", Name: "ext"}: {ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "ext"},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "db.example.com", Ports: []corev1.ServicePort{{Port: 5000}}}},
 	}, Grants: []gatewayv1.ReferenceGrant{grant("other", "app", nil), grant("third", "app", ptr.To[gatewayv1.ObjectName]("not-db"))}}
 	tests := []struct {
 		name    string
@@ -156,6 +158,7 @@ func TestResolveBackendRef(t *testing.T) {
 		{"a missing port", backendRef("web", 8080), "", kit.ReasonBackendNotFound},
 		{"a headless Service", backendRef("headless", 80), "", kit.ReasonBackendNotFound},
 		{"h2c", backendRef("web", 81), "", kit.ReasonUnsupportedProtocol},
+		{"an ExternalName Service", backendRef("ext", 5000), "http://db.example.com:5000", ""},
 		{"another kind", backendRef("web", 80, func(b *gatewayv1.HTTPBackendRef) { b.Kind = ptr.To[gatewayv1.Kind]("ConfigMap") }), "", kit.ReasonInvalidKind},
 		{"another namespace, granted", backendRef("api", 8080, inNamespace("other")), "http://[fd00::1]:8080", ""},
 		{"another namespace, granted for another name", backendRef("db", 80, inNamespace("third")), "", kit.ReasonRefNotPermitted},

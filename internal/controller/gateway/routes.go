@@ -294,7 +294,7 @@ func ruleUnsupported(rule gatewayv1.HTTPRouteRule) []string {
 var appProtocols = []string{"", "http", "kubernetes.io/ws"}
 
 // resolveBackendRef finds the backend a backendRef names: a Service port, reached through the
-// Service's ClusterIP.
+// Service's ClusterIP (its ready endpoints are not listed yet: kube-proxy balances).
 func resolveBackendRef(routeNS string, b gatewayv1.BackendObjectReference, in backendInputs) (contract.Backend, *refProblem) {
 	fail := func(reason, format string, a ...any) (contract.Backend, *refProblem) {
 		return contract.Backend{}, &refProblem{Reason: reason, Message: fmt.Sprintf(format, a...)}
@@ -314,8 +314,13 @@ func resolveBackendRef(routeNS string, b gatewayv1.BackendObjectReference, in ba
 	if svc == nil {
 		return fail(kit.ReasonBackendNotFound, "Service %s does not exist", key)
 	}
-	if svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
-		return fail(kit.ReasonBackendNotFound, "Service %s has no ClusterIP (headless and ExternalName Services are not served)", key)
+	// An ExternalName Service is reached by its name, as for Ingress backends (the spec leaves
+	// them to the implementation).
+	host := svc.Spec.ExternalName
+	if svc.Spec.Type != corev1.ServiceTypeExternalName {
+		if host = svc.Spec.ClusterIP; host == "" || host == corev1.ClusterIPNone {
+			return fail(kit.ReasonBackendNotFound, "Service %s has no ClusterIP (headless Services are not served)", key)
+		}
 	}
 	if b.Port == nil {
 		return fail(kit.ReasonBackendNotFound, "backendRef to Service %s has no port", key)
@@ -327,7 +332,7 @@ func resolveBackendRef(routeNS string, b gatewayv1.BackendObjectReference, in ba
 	if ap := svc.Spec.Ports[i].AppProtocol; ap != nil && !slices.Contains(appProtocols, *ap) {
 		return fail(kit.ReasonUnsupportedProtocol, "Service %s port %d has appProtocol %s; served: http, kubernetes.io/ws", key, *b.Port, *ap)
 	}
-	return contract.Backend{URL: "http://" + net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(*b.Port)))}, nil
+	return contract.Backend{URL: "http://" + net.JoinHostPort(host, strconv.Itoa(int(*b.Port)))}, nil
 }
 
 func kindOf(b gatewayv1.BackendObjectReference) string {
