@@ -243,6 +243,34 @@ var _ = Describe("Gateway API", Ordered, func() {
 		Expect(as.Status().Patch(ctx, gc, client.MergeFrom(before))).To(Succeed())
 		err = as.Update(ctx, gc)
 		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "updating a class: want Forbidden, got %v", err)
+
+		// What the Gateway and HTTPRoute reconcilers do: read Gateways, routes and grants,
+		// patch Gateways (the finalizer) and both statuses; nothing more.
+		for _, l := range []client.ObjectList{&gatewayv1.GatewayList{}, &gatewayv1.HTTPRouteList{}, &gatewayv1.ReferenceGrantList{}} {
+			Expect(as.List(ctx, l)).To(Succeed())
+		}
+		ns := newNamespace()
+		edge := kubeobj.Gateway(ns, "edge", "gw-rbac", kubeobj.Listener("https", gatewayv1.HTTPSProtocolType, 443))
+		Expect(gw.Create(ctx, edge)).To(Succeed())
+		DeferCleanup(gw.Delete, ctx, edge)
+		gwBefore := edge.DeepCopy()
+		edge.Annotations = map[string]string{"rbac": "check"}
+		Expect(as.Patch(ctx, edge, client.MergeFrom(gwBefore))).To(Succeed())
+		gwBefore = edge.DeepCopy()
+		edge.Status.Conditions = []metav1.Condition{{Type: "Accepted", Status: metav1.ConditionFalse, Reason: "Pending", Message: "rbac check", LastTransitionTime: metav1.Now()}}
+		Expect(as.Status().Patch(ctx, edge, client.MergeFrom(gwBefore))).To(Succeed())
+		err = as.Update(ctx, edge)
+		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "updating a Gateway: want Forbidden, got %v", err)
+		err = as.Create(ctx, kubeobj.HTTPRoute(ns, "r", "edge"))
+		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "creating an HTTPRoute: want Forbidden, got %v", err)
+		route := kubeobj.HTTPRoute(ns, "r", "edge")
+		Expect(gw.Create(ctx, route)).To(Succeed())
+		routeBefore := route.DeepCopy()
+		route.Status.Parents = []gatewayv1.RouteParentStatus{{ParentRef: route.Spec.ParentRefs[0], ControllerName: gateway.ControllerName,
+			Conditions: []metav1.Condition{{Type: "Accepted", Status: metav1.ConditionFalse, Reason: "Pending", Message: "rbac check", LastTransitionTime: metav1.Now()}}}}
+		Expect(as.Status().Patch(ctx, route, client.MergeFrom(routeBefore))).To(Succeed())
+		err = as.Patch(ctx, route, client.MergeFrom(routeBefore))
+		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "patching an HTTPRoute: want Forbidden, got %v", err)
 	})
 
 	// Gateways and HTTPRoutes, on a class of this operator created for each spec.
@@ -335,7 +363,7 @@ var _ = Describe("Gateway API", Ordered, func() {
 		Expect(cfg.Hostname).To(Equal(ns + "-edge-gateway"))
 		Expect(cfg.Serve.HTTP).To(Equal(contract.HTTPServe))
 		Expect(cfg.AuthKey).NotTo(BeEmpty())
-		Expect(k8s.Get(ctx, proxyKey(proxies.ParentTypeGateway, edge), &appsv1.StatefulSet{})).To(Succeed())
+		Eventually(func() error { return k8s.Get(ctx, proxyKey(proxies.ParentTypeGateway, edge), &appsv1.StatefulSet{}) }).Should(Succeed())
 
 		By("accepting the Gateway, its listeners and the route, and waiting for the proxy")
 		Eventually(gatewayCondition(edge, "Accepted")).Should(HaveField("Reason", kit.ReasonGatewayClassAccepted))

@@ -12,9 +12,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
@@ -227,6 +229,9 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 	if s.in.certsOff {
 		r.Warning(gw, kit.ReasonHTTPSNotEnabled, "HTTPS is not enabled on the tailnet (or MagicDNS is off): the proxy cannot get a certificate until it is")
 	}
+	if f := proxies.InitContainerIgnored(s.in.class); f != nil {
+		r.Findings(gw, []kit.Finding{*f})
+	}
 	if _, ok := gw.Annotations[kit.AnnotationFunnel]; ok {
 		r.Warning(gw, kit.ReasonInvalidAnnotation, "annotation %s is not served for Gateways yet: the Gateway is served on the tailnet only", kit.AnnotationFunnel)
 	}
@@ -388,7 +393,8 @@ func (r *GatewayReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&appsv1.StatefulSet{}, children).
 		Watches(&corev1.Secret{}, children).
 		Watches(&corev1.Pod{}, children).
-		Watches(&gatewayv1.HTTPRoute{}, handler.EnqueueRequestsFromMapFunc(routeParents)).
+		// Not a route's status, which the HTTPRoute reconciler writes from the same decision.
+		Watches(&gatewayv1.HTTPRoute{}, handler.EnqueueRequestsFromMapFunc(routeParents), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.gatewaysForService)).
 		Watches(&gatewayv1.ReferenceGrant{}, handler.EnqueueRequestsFromMapFunc(r.allGateways)).
 		Watches(&tsv1alpha1.ProxyClass{}, handler.EnqueueRequestsFromMapFunc(r.allGateways)).
