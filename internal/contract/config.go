@@ -195,7 +195,8 @@ func (d *Destination) Validate() error {
 // ProxyConfigs stores ProxyConfig documents. The operator writes every version in its encode
 // set that can express the document; the proxy reads the newest version it understands.
 // Version 2 added the Serve config's certificate settings and route hosts, version 3 wildcard
-// hosts (see ServeConfigs), version 4 a replica advertising its group's documents.
+// hosts (see ServeConfigs), version 4 a replica advertising its group's documents, version 5
+// app capabilities (ServeConfigs v4).
 var ProxyConfigs = codec[ProxyConfig]{
 	name: "proxy-config",
 	encode: map[int]func(*ProxyConfig) ([]byte, error){
@@ -205,19 +206,27 @@ var ProxyConfigs = codec[ProxyConfig]{
 			jsonEncoder(2, func(c *ProxyConfig, v int) { c.Version = v })),
 		3: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 3 },
 			jsonEncoder(3, func(c *ProxyConfig, v int) { c.Version = v })),
-		4: jsonEncoder(4, func(c *ProxyConfig, v int) {
-			c.Version = v
-			if c.Kind == KindProxyGroup {
-				c.AdvertiseServices = nil
-			}
-		}),
+		4: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 4 }, advertisingDocuments(4)),
+		5: advertisingDocuments(5),
 	},
 	decode: map[int]func([]byte) (*ProxyConfig, error){
 		1: jsonDecoder(1, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 		2: jsonDecoder(2, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 		3: jsonDecoder(3, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 		4: jsonDecoder(4, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		5: jsonDecoder(5, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 	},
+}
+
+// advertisingDocuments encodes version v (4 on), in which a replica advertises its group's
+// documents rather than a list.
+func advertisingDocuments(v int) func(*ProxyConfig) ([]byte, error) {
+	return jsonEncoder(v, func(c *ProxyConfig, v int) {
+		c.Version = v
+		if c.Kind == KindProxyGroup {
+			c.AdvertiseServices = nil
+		}
+	})
 }
 
 // AdvertisesDocuments reports whether a ProxyGroup replica may advertise every service its
@@ -228,7 +237,11 @@ func (c *ProxyConfig) minVersion() int {
 	if c.Serve == nil {
 		return 1
 	}
-	return c.Serve.minVersion()
+	v := c.Serve.minVersion()
+	if v >= 4 {
+		return v + 1 // the Serve config's v4 came with the proxy config's v5
+	}
+	return v
 }
 
 // Redacted returns a copy safe to log: the auth key is replaced by a marker.

@@ -14,6 +14,9 @@ import (
 	"time"
 )
 
+// newestProxyConfig is the newest proxy config version this build writes.
+const newestProxyConfig = 5
+
 func validIngressConfig() *ProxyConfig {
 	return &ProxyConfig{
 		Kind:        KindIngress,
@@ -53,11 +56,11 @@ func TestProxyConfigRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if v != 4 || got.Version != 4 {
-				t.Errorf("version = %d / %d, want the newest, 4", v, got.Version)
+			if v != newestProxyConfig || got.Version != newestProxyConfig {
+				t.Errorf("version = %d / %d, want the newest, %d", v, got.Version, newestProxyConfig)
 			}
 			want := *cfg
-			want.Version = 4
+			want.Version = newestProxyConfig
 			if cfg.Kind == KindProxyGroup {
 				want.AdvertiseServices = nil // v4 replicas advertise their group's documents
 			}
@@ -78,26 +81,27 @@ func TestEncodeDoesNotMutateInput(t *testing.T) {
 	}
 }
 
-// A newer operator writes v4 and a v5 this proxy has never heard of: the proxy reads v4.
+// A newer operator writes the newest version and one this proxy has never heard of: the proxy
+// reads the newest it knows.
 func TestOlderReaderTakesNewestVersionItUnderstands(t *testing.T) {
 	data, err := ProxyConfigs.Encode(validIngressConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	data["proxy-config.v5.json"] = []byte(`{"version":5,"listeners":[{"totally":"different"}]}`)
+	data[ProxyConfigs.key(newestProxyConfig+1)] = []byte(`{"version":6,"listeners":[{"totally":"different"}]}`)
 	data["proxy-config.v10.json"] = []byte(`not even json`)
 	got, v, err := ProxyConfigs.Decode(data)
 	if err != nil {
 		t.Fatalf("older reader failed on a newer writer's output: %v", err)
 	}
-	if v != 4 || got.Hostname != "web" {
-		t.Errorf("got version %d hostname %q, want v4 web", v, got.Hostname)
+	if v != newestProxyConfig || got.Hostname != "web" {
+		t.Errorf("got version %d hostname %q, want v%d web", v, got.Hostname, newestProxyConfig)
 	}
 }
 
 // A replica's config lists the services it may advertise up to v3; from v4 it advertises its
 // group's documents and the list, which grows with the group, is not written. Once the replica
-// reports that it reads v4, the operator writes v4 alone.
+// reports that it reads v4, the operator writes v4 (and the newest) alone.
 func TestGroupConfigV4AdvertisesDocuments(t *testing.T) {
 	cfg := &ProxyConfig{Kind: KindProxyGroup, Hostname: "pg-1", StateSecret: "pg-1",
 		TLS: TLSConfig{CertShareMode: CertReader}, AdvertiseServices: []string{"svc:web", "svc:db"}}
@@ -105,7 +109,7 @@ func TestGroupConfigV4AdvertisesDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for v := 1; v <= 4; v++ {
+	for v := 1; v <= newestProxyConfig; v++ {
 		reader := codec[ProxyConfig]{name: "proxy-config", decode: map[int]func([]byte) (*ProxyConfig, error){}}
 		for w := 1; w <= v; w++ {
 			reader.decode[w] = ProxyConfigs.decode[w]
@@ -114,28 +118,33 @@ func TestGroupConfigV4AdvertisesDocuments(t *testing.T) {
 		if err != nil {
 			t.Fatalf("v%d reader: %v", v, err)
 		}
+		// The oldest and the newest are written: a reader between them reads the oldest.
 		wantV, wantList := 1, cfg.AdvertiseServices
-		if v == 4 {
-			wantV, wantList = 4, nil
+		if v == newestProxyConfig {
+			wantV, wantList = v, nil
 		}
-		if gotV != wantV || !reflect.DeepEqual(got.AdvertiseServices, wantList) || got.AdvertisesDocuments() != (v == 4) {
+		if gotV != wantV || !reflect.DeepEqual(got.AdvertiseServices, wantList) || got.AdvertisesDocuments() != (wantV >= 4) {
 			t.Errorf("v%d reader: read v%d, list %v, documents %v; want v%d, list %v", v, gotV, got.AdvertiseServices,
 				got.AdvertisesDocuments(), wantV, wantList)
 		}
 	}
-	only, err := ProxyConfigs.EncodeFrom(cfg, 4)
+	from4, err := ProxyConfigs.EncodeFrom(cfg, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(keys(only), []string{"proxy-config.v4.json"}) {
-		t.Errorf("EncodeFrom(4) wrote %v, want v4 alone", keys(only))
+	if !reflect.DeepEqual(keys(from4), []string{"proxy-config.v4.json", "proxy-config.v5.json"}) {
+		t.Errorf("EncodeFrom(4) wrote %v, want v4 and v5", keys(from4))
+	}
+	if got, v, err := ProxyConfigs.Decode(map[string][]byte{"proxy-config.v4.json": from4["proxy-config.v4.json"]}); err != nil ||
+		v != 4 || got.AdvertiseServices != nil || !got.AdvertisesDocuments() {
+		t.Errorf("v4 of EncodeFrom(4): v%d %v %+v, want a v4 without a list", v, err, got)
 	}
 	from3, err := ProxyConfigs.EncodeFrom(cfg, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(keys(from3), []string{"proxy-config.v3.json", "proxy-config.v4.json"}) {
-		t.Errorf("EncodeFrom(3) wrote %v, want v3 and v4", keys(from3))
+	if !reflect.DeepEqual(keys(from3), []string{"proxy-config.v3.json", "proxy-config.v5.json"}) {
+		t.Errorf("EncodeFrom(3) wrote %v, want v3 and v5", keys(from3))
 	}
 	listed := []byte(`{"version":4,"kind":"proxygroup","hostname":"pg-1","stateSecret":"pg-1","tls":{"certShareMode":"reader"},"advertiseServices":["svc:web"]}`)
 	if _, _, err := ProxyConfigs.Decode(map[string][]byte{"proxy-config.v4.json": listed}); err == nil || !strings.Contains(err.Error(), "advertiseServices") {
@@ -182,6 +191,8 @@ func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
 		"endpoints": {func(w *WebService) { w.Routes[0].Backend.Endpoints = []string{"10.1.0.5:8080", "[fd00::5]:8080"} }, 1},
 		// So is Funnel: a reader that does not know it serves the tailnet only, the safe side.
 		"funnel": {func(w *WebService) { w.Funnel = true }, 1},
+		// App capabilities are not: a reader without them would pass a backend none.
+		"app capabilities": {func(w *WebService) { w.AcceptAppCaps = []string{"example.com/cap/admin"} }, 5},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := validIngressConfig()
@@ -190,12 +201,12 @@ func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for v := 1; v <= 4; v++ {
+			for v := 1; v <= newestProxyConfig; v++ {
 				// The oldest version that can express it and the newest are written; a reader
 				// that stops between them reads the oldest.
 				_, written := data[ProxyConfigs.key(v)]
-				if written != (v == tc.oldest || v == 4) {
-					t.Errorf("v%d written = %v, want v%d and v4", v, written, tc.oldest)
+				if written != (v == tc.oldest || v == newestProxyConfig) {
+					t.Errorf("v%d written = %v, want v%d and v%d", v, written, tc.oldest, newestProxyConfig)
 				}
 				got, gotV, err := readerUpTo(v).Decode(data)
 				if v < tc.oldest {
@@ -205,8 +216,8 @@ func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
 					continue
 				}
 				wantV := tc.oldest
-				if v == 4 {
-					wantV = 4
+				if v == newestProxyConfig {
+					wantV = v
 				}
 				if err != nil || gotV != wantV {
 					t.Fatalf("v%d reader: v%d %v, want v%d", v, gotV, err, wantV)
@@ -239,7 +250,7 @@ func TestUnknownFieldsInKnownVersionAreIgnored(t *testing.T) {
 
 func TestNoSupportedVersion(t *testing.T) {
 	cases := map[string]map[string][]byte{
-		"only newer":   {"proxy-config.v5.json": []byte(`{"version":5}`)},
+		"only newer":   {"proxy-config.v6.json": []byte(`{"version":6}`)},
 		"nothing":      {"unrelated": []byte("x")},
 		"wrong prefix": {"proxy-config.v1.yaml": []byte("x")},
 	}
@@ -249,7 +260,7 @@ func TestNoSupportedVersion(t *testing.T) {
 			if !errors.Is(err, ErrNoSupportedVersion) {
 				t.Fatalf("err = %v, want ErrNoSupportedVersion", err)
 			}
-			if !strings.Contains(err.Error(), "this build reads v4, v3, v2, v1") {
+			if !strings.Contains(err.Error(), "this build reads v5, v4, v3, v2, v1") {
 				t.Errorf("error %q does not say which versions this build reads", err)
 			}
 			// Absent, it may be written yet; only a version this build cannot read is final.

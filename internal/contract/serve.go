@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"net/url"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -45,6 +46,10 @@ type WebService struct {
 	// Optional in any version: a proxy that does not know it serves the tailnet only, and
 	// reports no StateFunnel, which the operator shows as Funnel not on yet.
 	Funnel bool `json:"funnel,omitempty"`
+	// AcceptAppCaps are the app capabilities ("example.com/cap/admin") the tailnet policy grants
+	// a caller that the proxy passes to backends, in the Tailscale-App-Capabilities header as
+	// Tailscale Serve sends it. Serve config v4, proxy config v5: an older proxy would pass none.
+	AcceptAppCaps []string `json:"acceptAppCaps,omitempty"`
 }
 
 // WebTLS configures the certificates of a web service.
@@ -74,10 +79,14 @@ type CertificateRef struct {
 	Hosts      []string `json:"hosts"`
 }
 
-// minVersion is the oldest schema version that can express the web service: v3 for wildcard
-// hosts, v2 for certificate settings and route hosts. Endpoints are an optional addition that
-// older readers ignore (they reach the Service's ClusterIP instead), so they need no version.
+// minVersion is the oldest schema version that can express the web service: v4 for app
+// capabilities, v3 for wildcard hosts, v2 for certificate settings and route hosts. Endpoints
+// are an optional addition that older readers ignore (they reach the Service's ClusterIP
+// instead), so they need no version.
 func (w *WebService) minVersion() int {
+	if len(w.AcceptAppCaps) > 0 {
+		return 4
+	}
 	v := 1
 	if w.TLS.Hold != nil || len(w.TLS.Certificates) > 0 {
 		v = 2
@@ -145,6 +154,11 @@ func (w *WebService) Validate() error {
 			errs = append(errs, err)
 		}
 	}
+	for _, c := range w.AcceptAppCaps {
+		if !ValidAppCapability(c) {
+			errs = append(errs, fmt.Errorf("app capability %q must look like example.com/cap/name", c))
+		}
+	}
 	if w.TLS.Hold != nil && w.TLS.Hold.Reason == "" {
 		errs = append(errs, errors.New("an issuance hold needs a reason"))
 	}
@@ -187,6 +201,17 @@ func (r *Route) Validate() error {
 	return nil
 }
 
+// appCapability is the form of an app capability's name in a tailnet policy's grants: a
+// domain the capability's owner controls, then a path.
+var appCapability = regexp.MustCompile(`^([\pL\pN-]+\.)+[\pL\pN-]+/[\pL\pN/-]+$`)
+
+// ValidAppCapability reports whether c names an app capability, such as
+// "example.com/cap/admin". Tailscale's own capabilities (tailscale.com/...) are not app
+// capabilities a backend is given.
+func ValidAppCapability(c string) bool {
+	return appCapability.MatchString(c) && !strings.HasPrefix(c, "tailscale.com/")
+}
+
 // IsWildcard reports whether a host is a wildcard such as "*.example.com".
 func IsWildcard(host string) bool { return strings.HasPrefix(host, "*.") }
 
@@ -221,9 +246,9 @@ func (s *ServeConfig) Validate() error {
 }
 
 // ServeConfigs stores ServeConfig documents.
-// Version 2 added certificate settings and route hosts, version 3 wildcard hosts; an older
-// version is written only while no service needs a newer one, so that an older replica fails
-// clearly instead of serving without them.
+// Version 2 added certificate settings and route hosts, version 3 wildcard hosts, version 4
+// app capabilities; an older version is written only while no service needs a newer one, so
+// that an older replica fails clearly instead of serving without them.
 var ServeConfigs = codec[ServeConfig]{
 	name: "serve-config",
 	encode: map[int]func(*ServeConfig) ([]byte, error){
@@ -231,12 +256,15 @@ var ServeConfigs = codec[ServeConfig]{
 			jsonEncoder(1, func(c *ServeConfig, v int) { c.Version = v })),
 		2: onlyIf(func(c *ServeConfig) bool { return c.minVersion() <= 2 },
 			jsonEncoder(2, func(c *ServeConfig, v int) { c.Version = v })),
-		3: jsonEncoder(3, func(c *ServeConfig, v int) { c.Version = v }),
+		3: onlyIf(func(c *ServeConfig) bool { return c.minVersion() <= 3 },
+			jsonEncoder(3, func(c *ServeConfig, v int) { c.Version = v })),
+		4: jsonEncoder(4, func(c *ServeConfig, v int) { c.Version = v }),
 	},
 	decode: map[int]func([]byte) (*ServeConfig, error){
 		1: jsonDecoder(1, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 		2: jsonDecoder(2, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 		3: jsonDecoder(3, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
+		4: jsonDecoder(4, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 	},
 }
 

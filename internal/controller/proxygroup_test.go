@@ -138,7 +138,7 @@ var _ = Describe("ProxyGroup reconciler", func() {
 		Eventually(groupCondition("edge", tsv1alpha1.ProxyGroupReady)).Should(And(
 			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", kit.ReasonProxyGroupReady)))
 
-		By("writing v4 alone, without the list of services, to a replica that reads it")
+		By("writing v4 and newer, without the list of services, to a replica that reads v4")
 		configKeys := func(name string) func(g Gomega) []string {
 			return func(g Gomega) []string {
 				s := &corev1.Secret{}
@@ -146,8 +146,8 @@ var _ = Describe("ProxyGroup reconciler", func() {
 				return slices.Sorted(maps.Keys(s.Data))
 			}
 		}
-		Eventually(configKeys("edge-1-config")).Should(Equal([]string{"proxy-config.v4.json"}))
-		Expect(configKeys("edge-0-config")(Default)).To(Equal([]string{"proxy-config.v1.json", "proxy-config.v4.json"}),
+		Eventually(configKeys("edge-1-config")).Should(Equal([]string{"proxy-config.v4.json", "proxy-config.v5.json"}))
+		Expect(configKeys("edge-0-config")(Default)).To(Equal([]string{"proxy-config.v1.json", "proxy-config.v5.json"}),
 			"a replica that has not said what it reads gets the oldest version too")
 		Expect(k8s.Get(ctx, client.ObjectKey{Name: "edge"}, pg)).To(Succeed())
 		Expect(pg.Status.Devices).To(ConsistOf(

@@ -21,7 +21,9 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"tailscale.com/client/tailscale/apitype"
 	"tailscale.com/ipn"
+	"tailscale.com/tailcfg"
 	"tailscale.com/tsnet"
 	"tailscale.com/util/mak"
 
@@ -569,7 +571,12 @@ func (r *replica) startWeb(ctx context.Context, name string) *webService {
 	if r.conns == nil {
 		r.conns = serviceconn.New(r.node, r.lc, r.log)
 	}
-	e.srv = web.NewServer(web.Config{Listen: e.listen(r.conns), WhoIs: r.lc.WhoIs, Logger: log, Metrics: r.opts.metrics.web})
+	// Asked about the service, so that the caller's app capabilities are those the policy
+	// grants it on the service rather than on this replica.
+	whois := func(ctx context.Context, remoteAddr string) (*apitype.WhoIsResponse, error) {
+		return r.lc.WhoIsForService(ctx, remoteAddr, tailcfg.ServiceName(name))
+	}
+	e.srv = web.NewServer(web.Config{Listen: e.listen(r.conns), WhoIs: whois, Logger: log, Metrics: r.opts.metrics.web})
 	e.srv.SetName(e.fqdn)
 	ectx, stop := context.WithCancel(ctx)
 	e.stop = stop

@@ -57,8 +57,8 @@ func newGroupEnv(t *testing.T, services ...string) *groupEnv {
 }
 
 // writeConfig writes the replica's config: with services to advertise, as an operator before
-// config v4 wrote it (no v4, the services listed); without, v4 alone, as the operator writes it
-// once the replica reports it reads v4 (the replica advertises its group's documents).
+// config v4 wrote it (no v4 or newer, the services listed); without, v4 and newer, as the
+// operator writes it once the replica reports it reads v4 (it advertises its group's documents).
 func (g *groupEnv) writeConfig(t *testing.T, authKey string, advertise ...string) {
 	t.Helper()
 	cfg := &contract.ProxyConfig{
@@ -69,6 +69,7 @@ func (g *groupEnv) writeConfig(t *testing.T, authKey string, advertise ...string
 	if len(advertise) > 0 {
 		data, err = contract.ProxyConfigs.Encode(cfg)
 		delete(data, "proxy-config.v4.json")
+		delete(data, "proxy-config.v5.json")
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -169,13 +169,13 @@ var _ = Describe("An Ingress on a ProxyGroup", func() {
 		Expect(svc.Name).To(Equal("svc:" + host))
 		expectHTTPSEcho(ctx, fqdn)
 
-		By("writing each replica's config as v4 alone once its proxy reports it reads v4")
+		By("writing each replica's config in the newest version alone once its proxy reports it reads that")
 		for i := range 2 {
 			Eventually(ctx, func(g Gomega) []string {
 				s := &corev1.Secret{}
 				g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: fmt.Sprintf("%s-%d-config", pg.Name, i)}, s)).To(Succeed())
 				return slices.Sorted(maps.Keys(s.Data))
-			}).Should(Equal([]string{"proxy-config.v4.json"}), "replica %d's config", i)
+			}).Should(Equal([]string{"proxy-config.v5.json"}), "replica %d's config", i)
 		}
 	})
 })

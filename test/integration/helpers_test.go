@@ -167,7 +167,13 @@ func loopbackService(ns, name string, port int32) *corev1.Service {
 // joinClient joins a person's device (login alice@example.com) to the tailnet.
 func joinClient(t *testing.T, w *world, hostname string) *tsnet.Server {
 	t.Helper()
-	key := w.lt.MintUserKey("alice@example.com", "Alice Example")
+	return joinUser(t, w, hostname, "alice@example.com", "Alice Example")
+}
+
+// joinUser joins the device of the person with that login and name to the tailnet.
+func joinUser(t *testing.T, w *world, hostname, login, name string) *tsnet.Server {
+	t.Helper()
+	key := w.lt.MintUserKey(login, name)
 	s := &tsnet.Server{Dir: t.TempDir(), Hostname: hostname, ControlURL: w.lt.ControlURL, AuthKey: key.Reveal(), Ephemeral: true}
 	upCtx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
 	defer cancel()

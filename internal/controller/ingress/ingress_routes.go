@@ -68,6 +68,13 @@ func BuildWebService(ing *networkingv1.Ingress, in RouteInputs) (contract.WebSer
 		findings = append(findings, kit.Warnf(kit.ReasonInvalidAnnotation, "annotation %s=%q must be %q or %q; port 80 is not served plainly",
 			kit.AnnotationHTTPEndpoint, v, kit.HTTPEndpointEnabled, kit.HTTPEndpointDisabled))
 	}
+	if v, ok := ing.Annotations[kit.AnnotationAcceptAppCaps]; ok {
+		var f *kit.Finding
+		ws.AcceptAppCaps, f = acceptAppCaps(v)
+		if f != nil {
+			findings = append(findings, *f)
+		}
+	}
 	if v, ok := ing.Annotations[kit.AnnotationFunnel]; ok {
 		if on, err := strconv.ParseBool(v); err != nil {
 			findings = append(findings, kit.Warnf(kit.ReasonInvalidAnnotation, "annotation %s=%q is not a boolean; not served over Funnel", kit.AnnotationFunnel, v))
@@ -131,6 +138,29 @@ func BuildWebService(ing *networkingv1.Ingress, in RouteInputs) (contract.WebSer
 		add("", "/", contract.PathPrefix, *b, "default backend")
 	}
 	return ws, findings
+}
+
+// acceptAppCaps parses the app capabilities annotation: the valid names, sorted, and a finding
+// naming those left out.
+func acceptAppCaps(v string) ([]string, *kit.Finding) {
+	var caps, invalid []string
+	for c := range strings.SplitSeq(v, ",") {
+		switch c = strings.TrimSpace(c); {
+		case c == "":
+		case contract.ValidAppCapability(c):
+			caps = append(caps, c)
+		default:
+			invalid = append(invalid, strconv.Quote(c))
+		}
+	}
+	slices.Sort(caps)
+	caps = slices.Compact(caps)
+	if len(invalid) > 0 {
+		f := kit.Warnf(kit.ReasonInvalidAnnotation, "annotation %s: %s: not app capability names (a domain and a path, "+
+			"e.g. example.com/cap/admin, not under tailscale.com/); not passed to backends", kit.AnnotationAcceptAppCaps, strings.Join(invalid, ", "))
+		return caps, &f
+	}
+	return caps, nil
 }
 
 // tailnetNames are the names a rule host may use for an Ingress's tailnet name, lower-cased:

@@ -33,6 +33,10 @@ const (
 	// "https" or "https-insecure" (https without certificate verification). Without it a
 	// backend on port 443 or a port named https is https-insecure, anything else http.
 	AnnotationBackendProtocol = "tailscale.com/backend-protocol"
+	// AnnotationAcceptAppCaps lists, comma-separated, the app capabilities
+	// ("example.com/cap/admin") the proxy passes an Ingress's backends in the
+	// Tailscale-App-Capabilities header, of those the tailnet policy grants the caller.
+	AnnotationAcceptAppCaps = "tailscale.com/accept-app-caps"
 	// LabelProxyClass (label, or annotation of the same name) picks a ProxyClass.
 	LabelProxyClass = "tailscale.com/proxy-class"
 

@@ -3,6 +3,7 @@ package web
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"mime"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"tailscale.com/client/tailscale/apitype"
+	"tailscale.com/tailcfg"
 
 	"github.com/tsingress/tsingress/internal/contract"
 )
@@ -28,6 +30,10 @@ const (
 	// HeaderFunnelRequest ("?1") marks a request from the internet, through Tailscale Funnel:
 	// it has no tailnet identity.
 	HeaderFunnelRequest = "Tailscale-Funnel-Request"
+	// HeaderAppCapabilities carries, as a JSON object, the app capabilities the tailnet policy
+	// grants the caller, of those the web service accepts (WebService.AcceptAppCaps), each with
+	// its values, as Tailscale Serve sends it.
+	HeaderAppCapabilities = "Tailscale-App-Capabilities"
 
 	identityHeaderPrefix = "Tailscale-User-"
 )
@@ -105,6 +111,7 @@ type handler struct {
 	router  *Router
 	proxies []*httputil.ReverseProxy // by route index
 	callers *identities
+	appCaps []tailcfg.PeerCapability // passed on to backends; none: no header
 	log     *slog.Logger
 }
 
@@ -116,6 +123,9 @@ func newHandler(ws contract.WebService, tr *transports, callers *identities, log
 		proxies: make([]*httputil.ReverseProxy, len(ws.Routes)),
 		callers: callers,
 		log:     log,
+	}
+	for _, c := range ws.AcceptAppCaps {
+		h.appCaps = append(h.appCaps, tailcfg.PeerCapability(c))
 	}
 	byBackend := map[string]*httputil.ReverseProxy{} // routes to one backend share its balancing
 	for i, rt := range ws.Routes {
@@ -191,7 +201,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // setIdentity replaces any identity headers the client sent with the caller's tailnet identity.
-// Tagged devices have no user, so they get none; a caller from the internet is marked as such.
+// Tagged devices have no user, so they get no user headers, but app capabilities as the policy
+// grants them; a caller from the internet is marked as such, and has neither.
 func (h *handler) setIdentity(r *http.Request) {
 	for name := range r.Header {
 		if strings.HasPrefix(name, identityHeaderPrefix) {
@@ -199,6 +210,7 @@ func (h *handler) setIdentity(r *http.Request) {
 		}
 	}
 	r.Header.Del(HeaderFunnelRequest)
+	r.Header.Del(HeaderAppCapabilities)
 	if isFunnel(r) {
 		r.Header.Set(HeaderFunnelRequest, "?1")
 		return
@@ -208,18 +220,39 @@ func (h *handler) setIdentity(r *http.Request) {
 		h.log.Debug("caller not identified", "remote", r.RemoteAddr, "err", err)
 		return
 	}
-	if who.Node == nil || who.Node.IsTagged() || who.UserProfile == nil {
-		return
-	}
 	set := func(name, v string) {
 		if v != "" {
-			// Display names may be non-ASCII; header values may not.
+			// Display names and capability values may be non-ASCII; header values may not.
 			r.Header.Set(name, mime.QEncoding.Encode("utf-8", v))
 		}
+	}
+	if len(h.appCaps) > 0 {
+		set(HeaderAppCapabilities, h.grantedCaps(who.CapMap))
+	}
+	if who.Node == nil || who.Node.IsTagged() || who.UserProfile == nil {
+		return
 	}
 	set(HeaderUserLogin, who.UserProfile.LoginName)
 	set(HeaderUserName, who.UserProfile.DisplayName)
 	set(HeaderUserProfilePic, who.UserProfile.ProfilePicURL)
+}
+
+// grantedCaps is the header value for a caller granted caps: of the capabilities the service
+// accepts, those granted, with their values ("{}" for none, so that a backend tells "granted
+// nothing" from "not asked").
+func (h *handler) grantedCaps(caps tailcfg.PeerCapMap) string {
+	granted := make(map[tailcfg.PeerCapability][]tailcfg.RawMessage, len(h.appCaps))
+	for _, c := range h.appCaps {
+		if vals, ok := caps[c]; ok {
+			granted[c] = vals
+		}
+	}
+	b, err := json.Marshal(granted)
+	if err != nil { // values are JSON already; not expected
+		h.log.Warn("app capabilities not passed on", "err", err)
+		return ""
+	}
+	return string(b)
 }
 
 func (h *handler) backendError(backend string) func(http.ResponseWriter, *http.Request, error) {

@@ -55,6 +55,8 @@ type server struct {
 
 	// nodeAttrs are the policy's node attributes (SetNodeAttrs).
 	nodeAttrs []NodeAttr
+	// appGrants are the policy's grants of app capabilities (SetAppGrants).
+	appGrants []AppGrant
 	// funnel is the Funnel relay, with Options.Funnel.
 	funnel *funnelRelay
 	// funnelTurn spreads Funnel connections to a Tailscale Service over its hosts.

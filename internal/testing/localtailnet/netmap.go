@@ -74,9 +74,14 @@ func (s *server) mapResponseLocked(self *node, prev map[tailcfg.NodeID]bool) (*t
 // ignores a filter that lets such a peer in, so the sources are the devices' addresses rather
 // than "*") but is granted the ingress capability: the right to hand over connections through
 // the device's peer API, as Tailscale's control plane grants its funnel ingress nodes.
+// The policy's app grants follow (see AppGrant).
 func (s *server) packetFilterLocked(self *node) []tailcfg.FilterRule {
+	return append(s.reachFilterLocked(self), s.appGrantRulesLocked(self)...)
+}
+
+func (s *server) reachFilterLocked(self *node) []tailcfg.FilterRule {
 	if !s.mayFunnelLocked(self) || s.funnel == nil {
-		return tailcfg.FilterAllowAll
+		return slices.Clone(tailcfg.FilterAllowAll)
 	}
 	devices := []string{nodePrefix.String(), netip.PrefixFrom(tsaddr.Tailscale4To6(nodePrefix.Addr()), 112).String()}
 	var relays []string
