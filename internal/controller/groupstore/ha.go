@@ -222,11 +222,14 @@ func (refs OwnerRefs) union(existing tailnet.Service) (ports, tags []string) {
 	return slices.Compact(ports), slices.Compact(tags)
 }
 
-// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+// The operator reads its own namespace, by name, and no other. A Role in that namespace grants
+// it: the API server takes a request for the Namespace object itself as one in that namespace.
+// +kubebuilder:rbac:groups="",namespace=system,resources=namespaces,verbs=get
 
 // tailscaleServices creates, shares and releases Tailscale Services on behalf of one operator.
 type tailscaleServices struct {
-	client.Client
+	// API reads the operator's namespace: uncached, as a cache would list and watch them all.
+	API      client.Reader
 	Tailnet  tailnet.Client
 	Settings kit.Settings
 
@@ -370,7 +373,7 @@ func (t *tailscaleServices) operatorID(ctx context.Context) (string, error) {
 		return t.id, nil
 	}
 	ns := &corev1.Namespace{}
-	if err := t.Get(ctx, client.ObjectKey{Name: t.Settings.Namespace}, ns); err != nil {
+	if err := t.API.Get(ctx, client.ObjectKey{Name: t.Settings.Namespace}, ns); err != nil {
 		return "", fmt.Errorf("reading the operator's namespace %s, whose UID identifies it: %w", t.Settings.Namespace, err)
 	}
 	t.id = string(ns.UID)

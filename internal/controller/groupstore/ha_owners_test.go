@@ -217,7 +217,7 @@ func TestOperatorIDReadAgainAfterAFailure(t *testing.T) {
 			return c.Get(ctx, key, obj, opts...)
 		},
 	}).Build()
-	ts := &tailscaleServices{Client: c, Settings: kit.Settings{Namespace: "tailscale"}}
+	ts := &tailscaleServices{API: c, Settings: kit.Settings{Namespace: "tailscale"}}
 	if _, err := ts.operatorID(t.Context()); err == nil {
 		t.Fatal("the first read failed, yet operatorID returned no error")
 	}

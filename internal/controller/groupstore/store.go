@@ -84,7 +84,7 @@ func NewStore(c client.Client, api client.Reader, tc tailnet.Client, s kit.Setti
 	return &store{
 		client:   c,
 		docs:     documents{Client: c, Namespace: s.Namespace, W: newGroupWriter(c, api, s.Namespace, s.GroupShardBytes)},
-		services: &tailscaleServices{Client: c, Tailnet: tc, Settings: s},
+		services: &tailscaleServices{API: api, Tailnet: tc, Settings: s},
 	}
 }
 

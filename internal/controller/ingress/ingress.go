@@ -51,7 +51,9 @@ type IngressReconciler struct {
 // +kubebuilder:rbac:groups="",namespace=system,resources=secrets;serviceaccounts,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",namespace=system,resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups=apps,namespace=system,resources=statefulsets,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,namespace=system,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch;delete;bind;escalate
+// The proxies' Roles grant only what the operator holds itself in its namespace (their Secrets
+// and ConfigMaps), so neither escalate nor bind is needed to write them and bind them.
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,namespace=system,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch;delete
 
 // serves reports whether this reconciler is responsible for ing.
 func (r *IngressReconciler) serves(ing *networkingv1.Ingress) bool {
