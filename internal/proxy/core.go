@@ -233,10 +233,10 @@ func newNode(opts Options, cfg *contract.ProxyConfig, dir string, store ipn.Stat
 		ControlURL:    cfg.ControlURL,
 		AdvertiseTags: cfg.Tags,
 		Port:          opts.TailnetPort,
-		Logf:          logf,
-		UserLogf: func(format string, args ...any) {
+		Logf:          withholdLoginURLs(logf),
+		UserLogf: withholdLoginURLs(func(format string, args ...any) {
 			opts.Logger.Info(fmt.Sprintf(format, args...), "component", "tailnet")
-		},
+		}),
 	}
 }
 
