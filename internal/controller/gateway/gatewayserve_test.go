@@ -1,7 +1,10 @@
 package gateway
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -11,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller/kit"
@@ -511,5 +515,34 @@ func TestRouteStatus(t *testing.T) {
 	// A stale read (our entry at a newer generation) changes nothing.
 	if st := routeStatus(cur, d, 0); !reflect.DeepEqual(st, cur) {
 		t.Errorf("a stale read changed the status: %+v", st)
+	}
+}
+
+// TestSampleGateway checks that the sample Gateway and HTTPRoute are served as they are.
+func TestSampleGateway(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "config", "samples", "gateway-api", "gateway.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := strings.Split(string(b), "\n---\n")
+	if len(docs) != 2 {
+		t.Fatalf("%d documents, want the Gateway and the HTTPRoute", len(docs))
+	}
+	g, route := &gatewayv1.Gateway{}, &gatewayv1.HTTPRoute{}
+	if err := yaml.UnmarshalStrict([]byte(docs[0]), g); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict([]byte(docs[1]), route); err != nil {
+		t.Fatal(err)
+	}
+	v, _ := decideGateway(g, gatewayInputs{domain: "tailnet.ts.net"}, []string{"tag:k8s"})
+	if v.Rejected != "" || slices.ContainsFunc(v.Listeners, func(l listenerDecision) bool { return !l.served() }) {
+		t.Fatalf("sample Gateway not served: %+v", v)
+	}
+	svc := service("default", "hello", "10.0.0.1", corev1.ServicePort{Port: 80})
+	d := decideRoute(route, map[types.NamespacedName]*gatewayView{v.Key: &v},
+		backendInputs{Services: map[types.NamespacedName]*corev1.Service{{Namespace: "default", Name: "hello"}: svc}})
+	if len(d.Parents) != 1 || !d.Parents[0].accepted() || len(d.Routes) != 2 || len(d.Unresolved) > 0 {
+		t.Errorf("sample HTTPRoute: %+v", d)
 	}
 }
