@@ -196,7 +196,7 @@ func (d *Destination) Validate() error {
 // set that can express the document; the proxy reads the newest version it understands.
 // Version 2 added the Serve config's certificate settings and route hosts, version 3 wildcard
 // hosts (see ServeConfigs), version 4 a replica advertising its group's documents, version 5
-// app capabilities (ServeConfigs v4).
+// app capabilities and backend protocols (ServeConfigs v4).
 var ProxyConfigs = codec[ProxyConfig]{
 	name: "proxy-config",
 	encode: map[int]func(*ProxyConfig) ([]byte, error){

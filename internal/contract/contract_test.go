@@ -193,6 +193,8 @@ func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
 		"funnel": {func(w *WebService) { w.Funnel = true }, 1},
 		// App capabilities are not: a reader without them would pass a backend none.
 		"app capabilities": {func(w *WebService) { w.AcceptAppCaps = []string{"example.com/cap/admin"} }, 5},
+		// Nor is an h2c backend: a reader without it would speak HTTP/1.1 to an HTTP/2 server.
+		"h2c backend": {func(w *WebService) { w.Routes[0].Backend.Protocol = BackendH2C }, 5},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := validIngressConfig()
@@ -362,6 +364,9 @@ func TestProxyConfigValidation(t *testing.T) {
 		{"endpoint without port", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.Endpoints = []string{"10.1.0.5"} }, "ip:port"},
 		{"endpoint name", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.Endpoints = []string{"pod-a:8080"} }, "ip:port"},
 		{"http mode", func(c *ProxyConfig) { c.Serve.HTTP = "always" }, "http mode"},
+		{"unknown backend protocol", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.Protocol = "h3" }, "backend protocol"},
+		{"h2c to an https backend", func(c *ProxyConfig) { c.Serve.Routes[1].Backend.Protocol = BackendH2C }, "backend protocol"},
+		{"app capability", func(c *ProxyConfig) { c.Serve.AcceptAppCaps = []string{"tailscale.com/cap/kubernetes"} }, "app capability"},
 		{"service without forward", func(c *ProxyConfig) { c.Kind, c.Serve = KindService, nil }, "needs forward"},
 		{"bad destination IP", func(c *ProxyConfig) {
 			c.Kind, c.Serve, c.Forward = KindService, nil, &Destination{IPs: []string{"10.0.0.300"}}

@@ -80,11 +80,11 @@ type CertificateRef struct {
 }
 
 // minVersion is the oldest schema version that can express the web service: v4 for app
-// capabilities, v3 for wildcard hosts, v2 for certificate settings and route hosts. Endpoints
+// capabilities and backend protocols, v3 for wildcard hosts, v2 for certificate settings and route hosts. Endpoints
 // are an optional addition that older readers ignore (they reach the Service's ClusterIP
 // instead), so they need no version.
 func (w *WebService) minVersion() int {
-	if len(w.AcceptAppCaps) > 0 {
+	if len(w.AcceptAppCaps) > 0 || slices.ContainsFunc(w.Routes, func(r Route) bool { return r.Backend.Protocol != "" }) {
 		return 4
 	}
 	v := 1
@@ -130,7 +130,15 @@ type Backend struct {
 	// them and reaches URL's host only when none is usable. Optional, in any version: a reader
 	// that does not know the field sends everything to URL.
 	Endpoints []string `json:"endpoints,omitempty"`
+	// Protocol is how requests reach an http backend: "" for HTTP/1.1, BackendH2C for HTTP/2
+	// without TLS (gRPC servers, the Service port's appProtocol kubernetes.io/h2c). Schema v4:
+	// an older proxy would speak HTTP/1.1 to a server that answers only HTTP/2. (An https
+	// backend speaks HTTP/2 when it offers it, in any version.)
+	Protocol string `json:"protocol,omitempty"`
 }
+
+// BackendH2C is the protocol of a backend that speaks HTTP/2 without TLS.
+const BackendH2C = "h2c"
 
 // Validate checks the web service's routes.
 func (w *WebService) Validate() error {
@@ -193,6 +201,9 @@ func (r *Route) Validate() error {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
 		return fmt.Errorf("route %s: backend URL %q must be http(s)://host:port", r.Path, r.Backend.URL)
 	}
+	if r.Backend.Protocol != "" && (r.Backend.Protocol != BackendH2C || u.Scheme != "http") {
+		return fmt.Errorf("route %s: backend protocol %q must be empty, or %s for an http backend", r.Path, r.Backend.Protocol, BackendH2C)
+	}
 	for _, ep := range r.Backend.Endpoints {
 		if _, err := netip.ParseAddrPort(ep); err != nil {
 			return fmt.Errorf("route %s: endpoint %q must be ip:port: %w", r.Path, ep, err)
@@ -247,7 +258,7 @@ func (s *ServeConfig) Validate() error {
 
 // ServeConfigs stores ServeConfig documents.
 // Version 2 added certificate settings and route hosts, version 3 wildcard hosts, version 4
-// app capabilities; an older version is written only while no service needs a newer one, so
+// app capabilities and backend protocols; an older version is written only while no service needs a newer one, so
 // that an older replica fails clearly instead of serving without them.
 var ServeConfigs = codec[ServeConfig]{
 	name: "serve-config",

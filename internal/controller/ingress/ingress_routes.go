@@ -40,10 +40,10 @@ func BuildWebService(ing *networkingv1.Ingress, in RouteInputs) (contract.WebSer
 	var findings []kit.Finding
 	protocol := ing.Annotations[kit.AnnotationBackendProtocol]
 	switch protocol {
-	case "", "http", "https", "https-insecure":
+	case "", "http", "https", "https-insecure", contract.BackendH2C:
 	default:
 		findings = append(findings, kit.Warnf(kit.ReasonInvalidAnnotation,
-			"annotation %s=%q must be http, https or https-insecure; detecting the protocol from the port instead", kit.AnnotationBackendProtocol, protocol))
+			"annotation %s=%q must be http, https, https-insecure or h2c; detecting the protocol from the port instead", kit.AnnotationBackendProtocol, protocol))
 		protocol = ""
 	}
 	ws.Ingress = ing.Namespace + "/" + ing.Name
@@ -240,7 +240,7 @@ func resolveBackend(namespace string, b networkingv1.IngressBackend, in RouteInp
 	default:
 		host = svc.Spec.ClusterIP
 	}
-	port, portName, ok := servicePort(svc, b.Service.Port)
+	sp, ok := servicePort(svc, b.Service.Port)
 	if !ok {
 		want := b.Service.Port.Name
 		if want == "" {
@@ -248,14 +248,20 @@ func resolveBackend(namespace string, b networkingv1.IngressBackend, in RouteInp
 		}
 		return fail("backend Service %s/%s has no port %s", namespace, svc.Name, want)
 	}
-	scheme, insecure := "http", false
+	port, portName := sp.Port, sp.Name
+	scheme, insecure, h2c := "http", false, false
 	switch {
 	case protocol == "https":
 		scheme = "https"
 	case protocol == "https-insecure", protocol == "" && (port == 443 || portName == "https"):
 		scheme, insecure = "https", true
+	case protocol == contract.BackendH2C, protocol == "" && ptr.Deref(sp.AppProtocol, "") == appProtocolH2C:
+		h2c = true
 	}
 	backend := contract.Backend{URL: scheme + "://" + net.JoinHostPort(host, strconv.Itoa(int(port))), InsecureSkipVerify: insecure}
+	if h2c {
+		backend.Protocol = contract.BackendH2C
+	}
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return backend, nil
 	}
@@ -306,14 +312,18 @@ func readyEndpoints(svc *corev1.Service, portName string, epSlices []discoveryv1
 	return slices.Compact(out)
 }
 
-func servicePort(svc *corev1.Service, want networkingv1.ServiceBackendPort) (int32, string, bool) {
+func servicePort(svc *corev1.Service, want networkingv1.ServiceBackendPort) (corev1.ServicePort, bool) {
 	for _, p := range svc.Spec.Ports {
 		if (want.Name != "" && p.Name == want.Name) || (want.Name == "" && p.Port == want.Number) {
-			return p.Port, p.Name, true
+			return p, true
 		}
 	}
-	return 0, "", false
+	return corev1.ServicePort{}, false
 }
+
+// appProtocolH2C is the Kubernetes-defined appProtocol of a Service port that speaks HTTP/2
+// without TLS (KEP-3726), as gRPC servers do.
+const appProtocolH2C = "kubernetes.io/h2c"
 
 // backendServiceNames lists the Services an Ingress routes to, for lookups and watches.
 func backendServiceNames(ing *networkingv1.Ingress) []string {

@@ -26,6 +26,7 @@ func TestBuildWebService(t *testing.T) {
 		"secure": kubeobj.Service("secure", "10.96.0.11", corev1.ServicePort{Name: "https", Port: 8443}),
 		"tls443": kubeobj.Service("tls443", "fd00::11", corev1.ServicePort{Name: "x", Port: 443}),
 		"head":   kubeobj.Service("head", "None", corev1.ServicePort{Port: 80}),
+		"grpc":   kubeobj.Service("grpc", "10.96.0.12", corev1.ServicePort{Name: "grpc", Port: 9090, AppProtocol: ptr.To("kubernetes.io/h2c")}),
 		"ext": {ObjectMeta: metav1.ObjectMeta{Name: "ext"}, Spec: corev1.ServiceSpec{
 			Type: corev1.ServiceTypeExternalName, ExternalName: "db.example.com", Ports: []corev1.ServicePort{{Port: 5000}}}},
 	}
@@ -78,6 +79,25 @@ func TestBuildWebService(t *testing.T) {
 			annotations: map[string]string{kit.AnnotationBackendProtocol: "https"},
 			spec:        networkingv1.IngressSpec{DefaultBackend: ptr.To(kubeobj.Backend("web", 8080))},
 			want:        []contract.Route{route("/", contract.PathPrefix, "https://10.96.0.10:8080", false)},
+		},
+		{
+			name: "h2c by the port's appProtocol",
+			spec: networkingv1.IngressSpec{DefaultBackend: ptr.To(kubeobj.Backend("grpc", "grpc"))},
+			want: []contract.Route{{Path: "/", PathType: contract.PathPrefix,
+				Backend: contract.Backend{URL: "http://10.96.0.12:9090", Protocol: contract.BackendH2C}}},
+		},
+		{
+			name:        "h2c by annotation",
+			annotations: map[string]string{kit.AnnotationBackendProtocol: "h2c"},
+			spec:        networkingv1.IngressSpec{DefaultBackend: ptr.To(kubeobj.Backend("web", 8080))},
+			want: []contract.Route{{Path: "/", PathType: contract.PathPrefix,
+				Backend: contract.Backend{URL: "http://10.96.0.10:8080", Protocol: contract.BackendH2C}}},
+		},
+		{
+			name:        "the annotation wins over appProtocol",
+			annotations: map[string]string{kit.AnnotationBackendProtocol: "http"},
+			spec:        networkingv1.IngressSpec{DefaultBackend: ptr.To(kubeobj.Backend("grpc", 9090))},
+			want:        []contract.Route{route("/", contract.PathPrefix, "http://10.96.0.12:9090", false)},
 		},
 		{
 			name:         "bad protocol annotation falls back to detection",

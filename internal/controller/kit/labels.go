@@ -29,9 +29,11 @@ const (
 	// AnnotationFunnel ("true") also serves an Ingress's tailnet name to the internet through
 	// Tailscale Funnel, once the tailnet's policy grants the proxies' tags the funnel attribute.
 	AnnotationFunnel = "tailscale.com/funnel"
-	// AnnotationBackendProtocol forces the scheme of every backend of an Ingress: "http",
-	// "https" or "https-insecure" (https without certificate verification). Without it a
-	// backend on port 443 or a port named https is https-insecure, anything else http.
+	// AnnotationBackendProtocol forces the protocol of every backend of an Ingress: "http",
+	// "https", "https-insecure" (https without certificate verification) or "h2c" (HTTP/2
+	// without TLS, as gRPC servers speak). Without it a backend on port 443 or a port named
+	// https is https-insecure, one whose port's appProtocol is kubernetes.io/h2c is h2c,
+	// anything else http.
 	AnnotationBackendProtocol = "tailscale.com/backend-protocol"
 	// AnnotationAcceptAppCaps lists, comma-separated, the app capabilities
 	// ("example.com/cap/admin") the proxy passes an Ingress's backends in the

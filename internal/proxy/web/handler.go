@@ -49,6 +49,7 @@ const ServerHeader = "tsingress"
 // They outlive config reloads, so that a reload keeps the connection pools.
 type transports struct {
 	verify, insecure *http.Transport
+	h2c              *http.Transport // HTTP/2 without TLS, to http backends that ask for it
 	health           *endpointHealth
 
 	mu     sync.Mutex
@@ -57,7 +58,10 @@ type transports struct {
 
 // newTransports returns transports with timeouts fit for in-cluster backends.
 func newTransports() *transports {
-	return &transports{verify: newTransport(false), insecure: newTransport(true), health: newEndpointHealth(),
+	h2c := newTransport(false)
+	h2c.Protocols = new(http.Protocols)
+	h2c.Protocols.SetUnencryptedHTTP2(true)
+	return &transports{verify: newTransport(false), insecure: newTransport(true), h2c: h2c, health: newEndpointHealth(),
 		byName: map[string]*http.Transport{}}
 }
 
@@ -78,6 +82,8 @@ func newTransport(insecure bool) *http.Transport {
 // across endpoints still verifies the name of its URL, not the endpoint's IP.
 func (t *transports) forBackend(b contract.Backend, target *url.URL) *http.Transport {
 	switch {
+	case b.Protocol == contract.BackendH2C:
+		return t.h2c
 	case b.InsecureSkipVerify:
 		return t.insecure
 	case target.Scheme != "https" || len(b.Endpoints) == 0:
@@ -99,6 +105,7 @@ func (t *transports) forBackend(b contract.Backend, target *url.URL) *http.Trans
 func (t *transports) CloseIdleConnections() {
 	t.verify.CloseIdleConnections()
 	t.insecure.CloseIdleConnections()
+	t.h2c.CloseIdleConnections()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, tr := range t.byName {
@@ -129,7 +136,7 @@ func newHandler(ws contract.WebService, tr *transports, callers *identities, log
 	}
 	byBackend := map[string]*httputil.ReverseProxy{} // routes to one backend share its balancing
 	for i, rt := range ws.Routes {
-		key := fmt.Sprint(rt.Backend.URL, rt.Backend.InsecureSkipVerify, rt.Backend.Endpoints)
+		key := fmt.Sprint(rt.Backend.URL, rt.Backend.InsecureSkipVerify, rt.Backend.Endpoints, rt.Backend.Protocol)
 		if p, ok := byBackend[key]; ok {
 			h.proxies[i] = p
 			continue
