@@ -9,8 +9,6 @@ import (
 	"time"
 
 	networkingv1 "k8s.io/api/networking/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"tailscale.com/tailcfg"
 	"tailscale.com/tsnet"
 
@@ -37,15 +35,7 @@ func TestAppCapabilitiesWholeFlow(t *testing.T) {
 	backend := newHAGroupWithBackend(t, w, ns, pg)
 	newIngress := func(name string, annotations map[string]string) *networkingv1.Ingress {
 		annotations[kit.AnnotationAcceptAppCaps] = admin + "," + mon
-		ing := &networkingv1.Ingress{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: annotations},
-			Spec: networkingv1.IngressSpec{
-				IngressClassName: ptr.To("tailscale"),
-				TLS:              []networkingv1.IngressTLS{{Hosts: []string{name}}},
-				DefaultBackend: &networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{
-					Name: "web", Port: networkingv1.ServiceBackendPort{Name: "http"}}},
-			},
-		}
+		ing := webIngress(ns, name, name, annotations)
 		if err := w.k8s.Create(w.ctx, ing); err != nil {
 			t.Fatal(err)
 		}

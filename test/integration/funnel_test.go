@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -41,15 +40,7 @@ func TestFunnelIngress(t *testing.T) {
 	backend := newHAGroupWithBackend(t, w, ns, pg)
 	newIngress := func(name string, annotations map[string]string) *networkingv1.Ingress {
 		annotations[kit.AnnotationFunnel] = "true"
-		return &networkingv1.Ingress{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: annotations},
-			Spec: networkingv1.IngressSpec{
-				IngressClassName: ptr.To("tailscale"),
-				TLS:              []networkingv1.IngressTLS{{Hosts: []string{name}}},
-				DefaultBackend: &networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{
-					Name: "web", Port: networkingv1.ServiceBackendPort{Name: "http"}}},
-			},
-		}
+		return webIngress(ns, name, name, annotations)
 	}
 	solo, shared := newIngress("solo", map[string]string{}), newIngress("shared", map[string]string{kit.AnnotationProxyGroup: pg})
 	for _, ing := range []*networkingv1.Ingress{solo, shared} {

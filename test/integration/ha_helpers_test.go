@@ -320,12 +320,11 @@ func newHAGroupWithBackend(t *testing.T, w *world, ns, pg string) *recordingBack
 	return backend
 }
 
-// newHAIngressWorld is newHAGroupWithBackend with Ingress "store" on the group for host.
-func newHAIngressWorld(t *testing.T, w *world, ns, pg, host string) *networkingv1.Ingress {
-	t.Helper()
-	newHAGroupWithBackend(t, w, ns, pg)
-	ing := &networkingv1.Ingress{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "store", Annotations: map[string]string{kit.AnnotationProxyGroup: pg}},
+// webIngress is an Ingress of class tailscale for tailnet name host, with the annotations,
+// whose default backend is port http of Service "web" (newHAGroupWithBackend's).
+func webIngress(ns, name, host string, annotations map[string]string) *networkingv1.Ingress {
+	return &networkingv1.Ingress{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: annotations},
 		Spec: networkingv1.IngressSpec{
 			IngressClassName: ptr.To("tailscale"),
 			TLS:              []networkingv1.IngressTLS{{Hosts: []string{host}}},
@@ -333,6 +332,13 @@ func newHAIngressWorld(t *testing.T, w *world, ns, pg, host string) *networkingv
 				Name: "web", Port: networkingv1.ServiceBackendPort{Name: "http"}}},
 		},
 	}
+}
+
+// newHAIngressWorld is newHAGroupWithBackend with Ingress "store" on the group for host.
+func newHAIngressWorld(t *testing.T, w *world, ns, pg, host string) *networkingv1.Ingress {
+	t.Helper()
+	newHAGroupWithBackend(t, w, ns, pg)
+	ing := webIngress(ns, "store", host, map[string]string{kit.AnnotationProxyGroup: pg})
 	if err := w.k8s.Create(w.ctx, ing); err != nil {
 		t.Fatal(err)
 	}

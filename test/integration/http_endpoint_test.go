@@ -11,7 +11,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
@@ -52,16 +51,8 @@ func TestHAIngressHTTPEndpoint(t *testing.T) {
 	if err := w.k8s.Create(w.ctx, group); err != nil {
 		t.Fatal(err)
 	}
-	ing := &networkingv1.Ingress{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "store", Annotations: map[string]string{
-			kit.AnnotationProxyGroup: pg, kit.AnnotationHTTPEndpoint: "enabled", kit.AnnotationHTTPRedirect: "true"}},
-		Spec: networkingv1.IngressSpec{
-			IngressClassName: ptr.To("tailscale"),
-			TLS:              []networkingv1.IngressTLS{{Hosts: []string{host}}},
-			DefaultBackend: &networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{
-				Name: "web", Port: networkingv1.ServiceBackendPort{Name: "http"}}},
-		},
-	}
+	ing := webIngress(ns, "store", host, map[string]string{
+		kit.AnnotationProxyGroup: pg, kit.AnnotationHTTPEndpoint: "enabled", kit.AnnotationHTTPRedirect: "true"})
 	if err := w.k8s.Create(w.ctx, ing); err != nil {
 		t.Fatal(err)
 	}
