@@ -506,6 +506,33 @@ var _ = Describe("Gateway API", Ordered, func() {
 		quiet()
 		Expect(apierrors.IsNotFound(k8s.Get(ctx, proxyKey(proxies.ParentTypeGateway, edge), &appsv1.StatefulSet{}))).To(BeTrue(), "no standalone proxy")
 	})
+
+	It("leaves a Gateway of another controller's class, and the routes to it, alone", func() {
+		class("gw-not-ours", "example.com/gateway-controller", nil)
+		ours := class("gw-ours-too", gateway.ControllerName, nil)
+		ns := newNamespace()
+		newBackendService(ns, "web")
+		other := kubeobj.Gateway(ns, "other", "gw-not-ours", https)
+		mine := kubeobj.Gateway(ns, "mine", ours.Name, https)
+		route := kubeobj.HTTPRoute(ns, "both", "other", kubeobj.HTTPRule(prefix, "/", "", "web", 80))
+		route.Spec.ParentRefs = append(route.Spec.ParentRefs, gatewayv1.ParentReference{Name: "mine"})
+		create(other, mine, route)
+		// Once the route's entry for the Gateway of ours is written, the other has been seen.
+		Eventually(func(g Gomega) []gatewayv1.RouteParentStatus {
+			got := &gatewayv1.HTTPRoute{}
+			g.Expect(gw.Get(ctx, client.ObjectKeyFromObject(route), got)).To(Succeed())
+			return got.Status.Parents
+		}).Should(ConsistOf(And(HaveField("ParentRef.Name", gatewayv1.ObjectName("mine")), HaveField("ControllerName", gateway.ControllerName))))
+		Consistently(func(g Gomega) {
+			got := &gatewayv1.Gateway{}
+			g.Expect(gw.Get(ctx, client.ObjectKeyFromObject(other), got)).To(Succeed())
+			g.Expect(got.Finalizers).To(BeEmpty())
+			g.Expect(got.Status.Listeners).To(BeEmpty())
+			g.Expect(got.Status.Conditions).To(HaveEach(HaveField("Reason", "Pending")), "as the API server defaulted them")
+			g.Expect(events(g, "Gateway", other.Name)).To(BeEmpty())
+			g.Expect(apierrors.IsNotFound(k8s.Get(ctx, secretKey(proxies.ParentTypeGateway, other), &corev1.Secret{}))).To(BeTrue())
+		}).WithTimeout(2 * time.Second).Should(Succeed())
+	})
 })
 
 func eventTypes(g Gomega, kind, name string) []string {
