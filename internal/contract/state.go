@@ -22,7 +22,13 @@ const (
 	StateProxyVersion  = "proxy_version"
 	StateCertificates  = "certificates" // JSON: served name → CertificateStatus
 	StateFunnel        = "funnel"       // JSON: name served with Funnel asked for → FunnelStatus
+	StateLogin         = "login"        // LoginNeeded while the tailnet client waits for an interactive login
 )
+
+// LoginNeeded is the login key while the node cannot log in by itself (no usable auth key: none,
+// or one spent, revoked or expired; no stored login the control server accepts) and waits for
+// someone to open its login URL, which the proxy never prints.
+const LoginNeeded = "NeedsLogin"
 
 // StateTailnetProfile is the tailnet client's current-profile key as the proxy stores it (the
 // "ts." prefix, see docs/contract.md). It is written once the device has logged in and, unlike
@@ -50,6 +56,8 @@ type ProxyState struct {
 	Certificates map[string]CertificateStatus
 	// Funnel, per tailnet name whose web service asks for Funnel.
 	Funnel map[string]FunnelStatus
+	// Login is LoginNeeded while the node waits for an interactive login, else "".
+	Login string
 }
 
 // FunnelStatus says whether a tailnet name takes connections from the internet, or why not.
@@ -176,6 +184,7 @@ func (s *ProxyState) Data() (map[string][]byte, error) {
 		StatePodUID:        []byte(s.PodUID),
 		StateHTTPSEndpoint: []byte(s.HTTPSEndpoint),
 		StateProxyVersion:  []byte(s.ProxyVersion),
+		StateLogin:         []byte(s.Login),
 		StateConfigVersion: nil,
 		StateDeviceIPs:     nil,
 		StateFirewall:      nil,
@@ -222,6 +231,7 @@ func ParseState(data map[string][]byte) (*ProxyState, error) {
 		PodUID:        string(data[StatePodUID]),
 		HTTPSEndpoint: string(data[StateHTTPSEndpoint]),
 		ProxyVersion:  string(data[StateProxyVersion]),
+		Login:         string(data[StateLogin]),
 	}
 	if v := data[StateConfigVersion]; len(v) > 0 {
 		n, err := strconv.Atoi(string(v))

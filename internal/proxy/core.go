@@ -292,6 +292,9 @@ func (c *core) takeStatus(ctx context.Context, u unit, st nodeStatus) error {
 	case !st.running && c.status.running:
 		c.log.Warn("the device is no longer logged in to the tailnet (logged out or deleted)")
 	}
+	if st.needsLogin && !c.status.needsLogin {
+		c.log.Warn("the tailnet client waits for an interactive login (its URL is not logged): the config holds no usable auth key")
+	}
 	c.status = st
 	return u.onStatus(ctx)
 }
@@ -355,7 +358,11 @@ func (c *core) sync(ctx context.Context, u unit) error {
 		state.DeviceID, state.FQDN, state.TailnetIPs = st.deviceID, st.fqdn, st.ips
 	}
 	notReady := u.report(&state)
-	if !st.running {
+	switch {
+	case st.needsLogin:
+		state.Login = contract.LoginNeeded
+		notReady = "waiting for an interactive login: no usable auth key"
+	case !st.running:
 		notReady = "waiting for the tailnet login"
 	}
 	// Readiness changes after the state is written, so that a ready proxy has reported it.

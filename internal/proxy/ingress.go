@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -256,17 +257,22 @@ type nodeStatus struct {
 	ips        []string
 	certDomain string
 	noFunnel   string // why the tailnet does not let the node use Funnel; "" if it does
+	// needsLogin: the node waits for an interactive login, which only a new auth key ends here.
+	needsLogin bool
 }
 
 func (a nodeStatus) equal(b nodeStatus) bool {
-	return a.running == b.running && a.deviceID == b.deviceID && a.fqdn == b.fqdn &&
+	return a.running == b.running && a.needsLogin == b.needsLogin && a.deviceID == b.deviceID && a.fqdn == b.fqdn &&
 		a.certDomain == b.certDomain && slices.Equal(a.ips, b.ips) && a.noFunnel == b.noFunnel
 }
 
-func statusOf(st *ipnstate.Status) nodeStatus {
+// statusOf reads the node's status. loginFailed says the control server refused a login since
+// the node last ran: a node that needs a login waits for an interactive one once it has an
+// AuthURL (Tailscale's answer to no key) or its key was refused, not while a key is in flight.
+func statusOf(st *ipnstate.Status, loginFailed bool) nodeStatus {
 	ns := nodeStatus{running: st.BackendState == ipn.Running.String()}
 	if !ns.running || st.Self == nil {
-		return nodeStatus{}
+		return nodeStatus{needsLogin: st.BackendState == ipn.NeedsLogin.String() && (st.AuthURL != "" || loginFailed)}
 	}
 	ns.deviceID = string(st.Self.ID)
 	ns.fqdn = strings.TrimSuffix(st.Self.DNSName, ".")
@@ -287,6 +293,7 @@ const statusPoll = 15 * time.Second
 // watchNode sends the node's status whenever it changes.
 func watchNode(ctx context.Context, lc *local.Client, log *slog.Logger, out chan<- nodeStatus) {
 	kick := make(chan struct{}, 1)
+	var failed atomic.Bool // an error since the node last ran: a refused login, while it is not running
 	go func() {
 		for ctx.Err() == nil {
 			w, err := lc.WatchIPNBus(ctx, ipn.NotifyInitialState)
@@ -301,6 +308,7 @@ func watchNode(ctx context.Context, lc *local.Client, log *slog.Logger, out chan
 				}
 				if n.ErrMessage != nil {
 					log.Error("tailnet client error", "msg", *n.ErrMessage)
+					failed.Store(true)
 				}
 				select {
 				case kick <- struct{}{}:
@@ -326,7 +334,11 @@ func watchNode(ctx context.Context, lc *local.Client, log *slog.Logger, out chan
 		if err != nil {
 			continue
 		}
-		if ns := statusOf(st); first || !ns.equal(last) {
+		ns := statusOf(st, failed.Load())
+		if ns.running {
+			failed.Store(false)
+		}
+		if first || !ns.equal(last) {
 			select {
 			case out <- ns:
 			case <-ctx.Done():

@@ -111,6 +111,9 @@ func (r *IngressReconciler) serve(ctx context.Context, ing *networkingv1.Ingress
 	if created {
 		r.Created(ing, kit.ReasonProxyDeployed, "created the proxy %s/%s; it joins the tailnet as %s", r.Settings.Namespace, p.Name(), p.Config.Hostname)
 	}
+	if f := proxies.LoginNeeded(p.Name(), s.state); f != nil {
+		r.Findings(ing, []kit.Finding{*f})
+	}
 	if st := s.state; st != nil && st.FQDN != "" {
 		r.Progress(ing, "joined", kit.ReasonDeviceJoined, "the proxy joined the tailnet as %s", st.FQDN)
 	}

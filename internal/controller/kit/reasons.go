@@ -47,6 +47,9 @@ const (
 	// The device a proxy's state names is not, by the tailnet API, the one its key was minted
 	// for: it is not deleted with the proxy.
 	ReasonDeviceNotMinted = "DeviceNotMinted"
+	// The proxy waits for an interactive login: the control server refused its auth key, or it
+	// has none.
+	ReasonProxyNeedsLogin = "ProxyNeedsLogin"
 )
 
 // Certificates, on Events and in an Ingress's status.loadBalancer port errors.

@@ -135,6 +135,17 @@ func (m *Proxies) State(ctx context.Context, par Parent) (*contract.ProxyState, 
 	return nil, r.pod, &f, nil
 }
 
+// LoginNeeded is the finding of a proxy (or replica) that reports it waits for an interactive
+// login, or nil.
+func LoginNeeded(name string, st *contract.ProxyState) *kit.Finding {
+	if st == nil || st.Login != contract.LoginNeeded {
+		return nil
+	}
+	f := kit.Warnf(kit.ReasonProxyNeedsLogin, "the proxy %s waits for an interactive login: the control server refused its auth key "+
+		"(revoked, expired or spent) or it has none; its login URL is not printed, and it logs in once its config holds a usable key", name)
+	return &f
+}
+
 // PodRefused says why the kubelet refused to run a proxy Pod (a Pod sysctl it does not allow:
 // SysctlForbidden), or "" when it did not.
 func PodRefused(pod *corev1.Pod) string {

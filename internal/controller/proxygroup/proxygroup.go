@@ -83,6 +83,11 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		return ctrl.Result{}, err
 	}
 	devices := replicaDevices(reps)
+	for i, rep := range reps {
+		if f := proxies.LoginNeeded(fmt.Sprintf("%s-%d", pg.Name, i), rep.State); f != nil {
+			r.Findings(pg, []kit.Finding{*f})
+		}
+	}
 	r.documentsRead.Store(pg.Name, !slices.ContainsFunc(reps, needsServiceList))
 	scope := groupScope{replicas: proxies.Replicas(pg), devices: devices}
 	// The status, from what this pass found, is written once whatever it then fails on.

@@ -157,6 +157,10 @@ func proxyOutcome(svc *corev1.Service, st *contract.ProxyState, pod *corev1.Pod)
 		o.failed(kit.ReasonProxyFailed, msg)
 		return o
 	}
+	if f := proxies.LoginNeeded(proxyPodName(svc, pod), st); f != nil {
+		o.failed(f.Reason, f.Message)
+		return o
+	}
 	if st != nil && st.Firewall != nil {
 		if reason, msg := familiesBlocked(st.Firewall.Families, serviceFamilies(svc)); reason != "" {
 			o.failed(reason, msg)
@@ -308,4 +312,12 @@ func (r *ServiceReconciler) servicesForProxyClass(ctx context.Context, o client.
 		}
 	}
 	return reqs
+}
+
+// proxyPodName names the Service's proxy Pod, by the StatefulSet's when there is none yet.
+func proxyPodName(svc *corev1.Service, pod *corev1.Pod) string {
+	if pod != nil {
+		return pod.Name
+	}
+	return proxies.ParentOf(proxies.ParentTypeService, svc).ProxyName() + "-0"
 }
