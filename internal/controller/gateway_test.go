@@ -533,6 +533,26 @@ var _ = Describe("Gateway API", Ordered, func() {
 			g.Expect(apierrors.IsNotFound(k8s.Get(ctx, secretKey(proxies.ParentTypeGateway, other), &corev1.Secret{}))).To(BeTrue())
 		}).WithTimeout(2 * time.Second).Should(Succeed())
 	})
+
+	It("stops serving a Gateway whose class goes: its proxy, finalizer and status are removed", func() {
+		gc := &gatewayv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "gw-going"}, Spec: gatewayv1.GatewayClassSpec{ControllerName: gateway.ControllerName}}
+		create(gc)
+		ns := newNamespace()
+		edge := kubeobj.Gateway(ns, "edge", gc.Name, https)
+		create(edge)
+		Eventually(func() error { return k8s.Get(ctx, proxyKey(proxies.ParentTypeGateway, edge), &appsv1.StatefulSet{}) }).Should(Succeed())
+		Eventually(gatewayCondition(edge, "Accepted")).Should(HaveField("Status", metav1.ConditionTrue))
+
+		Expect(gw.Delete(ctx, gc)).To(Succeed())
+		expectGone(&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: testSetup.Namespace, Name: proxyKey(proxies.ParentTypeGateway, edge).Name}})
+		Eventually(func(g Gomega) {
+			got := &gatewayv1.Gateway{}
+			g.Expect(gw.Get(ctx, client.ObjectKeyFromObject(edge), got)).To(Succeed())
+			g.Expect(got.Finalizers).To(BeEmpty())
+			g.Expect(got.Status.Listeners).To(BeEmpty())
+			g.Expect(got.Status.Conditions).NotTo(ContainElement(HaveField("Reason", kit.ReasonGatewayClassAccepted)))
+		}).Should(Succeed())
+	})
 })
 
 func eventTypes(g Gomega, kind, name string) []string {
