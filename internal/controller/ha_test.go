@@ -250,9 +250,10 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 				return svc.Status.LoadBalancer.Ingress
 			}
 		}
+		// The name and the first address in one entry, as the original writes it.
 		want := func(name string, vips []string) []corev1.LoadBalancerIngress {
-			out := []corev1.LoadBalancerIngress{{Hostname: ns + "-" + name + ".tailnet.test"}}
-			for _, ip := range vips {
+			out := []corev1.LoadBalancerIngress{{Hostname: ns + "-" + name + ".tailnet.test", IP: vips[0], IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)}}
+			for _, ip := range vips[1:] {
 				out = append(out, corev1.LoadBalancerIngress{IP: ip, IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)})
 			}
 			return out

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -217,14 +218,33 @@ func (o HAServiceOutcome) Status(cur corev1.ServiceStatus, gen int64, loadBalanc
 	if loadBalancer {
 		var lb []corev1.LoadBalancerIngress
 		if o.isConfigured {
+			// As the original writes it, the name and the first address (IPv4 where there is
+			// one) in one entry, so that ingress[0].ip reads an address; the others after it.
 			lb = []corev1.LoadBalancerIngress{{Hostname: o.fqdn}}
-			for _, ip := range o.vips {
+			for i, ip := range ipv4First(o.vips) {
+				if i == 0 {
+					lb[0].IP, lb[0].IPMode = ip, ptr.To(corev1.LoadBalancerIPModeVIP)
+					continue
+				}
 				lb = append(lb, corev1.LoadBalancerIngress{IP: ip, IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)})
 			}
 		}
 		st.LoadBalancer.Ingress = lb
 	}
 	return st
+}
+
+// ipv4First orders addresses IPv4 first, each family as it came.
+func ipv4First(ips []string) []string {
+	family := func(ip string) int {
+		if strings.Contains(ip, ":") {
+			return 6
+		}
+		return 4
+	}
+	out := slices.Clone(ips)
+	slices.SortStableFunc(out, func(a, b string) int { return family(a) - family(b) })
+	return out
 }
 
 // unserve removes a Service's entry from every group and releases its Tailscale Service.

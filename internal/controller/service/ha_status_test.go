@@ -5,8 +5,10 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/tsingress/tsingress/internal/controller/kit"
 )
@@ -41,13 +43,13 @@ func TestHAServiceStatus(t *testing.T) {
 		from    corev1.ServiceStatus
 		want    want
 	}{
-		"configured":              {configured, corev1.ServiceStatus{}, want{"True/" + kit.ReasonIngressSvcValid, "True/" + kit.ReasonIngressSvcConfigured, 2}},
+		"configured":              {configured, corev1.ServiceStatus{}, want{"True/" + kit.ReasonIngressSvcValid, "True/" + kit.ReasonIngressSvcConfigured, 1}},
 		"no replica advertises":   {waiting, served, want{"True/" + kit.ReasonIngressSvcValid, "False/" + kit.ReasonIngressSvcNoBackends, 0}},
 		"invalid":                 {invalid, served, want{"False/" + kit.ReasonDuplicateHostname, "False/" + kit.ReasonDuplicateHostname, 0}},
 		"group full":              {full, corev1.ServiceStatus{}, want{"True/" + kit.ReasonIngressSvcValid, "False/" + kit.ReasonConfigMapFull, 0}},
 		"outage leaves validity":  {outage, served, want{"True/" + kit.ReasonIngressSvcValid, "False/" + kit.ReasonIngressSvcCreateFailed, 0}},
 		"outage on a new Service": {outage, corev1.ServiceStatus{}, want{"", "False/" + kit.ReasonIngressSvcCreateFailed, 0}},
-		"nothing decided":         {HAServiceOutcome{}, served, want{"True/" + kit.ReasonIngressSvcValid, "True/" + kit.ReasonIngressSvcConfigured, 2}},
+		"nothing decided":         {HAServiceOutcome{}, served, want{"True/" + kit.ReasonIngressSvcValid, "True/" + kit.ReasonIngressSvcConfigured, 1}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			st := c.outcome.Status(c.from, 2, true)
@@ -61,8 +63,16 @@ func TestHAServiceStatus(t *testing.T) {
 	if st := configured.Status(corev1.ServiceStatus{}, 1, false); len(st.LoadBalancer.Ingress) != 0 {
 		t.Errorf("a ClusterIP Service got load-balancer addresses %v", st.LoadBalancer.Ingress)
 	}
-	if st := served; st.LoadBalancer.Ingress[0].Hostname != "db.tailnet.test" || st.LoadBalancer.Ingress[1].IP != "100.100.0.1" {
-		t.Errorf("load balancer %v", st.LoadBalancer.Ingress)
+	vip := ptr.To(corev1.LoadBalancerIPModeVIP)
+	if got, want := served.LoadBalancer.Ingress, []corev1.LoadBalancerIngress{{Hostname: "db.tailnet.test", IP: "100.100.0.1", IPMode: vip}}; !equality.Semantic.DeepEqual(got, want) {
+		t.Errorf("load balancer %v, want the name and the address in one entry, as the original writes it", got)
+	}
+	// Dual-stack: IPv4 in the first entry whatever order the addresses came in, IPv6 after it.
+	dual := valid()
+	dual.Configured(1, 2, "db.tailnet.test", []string{"fd7a:115c:a1e0::1", "100.100.0.1"}, nil)
+	wantDual := []corev1.LoadBalancerIngress{{Hostname: "db.tailnet.test", IP: "100.100.0.1", IPMode: vip}, {IP: "fd7a:115c:a1e0::1", IPMode: vip}}
+	if got := dual.Status(corev1.ServiceStatus{}, 1, true).LoadBalancer.Ingress; !equality.Semantic.DeepEqual(got, wantDual) {
+		t.Errorf("dual-stack load balancer %v, want %v", got, wantDual)
 	}
 }
 
