@@ -352,7 +352,10 @@ func (r *GatewayReconciler) certificate(ctx context.Context, gw *gatewayv1.Gatew
 
 // removeProxy tears down a Gateway's standalone proxy, if it has one.
 func (r *GatewayReconciler) removeProxy(ctx context.Context, gw *gatewayv1.Gateway) (ctrl.Result, error) {
-	done, err := r.Proxies.Cleanup(ctx, proxies.ParentOf(proxies.ParentTypeGateway, gw))
+	done, refused, err := r.Proxies.Teardown(ctx, proxies.ParentOf(proxies.ParentTypeGateway, gw))
+	if refused != nil {
+		r.Findings(gw, []kit.Finding{*refused})
+	}
 	if err != nil {
 		if tailnet.ReasonOf(err) != "" {
 			r.Warning(gw, kit.ReasonCleanupFailed, "removing the proxy: %v", err)
