@@ -144,7 +144,8 @@ func grant(ns, fromNS string, name *gatewayv1.ObjectName) gatewayv1.ReferenceGra
 
 func TestResolveBackendRef(t *testing.T) {
 	in := backendInputs{Services: map[types.NamespacedName]*corev1.Service{
-		{Namespace: "app", Name: "web"}:      service("app", "web", "10.0.0.1", corev1.ServicePort{Port: 80}, corev1.ServicePort{Port: 81, AppProtocol: ptr.To("kubernetes.io/h2c")}),
+		{Namespace: "app", Name: "web"}: service("app", "web", "10.0.0.1", corev1.ServicePort{Port: 80}, corev1.ServicePort{Port: 81, AppProtocol: ptr.To("kubernetes.io/h2c")},
+			corev1.ServicePort{Port: 82, AppProtocol: ptr.To("kubernetes.io/wss")}),
 		{Namespace: "app", Name: "headless"}: service("app", "headless", "None", corev1.ServicePort{Port: 80}),
 		{Namespace: "other", Name: "api"}:    service("other", "api", "fd00::1", corev1.ServicePort{Port: 8080, AppProtocol: ptr.To("kubernetes.io/ws")}),
 		{Namespace: "third", Name: "db"}:     service("third", "db", "10.0.0.3", corev1.ServicePort{Port: 80}),
@@ -161,7 +162,8 @@ func TestResolveBackendRef(t *testing.T) {
 		{"a missing Service", backendRef("gone", 80), "", kit.ReasonBackendNotFound},
 		{"a missing port", backendRef("web", 8080), "", kit.ReasonBackendNotFound},
 		{"a headless Service", backendRef("headless", 80), "", kit.ReasonBackendNotFound},
-		{"h2c", backendRef("web", 81), "", kit.ReasonUnsupportedProtocol},
+		{"h2c", backendRef("web", 81), "http://10.0.0.1:81", ""},
+		{"another appProtocol", backendRef("web", 82), "", kit.ReasonUnsupportedProtocol},
 		{"an ExternalName Service", backendRef("ext", 5000), "http://db.example.com:5000", ""},
 		{"another kind", backendRef("web", 80, func(b *gatewayv1.HTTPBackendRef) { b.Kind = ptr.To[gatewayv1.Kind]("ConfigMap") }), "", kit.ReasonInvalidKind},
 		{"another namespace, granted", backendRef("api", 8080, inNamespace("other")), "http://[fd00::1]:8080", ""},
@@ -181,6 +183,9 @@ func TestResolveBackendRef(t *testing.T) {
 			}
 			if b.URL != tt.wantURL {
 				t.Errorf("URL %q, want %q", b.URL, tt.wantURL)
+			}
+			if wantH2C := tt.name == "h2c"; (b.Protocol == contract.BackendH2C) != wantH2C {
+				t.Errorf("protocol %q", b.Protocol)
 			}
 		})
 	}

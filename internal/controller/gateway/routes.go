@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/tsingress/tsingress/internal/contract"
@@ -289,9 +290,9 @@ func ruleUnsupported(rule gatewayv1.HTTPRouteRule) []string {
 	return slices.Compact(why)
 }
 
-// appProtocols are the backend Service port appProtocols the proxy serves: plain HTTP/1.1, and
-// WebSockets, which it passes through as HTTP/1.1 Upgrades.
-var appProtocols = []string{"", "http", "kubernetes.io/ws"}
+// appProtocols are the backend Service port appProtocols the proxy serves, and how it speaks to
+// them: plain HTTP/1.1, WebSockets (passed through as HTTP/1.1 Upgrades), and HTTP/2 without TLS.
+var appProtocols = map[string]string{"": "", "http": "", "kubernetes.io/ws": "", "kubernetes.io/h2c": contract.BackendH2C}
 
 // resolveBackendRef finds the backend a backendRef names: a Service port, reached through the
 // Service's ClusterIP (its ready endpoints are not listed yet: kube-proxy balances).
@@ -329,10 +330,12 @@ func resolveBackendRef(routeNS string, b gatewayv1.BackendObjectReference, in ba
 	if i < 0 {
 		return fail(kit.ReasonBackendNotFound, "Service %s has no port %d", key, *b.Port)
 	}
-	if ap := svc.Spec.Ports[i].AppProtocol; ap != nil && !slices.Contains(appProtocols, *ap) {
-		return fail(kit.ReasonUnsupportedProtocol, "Service %s port %d has appProtocol %s; served: http, kubernetes.io/ws", key, *b.Port, *ap)
+	protocol, ok := appProtocols[ptr.Deref(svc.Spec.Ports[i].AppProtocol, "")]
+	if !ok {
+		return fail(kit.ReasonUnsupportedProtocol, "Service %s port %d has appProtocol %s; served: http, kubernetes.io/ws, kubernetes.io/h2c",
+			key, *b.Port, *svc.Spec.Ports[i].AppProtocol)
 	}
-	return contract.Backend{URL: "http://" + net.JoinHostPort(host, strconv.Itoa(int(*b.Port)))}, nil
+	return contract.Backend{URL: "http://" + net.JoinHostPort(host, strconv.Itoa(int(*b.Port))), Protocol: protocol}, nil
 }
 
 func kindOf(b gatewayv1.BackendObjectReference) string {
