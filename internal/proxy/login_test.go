@@ -64,3 +64,27 @@ func TestNoLoginWaitWithAKey(t *testing.T) {
 		t.Errorf("Run: %v", err)
 	}
 }
+
+// A proxy without a key, on a fresh state, gets a login URL from the control server, as from
+// Tailscale's: it reports the wait, and its logs, verbose ones included, withhold the URL.
+func TestLoginURLNeverLogged(t *testing.T) {
+	w := newWorld(t)
+	dir, stateDir := t.TempDir(), t.TempDir()
+	proxytest.WriteConfig(t, dir, w.config("", contract.WebService{Routes: w.routes()}))
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	_, done := w.start(t, ctx, proxy.Options{ConfigDir: dir, StateDir: stateDir})
+	eventually(t, "the state reports the login it waits for", func() bool {
+		b, err := os.ReadFile(filepath.Join(stateDir, "web-0", "proxy-state.json"))
+		var state map[string]string
+		return err == nil && json.Unmarshal(b, &state) == nil && state[contract.StateLogin] == contract.LoginNeeded
+	})
+	eventually(t, "tsnet's line about the login", func() bool { return strings.Contains(w.logs.String(), "To start this tsnet server") })
+	cancel()
+	if err := waitDone(t, done); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if logs := w.logs.String(); strings.Contains(logs, w.lt.ControlURL+"/a/") || !strings.Contains(logs, "go to: [login URL withheld]") {
+		t.Errorf("the login URL is in the proxy's logs, or tsnet's line does not withhold it:\n%s", logs)
+	}
+}

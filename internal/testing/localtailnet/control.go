@@ -187,7 +187,14 @@ func (s *server) serveRegister(w http.ResponseWriter, r *http.Request, mkey key.
 		return
 	}
 	if req.Auth == nil || req.Auth.AuthKey == "" {
-		fail("this control server needs an auth key; mint one through its API")
+		// As Tailscale's control server answers a node without an auth key: a URL for an
+		// interactive login, which nobody completes here. The same URL again for a follow-up
+		// makes the client back off.
+		url := req.Followup
+		if url == "" {
+			url = "http://" + r.Host + "/a/" + randomText(12)
+		}
+		writeJSON(w, http.StatusOK, tailcfg.RegisterResponse{AuthURL: url})
 		return
 	}
 	k := s.keys[req.Auth.AuthKey]

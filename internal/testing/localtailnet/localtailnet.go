@@ -47,7 +47,8 @@
 //     TLS-ALPN-01 (Funnel hosts renew through DNS-01 too), no rate limit on set-dns.
 //   - No ACL policy beyond node attributes (NodeAttr): every node may reach every other on
 //     every port; tags are labels and NodeAttr targets only.
-//   - No interactive login, node key expiry or rotation, device approval or Tailnet Lock.
+//   - No interactive login (a node without an auth key gets a login URL that leads nowhere), node
+//     key expiry or rotation, device approval or Tailnet Lock.
 //   - Funnel takes TLS on one port only (FunnelAddr, standing for 443), not 8443 or 10000.
 //   - Clients must be of capability version 68 or later (August 2023), which report endpoints
 //     and Hostinfo in non-streaming map requests only.
