@@ -215,13 +215,6 @@ func (m *Proxies) Teardown(ctx context.Context, par Parent) (done bool, refused 
 	return true, refused, nil
 }
 
-// Cleanup is Teardown for a reconciler that gives no Event for a refused device deletion (the
-// refusal is logged).
-func (m *Proxies) Cleanup(ctx context.Context, par Parent) (done bool, err error) {
-	done, _, err = m.Teardown(ctx, par)
-	return done, err
-}
-
 // ParseTags reads the tailscale.com/tags annotation: comma-separated tags replacing the
 // operator's defaults.
 func ParseTags(obj client.Object, defaults []string) ([]string, *kit.Finding) {
