@@ -9,11 +9,13 @@ import (
 	"time"
 
 	networkingv1 "k8s.io/api/networking/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"tailscale.com/tailcfg"
 	"tailscale.com/tsnet"
 
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/proxy/web"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 	"github.com/tsingress/tsingress/internal/testing/poll"
@@ -47,7 +49,7 @@ func TestAppCapabilitiesWholeFlow(t *testing.T) {
 		{Src: []string{"alice@example.com"}, Dst: []string{"svc:shared"}, App: tailcfg.PeerCapMap{admin: {`{"on":"service"}`}}},
 		{Src: []string{"*"}, Dst: []string{"*"}, App: tailcfg.PeerCapMap{unaccepted: {`{}`}}},
 	})
-	runStandaloneProxy(t, w, solo.Name)
+	runStandaloneProxy(t, w, client.MatchingLabels{kit.LabelParentName: solo.Name}, proxy.Options{})
 	for i := range 2 {
 		newHAReplica(t, w, pg, i, nil, "").start()
 	}

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/utils/ptr"
@@ -48,7 +46,7 @@ func TestFunnelIngress(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	runStandaloneProxy(t, w, solo.Name)
+	runStandaloneProxy(t, w, client.MatchingLabels{kit.LabelParentName: solo.Name}, proxy.Options{})
 	replicas := []*haReplica{newHAReplica(t, w, pg, 0, nil, ""), newHAReplica(t, w, pg, 1, nil, "")}
 	for _, r := range replicas {
 		r.start()
@@ -121,37 +119,6 @@ func TestFunnelIngress(t *testing.T) {
 			t.Errorf("%s no longer served on the tailnet: %v", fqdn, err)
 		}
 	}
-}
-
-// runStandaloneProxy runs the proxy of a standalone Ingress in-process, from the Secret the
-// operator writes, as its Pod would, with the tailnet's own certificate flow.
-func runStandaloneProxy(t *testing.T, w *world, ingress string) {
-	t.Helper()
-	var secret corev1.Secret
-	var pod corev1.Pod
-	poll.Eventually(t, 30*time.Second, "proxy Secret and Pod of "+ingress, func() error {
-		list := &corev1.SecretList{}
-		if err := w.k8s.List(w.ctx, list, client.InNamespace(w.opNS), client.MatchingLabels{kit.LabelParentName: ingress}); err != nil {
-			return err
-		}
-		if len(list.Items) != 1 {
-			return fmt.Errorf("%d Secrets", len(list.Items))
-		}
-		secret = list.Items[0]
-		return w.k8s.Get(w.ctx, client.ObjectKey{Namespace: w.opNS, Name: secret.Name}, &pod)
-	})
-	ctx, stop := context.WithCancel(w.ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- proxy.Run(ctx, proxy.Options{ConfigSecret: secret.Name, Kube: w.cp.Config, Namespace: w.opNS,
-			PodUID: string(pod.UID), StateDir: t.TempDir()})
-	}()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("proxy of %s: %v", ingress, err)
-		}
-	})
 }
 
 // fetch gets https://<fqdn>/<path> and checks the answer; path is taken from want ("web /x").

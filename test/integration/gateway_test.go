@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -63,29 +62,8 @@ func TestGatewayWholeFlow(t *testing.T) {
 	}
 
 	// The proxy runs in-process from the Secret the operator writes, as its Pod would.
-	var secret corev1.Secret
-	var pod corev1.Pod
-	poll.Eventually(t, 60*time.Second, "proxy Secret and Pod", func() error {
-		list := &corev1.SecretList{}
-		if err := w.k8s.List(w.ctx, list, client.InNamespace(w.opNS), client.MatchingLabels{kit.LabelParentName: "edge", kit.LabelParentType: proxies.ParentTypeGateway}); err != nil {
-			return err
-		}
-		if len(list.Items) != 1 {
-			return fmt.Errorf("%d Secrets", len(list.Items))
-		}
-		secret = list.Items[0]
-		return w.k8s.Get(w.ctx, client.ObjectKey{Namespace: w.opNS, Name: secret.Name}, &pod)
-	})
 	ca := proxytest.NewCA(t)
-	runCtx, stopProxy := context.WithCancel(w.ctx)
-	proxyDone := make(chan error, 1)
-	go func() {
-		proxyDone <- proxy.Run(runCtx, proxy.Options{
-			ConfigSecret: secret.Name, Kube: w.cp.Config, Namespace: w.opNS, PodUID: string(pod.UID),
-			StateDir: t.TempDir(), CertSource: ca,
-		})
-	}()
-	t.Cleanup(func() { stopProxy(); <-proxyDone }) //nolint:errcheck // how the proxy stops after the cancel is not what this test checks
+	p := runStandaloneProxy(t, w, client.MatchingLabels{kit.LabelParentName: "edge", kit.LabelParentType: proxies.ParentTypeGateway}, proxy.Options{CertSource: ca})
 
 	const fqdn = "shop-edge-gateway.tailnet.test"
 	edge := &gatewayv1.Gateway{}
@@ -140,7 +118,7 @@ func TestGatewayWholeFlow(t *testing.T) {
 	}
 
 	// Deleting the Gateway removes its proxy's device from the tailnet and its objects.
-	st, err := contract.ParseState(mustSecret(t, w, secret.Name).Data)
+	st, err := contract.ParseState(mustSecret(t, w, p.secret.Name).Data)
 	if err != nil || st.DeviceID == "" {
 		t.Fatalf("state before delete: %+v, %v", st, err)
 	}
@@ -154,7 +132,7 @@ func TestGatewayWholeFlow(t *testing.T) {
 		if _, err := w.api.Device(w.ctx, st.DeviceID); !tailnet.IsNotFound(err) {
 			return fmt.Errorf("device %s still on the tailnet (%v)", st.DeviceID, err)
 		}
-		if err := w.k8s.Get(w.ctx, client.ObjectKey{Namespace: w.opNS, Name: secret.Name}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
+		if err := w.k8s.Get(w.ctx, client.ObjectKey{Namespace: w.opNS, Name: p.secret.Name}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("Secret still there (%v)", err)
 		}
 		return nil

@@ -31,9 +31,11 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
+	"github.com/tsingress/tsingress/internal/testing/poll"
 	"github.com/tsingress/tsingress/internal/testing/testenv"
 )
 
@@ -191,4 +193,57 @@ func mustSecret(t *testing.T, w *world, name string) *corev1.Secret {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// standaloneProxy is a standalone proxy run in-process from what the operator wrote, as its Pod
+// would run it.
+type standaloneProxy struct {
+	secret corev1.Secret // its config Secret
+	pod    corev1.Pod
+	ended  chan struct{} // closed when the proxy returns, its error in err
+	err    error
+}
+
+// runStandaloneProxy waits for the config Secret and the Pod of the standalone proxy of the
+// parent the labels select, and runs the proxy until the test ends. opts adds what the Pod's
+// own flags would not give it (a certificate source instead of the tailnet's, a health
+// listener).
+func runStandaloneProxy(t *testing.T, w *world, parent client.MatchingLabels, opts proxy.Options) *standaloneProxy {
+	t.Helper()
+	p := &standaloneProxy{ended: make(chan struct{})}
+	poll.Eventually(t, 60*time.Second, fmt.Sprintf("proxy Secret and Pod of %v", parent), func() error {
+		list := &corev1.SecretList{}
+		if err := w.k8s.List(w.ctx, list, client.InNamespace(w.opNS), parent); err != nil {
+			return err
+		}
+		if len(list.Items) != 1 {
+			return fmt.Errorf("%d Secrets", len(list.Items))
+		}
+		p.secret = list.Items[0]
+		return w.k8s.Get(w.ctx, client.ObjectKey{Namespace: w.opNS, Name: p.secret.Name}, &p.pod)
+	})
+	opts.ConfigSecret, opts.Kube, opts.Namespace, opts.PodUID, opts.StateDir = p.secret.Name, w.cp.Config, w.opNS, string(p.pod.UID), t.TempDir()
+	ctx, stop := context.WithCancel(w.ctx)
+	go func() {
+		p.err = proxy.Run(ctx, opts)
+		close(p.ended)
+	}()
+	t.Cleanup(func() {
+		stop()
+		<-p.ended
+		if p.err != nil {
+			t.Errorf("proxy of %v: %v", parent, p.err)
+		}
+	})
+	return p
+}
+
+// expectRunning fails the test if the proxy has returned, which it does only when told to.
+func (p *standaloneProxy) expectRunning(t *testing.T, after string) {
+	t.Helper()
+	select {
+	case <-p.ended:
+		t.Fatalf("the proxy stopped %s: %v", after, p.err)
+	default:
+	}
 }

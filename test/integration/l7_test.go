@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -60,29 +59,8 @@ func TestL7IngressWholeFlow(t *testing.T) {
 
 	// The operator writes the proxy's Secret; kube-controller-manager creates its Pod. The proxy
 	// runs here in-process from that Secret, as the Pod would.
-	var secret corev1.Secret
-	var pod corev1.Pod
-	poll.Eventually(t, 30*time.Second, "proxy Secret and Pod", func() error {
-		list := &corev1.SecretList{}
-		if err := w.k8s.List(w.ctx, list, client.InNamespace(w.opNS), client.MatchingLabels{kit.LabelParentName: "store"}); err != nil {
-			return err
-		}
-		if len(list.Items) != 1 {
-			return fmt.Errorf("%d Secrets", len(list.Items))
-		}
-		secret = list.Items[0]
-		return w.k8s.Get(w.ctx, client.ObjectKey{Namespace: w.opNS, Name: secret.Name}, &pod)
-	})
 	ca := proxytest.NewCA(t)
-	runCtx, stopProxy := context.WithCancel(w.ctx)
-	proxyDone := make(chan error, 1)
-	go func() {
-		proxyDone <- proxy.Run(runCtx, proxy.Options{
-			ConfigSecret: secret.Name, Kube: w.cp.Config, Namespace: w.opNS, PodUID: string(pod.UID),
-			StateDir: t.TempDir(), CertSource: ca,
-		})
-	}()
-	t.Cleanup(func() { stopProxy(); <-proxyDone }) //nolint:errcheck // how the proxy stops after the cancel is not what this test checks
+	p := runStandaloneProxy(t, w, client.MatchingLabels{kit.LabelParentName: "store"}, proxy.Options{CertSource: ca})
 
 	poll.Eventually(t, 60*time.Second, "Ingress status", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(ing), ing); err != nil {
@@ -150,14 +128,10 @@ func TestL7IngressWholeFlow(t *testing.T) {
 		}
 		return nil
 	})
-	select {
-	case err := <-proxyDone:
-		t.Fatalf("the proxy stopped on a route change: %v", err)
-	default:
-	}
+	p.expectRunning(t, "on a route change")
 
 	// Deleting the Ingress removes the proxy's device from the tailnet and its objects.
-	st, err := contract.ParseState(mustSecret(t, w, secret.Name).Data)
+	st, err := contract.ParseState(mustSecret(t, w, p.secret.Name).Data)
 	if err != nil || st.DeviceID == "" {
 		t.Fatalf("state before delete: %+v, %v", st, err)
 	}
@@ -171,7 +145,7 @@ func TestL7IngressWholeFlow(t *testing.T) {
 		if _, err := w.api.Device(w.ctx, st.DeviceID); !tailnet.IsNotFound(err) {
 			return fmt.Errorf("device %s still on the tailnet (%v)", st.DeviceID, err)
 		}
-		if err := w.k8s.Get(w.ctx, client.ObjectKey{Namespace: w.opNS, Name: secret.Name}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
+		if err := w.k8s.Get(w.ctx, client.ObjectKey{Namespace: w.opNS, Name: p.secret.Name}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("Secret still there (%v)", err)
 		}
 		return nil

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -90,39 +89,18 @@ func TestMetricsWholeFlow(t *testing.T) {
 	if err := w.k8s.Create(w.ctx, ing); err != nil {
 		t.Fatal(err)
 	}
-	var secret corev1.Secret
-	var pod corev1.Pod
-	poll.Eventually(t, 30*time.Second, "proxy Secret and Pod", func() error {
-		list := &corev1.SecretList{}
-		if err := w.k8s.List(w.ctx, list, client.InNamespace(w.opNS), client.MatchingLabels{kit.LabelParentName: "store"}); err != nil {
-			return err
-		}
-		if len(list.Items) != 1 {
-			return fmt.Errorf("%d Secrets", len(list.Items))
-		}
-		secret = list.Items[0]
-		return w.k8s.Get(w.ctx, client.ObjectKey{Namespace: w.opNS, Name: secret.Name}, &pod)
-	})
-	proxyName := strings.TrimSuffix(secret.Name, "-0")
-	if cfg, _, err := contract.ProxyConfigs.Decode(secret.Data); err != nil || !cfg.Metrics {
-		t.Fatalf("the proxy config does not enable metrics: %+v, %v", cfg, err)
-	}
-
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	health := ln.Addr().String()
 	ca := proxytest.NewCA(t)
-	runCtx, stopProxy := context.WithCancel(w.ctx)
-	proxyDone := make(chan error, 1)
-	go func() {
-		proxyDone <- proxy.Run(runCtx, proxy.Options{
-			ConfigSecret: secret.Name, Kube: w.cp.Config, Namespace: w.opNS, PodUID: string(pod.UID),
-			StateDir: t.TempDir(), CertSource: ca, HealthListener: ln,
-		})
-	}()
-	t.Cleanup(func() { stopProxy(); <-proxyDone }) //nolint:errcheck // how the proxy stops after the cancel is not what this test checks
+	p := runStandaloneProxy(t, w, client.MatchingLabels{kit.LabelParentName: "store"}, proxy.Options{CertSource: ca, HealthListener: ln})
+	secret, pod := p.secret, p.pod
+	proxyName := strings.TrimSuffix(secret.Name, "-0")
+	if cfg, _, err := contract.ProxyConfigs.Decode(secret.Data); err != nil || !cfg.Metrics {
+		t.Fatalf("the proxy config does not enable metrics: %+v, %v", cfg, err)
+	}
 	poll.Eventually(t, 60*time.Second, "Ingress status", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(ing), ing); err != nil {
 			return err
@@ -240,9 +218,5 @@ func TestMetricsWholeFlow(t *testing.T) {
 		}
 		return nil
 	})
-	select {
-	case err := <-proxyDone:
-		t.Fatalf("the proxy stopped as its metrics were turned off: %v", err)
-	default:
-	}
+	p.expectRunning(t, "as its metrics were turned off")
 }
