@@ -68,6 +68,9 @@ func BuildWebService(ing *networkingv1.Ingress, in RouteInputs) (contract.WebSer
 		findings = append(findings, kit.Warnf(kit.ReasonInvalidAnnotation, "annotation %s=%q must be %q or %q; port 80 is not served plainly",
 			kit.AnnotationHTTPEndpoint, v, kit.HTTPEndpointEnabled, kit.HTTPEndpointDisabled))
 	}
+	if f := kit.UnsupportedAnnotations("Ingress", ing.Annotations, IngressAnnotations...); f != nil {
+		findings = append(findings, *f)
+	}
 	if v, ok := ing.Annotations[kit.AnnotationAcceptAppCaps]; ok {
 		var f *kit.Finding
 		ws.AcceptAppCaps, f = acceptAppCaps(v)
@@ -139,6 +142,10 @@ func BuildWebService(ing *networkingv1.Ingress, in RouteInputs) (contract.WebSer
 	}
 	return ws, findings
 }
+
+// IngressAnnotations are the tailscale.com/ annotations honoured on an Ingress.
+var IngressAnnotations = []string{kit.AnnotationAcceptAppCaps, kit.AnnotationBackendProtocol, kit.AnnotationFunnel,
+	kit.AnnotationHTTPEndpoint, kit.AnnotationHTTPRedirect, kit.LabelProxyClass, kit.AnnotationProxyGroup, kit.AnnotationTags}
 
 // acceptAppCaps parses the app capabilities annotation: the valid names, sorted, and a finding
 // naming those left out.

@@ -100,6 +100,13 @@ func TestBuildWebService(t *testing.T) {
 			want:        []contract.Route{route("/", contract.PathPrefix, "http://10.96.0.12:9090", false)},
 		},
 		{
+			name:         "an annotation of the original's not honoured here is named, the rest served",
+			annotations:  map[string]string{"tailscale.com/experimental-forward-cluster-traffic-via-ingress": "true"},
+			spec:         networkingv1.IngressSpec{DefaultBackend: ptr.To(kubeobj.Backend("web", 80))},
+			want:         []contract.Route{route("/", contract.PathPrefix, "http://10.96.0.10:80", false)},
+			wantFindings: []string{kit.ReasonUnsupportedAnnotation},
+		},
+		{
 			name:         "bad protocol annotation falls back to detection",
 			annotations:  map[string]string{kit.AnnotationBackendProtocol: "grpc"},
 			spec:         networkingv1.IngressSpec{DefaultBackend: ptr.To(kubeobj.Backend("web", 80))},

@@ -37,6 +37,24 @@ func FirstBlocking(fs []Finding) Finding {
 	return fs[i]
 }
 
+// UnsupportedAnnotations is a Warning naming, sorted, the tailscale.com/ annotations of an
+// object of kind that are not among those honoured on it, or nil when there are none.
+func UnsupportedAnnotations(kind string, annotations map[string]string, honoured ...string) *Finding {
+	var unknown []string
+	for k := range annotations {
+		if strings.HasPrefix(k, "tailscale.com/") && !slices.Contains(honoured, k) {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	slices.Sort(unknown)
+	f := Warnf(ReasonUnsupportedAnnotation, "annotations %s are not honoured on a %s by this operator and have no effect; it honours %s",
+		strings.Join(unknown, ", "), kind, strings.Join(honoured, ", "))
+	return &f
+}
+
 func TruncateLabel(s string) string {
 	if len(s) > 63 {
 		s = s[:63]

@@ -27,6 +27,9 @@ const (
 	ReasonEndpointsNotListed    = "EndpointsNotListed"  // Normal: a backend is reached through its ClusterIP only
 	ReasonNoValidBackends       = "NoValidBackends"
 	ReasonInvalidAnnotation     = "InvalidAnnotation"
+	// A tailscale.com/ annotation this operator does not honour on that kind of object (one of
+	// the original's it has not got, or a typo): named, so that it is not silently ignored.
+	ReasonUnsupportedAnnotation = "UnsupportedAnnotation"
 	ReasonInvalidHostname       = "InvalidHostname"
 	ReasonHTTPSNotEnabled       = "HTTPSNotEnabled"
 	// Funnel asked for and not on; also the error of port 443 in status.loadBalancer.

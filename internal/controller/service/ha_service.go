@@ -139,7 +139,7 @@ func (r *HAServiceReconciler) gather(ctx context.Context, svc *corev1.Service, h
 }
 
 // DecideHAService decides what a Service asks its ProxyGroup to forward, or why it cannot be
-// served (every finding blocks).
+// served (every finding blocks but an unsupported annotation's).
 func DecideHAService(s HAServiceScope, settings kit.Settings) (*contract.ProxyConfig, []kit.Finding) {
 	cfg, findings := ServiceProxyConfig(s.Svc, settings)
 	if s.GroupFinding != nil {

@@ -96,20 +96,23 @@ func TestDecideHAService(t *testing.T) {
 		"headless":       {HAServiceScope{Svc: service(func(s *corev1.Service) { s.Spec.ClusterIP = corev1.ClusterIPNone }), Hostname: "ns-db"}, []string{kit.ReasonInvalidService}},
 		"bad tag and missing": {HAServiceScope{Svc: service(func(s *corev1.Service) { s.Annotations[kit.AnnotationTags] = "k8s" }), Hostname: "ns-db", GroupFinding: &missing},
 			[]string{kit.ReasonInvalidAnnotation, kit.ReasonProxyGroupNotFound}},
+		// Named, and served all the same.
+		"an annotation not honoured": {HAServiceScope{Svc: service(func(s *corev1.Service) { s.Annotations["tailscale.com/tailnet-fqdn"] = "db.example.ts.net" }), Hostname: "ns-db"},
+			[]string{kit.ReasonUnsupportedAnnotation}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg, findings := DecideHAService(c.scope, kit.Settings{DefaultTags: []string{"tag:k8s"}})
 			var reasons []string
 			for _, f := range findings {
 				reasons = append(reasons, f.Reason)
-				if !f.Blocking {
-					t.Errorf("%s does not block", f.Reason)
+				if f.Blocking == (f.Reason == kit.ReasonUnsupportedAnnotation) {
+					t.Errorf("%s: blocking %v", f.Reason, f.Blocking)
 				}
 			}
 			if !slices.Equal(reasons, c.reasons) {
 				t.Errorf("findings %v, want %v", reasons, c.reasons)
 			}
-			if len(c.reasons) == 0 && (cfg == nil || cfg.Forward == nil || !slices.Equal(cfg.Forward.IPs, []string{"10.0.0.5"})) {
+			if !kit.HasBlocking(findings) && (cfg == nil || cfg.Forward == nil || !slices.Equal(cfg.Forward.IPs, []string{"10.0.0.5"})) {
 				t.Errorf("config %+v, want forwarding to the ClusterIP", cfg)
 			}
 		})

@@ -28,6 +28,9 @@ func exposed(s *corev1.Service, settings kit.Settings) bool {
 	return *s.Spec.LoadBalancerClass == kit.LoadBalancerClass
 }
 
+// ServiceAnnotations are the tailscale.com/ annotations honoured on a Service.
+var ServiceAnnotations = []string{kit.AnnotationExpose, kit.AnnotationHostname, kit.LabelProxyClass, kit.AnnotationProxyGroup, kit.AnnotationTags}
+
 // ServiceProxyConfig is the proxy config a Service asks for, or nil with the reasons it cannot
 // be served.
 func ServiceProxyConfig(svc *corev1.Service, s kit.Settings) (*contract.ProxyConfig, []kit.Finding) {
@@ -64,6 +67,10 @@ func ServiceProxyConfig(svc *corev1.Service, s kit.Settings) (*contract.ProxyCon
 	}
 	if len(findings) > 0 {
 		return nil, findings
+	}
+	// Told, and no reason not to serve the rest.
+	if f := kit.UnsupportedAnnotations("Service", svc.Annotations, ServiceAnnotations...); f != nil {
+		findings = append(findings, *f)
 	}
 	return &contract.ProxyConfig{
 		Kind:       contract.KindService,
