@@ -42,6 +42,7 @@ import (
 // the end: most of those Secrets are gone by then.
 type logCollector struct {
 	dir    string
+	start  time.Time
 	cancel context.CancelFunc
 	done   sync.WaitGroup
 
@@ -55,7 +56,7 @@ type logCollector struct {
 
 func startLogCollector(dir string) *logCollector {
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &logCollector{dir: dir, cancel: cancel, following: map[string]bool{}, finished: map[string]bool{},
+	l := &logCollector{dir: dir, start: time.Now(), cancel: cancel, following: map[string]bool{}, finished: map[string]bool{},
 		lastRead: map[string]time.Time{}, files: map[string]string{}, credentials: map[string]string{}}
 	l.done.Go(func() {
 		for i := 0; ctx.Err() == nil; i++ {
@@ -112,7 +113,9 @@ func (l *logCollector) follow(ctx context.Context, ns, pod, container, key strin
 	l.mu.Lock()
 	since, file := l.lastRead[key], l.files[key]
 	l.mu.Unlock()
-	opts := &corev1.PodLogOptions{Container: container, Follow: !terminated}
+	// The run's lines only: in CI the cluster ran the e2e suite first, and its operator's Pod
+	// may still be ending when the suite starts.
+	opts := &corev1.PodLogOptions{Container: container, Follow: !terminated, SinceTime: &metav1.Time{Time: l.start}}
 	if !since.IsZero() {
 		opts.SinceTime = &metav1.Time{Time: since.Add(-time.Second)}
 	}
@@ -294,48 +297,75 @@ func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) 
 // the UID of its config Secret, which tells it from an earlier replica of its name.
 var mintedKey = regexp.MustCompile(`"msg":"minted auth key".*?"keyID":"([^"]+)","proxy":"([^"]+)","configSecretUID":"([^"]*)"`)
 
+// revokedKey finds a key the operator revoked and why.
+var revokedKey = regexp.MustCompile(`"msg":"revoked auth key".*?"keyID":"([^"]+)","reason":"([^"]+)"`)
+
+// undelivered are the reasons the operator gives for revoking a key that no config held: the
+// write meant to deliver it failed, or an operator stopped between the mint and the write.
+var undelivered = []string{"its config write failed", "minted but not delivered"}
+
 // reportKeysMinted counts the auth keys the operator minted for each proxy replica over the
-// run, from every log of its containers (collected until the collector stopped). Goal: one.
-// A replica is its name and its config Secret: an object deleted and created again under its
-// name gets a new proxy, and a new key. Keys count by ID: a log stream taken up again after a
-// cut repeats its last second.
+// run, from every log of its containers (collected until the collector stopped), and of those
+// the keys given: delivered in a config rather than revoked at once for want of a write.
+// Goal: one key given per replica. A replica is its name and its config Secret: an object
+// deleted and created again under its name gets a new proxy, and a new key. Keys count by ID:
+// a log stream taken up again after a cut repeats its last second.
 func reportKeysMinted() {
 	GinkgoHelper()
 	files := suite.logs.operatorLogs()
-	keys := map[string]map[string]bool{} // replica → key IDs
+	minted := map[string]map[string]bool{} // replica → key IDs
+	revoked := map[string]string{}         // key ID → reason
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		Expect(err).NotTo(HaveOccurred())
 		for _, m := range mintedKey.FindAllSubmatch(b, -1) {
 			replica := string(m[2]) + " (config Secret " + string(m[3]) + ")"
-			if keys[replica] == nil {
-				keys[replica] = map[string]bool{}
+			if minted[replica] == nil {
+				minted[replica] = map[string]bool{}
 			}
-			keys[replica][string(m[1])] = true
+			minted[replica][string(m[1])] = true
+		}
+		for _, m := range revokedKey.FindAllSubmatch(b, -1) {
+			revoked[string(m[1])] = string(m[2])
 		}
 	}
-	perProxy := map[string]int{}
-	for replica, ids := range keys {
-		perProxy[replica] = len(ids)
+	perReplica, given := map[string]int{}, map[string]int{}
+	var twice []string
+	for replica, ids := range minted {
+		perReplica[replica], given[replica] = len(ids), 0
+		var fates []string
+		for _, id := range slices.Sorted(maps.Keys(ids)) {
+			reason := revoked[id]
+			if !slices.Contains(undelivered, reason) {
+				given[replica]++
+			}
+			fates = append(fates, fmt.Sprintf("%s (revoked: %q)", id, reason))
+		}
+		if given[replica] > 1 {
+			twice = append(twice, replica+": "+strings.Join(fates, ", "))
+		}
 	}
-	counts := map[int]int{} // keys → replicas
-	var most []string
-	for proxy, n := range perProxy {
+	slices.Sort(twice)
+	suite.report.add("### Auth keys minted per proxy\n\nFrom the operator's logs over the whole run (%d log files, every "+
+		"restart of its container): %d auth keys minted for %d proxy replicas (replicas by keys minted: %s), of which %d "+
+		"revoked at once as no config held them (the write meant to deliver them failed, or the operator stopped before it); "+
+		"replicas by keys given: %s. Goal: one key given per replica, whatever the faults.\n",
+		len(files), sumValues(perReplica), len(perReplica), distribution(perReplica), sumValues(perReplica)-sumValues(given), distribution(given))
+	Expect(len(perReplica)).To(BeNumerically(">", 3), "proxies found in the operator's logs: the count must see them")
+	Expect(twice).To(BeEmpty(), "replicas given more than one auth key, with each key's revocation reason (\"\" for none)")
+}
+
+// distribution says how many replicas have each count: "5 with 1, 1 with 2".
+func distribution(perReplica map[string]int) string {
+	counts := map[int]int{} // count → replicas
+	for _, n := range perReplica {
 		counts[n]++
-		if n > 1 {
-			most = append(most, fmt.Sprintf("%s: %d", proxy, n))
-		}
 	}
-	slices.Sort(most)
 	var dist []string
 	for _, n := range slices.Sorted(maps.Keys(counts)) {
 		dist = append(dist, fmt.Sprintf("%d with %d", counts[n], n))
 	}
-	suite.report.add("### Auth keys minted per proxy\n\nFrom the operator's logs over the whole run (%d log files, every "+
-		"restart of its container): %d auth keys minted for %d proxy replicas; replicas by keys minted: %s. Goal: one key "+
-		"per replica, whatever the faults.\n", len(files), sumValues(perProxy), len(perProxy), strings.Join(dist, ", "))
-	Expect(len(perProxy)).To(BeNumerically(">", 3), "proxies found in the operator's logs: the count must see them")
-	Expect(most).To(BeEmpty(), "replicas given more than one auth key")
+	return strings.Join(dist, ", ")
 }
 
 func sumValues(m map[string]int) int {
