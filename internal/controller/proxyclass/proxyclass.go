@@ -148,12 +148,27 @@ func (v *proxyClassValidation) container(field string, c *tsv1alpha1.Container) 
 	if c.Image != "" && (strings.TrimSpace(c.Image) != c.Image || strings.ContainsAny(c.Image, " \t\n")) {
 		v.problems = append(v.problems, fmt.Sprintf("%s.image %q contains white space", field, c.Image))
 	}
+	if isOriginalProxyImage(c.Image) {
+		v.problems = append(v.problems, fmt.Sprintf("%s.image %q is the Tailscale operator's proxy (containerboot), which does not read "+
+			"this operator's proxy configuration: name this operator's proxy image (ghcr.io/tsingress/proxy) or a mirror of it", field, c.Image))
+	}
 	for _, e := range c.Env {
 		// Turning log upload off is a choice the proxy leaves to the user, not an override.
 		if strings.HasPrefix(e.Name, "TS_") && e.Name != "TS_NO_LOGS_NO_SUPPORT" {
 			v.warnings = append(v.warnings, fmt.Sprintf("%s.env sets %s, which overrides the proxy's own setting", field, e.Name))
 		}
 	}
+}
+
+// isOriginalProxyImage says whether image is the Tailscale operator's proxy image, or a mirror
+// that keeps its path: ProxyClasses written for that operator name it, and a Pod running it
+// would crash-loop on a configuration it cannot read.
+func isOriginalProxyImage(image string) bool {
+	name, _, _ := strings.Cut(image, "@")
+	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
+		name = name[:i]
+	}
+	return name == "tailscale/tailscale" || strings.HasSuffix(name, "/tailscale/tailscale")
 }
 
 // SetupWithManager watches ProxyClasses; status-only updates do not retrigger it.

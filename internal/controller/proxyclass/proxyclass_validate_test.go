@@ -28,6 +28,14 @@ func TestValidateProxyClass(t *testing.T) {
 		{name: "bad sts annotation", spec: tsv1alpha1.ProxyClassSpec{StatefulSet: &tsv1alpha1.StatefulSet{Annotations: map[string]string{"a/b/c": "x"}}}, wantProblem: "statefulSet.annotations"},
 		{name: "bad node selector", spec: pod(tsv1alpha1.Pod{NodeSelector: map[string]string{"-x": "y"}}), wantProblem: "nodeSelector"},
 		{name: "image with space", spec: pod(tsv1alpha1.Pod{TailscaleContainer: &tsv1alpha1.Container{Image: "proxy :v1"}}), wantProblem: "white space"},
+		{name: "the original's proxy image", spec: pod(tsv1alpha1.Pod{TailscaleContainer: &tsv1alpha1.Container{Image: "tailscale/tailscale:v1.90.0"}}),
+			wantProblem: "tailscaleContainer.image \"tailscale/tailscale:v1.90.0\" is the Tailscale operator's proxy"},
+		{name: "the original's proxy image from GHCR, by digest", spec: pod(tsv1alpha1.Pod{TailscaleInitContainer: &tsv1alpha1.Container{
+			Image: "ghcr.io/tailscale/tailscale@sha256:0123"}}), wantProblem: "tailscaleInitContainer.image"},
+		{name: "a mirror of the original's proxy image", spec: pod(tsv1alpha1.Pod{TailscaleContainer: &tsv1alpha1.Container{
+			Image: "registry.example:5000/tailscale/tailscale"}}), wantProblem: "containerboot"},
+		{name: "a mirror of ours", spec: pod(tsv1alpha1.Pod{TailscaleContainer: &tsv1alpha1.Container{Image: "registry.example:5000/tsingress/proxy:v1"}})},
+		{name: "an image named like the original's but not it", spec: pod(tsv1alpha1.Pod{TailscaleContainer: &tsv1alpha1.Container{Image: "example/mytailscale/tailscale:v1"}})},
 		{name: "init debug", spec: pod(tsv1alpha1.Pod{TailscaleInitContainer: &tsv1alpha1.Container{Debug: &tsv1alpha1.Debug{Enable: true}}}), wantProblem: "tailscaleInitContainer.debug"},
 		{name: "init container with sysctl forwarding", spec: pod(tsv1alpha1.Pod{
 			SecurityContext:        &corev1.PodSecurityContext{Sysctls: []corev1.Sysctl{{Name: "net.ipv4.ip_forward", Value: "1"}}},
