@@ -55,7 +55,7 @@ func TestKubernetesMode(t *testing.T) {
 	t.Run("check config", func(t *testing.T) {
 		var out, errOut bytes.Buffer
 		code := run(t.Context(), []string{"--config-secret", "web-0", "--check-config"}, &out, &errOut)
-		if code != 0 || !strings.Contains(out.String(), "config v5 ok: ProxyConfig{v5 ingress web") {
+		if code != 0 || !strings.Contains(out.String(), "config v6 ok: ProxyConfig{v6 ingress web") {
 			t.Errorf("code %d, stdout %q, stderr %q", code, out.String(), errOut.String())
 		}
 		if strings.Contains(out.String()+errOut.String(), key.Secret.Reveal()) {

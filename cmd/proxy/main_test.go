@@ -49,11 +49,11 @@ func TestRun(t *testing.T) {
 	}{
 		{name: "version", args: func(string) []string { return []string{"--version"} }, wantOut: "dev"},
 		{name: "valid config", files: valid, args: func(d string) []string { return []string{"--config-dir", d, "--check-config"} },
-			wantOut: "config v5 ok: ProxyConfig{v5 service db"},
+			wantOut: "config v6 ok: ProxyConfig{v6 service db"},
 		{name: "missing directory", args: func(d string) []string { return []string{"--config-dir", d + "/nope", "--check-config"} },
 			wantCode: 1, wantErr: "cannot load config"},
 		{name: "no config file", files: map[string][]byte{"other": []byte("x")}, args: func(d string) []string { return []string{"--config-dir", d, "--health-addr", ""} },
-			wantCode: 1, wantErr: "found none, this build reads v5, v4, v3, v2, v1"},
+			wantCode: 1, wantErr: "found none, this build reads v6, v5, v4, v3, v2, v1"},
 		{name: "newer operator", files: map[string][]byte{"proxy-config.v7.json": []byte("{}")}, args: func(d string) []string { return []string{"--config-dir", d, "--health-addr", ""} },
 			wantCode: 1, wantErr: "use a proxy image that matches the operator"},
 		{name: "invalid config", files: map[string][]byte{"proxy-config.v1.json": []byte(`{"version":1,"kind":"service","hostname":"Bad Name","stateSecret":"s","forward":{"ips":["x"]}}`)},

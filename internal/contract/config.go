@@ -196,7 +196,8 @@ func (d *Destination) Validate() error {
 // set that can express the document; the proxy reads the newest version it understands.
 // Version 2 added the Serve config's certificate settings and route hosts, version 3 wildcard
 // hosts (see ServeConfigs), version 4 a replica advertising its group's documents, version 5
-// app capabilities and backend protocols (ServeConfigs v4).
+// app capabilities and backend protocols (ServeConfigs v4), version 6 backend CAs and server
+// names (ServeConfigs v5).
 var ProxyConfigs = codec[ProxyConfig]{
 	name: "proxy-config",
 	encode: map[int]func(*ProxyConfig) ([]byte, error){
@@ -207,7 +208,8 @@ var ProxyConfigs = codec[ProxyConfig]{
 		3: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 3 },
 			jsonEncoder(3, func(c *ProxyConfig, v int) { c.Version = v })),
 		4: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 4 }, advertisingDocuments(4)),
-		5: advertisingDocuments(5),
+		5: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 5 }, advertisingDocuments(5)),
+		6: advertisingDocuments(6),
 	},
 	decode: map[int]func([]byte) (*ProxyConfig, error){
 		1: jsonDecoder(1, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
@@ -215,6 +217,7 @@ var ProxyConfigs = codec[ProxyConfig]{
 		3: jsonDecoder(3, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 		4: jsonDecoder(4, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 		5: jsonDecoder(5, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		6: jsonDecoder(6, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 	},
 }
 
@@ -239,7 +242,7 @@ func (c *ProxyConfig) minVersion() int {
 	}
 	v := c.Serve.minVersion()
 	if v >= 4 {
-		return v + 1 // the Serve config's v4 came with the proxy config's v5
+		return v + 1 // the Serve config's v4 came with the proxy config's v5, v5 with v6
 	}
 	return v
 }

@@ -15,7 +15,27 @@ import (
 )
 
 // newestProxyConfig is the newest proxy config version this build writes.
-const newestProxyConfig = 5
+const newestProxyConfig = 6
+
+func TestNewest(t *testing.T) {
+	if v := ProxyConfigs.Newest(); v != newestProxyConfig {
+		t.Errorf("ProxyConfigs.Newest() = %d, want %d", v, newestProxyConfig)
+	}
+}
+
+// testCAPEM is a CA certificate, for backend CA bundles (only parsed, never used to verify).
+const testCAPEM = `-----BEGIN CERTIFICATE-----
+MIIBijCCATGgAwIBAgIUeSDwFviJU5pRNrwzP3y7zGDNRd4wCgYIKoZIzj0EAwIw
+GzEZMBcGA1UEAwwQY29udHJhY3QgdGVzdCBDQTAeFw0yNjEyMDYyMjQ3NDBaFw0y
+NjEyMDcyMjQ3NDBaMBsxGTAXBgNVBAMMEGNvbnRyYWN0IHRlc3QgQ0EwWTATBgcq
+hkjOPQIBBggqhkjOPQMBBwNCAATptcaszoLob6Vg3wYqQarPN4tO6KfTA+UW5Wlx
+y3GlO7sPRWicqzKVXCGj4TU4pB5/BG8hAK6D+dqdIH+C8Zwso1MwUTAdBgNVHQ4E
+FgQUFKKYIRn8KWgQDOFtyeVhulpxw6owHwYDVR0jBBgwFoAUFKKYIRn8KWgQDOFt
+yeVhulpxw6owDwYDVR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNHADBEAiBiLXPg
+7vZIXzzjCWqbSeO3eP0FT5WD1l8zS/JLmeVW8QIgGjjtkBwClgS27wSLhlEnpxPj
+MAgKBY72TG5wvwMYuo4=
+-----END CERTIFICATE-----
+`
 
 func validIngressConfig() *ProxyConfig {
 	return &ProxyConfig{
@@ -132,8 +152,8 @@ func TestGroupConfigV4AdvertisesDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(keys(from4), []string{"proxy-config.v4.json", "proxy-config.v5.json"}) {
-		t.Errorf("EncodeFrom(4) wrote %v, want v4 and v5", keys(from4))
+	if !reflect.DeepEqual(keys(from4), []string{"proxy-config.v4.json", "proxy-config.v6.json"}) {
+		t.Errorf("EncodeFrom(4) wrote %v, want v4 and v6", keys(from4))
 	}
 	if got, v, err := ProxyConfigs.Decode(map[string][]byte{"proxy-config.v4.json": from4["proxy-config.v4.json"]}); err != nil ||
 		v != 4 || got.AdvertiseServices != nil || !got.AdvertisesDocuments() {
@@ -143,8 +163,8 @@ func TestGroupConfigV4AdvertisesDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(keys(from3), []string{"proxy-config.v3.json", "proxy-config.v5.json"}) {
-		t.Errorf("EncodeFrom(3) wrote %v, want v3 and v5", keys(from3))
+	if !reflect.DeepEqual(keys(from3), []string{"proxy-config.v3.json", "proxy-config.v6.json"}) {
+		t.Errorf("EncodeFrom(3) wrote %v, want v3 and v6", keys(from3))
 	}
 	listed := []byte(`{"version":4,"kind":"proxygroup","hostname":"pg-1","stateSecret":"pg-1","tls":{"certShareMode":"reader"},"advertiseServices":["svc:web"]}`)
 	if _, _, err := ProxyConfigs.Decode(map[string][]byte{"proxy-config.v4.json": listed}); err == nil || !strings.Contains(err.Error(), "advertiseServices") {
@@ -195,6 +215,13 @@ func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
 		"app capabilities": {func(w *WebService) { w.AcceptAppCaps = []string{"example.com/cap/admin"} }, 5},
 		// Nor is an h2c backend: a reader without it would speak HTTP/1.1 to an HTTP/2 server.
 		"h2c backend": {func(w *WebService) { w.Routes[0].Backend.Protocol = BackendH2C }, 5},
+		// Nor a backend CA: a reader without it would verify against the system's roots.
+		"backend CA": {func(w *WebService) {
+			w.Routes[1].Backend = Backend{URL: "https://10.0.0.2:443", CABundle: testCAPEM, ServerName: "metrics.monitoring.svc"}
+		}, 6},
+		"backend server name": {func(w *WebService) {
+			w.Routes[1].Backend = Backend{URL: "https://10.0.0.2:443", ServerName: "metrics.monitoring.svc"}
+		}, 6},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := validIngressConfig()
@@ -252,7 +279,7 @@ func TestUnknownFieldsInKnownVersionAreIgnored(t *testing.T) {
 
 func TestNoSupportedVersion(t *testing.T) {
 	cases := map[string]map[string][]byte{
-		"only newer":   {"proxy-config.v6.json": []byte(`{"version":6}`)},
+		"only newer":   {"proxy-config.v7.json": []byte(`{"version":7}`)},
 		"nothing":      {"unrelated": []byte("x")},
 		"wrong prefix": {"proxy-config.v1.yaml": []byte("x")},
 	}
@@ -262,7 +289,7 @@ func TestNoSupportedVersion(t *testing.T) {
 			if !errors.Is(err, ErrNoSupportedVersion) {
 				t.Fatalf("err = %v, want ErrNoSupportedVersion", err)
 			}
-			if !strings.Contains(err.Error(), "this build reads v5, v4, v3, v2, v1") {
+			if !strings.Contains(err.Error(), "this build reads v6, v5, v4, v3, v2, v1") {
 				t.Errorf("error %q does not say which versions this build reads", err)
 			}
 			// Absent, it may be written yet; only a version this build cannot read is final.
@@ -366,6 +393,14 @@ func TestProxyConfigValidation(t *testing.T) {
 		{"http mode", func(c *ProxyConfig) { c.Serve.HTTP = "always" }, "http mode"},
 		{"unknown backend protocol", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.Protocol = "h3" }, "backend protocol"},
 		{"h2c to an https backend", func(c *ProxyConfig) { c.Serve.Routes[1].Backend.Protocol = BackendH2C }, "backend protocol"},
+		{"CA of an http backend", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.CABundle = testCAPEM }, "verified https backend"},
+		{"CA of an unverified backend", func(c *ProxyConfig) { c.Serve.Routes[1].Backend.CABundle = testCAPEM }, "verified https backend"},
+		{"CA without a certificate", func(c *ProxyConfig) {
+			c.Serve.Routes[1].Backend = Backend{URL: "https://10.0.0.2:443", CABundle: "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n"}
+		}, "no PEM certificate"},
+		{"server name", func(c *ProxyConfig) {
+			c.Serve.Routes[1].Backend = Backend{URL: "https://10.0.0.2:443", ServerName: "metrics..svc"}
+		}, "not a DNS name"},
 		{"app capability", func(c *ProxyConfig) { c.Serve.AcceptAppCaps = []string{"tailscale.com/cap/kubernetes"} }, "app capability"},
 		{"service without forward", func(c *ProxyConfig) { c.Kind, c.Serve = KindService, nil }, "needs forward"},
 		{"bad destination IP", func(c *ProxyConfig) {

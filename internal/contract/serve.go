@@ -1,6 +1,7 @@
 package contract
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -79,11 +80,14 @@ type CertificateRef struct {
 	Hosts      []string `json:"hosts"`
 }
 
-// minVersion is the oldest schema version that can express the web service: v4 for app
-// capabilities and backend protocols, v3 for wildcard hosts, v2 for certificate settings and route hosts. Endpoints
+// minVersion is the oldest schema version that can express the web service: v5 for backend
+// CAs and server names, v4 for app capabilities and backend protocols, v3 for wildcard hosts, v2 for certificate settings and route hosts. Endpoints
 // are an optional addition that older readers ignore (they reach the Service's ClusterIP
 // instead), so they need no version.
 func (w *WebService) minVersion() int {
+	if slices.ContainsFunc(w.Routes, func(r Route) bool { return r.Backend.verifiesTLS() }) {
+		return 5
+	}
 	if len(w.AcceptAppCaps) > 0 || slices.ContainsFunc(w.Routes, func(r Route) bool { return r.Backend.Protocol != "" }) {
 		return 4
 	}
@@ -135,7 +139,17 @@ type Backend struct {
 	// an older proxy would speak HTTP/1.1 to a server that answers only HTTP/2. (An https
 	// backend speaks HTTP/2 when it offers it, in any version.)
 	Protocol string `json:"protocol,omitempty"`
+	// CABundle is PEM: the CA certificates an https backend's certificate must chain to, in
+	// place of the system's roots. Schema v5: an older proxy would verify against the
+	// system's roots and fail every request.
+	CABundle string `json:"caBundle,omitempty"`
+	// ServerName is the name an https backend's certificate is verified for, in place of
+	// URL's host (a ClusterIP, which certificates rarely name). Schema v5.
+	ServerName string `json:"serverName,omitempty"`
 }
+
+// verifiesTLS reports whether a backend's TLS settings need schema v5.
+func (b Backend) verifiesTLS() bool { return b.CABundle != "" || b.ServerName != "" }
 
 // BackendH2C is the protocol of a backend that speaks HTTP/2 without TLS.
 const BackendH2C = "h2c"
@@ -204,6 +218,15 @@ func (r *Route) Validate() error {
 	if r.Backend.Protocol != "" && (r.Backend.Protocol != BackendH2C || u.Scheme != "http") {
 		return fmt.Errorf("route %s: backend protocol %q must be empty, or %s for an http backend", r.Path, r.Backend.Protocol, BackendH2C)
 	}
+	if r.Backend.verifiesTLS() && (u.Scheme != "https" || r.Backend.InsecureSkipVerify) {
+		return fmt.Errorf("route %s: a backend CA or server name needs a verified https backend", r.Path)
+	}
+	if r.Backend.CABundle != "" && !x509.NewCertPool().AppendCertsFromPEM([]byte(r.Backend.CABundle)) {
+		return fmt.Errorf("route %s: backend CA bundle holds no PEM certificate", r.Path)
+	}
+	if r.Backend.ServerName != "" && !ValidDNSName(r.Backend.ServerName) {
+		return fmt.Errorf("route %s: backend server name %q is not a DNS name", r.Path, r.Backend.ServerName)
+	}
 	for _, ep := range r.Backend.Endpoints {
 		if _, err := netip.ParseAddrPort(ep); err != nil {
 			return fmt.Errorf("route %s: endpoint %q must be ip:port: %w", r.Path, ep, err)
@@ -258,7 +281,7 @@ func (s *ServeConfig) Validate() error {
 
 // ServeConfigs stores ServeConfig documents.
 // Version 2 added certificate settings and route hosts, version 3 wildcard hosts, version 4
-// app capabilities and backend protocols; an older version is written only while no service needs a newer one, so
+// app capabilities and backend protocols, version 5 backend CAs and server names; an older version is written only while no service needs a newer one, so
 // that an older replica fails clearly instead of serving without them.
 var ServeConfigs = codec[ServeConfig]{
 	name: "serve-config",
@@ -269,13 +292,16 @@ var ServeConfigs = codec[ServeConfig]{
 			jsonEncoder(2, func(c *ServeConfig, v int) { c.Version = v })),
 		3: onlyIf(func(c *ServeConfig) bool { return c.minVersion() <= 3 },
 			jsonEncoder(3, func(c *ServeConfig, v int) { c.Version = v })),
-		4: jsonEncoder(4, func(c *ServeConfig, v int) { c.Version = v }),
+		4: onlyIf(func(c *ServeConfig) bool { return c.minVersion() <= 4 },
+			jsonEncoder(4, func(c *ServeConfig, v int) { c.Version = v })),
+		5: jsonEncoder(5, func(c *ServeConfig, v int) { c.Version = v }),
 	},
 	decode: map[int]func([]byte) (*ServeConfig, error){
 		1: jsonDecoder(1, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 		2: jsonDecoder(2, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 		3: jsonDecoder(3, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 		4: jsonDecoder(4, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
+		5: jsonDecoder(5, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 	},
 }
 

@@ -93,6 +93,9 @@ func (c codec[T]) EncodeFrom(doc *T, min int) (map[string][]byte, error) {
 	return out, nil
 }
 
+// Newest is the newest version this build writes.
+func (c codec[T]) Newest() int { return sortedDesc(c.encode)[0] }
+
 // Keys lists the keys Encode writes, newest first.
 func (c codec[T]) Keys() []string {
 	var keys []string

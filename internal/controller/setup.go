@@ -10,6 +10,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -33,12 +34,12 @@ const recorderName = "tsingress-operator"
 
 // CacheOptions keeps the operator's own children (Secrets, ConfigMaps, Pods, StatefulSets,
 // RBAC) cached for its namespace only: caching every Secret of a large cluster would waste
-// memory. Users' kubernetes.io/tls Secrets are seen by name only (tlsSecretWatch) and read when
-// an Ingress names them. Ingresses, Services and the CRDs are watched cluster-wide, without
+// memory. Users' kubernetes.io/tls Secrets and ConfigMaps are seen by name only (kit.NameWatch)
+// and read when an Ingress names them. Ingresses, Services and the CRDs are watched cluster-wide, without
 // what the operator never reads (managed fields, kubectl's last applied configuration).
 func CacheOptions(s kit.Settings) cache.Options {
 	own := cache.ByObject{Namespaces: map[string]cache.Config{s.Namespace: {}}}
-	return cache.Options{DefaultTransform: certs.StripUnread, ByObject: map[client.Object]cache.ByObject{
+	return cache.Options{DefaultTransform: kit.StripUnread, ByObject: map[client.Object]cache.ByObject{
 		&corev1.Secret{}:         own,
 		&corev1.ConfigMap{}:      own,
 		&corev1.Pod{}:            own,
@@ -53,9 +54,14 @@ func CacheOptions(s kit.Settings) cache.Options {
 func Setup(mgr ctrl.Manager, s kit.Settings, tc tailnet.Client) error {
 	rec := mgr.GetEventRecorder(recorderName)
 	c, api := kit.QuietSecrets(mgr.GetClient(), mgr.GetAPIReader())
-	tlsSecrets, err := certs.NewTLSSecretWatch(mgr)
+	tlsSecrets, err := kit.NewNameWatch(mgr, corev1.SchemeGroupVersion.WithKind("Secret"),
+		fields.OneTermEqualSelector("type", string(corev1.SecretTypeTLS)))
 	if err != nil {
 		return fmt.Errorf("watching kubernetes.io/tls Secrets: %w", err)
+	}
+	backendCAs, err := kit.NewNameWatch(mgr, corev1.SchemeGroupVersion.WithKind("ConfigMap"), nil)
+	if err != nil {
+		return fmt.Errorf("watching ConfigMaps, for Ingresses' backend CAs: %w", err)
 	}
 	limits := s.CertificateLimits
 	if limits == (acmebudget.Limits{}) {
@@ -85,7 +91,7 @@ func Setup(mgr ctrl.Manager, s kit.Settings, tc tailnet.Client) error {
 	p := &proxies.Proxies{Client: c, API: api, Settings: s, Tailnet: tc}
 	certSecrets := certs.CertSecrets{API: api, Now: time.Now}
 	guard := &certs.CertGuard{Client: c, API: api, Namespace: s.Namespace, Limits: limits, Now: time.Now}
-	if err := (&ingress.IngressReconciler{Client: c, Reporter: m.Reporter(rec, "ingress"), Settings: s, Certs: certSecrets, Guard: guard, TLSSecrets: tlsSecrets}).SetupWithManager(mgr, p); err != nil {
+	if err := (&ingress.IngressReconciler{Client: c, Reporter: m.Reporter(rec, "ingress"), Settings: s, Certs: certSecrets, Guard: guard, TLSSecrets: tlsSecrets, BackendCAs: backendCAs}).SetupWithManager(mgr, p); err != nil {
 		return fmt.Errorf("setting up the Ingress controller: %w", err)
 	}
 	if err := (&service.ServiceReconciler{Client: c, Reporter: m.Reporter(rec, "service"), Settings: s}).SetupWithManager(mgr, p); err != nil {
@@ -97,7 +103,7 @@ func Setup(mgr ctrl.Manager, s kit.Settings, tc tailnet.Client) error {
 		return fmt.Errorf("setting up the ProxyGroup controller: %w", err)
 	}
 	if err := (&ingress.HAIngressReconciler{Client: c, Reporter: m.Reporter(rec, "ingress-proxygroup"), Settings: s, Certs: certSecrets, Guard: guard,
-		TLSSecrets: tlsSecrets, Info: p.TailnetInfo}).SetupWithManager(mgr, store); err != nil {
+		TLSSecrets: tlsSecrets, BackendCAs: backendCAs, Info: p.TailnetInfo}).SetupWithManager(mgr, store); err != nil {
 		return fmt.Errorf("setting up the ProxyGroup Ingress controller: %w", err)
 	}
 	if err := (&service.HAServiceReconciler{Client: c, Reporter: m.Reporter(rec, "service-proxygroup"), Settings: s}).SetupWithManager(mgr, store); err != nil {

@@ -70,6 +70,7 @@ func (g *groupEnv) writeConfig(t *testing.T, authKey string, advertise ...string
 		data, err = contract.ProxyConfigs.Encode(cfg)
 		delete(data, "proxy-config.v4.json")
 		delete(data, "proxy-config.v5.json")
+		delete(data, "proxy-config.v6.json")
 	}
 	if err != nil {
 		t.Fatal(err)

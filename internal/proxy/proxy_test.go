@@ -372,7 +372,7 @@ func TestRunFromSecret(t *testing.T) {
 		dev := devices[i]
 		deviceID = dev.ID
 		if st.DeviceID != dev.ID || st.FQDN != fqdn || st.HTTPSEndpoint != fqdn || st.PodUID != "pod-1" ||
-			st.ConfigVersion != 5 || st.ProxyVersion != "dev" || len(st.Advertised) != 0 {
+			st.ConfigVersion != contract.ProxyConfigs.Newest() || st.ProxyVersion != "dev" || len(st.Advertised) != 0 {
 			t.Errorf("state = %+v; device %+v", st, dev)
 		}
 		if cs := st.Certificates[fqdn]; cs.Source != contract.CertSourceACME || cs.Serial == "" || !cs.Valid(time.Now()) || len(st.Certificates) != 1 {

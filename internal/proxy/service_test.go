@@ -109,7 +109,7 @@ func TestServiceProxy(t *testing.T) {
 		}
 	}
 	if st.PodUID != "pod-1" || st.DeviceID == "" || st.DeviceID == "nOLD" || st.FQDN != "db.tailnet.test" || !ip4.IsValid() ||
-		st.ConfigVersion != 5 || st.Firewall == nil || st.Firewall.Mode != contract.FirewallNFTables || st.Firewall.PodUID != "pod-1" {
+		st.ConfigVersion != contract.ProxyConfigs.Newest() || st.Firewall == nil || st.Firewall.Mode != contract.FirewallNFTables || st.Firewall.PodUID != "pod-1" {
 		t.Fatalf("state = %+v, firewall %+v", st, st.Firewall)
 	}
 	// The Service is IPv4 only: only the IPv4 tailnet address has a destination.

@@ -280,7 +280,7 @@ func (r *replicas) report(ctx context.Context, d groupDocs, names []string) (aga
 	}
 	for i, pod := range r.pods {
 		st := &contract.ProxyState{DeviceID: fmt.Sprintf("n%d", i), FQDN: fmt.Sprintf("%s-%d.tailnet.test", benchGroup, i),
-			TailnetIPs: []string{fmt.Sprintf("100.64.0.%d", 10+i)}, ConfigVersion: 5, PodUID: string(pod.UID),
+			TailnetIPs: []string{fmt.Sprintf("100.64.0.%d", 10+i)}, ConfigVersion: contract.ProxyConfigs.Newest(), PodUID: string(pod.UID),
 			Advertised: names}
 		if i == 0 {
 			st.Certificates = certs

@@ -122,7 +122,7 @@ type BYOCertificates struct {
 
 // CertSecrets reads users' certificate Secrets through the API, by name: the operator caches
 // no Secret outside its namespace, only sees the kubernetes.io/tls ones change (metadata only,
-// tlsSecretWatch), so its memory does not grow with the certificates of the cluster.
+// kit.NameWatch), so its memory does not grow with the certificates of the cluster.
 type CertSecrets struct {
 	API client.Reader
 	Now func() time.Time

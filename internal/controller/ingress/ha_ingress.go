@@ -37,9 +37,9 @@ type HAIngressReconciler struct {
 	store    groupstore.Store
 	Certs    certs.CertSecrets
 	Guard    *certs.CertGuard
-	// tlsSecrets sees users' TLS Secrets change.
-	TLSSecrets *certs.TLSSecretWatch
-	Info       func(context.Context) tailnet.TailnetInfo
+	// TLSSecrets sees users' TLS Secrets change, BackendCAs their ConfigMaps.
+	TLSSecrets, BackendCAs *kit.NameWatch
+	Info                   func(context.Context) tailnet.TailnetInfo
 }
 
 func (r *HAIngressReconciler) serves(ing *networkingv1.Ingress) bool {
@@ -161,7 +161,7 @@ func (r *HAIngressReconciler) gather(ctx context.Context, s *HAIngressScope) err
 		}
 	}
 	s.domain = r.Info(ctx).Domain
-	if s.routes, err = gatherRouteInputs(ctx, r.Client, s.Ing, s.domain); err != nil {
+	if s.routes, err = gatherRouteInputs(ctx, r.Client, r.Certs.API, s.Ing, s.domain); err != nil {
 		return err
 	}
 	if s.Group == nil {
@@ -349,6 +349,7 @@ func (r *HAIngressReconciler) SetupWithManager(mgr ctrl.Manager, store groupstor
 		Watches(&tsv1alpha1.ProxyGroup{}, group).
 		Watches(&corev1.Secret{}, group).
 		WatchesRawSource(r.TLSSecrets.Source(ingressesForTLSSecret(r.Client, r.serves))).
+		WatchesRawSource(r.BackendCAs.Source(ingressesForBackendCA(r.Client, r.serves))).
 		Watches(&corev1.ConfigMap{}, group).
 		Complete(r)
 }

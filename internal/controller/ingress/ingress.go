@@ -36,8 +36,8 @@ type IngressReconciler struct {
 	proxies  *proxies.Proxies
 	Certs    certs.CertSecrets
 	Guard    *certs.CertGuard
-	// tlsSecrets sees users' TLS Secrets change.
-	TLSSecrets *certs.TLSSecretWatch
+	// TLSSecrets sees users' TLS Secrets change, BackendCAs their ConfigMaps.
+	TLSSecrets, BackendCAs *kit.NameWatch
 }
 
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=ingresses,verbs=get;list;watch;update;patch
@@ -48,6 +48,8 @@ type IngressReconciler struct {
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
 // Bring-your-own certificates are read from the Ingress's namespace.
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// Backend CA bundles are read from the Ingress's namespace (watched by name only).
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",namespace=system,resources=secrets;serviceaccounts,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",namespace=system,resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups=apps,namespace=system,resources=statefulsets,verbs=get;list;watch;create;update;patch;delete
@@ -151,7 +153,7 @@ func (r *IngressReconciler) gather(ctx context.Context, s *ingressScope) error {
 		return err
 	}
 	s.info = r.proxies.TailnetInfo(ctx)
-	if s.routes, err = gatherRouteInputs(ctx, r.Client, s.ing, s.info.Domain); err != nil {
+	if s.routes, err = gatherRouteInputs(ctx, r.Client, r.Certs.API, s.ing, s.info.Domain); err != nil {
 		return err
 	}
 	par := proxies.ParentOf(proxies.ParentTypeIngress, s.ing)
@@ -268,6 +270,7 @@ func (r *IngressReconciler) SetupWithManager(mgr ctrl.Manager, p *proxies.Proxie
 		Watches(&appsv1.StatefulSet{}, children).
 		Watches(&corev1.Secret{}, children).
 		WatchesRawSource(r.TLSSecrets.Source(ingressesForTLSSecret(r.Client, r.serves))).
+		WatchesRawSource(r.BackendCAs.Source(ingressesForBackendCA(r.Client, r.serves))).
 		Watches(&corev1.Pod{}, children).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.ingressesForService)).
 		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(ingressesForEndpointSlice(r.Client, r.serves))).

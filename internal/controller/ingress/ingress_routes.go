@@ -31,6 +31,8 @@ type RouteInputs struct {
 	Slices map[string][]discoveryv1.EndpointSlice
 	// Domain is the tailnet's MagicDNS domain, "" while unknown.
 	Domain string
+	// BackendCA is the CA bundle the Ingress names for its backends.
+	BackendCA BackendCA
 }
 
 // BuildWebService turns an Ingress into routes. Every backend that cannot be served is left
@@ -46,6 +48,8 @@ func BuildWebService(ing *networkingv1.Ingress, in RouteInputs) (contract.WebSer
 			"annotation %s=%q must be http, https, https-insecure or h2c; detecting the protocol from the port instead", kit.AnnotationBackendProtocol, protocol))
 		protocol = ""
 	}
+	verification, protocol, tlsFindings := decideBackendTLS(ing, in.BackendCA, protocol)
+	findings = append(findings, tlsFindings...)
 	ws.Ingress = ing.Namespace + "/" + ing.Name
 	if v, ok := ing.Annotations[kit.AnnotationHTTPRedirect]; ok {
 		if on, err := strconv.ParseBool(v); err != nil {
@@ -93,7 +97,7 @@ func BuildWebService(ing *networkingv1.Ingress, in RouteInputs) (contract.WebSer
 			findings = append(findings, kit.Warnf(kit.ReasonDuplicatePath, "%s: path %s (%s) is already routed; the first one wins", where, path, pathType))
 			return
 		}
-		backend, f := resolveBackend(ing.Namespace, b, in, protocol)
+		backend, f := resolveBackend(ing.Namespace, b, in, protocol, verification)
 		if f != nil {
 			f.Message = where + ": " + f.Message
 			findings = append(findings, *f)
@@ -144,7 +148,8 @@ func BuildWebService(ing *networkingv1.Ingress, in RouteInputs) (contract.WebSer
 }
 
 // IngressAnnotations are the tailscale.com/ annotations honoured on an Ingress.
-var IngressAnnotations = []string{kit.AnnotationAcceptAppCaps, kit.AnnotationBackendProtocol, kit.AnnotationFunnel,
+var IngressAnnotations = []string{kit.AnnotationAcceptAppCaps, kit.AnnotationBackendCA, kit.AnnotationBackendProtocol,
+	kit.AnnotationBackendServerName, kit.AnnotationFunnel,
 	kit.AnnotationHTTPEndpoint, kit.AnnotationHTTPRedirect, kit.LabelProxyClass, kit.AnnotationProxyGroup, kit.AnnotationTags}
 
 // acceptAppCaps parses the app capabilities annotation: the valid names, sorted, and a finding
@@ -226,7 +231,7 @@ const maxEndpoints = 128
 // resolveBackend finds the address of an Ingress backend: the Service's ClusterIP (or, for
 // an ExternalName Service, its DNS name) and the Service port, with the ready endpoints behind
 // that port. A finding that is no warning leaves the backend usable.
-func resolveBackend(namespace string, b networkingv1.IngressBackend, in RouteInputs, protocol string) (contract.Backend, *kit.Finding) {
+func resolveBackend(namespace string, b networkingv1.IngressBackend, in RouteInputs, protocol string, verification backendTLS) (contract.Backend, *kit.Finding) {
 	fail := func(format string, a ...any) (contract.Backend, *kit.Finding) {
 		f := kit.Warnf(kit.ReasonInvalidIngressBackend, format, a...)
 		return contract.Backend{}, &f
@@ -268,6 +273,11 @@ func resolveBackend(namespace string, b networkingv1.IngressBackend, in RouteInp
 	backend := contract.Backend{URL: scheme + "://" + net.JoinHostPort(host, strconv.Itoa(int(port))), InsecureSkipVerify: insecure}
 	if h2c {
 		backend.Protocol = contract.BackendH2C
+	}
+	if scheme == "https" && !insecure {
+		if f := verification.verify(&backend, namespace, svc); f != nil {
+			return contract.Backend{}, f
+		}
 	}
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return backend, nil
@@ -351,11 +361,15 @@ func backendServiceNames(ing *networkingv1.Ingress) []string {
 	return names
 }
 
-// gatherRouteInputs reads what an Ingress's routes are built from.
-func gatherRouteInputs(ctx context.Context, c client.Client, ing *networkingv1.Ingress, domain string) (RouteInputs, error) {
+// gatherRouteInputs reads what an Ingress's routes are built from: through c, cached, and api,
+// not.
+func gatherRouteInputs(ctx context.Context, c client.Client, api client.Reader, ing *networkingv1.Ingress, domain string) (RouteInputs, error) {
 	in := RouteInputs{Domain: domain}
 	var err error
 	if in.Services, err = backendServices(ctx, c, ing); err != nil {
+		return in, err
+	}
+	if in.BackendCA, err = readBackendCA(ctx, api, ing); err != nil {
 		return in, err
 	}
 	in.Slices, err = backendEndpointSlices(ctx, c, ing)

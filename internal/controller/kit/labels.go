@@ -39,6 +39,13 @@ const (
 	// ("example.com/cap/admin") the proxy passes an Ingress's backends in the
 	// Tailscale-App-Capabilities header, of those the tailnet policy grants the caller.
 	AnnotationAcceptAppCaps = "tailscale.com/accept-app-caps"
+	// AnnotationBackendCA names a ConfigMap in an Ingress's namespace whose ca.crt (PEM) is
+	// the CA its backends' certificates must chain to: every backend is reached over TLS and
+	// verified for its Service's name, <service>.<namespace>.svc.
+	AnnotationBackendCA = "tailscale.com/backend-ca"
+	// AnnotationBackendServerName is the name the certificates of an Ingress's verified https
+	// backends are verified for, in place of that default.
+	AnnotationBackendServerName = "tailscale.com/backend-server-name"
 	// LabelProxyClass (label, or annotation of the same name) picks a ProxyClass.
 	LabelProxyClass = "tailscale.com/proxy-class"
 

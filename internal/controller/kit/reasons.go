@@ -19,6 +19,7 @@ const (
 // and status.loadBalancer are what users see.
 const (
 	ReasonInvalidIngressBackend = "InvalidIngressBackend"
+	ReasonInvalidBackendCA      = "InvalidBackendCA"
 	ReasonUnsupportedHost       = "UnsupportedIngressHost"
 	ReasonUnsupportedPath       = "UnsupportedIngressPath"
 	ReasonDuplicatePath         = "DuplicateIngressPath"

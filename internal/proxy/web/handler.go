@@ -3,7 +3,9 @@ package web
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"mime"
@@ -52,8 +54,8 @@ type transports struct {
 	h2c              *http.Transport // HTTP/2 without TLS, to http backends that ask for it
 	health           *endpointHealth
 
-	mu     sync.Mutex
-	byName map[string]*http.Transport // verifying transports of balanced https backends, by server name
+	mu        sync.Mutex
+	verifying map[string]*http.Transport // https transports of a server name and CA bundle, by both
 }
 
 // newTransports returns transports with timeouts fit for in-cluster backends.
@@ -62,7 +64,7 @@ func newTransports() *transports {
 	h2c.Protocols = new(http.Protocols)
 	h2c.Protocols.SetUnencryptedHTTP2(true)
 	return &transports{verify: newTransport(false), insecure: newTransport(true), h2c: h2c, health: newEndpointHealth(),
-		byName: map[string]*http.Transport{}}
+		verifying: map[string]*http.Transport{}}
 }
 
 func newTransport(insecure bool) *http.Transport {
@@ -78,27 +80,38 @@ func newTransport(insecure bool) *http.Transport {
 	}
 }
 
-// forBackend returns the transport of a backend. A verified https backend that is balanced
-// across endpoints still verifies the name of its URL, not the endpoint's IP.
-func (t *transports) forBackend(b contract.Backend, target *url.URL) *http.Transport {
+// forBackend returns the transport of a backend. A verified https backend is verified for its
+// server name (else its URL's host, also when it is balanced across endpoints: never the
+// endpoint's IP), against its CA bundle (else the system's roots).
+func (t *transports) forBackend(b contract.Backend, target *url.URL) (*http.Transport, error) {
 	switch {
 	case b.Protocol == contract.BackendH2C:
-		return t.h2c
+		return t.h2c, nil
 	case b.InsecureSkipVerify:
-		return t.insecure
-	case target.Scheme != "https" || len(b.Endpoints) == 0:
-		return t.verify
+		return t.insecure, nil
+	case target.Scheme != "https" || len(b.Endpoints) == 0 && b.ServerName == "" && b.CABundle == "":
+		return t.verify, nil
 	}
-	name := target.Hostname()
+	name := b.ServerName
+	if name == "" {
+		name = target.Hostname()
+	}
+	key := name + "\x00" + b.CABundle
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	tr := t.byName[name]
-	if tr == nil {
-		tr = newTransport(false)
-		tr.TLSClientConfig.ServerName = name
-		t.byName[name] = tr
+	if tr := t.verifying[key]; tr != nil {
+		return tr, nil
 	}
-	return tr
+	tr := newTransport(false)
+	tr.TLSClientConfig.ServerName = name
+	if b.CABundle != "" {
+		tr.TLSClientConfig.RootCAs = x509.NewCertPool()
+		if !tr.TLSClientConfig.RootCAs.AppendCertsFromPEM([]byte(b.CABundle)) {
+			return nil, errors.New("the backend CA bundle holds no PEM certificate")
+		}
+	}
+	t.verifying[key] = tr
+	return tr, nil
 }
 
 // CloseIdleConnections closes idle backend connections.
@@ -108,7 +121,7 @@ func (t *transports) CloseIdleConnections() {
 	t.h2c.CloseIdleConnections()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, tr := range t.byName {
+	for _, tr := range t.verifying {
 		tr.CloseIdleConnections()
 	}
 }
@@ -136,7 +149,7 @@ func newHandler(ws contract.WebService, tr *transports, callers *identities, log
 	}
 	byBackend := map[string]*httputil.ReverseProxy{} // routes to one backend share its balancing
 	for i, rt := range ws.Routes {
-		key := fmt.Sprint(rt.Backend.URL, rt.Backend.InsecureSkipVerify, rt.Backend.Endpoints, rt.Backend.Protocol)
+		key := fmt.Sprint(rt.Backend.URL, rt.Backend.InsecureSkipVerify, rt.Backend.Endpoints, rt.Backend.Protocol, rt.Backend.ServerName, rt.Backend.CABundle)
 		if p, ok := byBackend[key]; ok {
 			h.proxies[i] = p
 			continue
@@ -145,7 +158,11 @@ func newHandler(ws contract.WebService, tr *transports, callers *identities, log
 		if err != nil {
 			return nil, fmt.Errorf("route %s: backend URL: %w", rt.Path, err)
 		}
-		var transport http.RoundTripper = tr.forBackend(rt.Backend, target)
+		backendTransport, err := tr.forBackend(rt.Backend, target)
+		if err != nil {
+			return nil, fmt.Errorf("route %s: %w", rt.Path, err)
+		}
+		var transport http.RoundTripper = backendTransport
 		if len(rt.Backend.Endpoints) > 0 {
 			transport = &balancer{transport: transport, endpoints: rt.Backend.Endpoints, clusterIP: target.Host,
 				health: tr.health, log: log.With("backend", target.Host)}

@@ -68,6 +68,11 @@ func (ca *CA) Pool() *x509.CertPool {
 	return p
 }
 
+// RootPEM is the root certificate in PEM, as a CA bundle holds it.
+func (ca *CA) RootPEM() string {
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.root.Raw}))
+}
+
 // Issued reports how many certificates were issued for name.
 func (ca *CA) Issued(name string) int {
 	ca.mu.Lock()

@@ -1,13 +1,13 @@
-package certs
+package kit
 
 import (
 	"context"
 	"fmt"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -32,28 +32,31 @@ func StripUnread(in any) (any, error) {
 	return in, nil
 }
 
-// tlsSecretWatch sees the kubernetes.io/tls Secrets of every namespace by name only, in a cache
-// of its own: enough to reconcile the Ingresses that name one when it changes, without holding
-// the certificates (and keys) of the whole cluster in memory.
-type TLSSecretWatch struct {
+// NameWatch sees the objects of one kind in every namespace by name only, in a cache of its
+// own: enough to reconcile what names one when it changes, without holding the contents (the
+// certificates and keys of kubernetes.io/tls Secrets, every ConfigMap's data) of the whole
+// cluster in memory. Reconcilers read the object they name through the API server.
+type NameWatch struct {
 	cache cache.Cache
+	kind  schema.GroupVersionKind
 }
 
-func NewTLSSecretWatch(mgr ctrl.Manager) (*TLSSecretWatch, error) {
+// NewNameWatch watches kind, the objects fieldSelector selects (nil: all).
+func NewNameWatch(mgr ctrl.Manager, kind schema.GroupVersionKind, fieldSelector fields.Selector) (*NameWatch, error) {
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
 		HTTPClient:           mgr.GetHTTPClient(),
 		Scheme:               mgr.GetScheme(),
 		Mapper:               mgr.GetRESTMapper(),
-		DefaultFieldSelector: fields.OneTermEqualSelector("type", string(corev1.SecretTypeTLS)),
+		DefaultFieldSelector: fieldSelector,
 		DefaultTransform:     nameOnly,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("building the cache of kubernetes.io/tls Secrets: %w", err)
+		return nil, fmt.Errorf("building the cache of %s names: %w", kind.Kind, err)
 	}
 	if err := mgr.Add(c); err != nil {
-		return nil, fmt.Errorf("adding the cache of kubernetes.io/tls Secrets to the manager: %w", err)
+		return nil, fmt.Errorf("adding the cache of %s names to the manager: %w", kind.Kind, err)
 	}
-	return &TLSSecretWatch{cache: c}, nil
+	return &NameWatch{cache: c, kind: kind}, nil
 }
 
 // nameOnly keeps what identifies an object and tells that it changed.
@@ -64,10 +67,10 @@ func nameOnly(in any) (any, error) {
 	return in, nil
 }
 
-// Source is a watch of the TLS Secrets that sends each event through mapFn.
-func (t *TLSSecretWatch) Source(mapFn handler.MapFunc) source.Source {
+// Source is a watch of the objects that sends each event through mapFn.
+func (w *NameWatch) Source(mapFn handler.MapFunc) source.Source {
 	obj := &metav1.PartialObjectMetadata{}
-	obj.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
-	return source.Kind(t.cache, obj, handler.TypedEnqueueRequestsFromMapFunc(
+	obj.SetGroupVersionKind(w.kind)
+	return source.Kind(w.cache, obj, handler.TypedEnqueueRequestsFromMapFunc(
 		func(ctx context.Context, o *metav1.PartialObjectMetadata) []reconcile.Request { return mapFn(ctx, o) }))
 }
