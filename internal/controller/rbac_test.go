@@ -27,13 +27,23 @@ import (
 )
 
 // generatedRBAC binds the ClusterRole and the Role of the operator's namespace that
-// config/rbac/role.yaml holds (as make manifests generates them from the markers) to a new user,
-// and returns that user's config and a client of it.
+// config/rbac/role.yaml holds (as make manifests generates them from the markers) to a new user
+// for the spec, and returns that user's config and a client of it.
 func generatedRBAC(user string) (*rest.Config, client.Client) {
+	userCfg, as, objs := bindGeneratedRBAC(user)
+	for _, obj := range objs {
+		DeferCleanup(k8s.Delete, ctx, obj)
+	}
+	return userCfg, as
+}
+
+// bindGeneratedRBAC binds the generated RBAC to a new user and returns the objects it made.
+func bindGeneratedRBAC(user string) (*rest.Config, client.Client, []client.Object) {
 	b, err := os.ReadFile(filepath.Join("..", "..", "config", "rbac", "role.yaml"))
 	Expect(err).NotTo(HaveOccurred())
 	subjects := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}
 	var kinds []string
+	var made []client.Object
 	for _, doc := range strings.Split(string(b), "\n---\n") {
 		var meta metav1.TypeMeta
 		Expect(yaml.Unmarshal([]byte(doc), &meta)).To(Succeed())
@@ -47,7 +57,7 @@ func generatedRBAC(user string) (*rest.Config, client.Client) {
 				RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: user}}
 			for _, obj := range []client.Object{role, binding} {
 				Expect(k8s.Create(ctx, obj)).To(Succeed())
-				DeferCleanup(k8s.Delete, ctx, obj)
+				made = append(made, obj)
 			}
 		case "Role":
 			role := &rbacv1.Role{}
@@ -58,7 +68,7 @@ func generatedRBAC(user string) (*rest.Config, client.Client) {
 				RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: user}}
 			for _, obj := range []client.Object{role, binding} {
 				Expect(k8s.Create(ctx, obj)).To(Succeed())
-				DeferCleanup(k8s.Delete, ctx, obj)
+				made = append(made, obj)
 			}
 		}
 	}
@@ -70,7 +80,7 @@ func generatedRBAC(user string) (*rest.Config, client.Client) {
 	Eventually(func() error {
 		return as.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: "any"}, &corev1.Secret{})
 	}).Should(Satisfy(apierrors.IsNotFound), "RBAC bindings take effect after a moment")
-	return userCfg, as
+	return userCfg, as, made
 }
 
 // The operator's RBAC as make manifests generates it: what it needs and nothing wider.

@@ -75,7 +75,11 @@ var _ = BeforeSuite(func() {
 	tsClient, err = tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: tsnet.APIBaseURL, ClientIDFile: idFile, ClientSecretFile: secretFile})
 	Expect(err).NotTo(HaveOccurred())
 
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+	// The operator runs as make deploy installs it: a user bound to exactly the generated
+	// ClusterRole and Role, not an admin, so that a permission the code needs and the markers
+	// lack fails here. Its bindings go with the control plane.
+	operatorCfg, _, _ := bindGeneratedRBAC("tsingress-operator")
+	mgr, err := ctrl.NewManager(operatorCfg, ctrl.Options{
 		Scheme:         scheme,
 		Metrics:        metricsserver.Options{BindAddress: "0"},
 		Cache:          CacheOptions(testSetup),
