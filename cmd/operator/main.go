@@ -98,6 +98,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, error) {
 		withEnv("New certificates the tailnet's domain may get in any 7 days (Let's Encrypt: 50); lower it when other issuers share the domain.", "ACME_NEW_CERTIFICATES_PER_WEEK"))
 	fs.IntVar(&o.settings.CertificateLimits.PerName, "acme-certificates-per-name-per-week", envInt("ACME_CERTIFICATES_PER_NAME_PER_WEEK", acmebudget.LetsEncrypt.PerName),
 		withEnv("Certificates one name may get in any 7 days, renewals included (Let's Encrypt: 5).", "ACME_CERTIFICATES_PER_NAME_PER_WEEK"))
+	fs.IntVar(&o.settings.MaxGroupReplicas, "max-proxygroup-replicas", envInt("OPERATOR_MAX_PROXYGROUP_REPLICAS", kit.DefaultMaxGroupReplicas),
+		withEnv("Most replicas a ProxyGroup may have (each is a tailnet device with an auth key of its own); a group asking for more is refused and left as it is.", "OPERATOR_MAX_PROXYGROUP_REPLICAS"))
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", envOr("OPERATOR_PPROF_BIND_ADDRESS", ""), withEnv("Address of the Go profiler's endpoints (/debug/pprof); empty disables them.", "OPERATOR_PPROF_BIND_ADDRESS"))
 	fs.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")
 	if err := fs.Parse(args); err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -182,6 +183,27 @@ var _ = Describe("ProxyGroup reconciler", func() {
 			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonProxyGroupInvalid)))
 		Eventually(func(g Gomega) []string { return eventReasons(g, "ProxyGroup", "egress-group") }).Should(ContainElement(kit.ReasonProxyGroupInvalid))
 		Expect(apierrors.IsNotFound(k8s.Get(ctx, nsKey("egress-group"), &appsv1.StatefulSet{}))).To(BeTrue())
+	})
+
+	It("refuses more replicas than the operator's maximum, leaving the group as it was and minting nothing for them", func() {
+		pg := newProxyGroup("big-group", func(p *tsv1alpha1.ProxyGroup) { p.Spec.Replicas = ptr.To[int32](1) })
+		DeferCleanup(k8s.Delete, ctx, pg)
+		sts := &appsv1.StatefulSet{}
+		Eventually(func() error { return k8s.Get(ctx, nsKey("big-group"), sts) }).Should(Succeed())
+
+		over := int32(testSetup.GroupReplicasLimit() + 1)
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(pg), pg)).To(Succeed())
+		pg.Spec.Replicas = ptr.To(over)
+		Expect(k8s.Update(ctx, pg)).To(Succeed())
+		Eventually(groupCondition("big-group", tsv1alpha1.ProxyGroupReady)).Should(And(
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonProxyGroupInvalid),
+			HaveField("Message", ContainSubstring(fmt.Sprintf("replicas %d is over this operator's maximum of %d", over, over-1)))))
+		Eventually(func(g Gomega) []string { return eventReasons(g, "ProxyGroup", "big-group") }).Should(ContainElement(kit.ReasonProxyGroupInvalid))
+		Consistently(func(g Gomega) {
+			g.Expect(k8s.Get(ctx, nsKey("big-group"), sts)).To(Succeed())
+			g.Expect(*sts.Spec.Replicas).To(BeEquivalentTo(1))
+			g.Expect(apierrors.IsNotFound(k8s.Get(ctx, nsKey("big-group-1-config"), &corev1.Secret{}))).To(BeTrue(), "no config (nor key) for a second replica")
+		}, 2*time.Second).Should(Succeed())
 	})
 
 	It("waits for its ProxyClass", func() {

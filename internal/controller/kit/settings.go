@@ -55,6 +55,21 @@ type Settings struct {
 	// GroupShardBytes bounds the documents in one of a ProxyGroup's ConfigMaps, beyond which
 	// they are spread over more; zero means 128 KiB.
 	GroupShardBytes int
+	// MaxGroupReplicas bounds a ProxyGroup's replicas, each a tailnet device with an auth key
+	// of its own; zero means DefaultMaxGroupReplicas.
+	MaxGroupReplicas int
+}
+
+// DefaultMaxGroupReplicas is the bound on a ProxyGroup's replicas unless the operator is given
+// another.
+const DefaultMaxGroupReplicas = 32
+
+// GroupReplicasLimit is the most replicas a ProxyGroup may have.
+func (s *Settings) GroupReplicasLimit() int {
+	if s.MaxGroupReplicas > 0 {
+		return s.MaxGroupReplicas
+	}
+	return DefaultMaxGroupReplicas
 }
 
 // Validate checks the settings at start-up, so a misconfigured operator fails at once.
@@ -87,6 +102,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.ProxyCAConfigMap != "" && len(validation.IsDNS1123Subdomain(s.ProxyCAConfigMap)) > 0 {
 		errs = append(errs, fmt.Errorf("proxy CA ConfigMap name %q is not a valid object name", s.ProxyCAConfigMap))
+	}
+	if s.MaxGroupReplicas < 0 {
+		errs = append(errs, fmt.Errorf("the maximum of a ProxyGroup's replicas, %d, must not be negative", s.MaxGroupReplicas))
 	}
 	switch s.FirewallMode {
 	case contract.FirewallAuto, contract.FirewallNFTables, contract.FirewallIPTables:

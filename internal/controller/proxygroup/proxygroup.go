@@ -78,7 +78,9 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err := kit.AddFinalizer(ctx, r.Client, pg, kit.FinalizerName); err != nil {
 		return ctrl.Result{}, fmt.Errorf("adding the finalizer to ProxyGroup %s: %w", pg.Name, err)
 	}
-	reps, err := r.Store.Replicas(ctx, g, proxies.Replicas(pg))
+	// Past the maximum the group stays as it is: the replicas it has are all there are to read.
+	limit := r.Settings.GroupReplicasLimit()
+	reps, err := r.Store.Replicas(ctx, g, min(proxies.Replicas(pg), limit))
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -104,6 +106,13 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 
 	if pg.Spec.Type != tsv1alpha1.ProxyGroupTypeIngress {
 		msg := fmt.Sprintf("type %q is not served by this operator; only ingress ProxyGroups are", pg.Spec.Type)
+		r.Warning(pg, kit.ReasonProxyGroupInvalid, "%s", msg)
+		scope.fail(kit.ReasonProxyGroupInvalid, msg)
+		return ctrl.Result{}, nil
+	}
+	if n := proxies.Replicas(pg); n > limit {
+		msg := fmt.Sprintf("replicas %d is over this operator's maximum of %d (--max-proxygroup-replicas): each replica is a tailnet "+
+			"device with an auth key of its own; the group is left as it is", n, limit)
 		r.Warning(pg, kit.ReasonProxyGroupInvalid, "%s", msg)
 		scope.fail(kit.ReasonProxyGroupInvalid, msg)
 		return ctrl.Result{}, nil
