@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -38,24 +39,25 @@ func TestEnvironment(t *testing.T) {
 
 	// What each variable sets, as parsed.
 	set := map[string]func(o *options) string{
-		"OPERATOR_NAMESPACE":             func(o *options) string { return o.settings.Namespace },
-		"OPERATOR_INGRESS_CLASS_NAME":    func(o *options) string { return o.settings.IngressClassName },
-		"PROXY_DEFAULT_CLASS":            func(o *options) string { return o.settings.DefaultProxyClass },
-		"PROXY_TAGS":                     func(o *options) string { return strings.Join(o.settings.DefaultTags, ",") },
-		"PROXY_IMAGE":                    func(o *options) string { return o.settings.ProxyImage },
-		"PROXY_FIREWALL_MODE":            func(o *options) string { return string(o.settings.FirewallMode) },
-		"OPERATOR_DEFAULT_LOAD_BALANCER": func(o *options) string { return boolString(o.settings.DefaultLoadBalancer) },
-		"OPERATOR_LOGIN_SERVER":          func(o *options) string { return o.settings.ControlURL },
-		"CLIENT_ID_FILE":                 func(o *options) string { return o.controlPlane.clientIDFile },
-		"CLIENT_SECRET_FILE":             func(o *options) string { return o.controlPlane.clientSecretFile },
-		"ACME_DIRECTORY_URL":             func(o *options) string { return o.settings.ACMEDirectoryURL },
-		"PROXY_CA_CONFIGMAP":             func(o *options) string { return o.settings.ProxyCAConfigMap },
-		"PROXY_NO_LOGS_NO_SUPPORT":       func(o *options) string { return boolString(o.settings.ProxyNoLogs) },
+		"OPERATOR_NAMESPACE":               func(o *options) string { return o.settings.Namespace },
+		"OPERATOR_INGRESS_CLASS_NAME":      func(o *options) string { return o.settings.IngressClassName },
+		"PROXY_DEFAULT_CLASS":              func(o *options) string { return o.settings.DefaultProxyClass },
+		"PROXY_TAGS":                       func(o *options) string { return strings.Join(o.settings.DefaultTags, ",") },
+		"PROXY_IMAGE":                      func(o *options) string { return o.settings.ProxyImage },
+		"PROXY_FIREWALL_MODE":              func(o *options) string { return string(o.settings.FirewallMode) },
+		"OPERATOR_DEFAULT_LOAD_BALANCER":   func(o *options) string { return boolString(o.settings.DefaultLoadBalancer) },
+		"OPERATOR_LOGIN_SERVER":            func(o *options) string { return o.settings.ControlURL },
+		"CLIENT_ID_FILE":                   func(o *options) string { return o.controlPlane.clientIDFile },
+		"CLIENT_SECRET_FILE":               func(o *options) string { return o.controlPlane.clientSecretFile },
+		"ACME_DIRECTORY_URL":               func(o *options) string { return o.settings.ACMEDirectoryURL },
+		"PROXY_CA_CONFIGMAP":               func(o *options) string { return o.settings.ProxyCAConfigMap },
+		"PROXY_NO_LOGS_NO_SUPPORT":         func(o *options) string { return boolString(o.settings.ProxyNoLogs) },
+		"OPERATOR_MAX_PROXYGROUP_REPLICAS": func(o *options) string { return strconv.Itoa(o.settings.MaxGroupReplicas) },
 	}
 	values := map[string]string{
 		"PROXY_TAGS": "tag:a,tag:b", "PROXY_FIREWALL_MODE": "iptables", "OPERATOR_DEFAULT_LOAD_BALANCER": "true",
 		"OPERATOR_LOGIN_SERVER": "https://control.example.com", "ACME_DIRECTORY_URL": "https://ca.example.com/directory",
-		"PROXY_CA_CONFIGMAP": "private-ca", "PROXY_NO_LOGS_NO_SUPPORT": "true",
+		"PROXY_CA_CONFIGMAP": "private-ca", "PROXY_NO_LOGS_NO_SUPPORT": "true", "OPERATOR_MAX_PROXYGROUP_REPLICAS": "7",
 	}
 	for _, m := range named {
 		env := string(m[1])
