@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/base64"
 	"fmt"
 	"io"
 	"maps"
@@ -32,6 +31,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/tsingress/tsingress/internal/testing/credsearch"
 	"github.com/tsingress/tsingress/test/framework"
 )
 
@@ -226,21 +226,26 @@ func (l *logCollector) dumpTails(lines int) {
 
 // searchCredentials looks for every credential of the run in every log the cluster kept of it:
 // the operator's and the proxies' containers (collected as they ran), the kubelet's and
-// containerd's journal on the node, and every Event. The credentials are the tailnet's OAuth
-// client secret, every auth key and client secret (all "tskey-"), and the private keys the
-// proxies' and the operator's Secrets held at any time: TLS and ACME account keys, node keys.
+// containerd's journal on the node, every Event, every Pod's spec and the status and annotations
+// of every object the operator reads or writes. The credentials are the tailnet's OAuth client
+// secret, every auth key and client secret (all "tskey-"), and the private keys the proxies' and
+// the operator's Secrets held at any time: TLS and ACME account keys, node keys; each as written
+// and base64-encoded at every alignment. A credential planted first must be found.
 func searchCredentials(ctx context.Context) {
 	GinkgoHelper()
+	planted, made, err := credsearch.Plant(ctx, suite.K8s, opNS)
+	Expect(err).NotTo(HaveOccurred())
 	l := suite.logs
 	l.harvest(ctx)
 	l.stop()
-	needles := map[string]string{
-		"tskey-":          "an auth key or OAuth client secret (tskey-)",
-		b64("tskey-"):     "an auth key or OAuth client secret, base64",
-		suite.oauthSecret: "the tailnet's OAuth client secret",
-	}
+	needles := credsearch.New()
+	needles.Add("tskey-", "an auth key or OAuth client secret (tskey-)")
+	needles.Add(suite.oauthSecret, "the tailnet's OAuth client secret")
+	needles.Add(planted, credsearch.Planted)
+	kinds := map[string]int{}
 	for k, v := range l.credentials {
-		needles[k] = v
+		needles.Add(k, v)
+		kinds[strings.SplitN(v, " of Secret", 2)[0]]++
 	}
 	haystacks := map[string][]byte{}
 	for _, f := range l.files {
@@ -264,34 +269,32 @@ func searchCredentials(ctx context.Context) {
 		fmt.Fprintf(&events, "%s %s %s\n", e.Reason, e.Note, e.ReportingController)
 	}
 	haystacks["the Events"] = events.Bytes()
+	objects, err := credsearch.Objects(ctx, suite.K8s)
+	Expect(err).NotTo(HaveOccurred())
+	maps.Copy(haystacks, objects)
 	size := 0
-	var hits []string
-	for where, text := range haystacks {
+	for _, text := range haystacks {
 		size += len(text)
-		for needle, what := range needles {
-			if bytes.Contains(text, []byte(needle)) {
-				hits = append(hits, what+" in "+where)
-			}
-		}
 	}
-	slices.Sort(hits)
-	kinds := map[string]int{}
-	for _, what := range needles {
-		kinds[strings.SplitN(what, " of Secret", 2)[0]]++
+	plantedHits, hits := credsearch.SplitPlanted(needles.Search(haystacks))
+	for _, obj := range made {
+		Expect(suite.K8s.Delete(ctx, obj)).To(Succeed(), "removing what was planted")
 	}
-	suite.report.add("### No credential in any log or Event\n\n"+
-		"After every other spec: %d container logs (the operator's and every proxy's, followed from start to end, %.1f MiB), the "+
-		"kubelet's and containerd's journal (%.1f MiB) and %d Events searched for %d credentials: the OAuth client secret, every "+
-		"auth key and client secret by their tskey- prefix (also base64), %d private keys (PEM: TLS and ACME account keys) and %d "+
-		"node private keys collected from the proxies' Secrets during the run. Hits: %d.\n",
-		containers, float64(size-len(journal)-events.Len())/(1<<20), float64(len(journal))/(1<<20), len(coreEvents.Items)+len(newEvents.Items),
-		len(needles), kinds["a private key (PEM)"], kinds["a node private key"], len(hits))
+	suite.report.add("### No credential in any log, Event or object\n\n"+
+		"After every other spec: %d container logs (the operator's and every proxy's, followed from start to end), the "+
+		"kubelet's and containerd's journal (%.1f MiB), %d Events, every Pod's spec and the status and annotations of every "+
+		"object the operator reads or writes (%.1f MiB in all) searched for %d credentials, each as written and base64 at every "+
+		"alignment (%d forms): the OAuth client secret, every auth key and client secret by their tskey- prefix, %d private keys "+
+		"(PEM: TLS and ACME account keys) and %d node private keys collected from the proxies' Secrets during the run. A "+
+		"credential planted first, in an annotation and base64 in an Event, was found %d times. Hits: %d.\n",
+		containers, float64(len(journal))/(1<<20), len(coreEvents.Items)+len(newEvents.Items), float64(size)/(1<<20),
+		len(l.credentials)+3, needles.Len(), kinds["a private key (PEM)"], kinds["a node private key"], len(plantedHits), len(hits))
+	Expect(plantedHits).To(ContainElements(ContainSubstring("in the Events"), ContainSubstring("in "+credsearch.InAnnotations)),
+		"the planted credential: the search must find what it looks for")
 	Expect(containers).To(BeNumerically(">", 3), "container logs collected")
 	Expect(kinds["a node private key"]).To(BeNumerically(">", 0), "node keys collected: the search must know what to look for")
 	Expect(hits).To(BeEmpty(), "credentials found")
 }
-
-func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 
 // mintedKey finds the key an operator log line says it minted, the proxy replica it is for, and
 // the UID of its config Secret, which tells it from an earlier replica of its name.

@@ -12,8 +12,8 @@ package reliability
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -40,6 +40,7 @@ import (
 	"github.com/tsingress/tsingress/internal/controller"
 	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/credsearch"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/testing/testenv"
@@ -249,38 +250,49 @@ func (r *reportWriter) flush() error {
 	return os.WriteFile(r.path, []byte(strings.Join(r.sections, "\n")), 0o644)
 }
 
-// searchCredentials looks for the run's credentials in everything the operator logged and in
-// every Event: auth keys and OAuth client secrets (all "tskey-"), the tailnet's OAuth client
-// secret, and the TLS private keys the specs made.
+// searchCredentials looks for the run's credentials in everything the operator logged, in
+// every Event, every Pod's spec and the status and annotations of every object: auth keys and
+// OAuth client secrets (all "tskey-"), the tailnet's OAuth client secret, and the TLS private keys
+// the specs made; each as written and base64-encoded at every alignment. A credential planted
+// first must be found.
 func searchCredentials() {
 	GinkgoHelper()
-	texts := map[string]string{"the operator's log": opLog.contents()}
+	ctx := context.Background()
+	planted, made, err := credsearch.Plant(ctx, k8s, "default")
+	Expect(err).NotTo(HaveOccurred())
+	texts := map[string][]byte{"the operator's log": []byte(opLog.contents())}
 	events := &eventsv1.EventList{}
-	Expect(k8s.List(context.Background(), events)).To(Succeed())
+	Expect(k8s.List(ctx, events)).To(Succeed())
 	var b strings.Builder
 	for _, e := range events.Items {
 		fmt.Fprintf(&b, "%s %s %s %s\n", e.Reason, e.Note, e.DeprecatedSource.Component, e.Action)
 	}
-	texts["the Events"] = b.String()
-	// Base64 too: a Secret's data in a JSON body, as client-go logs request and response bodies.
-	needles := map[string]string{"tskey-": "an auth key or OAuth client secret", lt.OAuthClientSecret.Reveal(): "the OAuth client secret",
-		base64.StdEncoding.EncodeToString([]byte("tskey-")): "an auth key or OAuth client secret, base64"}
+	texts["the Events"] = []byte(b.String())
+	objects, err := credsearch.Objects(ctx, k8s)
+	Expect(err).NotTo(HaveOccurred())
+	maps.Copy(texts, objects)
+	needles := credsearch.New()
+	needles.Add("tskey-", "an auth key or OAuth client secret")
+	needles.Add(lt.OAuthClientSecret.Reveal(), "the OAuth client secret")
+	needles.Add(planted, credsearch.Planted)
 	for i, k := range privateKeys {
-		needles[pemBody(k)] = fmt.Sprintf("TLS private key %d", i)
+		needles.Add(pemBody(k), fmt.Sprintf("TLS private key %d", i))
 	}
-	var hits []string
 	size := 0
-	for where, text := range texts {
+	for _, text := range texts {
 		size += len(text)
-		for needle, what := range needles {
-			if strings.Contains(text, needle) {
-				hits = append(hits, what+" in "+where)
-			}
-		}
+	}
+	plantedHits, hits := credsearch.SplitPlanted(needles.Search(texts))
+	for _, obj := range made {
+		Expect(k8s.Delete(ctx, obj)).To(Succeed(), "removing what was planted")
 	}
 	Expect(size).To(BeNumerically(">", 1000), "the text searched")
-	Expect(hits).To(BeEmpty(), "credentials in logs or Events")
-	report.add(fmt.Sprintf("### Credentials (envtest)\n\n%d KiB of operator log and %d Events searched for %d credentials "+
-		"(every auth key and OAuth secret by their tskey- prefix, the tailnet's OAuth client secret, %d TLS private keys): %d hits.\n",
-		size>>10, len(events.Items), len(needles), len(privateKeys), len(hits)))
+	Expect(plantedHits).To(ContainElements(ContainSubstring("in the Events"), ContainSubstring("in "+credsearch.InAnnotations)),
+		"the planted credential: the search must find what it looks for")
+	Expect(hits).To(BeEmpty(), "credentials in logs, Events or objects")
+	report.add(fmt.Sprintf("### Credentials (envtest)\n\n%d KiB of operator log, %d Events, every Pod's spec and every object's "+
+		"status and annotations searched for %d credentials, as written and base64 at every alignment (every auth key and OAuth "+
+		"secret by their tskey- prefix, the tailnet's OAuth client secret, %d TLS private keys): %d hits. A credential planted "+
+		"first, in an annotation and base64 in an Event, was found %d times.\n",
+		len(texts["the operator's log"])>>10, len(events.Items), len(privateKeys)+2, len(privateKeys), len(hits), len(plantedHits)))
 }

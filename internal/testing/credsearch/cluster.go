@@ -1,0 +1,103 @@
+package credsearch
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+)
+
+// Haystacks of a cluster besides logs and Events.
+const (
+	InPodSpecs    = "Pod specs"
+	InStatus      = "object status"
+	InAnnotations = "annotations"
+)
+
+// lastApplied is kubectl's copy of an applied object: on a Secret, its data, as readable as the
+// Secret itself.
+const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
+
+// Objects collects, cluster-wide, every Pod's spec (env, args, volumes) and the status and
+// annotations of every kind the operator reads or writes: where a credential must never be.
+func Objects(ctx context.Context, c client.Client) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	add := func(where string, v any) error {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		out[where] = append(append(out[where], b...), '\n')
+		return nil
+	}
+	for _, list := range []client.ObjectList{&corev1.PodList{}, &corev1.ServiceList{}, &corev1.SecretList{}, &corev1.ConfigMapList{},
+		&networkingv1.IngressList{}, &appsv1.StatefulSetList{}, &tsv1alpha1.ProxyGroupList{}, &tsv1alpha1.ProxyClassList{}} {
+		if err := c.List(ctx, list); err != nil {
+			return nil, fmt.Errorf("listing %T: %w", list, err)
+		}
+		items, err := meta.ExtractList(list)
+		if err != nil {
+			return nil, err
+		}
+		for _, item := range items {
+			obj := item.(client.Object)
+			ann := obj.GetAnnotations()
+			if _, secret := obj.(*corev1.Secret); secret && ann[lastApplied] != "" {
+				ann = maps.Clone(ann)
+				delete(ann, lastApplied)
+			}
+			u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(item)
+			if err != nil {
+				return nil, err
+			}
+			if err := add(InAnnotations, ann); err != nil {
+				return nil, err
+			}
+			if err := add(InStatus, u["status"]); err != nil {
+				return nil, err
+			}
+			if pod, ok := obj.(*corev1.Pod); ok {
+				if err := add(InPodSpecs, pod.Spec); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// Plant writes a made-up credential where a search of the cluster must find it: raw in an
+// annotation of a ConfigMap, base64-encoded at an odd offset in an Event's message, both in
+// namespace ns. It returns the credential, to be added to the needles, and the objects it made,
+// to delete once searched.
+func Plant(ctx context.Context, c client.Client, ns string) (string, []client.Object, error) {
+	secret := "planted-credential-" + strings.ToLower(rand.Text())
+	name := "credsearch-planted-" + strings.ToLower(rand.Text()[:8])
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: map[string]string{"example.com/planted": secret}}}
+	if err := c.Create(ctx, cm); err != nil {
+		return "", nil, fmt.Errorf("planting a credential in an annotation: %w", err)
+	}
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Namespace: ns, Name: name},
+		InvolvedObject: corev1.ObjectReference{Kind: "ConfigMap", Namespace: ns, Name: name, APIVersion: "v1"},
+		Reason:         "Planted", Type: corev1.EventTypeNormal, Source: corev1.EventSource{Component: "credsearch"},
+		Message: base64.StdEncoding.EncodeToString([]byte("x" + secret)),
+	}
+	if err := c.Create(ctx, ev); err != nil {
+		return "", []client.Object{cm}, fmt.Errorf("planting a credential in an Event: %w", err)
+	}
+	return secret, []client.Object{cm, ev}, nil
+}
