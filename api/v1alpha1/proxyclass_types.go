@@ -50,6 +50,42 @@ type ProxyClassSpec struct {
 	// certificates.
 	// +optional
 	UseLetsEncryptStagingEnvironment bool `json:"useLetsEncryptStagingEnvironment,omitempty"`
+
+	// StaticEndpoints would advertise NodePort endpoints for direct connections from tailnet
+	// peers. Accepted so that the Tailscale operator's manifests apply; not served yet: the
+	// ProxyClass says so in a Warning, and the proxies are reached as without it.
+	// +optional
+	StaticEndpoints *StaticEndpointsConfig `json:"staticEndpoints,omitempty"`
+}
+
+// StaticEndpointsConfig configures static endpoints.
+type StaticEndpointsConfig struct {
+	// NodePort configures static endpoints on NodePort Services.
+	// +required
+	NodePort *NodePortConfig `json:"nodePort"`
+}
+
+// NodePortConfig picks the NodePorts and the nodes whose ExternalIPs are advertised.
+type NodePortConfig struct {
+	// Ports are the port ranges the NodePorts are taken from.
+	// +required
+	// +kubebuilder:validation:MinItems=1
+	Ports []PortRange `json:"ports"`
+
+	// Selector picks the nodes whose ExternalIPs are advertised.
+	// +optional
+	Selector map[string]string `json:"selector,omitempty"`
+}
+
+// PortRange is a port, or the ports from Port to EndPort inclusive.
+type PortRange struct {
+	// Port is the first port of the range.
+	// +required
+	Port int32 `json:"port"`
+
+	// EndPort is the last port of the range; unset for a single port.
+	// +optional
+	EndPort int32 `json:"endPort,omitempty"`
 }
 
 // StatefulSet customises a proxy StatefulSet.

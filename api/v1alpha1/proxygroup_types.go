@@ -52,6 +52,7 @@ type ProxyGroup struct {
 }
 
 // ProxyGroupSpec describes a ProxyGroup.
+// +kubebuilder:validation:XValidation:rule="!has(self.kubeAPIServer) || self.type == 'kube-apiserver'",message="kubeAPIServer applies to ProxyGroups of type kube-apiserver only"
 type ProxyGroupSpec struct {
 	// Type of the group. Only `ingress` is served by this operator. Immutable.
 	// +required
@@ -82,6 +83,33 @@ type ProxyGroupSpec struct {
 	// ProxyClass customises the replicas, overriding the operator's default ProxyClass.
 	// +optional
 	ProxyClass string `json:"proxyClass,omitempty"`
+
+	// Tailnet names a Tailnet object whose credentials the replicas join another tailnet with;
+	// empty is the operator's own. Accepted so that the Tailscale operator's manifests apply;
+	// this operator serves its own tailnet only and reports a group naming another as invalid.
+	// Immutable.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="ProxyGroup tailnet is immutable"
+	Tailnet string `json:"tailnet,omitempty"`
+
+	// KubeAPIServer configures a group of type kube-apiserver, which this operator does not
+	// run: accepted so that the Tailscale operator's manifests apply.
+	// +optional
+	KubeAPIServer *KubeAPIServerConfig `json:"kubeAPIServer,omitempty"`
+}
+
+// KubeAPIServerConfig configures the API server proxies of a kube-apiserver ProxyGroup.
+type KubeAPIServerConfig struct {
+	// Hostname the API server proxies are exposed under; the ProxyGroup's name by default.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`
+	Hostname string `json:"hostname,omitempty"`
+
+	// Mode of the API server proxy: auth (requests impersonate the caller's tailnet identity)
+	// or noauth.
+	// +optional
+	// +kubebuilder:validation:Enum=auth;noauth
+	Mode *string `json:"mode,omitempty"`
 }
 
 // ProxyGroupStatus is the observed state of a ProxyGroup.
@@ -98,6 +126,11 @@ type ProxyGroupStatus struct {
 	// +listType=map
 	// +listMapKey=hostname
 	Devices []TailnetDevice `json:"devices,omitempty"`
+
+	// URL of a kube-apiserver group's API server proxy; never set by this operator, which runs
+	// no such groups.
+	// +optional
+	URL string `json:"url,omitempty"`
 }
 
 // TailnetDevice is a replica's device on the tailnet.
@@ -110,6 +143,12 @@ type TailnetDevice struct {
 	// +optional
 	// +listType=atomic
 	TailnetIPs []string `json:"tailnetIPs,omitempty"`
+
+	// StaticEndpoints are the endpoints tailnet peers may reach the device at directly, from a
+	// ProxyClass's staticEndpoints; none while this operator does not serve them.
+	// +optional
+	// +listType=atomic
+	StaticEndpoints []string `json:"staticEndpoints,omitempty"`
 }
 
 // +kubebuilder:object:root=true

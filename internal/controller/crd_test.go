@@ -65,6 +65,29 @@ var _ = Describe("CRD validation", func() {
 		Expect(err.Error()).To(ContainSubstring("type is immutable"))
 	})
 
+	It("refuses kubeAPIServer on a group of another type", func() {
+		expectInvalid(pg("crd-apiserver", func(s *tsv1alpha1.ProxyGroupSpec) {
+			s.KubeAPIServer = &tsv1alpha1.KubeAPIServerConfig{Hostname: "k8s-api"}
+		}), "kubeAPIServer applies to ProxyGroups of type kube-apiserver only")
+		p := pg("crd-apiserver", func(s *tsv1alpha1.ProxyGroupSpec) {
+			s.Type = tsv1alpha1.ProxyGroupTypeKubeAPIServer
+			s.KubeAPIServer = &tsv1alpha1.KubeAPIServerConfig{Hostname: "k8s-api", Mode: ptr.To("noauth")}
+		})
+		Expect(k8s.Create(ctx, p)).To(Succeed(), "a kube-apiserver group as the Tailscale operator's users write it")
+		DeferCleanup(k8s.Delete, ctx, p)
+	})
+
+	It("rejects a change of tailnet", func() {
+		p := pg("crd-tailnet", func(s *tsv1alpha1.ProxyGroupSpec) { s.Tailnet = "other" })
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+		DeferCleanup(k8s.Delete, ctx, p)
+		patch := client.MergeFrom(p.DeepCopy())
+		p.Spec.Tailnet = "another"
+		err := k8s.Patch(ctx, p, patch)
+		Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want Invalid, got %v", err)
+		Expect(err.Error()).To(ContainSubstring("ProxyGroup tailnet is immutable"))
+	})
+
 	It("rejects an unknown type", func() {
 		expectInvalid(pg("crd-type", func(s *tsv1alpha1.ProxyGroupSpec) { s.Type = "connector" }), "spec.type")
 	})

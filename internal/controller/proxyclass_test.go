@@ -49,6 +49,18 @@ var _ = Describe("ProxyClass reconciler", func() {
 		}).Should(Succeed())
 	})
 
+	It("warns of staticEndpoints, which it accepts and does not serve", func() {
+		pc := &tsv1alpha1.ProxyClass{
+			ObjectMeta: metav1.ObjectMeta{Name: "pc-static"},
+			Spec: tsv1alpha1.ProxyClassSpec{StaticEndpoints: &tsv1alpha1.StaticEndpointsConfig{NodePort: &tsv1alpha1.NodePortConfig{
+				Ports: []tsv1alpha1.PortRange{{Port: 30100, EndPort: 30110}}, Selector: map[string]string{"pool": "edge"}}}},
+		}
+		Expect(k8s.Create(ctx, pc)).To(Succeed())
+		DeferCleanup(k8s.Delete, ctx, pc)
+		Eventually(readyCondition("pc-static")).Should(HaveField("Status", metav1.ConditionTrue))
+		Eventually(func(g Gomega) []string { return eventReasons(g, "ProxyClass", "pc-static") }).Should(ContainElement(kit.ReasonProxyClassFieldIgnored))
+	})
+
 	It("refuses a ServiceMonitor while the ServiceMonitor CRD is missing", func() {
 		pc := &tsv1alpha1.ProxyClass{
 			ObjectMeta: metav1.ObjectMeta{Name: "pc-sm"},

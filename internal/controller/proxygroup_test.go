@@ -206,6 +206,17 @@ var _ = Describe("ProxyGroup reconciler", func() {
 		}, 2*time.Second).Should(Succeed())
 	})
 
+	It("refuses a group that names another tailnet", func() {
+		pg := newProxyGroup("other-tailnet", func(p *tsv1alpha1.ProxyGroup) { p.Spec.Tailnet = "team-b" })
+		DeferCleanup(k8s.Delete, ctx, pg)
+		Eventually(groupCondition("other-tailnet", tsv1alpha1.ProxyGroupReady)).Should(And(
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonProxyGroupInvalid),
+			HaveField("Message", ContainSubstring(`spec.tailnet "team-b"`))))
+		Eventually(func(g Gomega) []string { return eventReasons(g, "ProxyGroup", "other-tailnet") }).Should(ContainElement(kit.ReasonProxyGroupInvalid))
+		Expect(apierrors.IsNotFound(k8s.Get(ctx, nsKey("other-tailnet"), &appsv1.StatefulSet{}))).To(BeTrue())
+		Expect(apierrors.IsNotFound(k8s.Get(ctx, nsKey("other-tailnet-0-config"), &corev1.Secret{}))).To(BeTrue(), "no config, no key")
+	})
+
 	It("waits for its ProxyClass", func() {
 		pg := newProxyGroup("classy-group", func(p *tsv1alpha1.ProxyGroup) { p.Spec.ProxyClass = "missing-class" })
 		DeferCleanup(k8s.Delete, ctx, pg)

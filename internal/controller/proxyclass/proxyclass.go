@@ -64,6 +64,9 @@ func (r *ProxyClassReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	for _, w := range v.warnings {
 		r.Warning(pc, kit.ReasonCustomTSEnvVar, "%s", w)
 	}
+	for _, w := range v.ignored {
+		r.Warning(pc, kit.ReasonProxyClassFieldIgnored, "%s", w)
+	}
 	if kit.SetCondition(&pc.Status.Conditions, tsv1alpha1.ProxyClassReady, ok, reason, msg, pc.Generation) {
 		if err := kit.PatchStatus(ctx, r.Client, before, pc); err != nil {
 			return ctrl.Result{}, fmt.Errorf("writing the status of ProxyClass %s: %w", pc.Name, err)
@@ -88,6 +91,8 @@ func (r *ProxyClassReconciler) serviceMonitorCRDInstalled() (bool, error) {
 
 type proxyClassValidation struct {
 	problems, warnings []string
+	// ignored are fields accepted and not served.
+	ignored []string
 	missingCRD         bool
 }
 
@@ -111,6 +116,9 @@ func validateProxyClass(spec *tsv1alpha1.ProxyClassSpec, serviceMonitorCRD bool)
 				v.problems = append(v.problems, "tailscaleInitContainer cannot apply: securityContext.sysctls turns IP forwarding on, so the proxies have no init container")
 			}
 		}
+	}
+	if spec.StaticEndpoints != nil {
+		v.ignored = append(v.ignored, "staticEndpoints is not served by this operator yet: the proxies are reached as without it (directly or through DERP, as the tailnet finds)")
 	}
 	if m := spec.Metrics; m != nil && m.ServiceMonitor != nil && m.ServiceMonitor.Enable {
 		v.labels("metrics.serviceMonitor.labels", m.ServiceMonitor.Labels)

@@ -20,6 +20,7 @@ func TestValidateProxyClass(t *testing.T) {
 		crd         bool
 		wantProblem string
 		wantWarning string
+		wantIgnored string
 		wantRecheck bool
 	}{
 		{name: "empty is valid", spec: tsv1alpha1.ProxyClassSpec{}},
@@ -36,6 +37,8 @@ func TestValidateProxyClass(t *testing.T) {
 			Image: "registry.example:5000/tailscale/tailscale"}}), wantProblem: "containerboot"},
 		{name: "a mirror of ours", spec: pod(tsv1alpha1.Pod{TailscaleContainer: &tsv1alpha1.Container{Image: "registry.example:5000/tsingress/proxy:v1"}})},
 		{name: "an image named like the original's but not it", spec: pod(tsv1alpha1.Pod{TailscaleContainer: &tsv1alpha1.Container{Image: "example/mytailscale/tailscale:v1"}})},
+		{name: "static endpoints, not served", spec: tsv1alpha1.ProxyClassSpec{StaticEndpoints: &tsv1alpha1.StaticEndpointsConfig{
+			NodePort: &tsv1alpha1.NodePortConfig{Ports: []tsv1alpha1.PortRange{{Port: 30000, EndPort: 30010}}}}}, wantIgnored: "staticEndpoints is not served"},
 		{name: "init debug", spec: pod(tsv1alpha1.Pod{TailscaleInitContainer: &tsv1alpha1.Container{Debug: &tsv1alpha1.Debug{Enable: true}}}), wantProblem: "tailscaleInitContainer.debug"},
 		{name: "init container with sysctl forwarding", spec: pod(tsv1alpha1.Pod{
 			SecurityContext:        &corev1.PodSecurityContext{Sysctls: []corev1.Sysctl{{Name: "net.ipv4.ip_forward", Value: "1"}}},
@@ -56,6 +59,7 @@ func TestValidateProxyClass(t *testing.T) {
 			}
 			check("problems", v.problems, tc.wantProblem)
 			check("warnings", v.warnings, tc.wantWarning)
+			check("ignored", v.ignored, tc.wantIgnored)
 			if v.missingCRD != tc.wantRecheck {
 				t.Errorf("missingCRD = %v", v.missingCRD)
 			}

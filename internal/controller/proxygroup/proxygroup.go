@@ -110,6 +110,13 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		scope.fail(kit.ReasonProxyGroupInvalid, msg)
 		return ctrl.Result{}, nil
 	}
+	if pg.Spec.Tailnet != "" {
+		msg := fmt.Sprintf("spec.tailnet %q: joining another tailnet with a Tailnet object's credentials is not served by this operator, "+
+			"which serves its own tailnet only; the group is left as it is", pg.Spec.Tailnet)
+		r.Warning(pg, kit.ReasonProxyGroupInvalid, "%s", msg)
+		scope.fail(kit.ReasonProxyGroupInvalid, msg)
+		return ctrl.Result{}, nil
+	}
 	if n := proxies.Replicas(pg); n > limit {
 		msg := fmt.Sprintf("replicas %d is over this operator's maximum of %d (--max-proxygroup-replicas): each replica is a tailnet "+
 			"device with an auth key of its own; the group is left as it is", n, limit)
