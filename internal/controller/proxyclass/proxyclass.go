@@ -92,8 +92,8 @@ func (r *ProxyClassReconciler) serviceMonitorCRDInstalled() (bool, error) {
 type proxyClassValidation struct {
 	problems, warnings []string
 	// ignored are fields accepted and not served.
-	ignored []string
-	missingCRD         bool
+	ignored    []string
+	missingCRD bool
 }
 
 // validateProxyClass checks what the CRD schema cannot: label syntax, images, env overrides and
