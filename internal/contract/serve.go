@@ -148,6 +148,9 @@ type Backend struct {
 	ServerName string `json:"serverName,omitempty"`
 }
 
+// ValidCABundle reports whether bundle holds at least one PEM certificate.
+func ValidCABundle(bundle string) bool { return x509.NewCertPool().AppendCertsFromPEM([]byte(bundle)) }
+
 // verifiesTLS reports whether a backend's TLS settings need schema v5.
 func (b Backend) verifiesTLS() bool { return b.CABundle != "" || b.ServerName != "" }
 
@@ -221,7 +224,7 @@ func (r *Route) Validate() error {
 	if r.Backend.verifiesTLS() && (u.Scheme != "https" || r.Backend.InsecureSkipVerify) {
 		return fmt.Errorf("route %s: a backend CA or server name needs a verified https backend", r.Path)
 	}
-	if r.Backend.CABundle != "" && !x509.NewCertPool().AppendCertsFromPEM([]byte(r.Backend.CABundle)) {
+	if r.Backend.CABundle != "" && !ValidCABundle(r.Backend.CABundle) {
 		return fmt.Errorf("route %s: backend CA bundle holds no PEM certificate", r.Path)
 	}
 	if r.Backend.ServerName != "" && !ValidDNSName(r.Backend.ServerName) {

@@ -2,7 +2,6 @@ package ingress
 
 import (
 	"context"
-	"crypto/x509"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -52,7 +51,7 @@ func readBackendCA(ctx context.Context, api client.Reader, ing *networkingv1.Ing
 	switch bundle := cm.Data[BackendCAKey]; {
 	case bundle == "":
 		ca.Problem = fmt.Sprintf("ConfigMap %s/%s has no key %s", ing.Namespace, name, BackendCAKey)
-	case !x509.NewCertPool().AppendCertsFromPEM([]byte(bundle)):
+	case !contract.ValidCABundle(bundle):
 		ca.Problem = fmt.Sprintf("%s of ConfigMap %s/%s holds no PEM certificate", BackendCAKey, ing.Namespace, name)
 	default:
 		ca.PEM = bundle

@@ -104,22 +104,7 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		r.Progress(pg, "joined "+d.Hostname, kit.ReasonDeviceJoined, "a replica joined the tailnet as %s", d.Hostname)
 	}
 
-	if pg.Spec.Type != tsv1alpha1.ProxyGroupTypeIngress {
-		msg := fmt.Sprintf("type %q is not served by this operator; only ingress ProxyGroups are", pg.Spec.Type)
-		r.Warning(pg, kit.ReasonProxyGroupInvalid, "%s", msg)
-		scope.fail(kit.ReasonProxyGroupInvalid, msg)
-		return ctrl.Result{}, nil
-	}
-	if pg.Spec.Tailnet != "" {
-		msg := fmt.Sprintf("spec.tailnet %q: joining another tailnet with a Tailnet object's credentials is not served by this operator, "+
-			"which serves its own tailnet only; the group is left as it is", pg.Spec.Tailnet)
-		r.Warning(pg, kit.ReasonProxyGroupInvalid, "%s", msg)
-		scope.fail(kit.ReasonProxyGroupInvalid, msg)
-		return ctrl.Result{}, nil
-	}
-	if n := proxies.Replicas(pg); n > limit {
-		msg := fmt.Sprintf("replicas %d is over this operator's maximum of %d (--max-proxygroup-replicas): each replica is a tailnet "+
-			"device with an auth key of its own; the group is left as it is", n, limit)
+	if msg := groupRefusal(pg, limit); msg != "" {
 		r.Warning(pg, kit.ReasonProxyGroupInvalid, "%s", msg)
 		scope.fail(kit.ReasonProxyGroupInvalid, msg)
 		return ctrl.Result{}, nil
@@ -146,6 +131,22 @@ func (r *ProxyGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		r.Progress(pg, "ready", kit.ReasonProxyGroupReady, "%d/%d replicas up on the tailnet", len(devices), proxies.Replicas(pg))
 	}
 	return ctrl.Result{}, nil
+}
+
+// groupRefusal says why this operator leaves a group as it is, "" when it serves it: a type it
+// does not run, another tailnet, more replicas than limit.
+func groupRefusal(pg *tsv1alpha1.ProxyGroup, limit int) string {
+	switch n := proxies.Replicas(pg); {
+	case pg.Spec.Type != tsv1alpha1.ProxyGroupTypeIngress:
+		return fmt.Sprintf("type %q is not served by this operator; only ingress ProxyGroups are", pg.Spec.Type)
+	case pg.Spec.Tailnet != "":
+		return fmt.Sprintf("spec.tailnet %q: joining another tailnet with a Tailnet object's credentials is not served by this operator, "+
+			"which serves its own tailnet only; the group is left as it is", pg.Spec.Tailnet)
+	case n > limit:
+		return fmt.Sprintf("replicas %d is over this operator's maximum of %d (--max-proxygroup-replicas): each replica is a tailnet "+
+			"device with an auth key of its own; the group is left as it is", n, limit)
+	}
+	return ""
 }
 
 // ensure applies the group's children: RBAC, the ConfigMap, per-replica Secrets and the
