@@ -1,4 +1,5 @@
-// Package v1alpha1 holds the tailscale.com/v1alpha1 API: ProxyClass and ProxyGroup.
+// Package v1alpha1 holds the tailscale.com/v1alpha1 API: ProxyClass, ProxyGroup and
+// ProxyGroupPolicy.
 //
 // +kubebuilder:object:generate=true
 // +groupName=tailscale.com
@@ -29,6 +30,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion,
 		&ProxyClass{}, &ProxyClassList{},
 		&ProxyGroup{}, &ProxyGroupList{},
+		&ProxyGroupPolicy{}, &ProxyGroupPolicyList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

@@ -171,8 +171,22 @@ func (d documents) removeElsewhere(ctx context.Context, svcName, keep string) er
 	return nil
 }
 
-// ResolveGroup finds the ProxyGroup an object names, or a finding saying why it cannot serve.
-func ResolveGroup(ctx context.Context, c client.Client, name string) (*tsv1alpha1.ProxyGroup, *kit.Finding, error) {
+// ResolveGroup finds the ProxyGroup an object of namespace names, or a finding saying why it
+// cannot serve: it does not exist, is not of type ingress, or the namespace's ProxyGroupPolicies
+// do not let its objects use it.
+func ResolveGroup(ctx context.Context, c client.Client, namespace, name string) (*tsv1alpha1.ProxyGroup, *kit.Finding, error) {
+	// The policy first: a namespace kept from a group learns nothing of it.
+	if allowed, limited, err := PermittedGroups(ctx, c, namespace); err != nil {
+		return nil, nil, err
+	} else if limited && !slices.Contains(allowed, name) {
+		f := kit.Blockf(kit.ReasonProxyGroupNotPermitted, "ProxyGroup %q is not among those the ProxyGroupPolicies of namespace %s let its Ingresses and Services use: %s "+
+			"(what the group already served for the object is left as it was)", name, namespace, strings.Join(allowed, ", "))
+		if len(allowed) == 0 {
+			f.Message = fmt.Sprintf("the ProxyGroupPolicies of namespace %s let its Ingresses and Services use no ProxyGroup "+
+				"(what a group already served for the object is left as it was)", namespace)
+		}
+		return nil, &f, nil
+	}
 	pg := &tsv1alpha1.ProxyGroup{}
 	if err := c.Get(ctx, client.ObjectKey{Name: name}, pg); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -615,4 +629,21 @@ func groupOf(o client.Object) string {
 		return l[kit.LabelParentName]
 	}
 	return ""
+}
+
+// +kubebuilder:rbac:groups=tailscale.com,resources=proxygrouppolicies,verbs=get;list;watch
+
+// PermittedGroups lists, sorted, the ProxyGroups the ProxyGroupPolicies of a namespace let its
+// Ingresses and exposed Services use (the union of their spec.ingress); limited is false while
+// the namespace has none, and every group may be used.
+func PermittedGroups(ctx context.Context, c client.Client, namespace string) (allowed []string, limited bool, err error) {
+	policies := &tsv1alpha1.ProxyGroupPolicyList{}
+	if err := c.List(ctx, policies, client.InNamespace(namespace)); err != nil {
+		return nil, false, fmt.Errorf("listing the ProxyGroupPolicies of namespace %s: %w", namespace, err)
+	}
+	for _, p := range policies.Items {
+		allowed = append(allowed, p.Spec.Ingress...)
+	}
+	slices.Sort(allowed)
+	return slices.Compact(allowed), len(policies.Items) > 0, nil
 }

@@ -151,7 +151,7 @@ type HAIngressScope struct {
 
 func (r *HAIngressReconciler) gather(ctx context.Context, s *HAIngressScope) error {
 	var err error
-	if s.Group, s.groupFinding, err = groupstore.ResolveGroup(ctx, r.Client, s.Ing.Annotations[kit.AnnotationProxyGroup]); err != nil {
+	if s.Group, s.groupFinding, err = groupstore.ResolveGroup(ctx, r.Client, s.Ing.Namespace, s.Ing.Annotations[kit.AnnotationProxyGroup]); err != nil {
 		return err
 	}
 	// An invalid hostname is decideIngress's finding; a valid one may be taken.
@@ -351,6 +351,14 @@ func (r *HAIngressReconciler) SetupWithManager(mgr ctrl.Manager, store groupstor
 		WatchesRawSource(r.TLSSecrets.Source(ingressesForTLSSecret(r.Client, r.serves))).
 		WatchesRawSource(r.BackendCAs.Source(ingressesForBackendCA(r.Client, r.serves))).
 		Watches(&corev1.ConfigMap{}, group).
+		Watches(&tsv1alpha1.ProxyGroupPolicy{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			// A change of its namespace's policies may let an Ingress on a group or keep it from it.
+			list := &networkingv1.IngressList{}
+			if err := r.List(ctx, list, client.InNamespace(o.GetNamespace())); err != nil {
+				return nil
+			}
+			return ingressRequests(list.Items, r.serves)
+		})).
 		Complete(r)
 }
 

@@ -88,8 +88,10 @@ const (
 // Objects served by a ProxyGroup, and the TailscaleIngressSvc conditions of such Services (the
 // original operator's names).
 const (
-	ReasonProxyGroupNotFound     = "ProxyGroupNotFound"
-	ReasonProxyGroupWrongType    = "ProxyGroupWrongType"
+	ReasonProxyGroupNotFound  = "ProxyGroupNotFound"
+	ReasonProxyGroupWrongType = "ProxyGroupWrongType"
+	// The namespace's ProxyGroupPolicies do not list the ProxyGroup named.
+	ReasonProxyGroupNotPermitted = "ProxyGroupNotPermitted"
 	ReasonDuplicateHostname      = "DuplicateHostname"
 	ReasonInvalidTailscaleSvc    = "InvalidTailscaleService"
 	ReasonUnsupportedIPFamily    = "UnsupportedIPFamily"

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
@@ -131,7 +132,7 @@ type HAServiceScope struct {
 func (r *HAServiceReconciler) gather(ctx context.Context, svc *corev1.Service, hostname string) (HAServiceScope, error) {
 	s := HAServiceScope{Svc: svc, Hostname: hostname}
 	var err error
-	if s.group, s.GroupFinding, err = groupstore.ResolveGroup(ctx, r.Client, svc.Annotations[kit.AnnotationProxyGroup]); err != nil {
+	if s.group, s.GroupFinding, err = groupstore.ResolveGroup(ctx, r.Client, svc.Namespace, svc.Annotations[kit.AnnotationProxyGroup]); err != nil {
 		return s, err
 	}
 	s.TakenBy, err = r.hostnameTakenBy(ctx, svc, hostname)
@@ -287,5 +288,22 @@ func (r *HAServiceReconciler) SetupWithManager(mgr ctrl.Manager, store groupstor
 		Watches(&tsv1alpha1.ProxyGroup{}, group).
 		Watches(&corev1.Secret{}, group).
 		Watches(&corev1.ConfigMap{}, group).
+		Watches(&tsv1alpha1.ProxyGroupPolicy{}, handler.EnqueueRequestsFromMapFunc(r.servicesOfNamespace)).
 		Complete(r)
+}
+
+// servicesOfNamespace lists the Services served on ProxyGroups in o's namespace: a change of
+// its ProxyGroupPolicies may let them on a group or keep them from it.
+func (r *HAServiceReconciler) servicesOfNamespace(ctx context.Context, o client.Object) []reconcile.Request {
+	list := &corev1.ServiceList{}
+	if err := r.List(ctx, list, client.InNamespace(o.GetNamespace())); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		if r.serves(&list.Items[i]) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+	}
+	return reqs
 }
