@@ -35,6 +35,7 @@ var _ = Describe("Certificates", func() {
 		newBackendService(ns, "web")
 		now := time.Now()
 		certPEM, keyPEM := proxytest.SelfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
+		allowTLSSecrets(ns)
 		Expect(k8s.Create(ctx, tlsSecret(ns, "app-tls", certPEM, keyPEM))).To(Succeed())
 		ing := newIngress(ns, "byo", func(i *networkingv1.Ingress) {
 			i.Spec.TLS = append(i.Spec.TLS, networkingv1.IngressTLS{Hosts: []string{"app.example.com"}, SecretName: "app-tls"})
@@ -101,6 +102,58 @@ var _ = Describe("Certificates", func() {
 		}).Should(Succeed())
 		Expect(k8s.Delete(ctx, ing)).To(Succeed())
 		expectGone(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: testSetup.Namespace, Name: copyName}})
+	})
+
+	It("reads no Secret in a namespace whose owner has not let it, says so, and serves it once allowed", func() {
+		ns := newNamespace()
+		newBackendService(ns, "web")
+		now := time.Now()
+		certPEM, keyPEM := proxytest.SelfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
+		Expect(k8s.Create(ctx, tlsSecret(ns, "app-tls", certPEM, keyPEM))).To(Succeed())
+		ing := newIngress(ns, "byo-denied", func(i *networkingv1.Ingress) {
+			i.Spec.TLS = append(i.Spec.TLS, networkingv1.IngressTLS{Hosts: []string{"app.example.com"}, SecretName: "app-tls"})
+		})
+		copyName := certs.CertCopyName(proxies.ParentOf(proxies.ParentTypeIngress, ing).ProxyName(), ns, "app-tls")
+
+		By("serving the tailnet name alone, with a TLSSecretNotPermitted Warning naming the role to bind")
+		Eventually(func(g Gomega) {
+			g.Expect(ingressEvents(g, ing)).To(ContainElement(kit.ReasonTLSSecretNotPermitted))
+			cfg := proxyConfigOf(g, proxies.ParentTypeIngress, ing)
+			g.Expect(cfg.Hostname).To(Equal("byo-denied"))
+			g.Expect(cfg.Serve.TLS.Certificates).To(BeEmpty())
+		}).Should(Succeed())
+		events := &corev1.EventList{}
+		Expect(k8s.List(ctx, events, client.InNamespace(ns))).To(Succeed())
+		var notes []string
+		for _, e := range events.Items {
+			if e.Reason == kit.ReasonTLSSecretNotPermitted {
+				notes = append(notes, e.Message)
+			}
+		}
+		Expect(notes).To(ContainElement(ContainSubstring(certs.TLSSecretReaderRole)))
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: copyName}, &corev1.Secret{})).NotTo(Succeed())
+
+		By("serving the Secret once the namespace's owner binds the role (the Ingress touched, or within the recheck)")
+		allowTLSSecrets(ns)
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
+		ing.Annotations = map[string]string{"touch": "1"}
+		Expect(k8s.Update(ctx, ing)).To(Succeed())
+		Eventually(func(g Gomega) {
+			cfg := proxyConfigOf(g, proxies.ParentTypeIngress, ing)
+			g.Expect(cfg.Serve.TLS.Certificates).To(Equal([]contract.CertificateRef{{SecretName: copyName, Hosts: []string{"app.example.com"}}}))
+		}).Should(Succeed())
+
+		By("following a renewal there, through the namespace's watch started then")
+		renewedPEM, renewedKey := proxytest.SelfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Minute), now.Add(60*24*time.Hour))
+		s := &corev1.Secret{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "app-tls"}, s)).To(Succeed())
+		s.Data = map[string][]byte{corev1.TLSCertKey: renewedPEM, corev1.TLSPrivateKeyKey: renewedKey}
+		Expect(k8s.Update(ctx, s)).To(Succeed())
+		Eventually(func(g Gomega) []byte {
+			cp := &corev1.Secret{}
+			g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: copyName}, cp)).To(Succeed())
+			return cp.Data[corev1.TLSCertKey]
+		}).Should(Equal(renewedPEM))
 	})
 
 	It("holds issuance when the tailnet's domain has used up the CA's weekly limit, and lifts the hold when the window moves", func() {
@@ -190,6 +243,7 @@ var _ = Describe("Certificates", func() {
 		newBackendService(ns, "web")
 		now := time.Now()
 		certPEM, keyPEM := proxytest.SelfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
+		allowTLSSecrets(ns)
 		Expect(k8s.Create(ctx, tlsSecret(ns, "app-tls", certPEM, keyPEM))).To(Succeed())
 		newIngress(ns, "shared", func(i *networkingv1.Ingress) {
 			i.Annotations = map[string]string{kit.AnnotationProxyGroup: "certs"}

@@ -92,6 +92,7 @@ var _ = Describe("Ingress backends' endpoints", func() {
 		newBackendService(ns, "web")
 		now := time.Now()
 		certPEM, keyPEM := proxytest.SelfSigned(GinkgoT(), []string{"*.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
+		allowTLSSecrets(ns)
 		Expect(k8s.Create(ctx, tlsSecret(ns, "wild-tls", certPEM, keyPEM))).To(Succeed())
 		ing := newIngress(ns, "wild", func(i *networkingv1.Ingress) {
 			i.Spec.TLS = append(i.Spec.TLS, networkingv1.IngressTLS{Hosts: []string{"*.example.com"}, SecretName: "wild-tls"})

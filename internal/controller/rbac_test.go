@@ -24,6 +24,7 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/controller/groupstore"
 	"github.com/tsingress/tsingress/internal/controller/proxies"
+	"github.com/tsingress/tsingress/internal/testing/kubeobj"
 )
 
 // generatedRBAC binds the ClusterRole and the Role of the operator's namespace that
@@ -83,9 +84,28 @@ func bindGeneratedRBAC(user string) (*rest.Config, client.Client, []client.Objec
 	return userCfg, as, made
 }
 
+// operatorUser is the user the suite's operator runs as, bound to the generated RBAC.
+const operatorUser = "tsingress-operator"
+
+// createTLSSecretReaderRole creates the ClusterRole config/rbac installs for namespaces' owners
+// to bind, as it is written there.
+func createTLSSecretReaderRole() {
+	b, err := os.ReadFile(filepath.Join("..", "..", "config", "rbac", "tls_secret_reader_role.yaml"))
+	Expect(err).NotTo(HaveOccurred())
+	role := &rbacv1.ClusterRole{}
+	Expect(yaml.Unmarshal(b, role)).To(Succeed())
+	Expect(k8s.Create(ctx, role)).To(Succeed())
+}
+
+// allowTLSSecrets lets the operator read the TLS Secrets of ns, as a namespace's owner does.
+func allowTLSSecrets(ns string) {
+	Expect(k8s.Create(ctx, kubeobj.TLSSecretReaderBinding(ns,
+		rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: operatorUser}))).To(Succeed())
+}
+
 // The operator's RBAC as make manifests generates it: what it needs and nothing wider.
 var _ = Describe("The operator's generated RBAC", func() {
-	It("reads its own Namespace by name, and lists or watches none", func() {
+	It("reads its own Namespace by name, lists or watches none, and reads no Secret elsewhere", func() {
 		userCfg, as := generatedRBAC("rbac-namespace")
 		Expect(as.Get(ctx, client.ObjectKey{Name: testSetup.Namespace}, &corev1.Namespace{})).To(Succeed())
 		other := newNamespace()
@@ -93,6 +113,12 @@ var _ = Describe("The operator's generated RBAC", func() {
 		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "reading another Namespace: want Forbidden, got %v", err)
 		err = as.List(ctx, &corev1.NamespaceList{})
 		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "listing Namespaces: want Forbidden, got %v", err)
+
+		By("reading no Secret outside its namespace, and listing none cluster-wide")
+		err = as.Get(ctx, client.ObjectKey{Namespace: other, Name: "any"}, &corev1.Secret{})
+		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "reading a Secret of another namespace: want Forbidden, got %v", err)
+		err = as.List(ctx, &corev1.SecretList{})
+		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "listing Secrets: want Forbidden, got %v", err)
 
 		By("claiming a Tailscale Service, which needs the operator's ID (its namespace's UID), through a cache as the manager's")
 		opts := CacheOptions(testSetup)

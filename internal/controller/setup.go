@@ -34,9 +34,10 @@ const recorderName = "tsingress-operator"
 
 // CacheOptions keeps the operator's own children (Secrets, ConfigMaps, Pods, StatefulSets,
 // RBAC) cached for its namespace only: caching every Secret of a large cluster would waste
-// memory. Users' kubernetes.io/tls Secrets and ConfigMaps are seen by name only (kit.NameWatch)
-// and read when an Ingress names them. Ingresses, Services and the CRDs are watched cluster-wide, without
-// what the operator never reads (managed fields, kubectl's last applied configuration).
+// memory. Users' kubernetes.io/tls Secrets (in the namespaces that let the operator read them)
+// and ConfigMaps are seen by name only (kit.NamespaceNameWatch, kit.NameWatch) and read when an
+// Ingress names them. Ingresses, Services and the CRDs are watched cluster-wide, without what
+// the operator never reads (managed fields, kubectl's last applied configuration).
 func CacheOptions(s kit.Settings) cache.Options {
 	own := cache.ByObject{Namespaces: map[string]cache.Config{s.Namespace: {}}}
 	return cache.Options{DefaultTransform: kit.StripUnread, ByObject: map[client.Object]cache.ByObject{
@@ -54,12 +55,12 @@ func CacheOptions(s kit.Settings) cache.Options {
 func Setup(mgr ctrl.Manager, s kit.Settings, tc tailnet.Client) error {
 	rec := mgr.GetEventRecorder(recorderName)
 	c, api := kit.QuietSecrets(mgr.GetClient(), mgr.GetAPIReader())
-	tlsSecrets, err := kit.NewNameWatch(mgr, corev1.SchemeGroupVersion.WithKind("Secret"),
+	tlsSecrets, err := kit.NewNamespaceNameWatch(mgr, corev1.SchemeGroupVersion.WithKind("Secret"),
 		fields.OneTermEqualSelector("type", string(corev1.SecretTypeTLS)))
 	if err != nil {
 		return fmt.Errorf("watching kubernetes.io/tls Secrets: %w", err)
 	}
-	backendCAs, err := kit.NewNameWatch(mgr, corev1.SchemeGroupVersion.WithKind("ConfigMap"), nil)
+	backendCAs, err := kit.NewNameWatch(mgr, corev1.SchemeGroupVersion.WithKind("ConfigMap"))
 	if err != nil {
 		return fmt.Errorf("watching ConfigMaps, for Ingresses' backend CAs: %w", err)
 	}
@@ -89,7 +90,7 @@ func Setup(mgr ctrl.Manager, s kit.Settings, tc tailnet.Client) error {
 		return fmt.Errorf("setting up the ProxyClass controller: %w", err)
 	}
 	p := &proxies.Proxies{Client: c, API: api, Settings: s, Tailnet: tc}
-	certSecrets := certs.CertSecrets{API: api, Now: time.Now}
+	certSecrets := certs.CertSecrets{API: api, Now: time.Now, Watches: tlsSecrets}
 	guard := &certs.CertGuard{Client: c, API: api, Namespace: s.Namespace, Limits: limits, Now: time.Now}
 	if err := (&ingress.IngressReconciler{Client: c, Reporter: m.Reporter(rec, "ingress"), Settings: s, Certs: certSecrets, Guard: guard, TLSSecrets: tlsSecrets, BackendCAs: backendCAs}).SetupWithManager(mgr, p); err != nil {
 		return fmt.Errorf("setting up the Ingress controller: %w", err)

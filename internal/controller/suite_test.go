@@ -78,7 +78,8 @@ var _ = BeforeSuite(func() {
 	// The operator runs as make deploy installs it: a user bound to exactly the generated
 	// ClusterRole and Role, not an admin, so that a permission the code needs and the markers
 	// lack fails here. Its bindings go with the control plane.
-	operatorCfg, _, _ := bindGeneratedRBAC("tsingress-operator")
+	operatorCfg, _, _ := bindGeneratedRBAC(operatorUser)
+	createTLSSecretReaderRole()
 	mgr, err := ctrl.NewManager(operatorCfg, ctrl.Options{
 		Scheme:         scheme,
 		Metrics:        metricsserver.Options{BindAddress: "0"},

@@ -22,10 +22,13 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/testing/kubeobj"
 	"github.com/tsingress/tsingress/test/framework"
 )
 
@@ -48,6 +51,18 @@ var _ = Describe("A standalone Ingress with a bring-your-own certificate", func(
 			}}},
 		}}}
 		suite.Create(ctx, ing)
+		operator := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: "operator", Namespace: suite.opNS}
+		if suite.localBackend == "" {
+			By("refusing to read the Secret until the namespace's owner lets the operator (RBAC as deployed)")
+			expectWarning(ctx, ing, kit.ReasonTLSSecretNotPermitted)
+			suite.Create(ctx, kubeobj.TLSSecretReaderBinding(ns, operator))
+			Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
+			ing.Annotations["e2e/touch"] = "allowed"
+			Expect(suite.K8s.Update(ctx, ing)).To(Succeed())
+		} else {
+			// The local environment's operator runs as an administrator.
+			suite.Create(ctx, kubeobj.TLSSecretReaderBinding(ns, operator))
+		}
 
 		var fqdn string
 		Eventually(ctx, func(g Gomega) {

@@ -116,17 +116,34 @@ type BYOCertificates struct {
 	Refs     []contract.CertificateRef
 	Copies   []*corev1.Secret
 	Findings []kit.Finding
-	// Recheck is when the earliest served certificate expires, to report it then.
+	// Recheck is when the earliest served certificate expires, to report it then, or when to
+	// try again a Secret the operator may not read, whichever is sooner.
 	Recheck time.Duration
 }
 
 // CertSecrets reads users' certificate Secrets through the API, by name: the operator caches
-// no Secret outside its namespace, only sees the kubernetes.io/tls ones change (metadata only,
-// kit.NameWatch), so its memory does not grow with the certificates of the cluster.
+// no Secret outside its namespace, only sees the kubernetes.io/tls ones change (metadata only),
+// so its memory does not grow with the certificates of the cluster. It may read them only in
+// the namespaces whose owners bound TLSSecretReaderRole to it; it watches those it could read.
 type CertSecrets struct {
-	API client.Reader
-	Now func() time.Time
+	API     client.Reader
+	Now     func() time.Time
+	Watches NamespaceWatch
 }
+
+// NamespaceWatch starts and stops the watch of a namespace's TLS Secrets (kit.NamespaceNameWatch).
+type NamespaceWatch interface {
+	Watch(ctx context.Context, namespace string) error
+	Forget(ctx context.Context, namespace string)
+}
+
+// TLSSecretReaderRole is the ClusterRole (config/rbac) a namespace's owner binds to the
+// operator's ServiceAccount there to let its Ingresses bring their own certificates.
+const TLSSecretReaderRole = "tsingress-tls-secret-reader"
+
+// NotPermittedRecheck is how soon an Ingress whose Secret the operator may not read is looked
+// at again without a change: granting the right is a RoleBinding, which the operator does not watch.
+const NotPermittedRecheck = 2 * time.Minute
 
 func (c CertSecrets) get(ctx context.Context, key client.ObjectKey) (*corev1.Secret, error) {
 	s := &corev1.Secret{}
@@ -153,6 +170,23 @@ func (c CertSecrets) Resolve(ctx context.Context, ing *networkingv1.Ingress, pre
 			}
 		}
 		src, err := c.get(ctx, client.ObjectKey{Namespace: ing.Namespace, Name: t.SecretName})
+		if apierrors.IsForbidden(err) {
+			c.Watches.Forget(ctx, ing.Namespace)
+			out.Findings = append(out.Findings, kit.Warnf(kit.ReasonTLSSecretNotPermitted,
+				"the operator may not read Secrets in namespace %s, so TLS Secret %s is not read; %s not served: "+
+					"to allow it, bind ClusterRole %s to the operator's ServiceAccount with a RoleBinding in %s",
+				ing.Namespace, t.SecretName, strings.Join(hosts, ", "), TLSSecretReaderRole, ing.Namespace))
+			if out.Recheck == 0 || NotPermittedRecheck < out.Recheck {
+				out.Recheck = NotPermittedRecheck
+			}
+			continue
+		}
+		if err == nil || apierrors.IsNotFound(err) {
+			// Readable here: see the Secret change, or appear.
+			if werr := c.Watches.Watch(ctx, ing.Namespace); werr != nil {
+				return out, fmt.Errorf("watching the TLS Secrets of namespace %s: %w", ing.Namespace, werr)
+			}
+		}
 		if apierrors.IsNotFound(err) {
 			out.Findings = append(out.Findings, kit.Warnf(kit.ReasonTLSSecretNotFound, "TLS Secret %s/%s does not exist; %s not served",
 				ing.Namespace, t.SecretName, strings.Join(hosts, ", ")))

@@ -169,7 +169,7 @@ func runConformanceCase(t *testing.T, c conformanceCase, ips *loopbackIPs) {
 		}
 	}
 	ws, findings := BuildWebService(ing, in)
-	byo, err := certs.CertSecrets{API: secretsOf(t, c), Now: time.Now}.
+	byo, err := certs.CertSecrets{API: secretsOf(t, c), Now: time.Now, Watches: unwatched{}}.
 		Resolve(t.Context(), ing, "conformance", "tailscale", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -504,3 +504,9 @@ func (r secretReader) Get(_ context.Context, key client.ObjectKey, obj client.Ob
 func (r secretReader) List(context.Context, client.ObjectList, ...client.ListOption) error {
 	return errors.New("not listed")
 }
+
+// unwatched stands for the operator's watch of TLS Secrets, which a single pass does not need.
+type unwatched struct{}
+
+func (unwatched) Watch(context.Context, string) error { return nil }
+func (unwatched) Forget(context.Context, string)      {}

@@ -38,7 +38,8 @@ type HAIngressReconciler struct {
 	Certs    certs.CertSecrets
 	Guard    *certs.CertGuard
 	// TLSSecrets sees users' TLS Secrets change, BackendCAs their ConfigMaps.
-	TLSSecrets, BackendCAs *kit.NameWatch
+	TLSSecrets *kit.NamespaceNameWatch
+	BackendCAs *kit.NameWatch
 	Info                   func(context.Context) tailnet.TailnetInfo
 }
 

@@ -37,7 +37,8 @@ type IngressReconciler struct {
 	Certs    certs.CertSecrets
 	Guard    *certs.CertGuard
 	// TLSSecrets sees users' TLS Secrets change, BackendCAs their ConfigMaps.
-	TLSSecrets, BackendCAs *kit.NameWatch
+	TLSSecrets *kit.NamespaceNameWatch
+	BackendCAs *kit.NameWatch
 }
 
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=ingresses,verbs=get;list;watch;update;patch
@@ -46,8 +47,8 @@ type IngressReconciler struct {
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch
 // The ready endpoints of backend Services, which the proxies balance across.
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
-// Bring-your-own certificates are read from the Ingress's namespace.
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// Bring-your-own certificates are read from the Ingress's namespace, only where its owner bound
+// ClusterRole tsingress-tls-secret-reader (config/rbac) to the operator: no cluster-wide rule.
 // Backend CA bundles are read from the Ingress's namespace (watched by name only).
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",namespace=system,resources=secrets;serviceaccounts,verbs=get;list;watch;create;update;patch;delete

@@ -6,7 +6,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -41,14 +40,13 @@ type NameWatch struct {
 	kind  schema.GroupVersionKind
 }
 
-// NewNameWatch watches kind, the objects fieldSelector selects (nil: all).
-func NewNameWatch(mgr ctrl.Manager, kind schema.GroupVersionKind, fieldSelector fields.Selector) (*NameWatch, error) {
+// NewNameWatch watches every object of kind.
+func NewNameWatch(mgr ctrl.Manager, kind schema.GroupVersionKind) (*NameWatch, error) {
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
-		HTTPClient:           mgr.GetHTTPClient(),
-		Scheme:               mgr.GetScheme(),
-		Mapper:               mgr.GetRESTMapper(),
-		DefaultFieldSelector: fieldSelector,
-		DefaultTransform:     nameOnly,
+		HTTPClient:       mgr.GetHTTPClient(),
+		Scheme:           mgr.GetScheme(),
+		Mapper:           mgr.GetRESTMapper(),
+		DefaultTransform: nameOnly,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("building the cache of %s names: %w", kind.Kind, err)

@@ -59,6 +59,7 @@ const (
 // Certificates, on Events and in an Ingress's status.loadBalancer port errors.
 const (
 	ReasonTLSSecretNotFound         = "TLSSecretNotFound"
+	ReasonTLSSecretNotPermitted     = "TLSSecretNotPermitted"
 	ReasonTLSSecretWrongType        = "TLSSecretWrongType"
 	ReasonTLSSecretInvalid          = "TLSSecretInvalid"
 	ReasonCertificateExpired        = "CertificateExpired"

@@ -5,7 +5,10 @@ package kubeobj
 import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tsingress/tsingress/internal/controller/certs"
 )
 
 // Service is a Service named name in namespace "default" with a ClusterIP and ports.
@@ -34,4 +37,14 @@ func Path(p string, typ networkingv1.PathType, b networkingv1.IngressBackend) ne
 // Rule is an Ingress rule for host ("" for any) with paths.
 func Rule(host string, paths ...networkingv1.HTTPIngressPath) networkingv1.IngressRule {
 	return networkingv1.IngressRule{Host: host, IngressRuleValue: networkingv1.IngressRuleValue{HTTP: &networkingv1.HTTPIngressRuleValue{Paths: paths}}}
+}
+
+// TLSSecretReaderBinding lets subject (the operator) read the TLS Secrets of namespace, as
+// docs/security.md tells a namespace's owner to do for bring-your-own certificates.
+func TLSSecretReaderBinding(namespace string, subject rbacv1.Subject) *rbacv1.RoleBinding {
+	return &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "tsingress-tls-secrets"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: certs.TLSSecretReaderRole},
+		Subjects:   []rbacv1.Subject{subject},
+	}
 }
