@@ -39,6 +39,7 @@ type options struct {
 	leaderElect            bool
 	settings               kit.Settings
 	tags, firewallMode     string
+	funnelNamespaces       string
 	controlPlane           controlPlaneFlags
 	showVersion            bool
 }
@@ -100,6 +101,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, error) {
 		withEnv("Certificates one name may get in any 7 days, renewals included (Let's Encrypt: 5).", "ACME_CERTIFICATES_PER_NAME_PER_WEEK"))
 	fs.IntVar(&o.settings.MaxGroupReplicas, "max-proxygroup-replicas", envInt("OPERATOR_MAX_PROXYGROUP_REPLICAS", kit.DefaultMaxGroupReplicas),
 		withEnv("Most replicas a ProxyGroup may have (each is a tailnet device with an auth key of its own); a group asking for more is refused and left as it is.", "OPERATOR_MAX_PROXYGROUP_REPLICAS"))
+	fs.StringVar(&o.funnelNamespaces, "funnel-namespaces", envOr("OPERATOR_FUNNEL_NAMESPACES", "*"),
+		withEnv("Comma-separated namespaces whose Ingresses may be served to the internet through Funnel; * for every namespace, empty for none.", "OPERATOR_FUNNEL_NAMESPACES"))
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", envOr("OPERATOR_PPROF_BIND_ADDRESS", ""), withEnv("Address of the Go profiler's endpoints (/debug/pprof); empty disables them.", "OPERATOR_PPROF_BIND_ADDRESS"))
 	fs.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")
 	if err := fs.Parse(args); err != nil {
@@ -111,10 +114,26 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, error) {
 		}
 	}
 	o.settings.FirewallMode = contract.FirewallMode(o.firewallMode)
+	o.settings.FunnelNamespaces = funnelNamespaces(o.funnelNamespaces)
 	if o.showVersion {
 		return o, nil
 	}
 	return o, o.settings.Validate()
+}
+
+// funnelNamespaces reads --funnel-namespaces: nil (every namespace) for "*", else the list,
+// empty but not nil when it names none.
+func funnelNamespaces(v string) []string {
+	if strings.TrimSpace(v) == "*" {
+		return nil
+	}
+	out := []string{}
+	for _, ns := range strings.Split(v, ",") {
+		if ns = strings.TrimSpace(ns); ns != "" {
+			out = append(out, ns)
+		}
+	}
+	return out
 }
 
 func usage(fs *flag.FlagSet) {

@@ -53,11 +53,13 @@ func TestEnvironment(t *testing.T) {
 		"PROXY_CA_CONFIGMAP":               func(o *options) string { return o.settings.ProxyCAConfigMap },
 		"PROXY_NO_LOGS_NO_SUPPORT":         func(o *options) string { return boolString(o.settings.ProxyNoLogs) },
 		"OPERATOR_MAX_PROXYGROUP_REPLICAS": func(o *options) string { return strconv.Itoa(o.settings.MaxGroupReplicas) },
+		"OPERATOR_FUNNEL_NAMESPACES":       func(o *options) string { return strings.Join(o.settings.FunnelNamespaces, ",") },
 	}
 	values := map[string]string{
 		"PROXY_TAGS": "tag:a,tag:b", "PROXY_FIREWALL_MODE": "iptables", "OPERATOR_DEFAULT_LOAD_BALANCER": "true",
 		"OPERATOR_LOGIN_SERVER": "https://control.example.com", "ACME_DIRECTORY_URL": "https://ca.example.com/directory",
 		"PROXY_CA_CONFIGMAP": "private-ca", "PROXY_NO_LOGS_NO_SUPPORT": "true", "OPERATOR_MAX_PROXYGROUP_REPLICAS": "7",
+		"OPERATOR_FUNNEL_NAMESPACES": "public,edge",
 	}
 	for _, m := range named {
 		env := string(m[1])
@@ -94,4 +96,22 @@ func boolString(b bool) string {
 		return "true"
 	}
 	return "false"
+}
+
+func TestFunnelNamespaces(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []string
+	}{
+		{"*", nil},
+		{" * ", nil},
+		{"", []string{}},
+		{"public", []string{"public"}},
+		{"public, edge ,", []string{"public", "edge"}},
+	} {
+		got := funnelNamespaces(tc.in)
+		if (got == nil) != (tc.want == nil) || strings.Join(got, ",") != strings.Join(tc.want, ",") {
+			t.Errorf("funnelNamespaces(%q) = %#v, want %#v", tc.in, got, tc.want)
+		}
+	}
 }

@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/proxy"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
+	"github.com/tsingress/tsingress/internal/testing/localtailnet/localtailnettest"
 	"github.com/tsingress/tsingress/internal/testing/poll"
 )
 
@@ -30,7 +33,9 @@ import (
 // goes, the names leave the internet and stay on the tailnet.
 func TestFunnelIngress(t *testing.T) {
 	begin := time.Now()
-	w := startWorldWith(t, localtailnet.Options{ACME: true, Funnel: true, Logf: t.Logf}, contract.FirewallAuto)
+	lt, _ := localtailnettest.Start(t, localtailnet.Options{ACME: true, Funnel: true, Logf: t.Logf})
+	// Namespace "internal" is not let use Funnel: its Ingress asks and stays on the tailnet.
+	w := startCluster(t, lt, contract.FirewallAuto, func(s *kit.Settings) { s.FunnelNamespaces = []string{"public"} })
 	if err := w.lt.ACME.UseInProcess(t.Setenv); err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +51,19 @@ func TestFunnelIngress(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if err := w.k8s.Create(w.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "internal"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.k8s.Create(w.ctx, loopbackService("internal", "web", backend.port())); err != nil {
+		t.Fatal(err)
+	}
+	private := webIngress("internal", "private", "private", map[string]string{kit.AnnotationFunnel: "true"})
+	if err := w.k8s.Create(w.ctx, private); err != nil {
+		t.Fatal(err)
+	}
 	runStandaloneProxy(t, w, client.MatchingLabels{kit.LabelParentName: solo.Name}, proxy.Options{})
+	runStandaloneProxy(t, w, client.MatchingLabels{kit.LabelParentName: private.Name}, proxy.Options{})
+	privateName := "private." + w.lt.Domain
 	replicas := []*haReplica{newHAReplica(t, w, pg, 0, nil, ""), newHAReplica(t, w, pg, 1, nil, "")}
 	for _, r := range replicas {
 		r.start()
@@ -90,6 +107,19 @@ func TestFunnelIngress(t *testing.T) {
 		})
 	}
 	t.Logf("both Ingresses served to the internet %s after the policy granted Funnel", time.Since(granted).Round(time.Millisecond))
+
+	// The namespace the operator keeps off Funnel: said on the Ingress, on the tailnet only,
+	// though the tailnet's policy would let its proxy.
+	poll.Eventually(t, 30*time.Second, "private's port 443 error", func() error {
+		return wantPortError(w, private, privateName, kit.ReasonFunnelNamespaceNotPermitted)
+	})
+	if err := wantEvent(w, private, kit.ReasonFunnelNamespaceNotPermitted, "namespace internal"); err != nil {
+		t.Error(err)
+	}
+	poll.Eventually(t, 30*time.Second, "https://"+privateName+" on the tailnet", func() error { return fetch(onTailnet, privateName, "web /private") })
+	if err := fetch(public, privateName, "web /"); err == nil {
+		t.Errorf("https://%s answers the internet, though its namespace may not use Funnel", privateName)
+	}
 
 	// A replica of the group goes: the relay sends the shared name's connections to the other.
 	replicas[1].stop(t)

@@ -65,6 +65,12 @@ func setFunnelPortError(lb []networkingv1.IngressLoadBalancerIngress, fqdn strin
 	}
 }
 
+// wantsFunnel reports whether an Ingress asks to be served to the internet.
+func wantsFunnel(ing *networkingv1.Ingress) bool {
+	on, err := strconv.ParseBool(ing.Annotations[kit.AnnotationFunnel])
+	return err == nil && on
+}
+
 // setPortError sets the error of port 443 of the entry for hostname.
 func setPortError(lb []networkingv1.IngressLoadBalancerIngress, hostname, reason string) {
 	for i := range lb {

@@ -165,6 +165,7 @@ func (r *HAIngressReconciler) gather(ctx context.Context, s *HAIngressScope) err
 	if s.routes, err = gatherRouteInputs(ctx, r.Client, r.Certs.API, s.Ing, s.domain); err != nil {
 		return err
 	}
+	s.routes.FunnelDenied = !r.Settings.FunnelAllowed(s.Ing.Namespace)
 	if s.Group == nil {
 		return nil
 	}
@@ -196,6 +197,9 @@ func (s *HAIngressScope) loadBalancer(now time.Time) (lb []networkingv1.IngressL
 		return nil, false
 	}
 	lb, served := haIngressLoadBalancer(s.svcName, s.configured, s.cert, s.States, now)
+	if s.routes.FunnelDenied && wantsFunnel(s.Ing) && served {
+		setPortError(lb, s.cert.FQDN, kit.ReasonFunnelNamespaceNotPermitted)
+	}
 	if s.configured.Funnel && served {
 		setFunnelPortError(lb, s.cert.FQDN, s.States)
 	}

@@ -157,6 +157,7 @@ func (r *IngressReconciler) gather(ctx context.Context, s *ingressScope) error {
 	if s.routes, err = gatherRouteInputs(ctx, r.Client, r.Certs.API, s.ing, s.info.Domain); err != nil {
 		return err
 	}
+	s.routes.FunnelDenied = !r.Settings.FunnelAllowed(s.ing.Namespace)
 	par := proxies.ParentOf(proxies.ParentTypeIngress, s.ing)
 	if s.byo, err = r.Certs.Resolve(ctx, s.ing, par.ProxyName(), r.Settings.Namespace, par.Labels()); err != nil {
 		return err
@@ -228,6 +229,9 @@ func (s *ingressScope) loadBalancer(now time.Time) (lb []networkingv1.IngressLoa
 	}
 	if served {
 		lb = append(lb, byoStatus(ws.TLS.Certificates, st.Certificates, now)...)
+		if s.routes.FunnelDenied && wantsFunnel(s.ing) {
+			setPortError(lb, st.HTTPSEndpoint, kit.ReasonFunnelNamespaceNotPermitted)
+		}
 		if ws.Funnel {
 			setFunnelPortError(lb, st.HTTPSEndpoint, []*contract.ProxyState{st})
 		}

@@ -33,6 +33,8 @@ type RouteInputs struct {
 	Domain string
 	// BackendCA is the CA bundle the Ingress names for its backends.
 	BackendCA BackendCA
+	// FunnelDenied is set when the operator's settings keep the Ingress's namespace off Funnel.
+	FunnelDenied bool
 }
 
 // BuildWebService turns an Ingress into routes. Every backend that cannot be served is left
@@ -85,6 +87,10 @@ func BuildWebService(ing *networkingv1.Ingress, in RouteInputs) (contract.WebSer
 	if v, ok := ing.Annotations[kit.AnnotationFunnel]; ok {
 		if on, err := strconv.ParseBool(v); err != nil {
 			findings = append(findings, kit.Warnf(kit.ReasonInvalidAnnotation, "annotation %s=%q is not a boolean; not served over Funnel", kit.AnnotationFunnel, v))
+		} else if on && in.FunnelDenied {
+			findings = append(findings, kit.Warnf(kit.ReasonFunnelNamespaceNotPermitted,
+				"annotation %s: the operator does not let Ingresses of namespace %s be served to the internet (its --funnel-namespaces, "+
+					"OPERATOR_FUNNEL_NAMESPACES, does not list it); served on the tailnet only", kit.AnnotationFunnel, ing.Namespace))
 		} else {
 			ws.Funnel = on
 		}

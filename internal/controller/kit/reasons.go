@@ -35,7 +35,9 @@ const (
 	ReasonHTTPSNotEnabled       = "HTTPSNotEnabled"
 	// Funnel asked for and not on; also the error of port 443 in status.loadBalancer.
 	ReasonFunnelNotPermitted = "FunnelNotPermitted" // the tailnet's policy does not grant the proxies' tags the funnel attribute
-	ReasonFunnelFailed       = "FunnelFailed"       // the proxy could not set Funnel up
+	// the operator's settings keep the object's namespace off Funnel
+	ReasonFunnelNamespaceNotPermitted = "FunnelNamespaceNotPermitted"
+	ReasonFunnelFailed                = "FunnelFailed" // the proxy could not set Funnel up
 )
 
 // Any object with a proxy.

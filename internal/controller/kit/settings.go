@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -58,6 +59,14 @@ type Settings struct {
 	// MaxGroupReplicas bounds a ProxyGroup's replicas, each a tailnet device with an auth key
 	// of its own; zero means DefaultMaxGroupReplicas.
 	MaxGroupReplicas int
+	// FunnelNamespaces lists the namespaces whose objects may be served to the internet through
+	// Funnel; nil means every namespace, empty none.
+	FunnelNamespaces []string
+}
+
+// FunnelAllowed reports whether objects of namespace may turn Funnel on.
+func (s *Settings) FunnelAllowed(namespace string) bool {
+	return s.FunnelNamespaces == nil || slices.Contains(s.FunnelNamespaces, namespace)
 }
 
 // DefaultMaxGroupReplicas is the bound on a ProxyGroup's replicas unless the operator is given
@@ -102,6 +111,11 @@ func (s *Settings) Validate() error {
 	}
 	if s.ProxyCAConfigMap != "" && len(validation.IsDNS1123Subdomain(s.ProxyCAConfigMap)) > 0 {
 		errs = append(errs, fmt.Errorf("proxy CA ConfigMap name %q is not a valid object name", s.ProxyCAConfigMap))
+	}
+	for _, ns := range s.FunnelNamespaces {
+		if len(validation.IsDNS1123Label(ns)) > 0 {
+			errs = append(errs, fmt.Errorf("namespace %q allowed Funnel is not a namespace name", ns))
+		}
 	}
 	if s.MaxGroupReplicas < 0 {
 		errs = append(errs, fmt.Errorf("the maximum of a ProxyGroup's replicas, %d, must not be negative", s.MaxGroupReplicas))
