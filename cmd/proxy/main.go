@@ -53,6 +53,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	configSecret := fs.String("config-secret", os.Getenv("TS_PROXY_CONFIG_SECRET"), "Secret holding the proxy config, read and watched through the Kubernetes API (in-cluster, or KUBECONFIG). Environment: TS_PROXY_CONFIG_SECRET.")
 	configDir := fs.String("config-dir", os.Getenv("TS_PROXY_CONFIG_DIR"), "Directory holding the proxy config, polled for changes; "+defaultConfigDir+" when no config Secret is set. Environment: TS_PROXY_CONFIG_DIR.")
 	groupConfigMap := fs.String("group-configmap", os.Getenv("TS_PROXY_GROUP_CONFIGMAP"), "ConfigMap with a ProxyGroup's Serve and DNAT documents, watched by a proxygroup replica through the Kubernetes API. Environment: TS_PROXY_GROUP_CONFIGMAP.")
+	groupL7Only := fs.Bool("group-l7-only", false, "Run a proxygroup replica without a kernel data path (no TUN device, no DNAT rules), unprivileged: for a group that serves no L3 Service.")
 	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the config and state Secrets; by default the Pod's, or the kubeconfig context's. Environment: POD_NAMESPACE.")
 	healthAddr := fs.String("health-addr", ":9002", "Address of /healthz and /readyz; empty for none.")
 	stateDir := fs.String("state-dir", envOr("TS_PROXY_STATE_DIR", filepath.Join(os.TempDir(), "tsingress-proxy")), "Directory for the tailnet client's files (and its state outside Kubernetes). Environment: TS_PROXY_STATE_DIR.")
@@ -92,6 +93,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		ConfigSecret:   *configSecret,
 		ConfigDir:      *configDir,
 		GroupConfigMap: *groupConfigMap,
+		GroupL7Only:    *groupL7Only,
 		Namespace:      *namespace,
 		PodUID:         os.Getenv("POD_UID"),
 		StateDir:       *stateDir,

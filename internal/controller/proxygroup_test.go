@@ -10,6 +10,7 @@ import (
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -174,6 +175,61 @@ var _ = Describe("ProxyGroup reconciler", func() {
 		Expect(k8s.Delete(ctx, pg)).To(Succeed())
 		expectGone(pg)
 		expectGone(sts)
+	})
+
+	It("runs a group of Ingresses unprivileged, as the restricted Pod Security standard admits, and on the kernel path while a Service is on it", func() {
+		pg := newProxyGroup("l7-group", func(p *tsv1alpha1.ProxyGroup) { p.Spec.Replicas = ptr.To[int32](1) })
+		DeferCleanup(k8s.Delete, ctx, pg)
+		ns := newNamespace()
+		newBackendService(ns, "web")
+		newIngress(ns, "on-l7-group", func(i *networkingv1.Ingress) { i.Annotations = map[string]string{kit.AnnotationProxyGroup: "l7-group"} })
+		restricted := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "restricted-" + ns,
+			Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}}}
+		Expect(k8s.Create(ctx, restricted)).To(Succeed())
+		// The API server's PodSecurity admission judges a Pod of the group's template, created
+		// there as a dry run.
+		admitted := func(sts *appsv1.StatefulSet) error {
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: restricted.Name, Name: "replica"}, Spec: sts.Spec.Template.Spec}
+			return k8s.Create(ctx, pod, client.DryRunAll)
+		}
+		template := func(g Gomega) *appsv1.StatefulSet {
+			sts := &appsv1.StatefulSet{}
+			g.Expect(k8s.Get(ctx, nsKey("l7-group"), sts)).To(Succeed())
+			return sts
+		}
+
+		By("building replicas without root, capabilities, a TUN device or an init container")
+		Eventually(func(g Gomega) {
+			sts := template(g)
+			spec := sts.Spec.Template.Spec
+			g.Expect(spec.InitContainers).To(BeEmpty())
+			g.Expect(spec.Volumes).NotTo(ContainElement(HaveField("HostPath", Not(BeNil()))))
+			c := spec.Containers[0]
+			g.Expect(c.Args).To(ContainElement("--group-l7-only"))
+			g.Expect(c.SecurityContext.Capabilities.Add).To(BeEmpty())
+			g.Expect(c.SecurityContext.ReadOnlyRootFilesystem).To(HaveValue(BeTrue()))
+			g.Expect(spec.SecurityContext.RunAsNonRoot).To(HaveValue(BeTrue()))
+			g.Expect(admitted(sts)).To(Succeed())
+		}).Should(Succeed())
+
+		By("moving onto the kernel path once a Service is put on the group, which restricted refuses")
+		svc := newService(ns, "db", func(s *corev1.Service) { s.Annotations = map[string]string{kit.AnnotationProxyGroup: "l7-group"} })
+		Eventually(func(g Gomega) {
+			sts := template(g)
+			c := sts.Spec.Template.Spec.Containers[0]
+			g.Expect(c.Args).NotTo(ContainElement("--group-l7-only"))
+			g.Expect(c.SecurityContext.Capabilities.Add).To(ContainElement(corev1.Capability("NET_ADMIN")))
+			err := admitted(sts)
+			g.Expect(apierrors.IsForbidden(err)).To(BeTrue(), "a kernel replica in a restricted namespace: want Forbidden, got %v", err)
+		}).Should(Succeed())
+
+		By("back to unprivileged once the Service is taken off")
+		Expect(k8s.Delete(ctx, svc)).To(Succeed())
+		Eventually(func(g Gomega) {
+			sts := template(g)
+			g.Expect(sts.Spec.Template.Spec.Containers[0].Args).To(ContainElement("--group-l7-only"))
+			g.Expect(admitted(sts)).To(Succeed())
+		}).Should(Succeed())
 	})
 
 	It("refuses a type it does not serve", func() {

@@ -96,6 +96,10 @@ type webService struct {
 	funnel     bool               // its server takes the name's Funnel connections
 }
 
+// NoL3Unprivileged is the error of every DNAT mapping of a replica started without a kernel
+// data path: the operator restarts the group's replicas with one once an L3 Service is on it.
+const NoL3Unprivileged = "this replica runs unprivileged, without a kernel data path (its group served no L3 Service when it started); the operator restarts it with one"
+
 func newReplica(c *core, kube kubernetes.Interface) (unit, error) {
 	if c.opts.GroupConfigMap == "" {
 		return nil, errors.New("a proxygroup replica needs the name of its group ConfigMap (--group-configmap)")
@@ -113,6 +117,11 @@ func newReplica(c *core, kube kubernetes.Interface) (unit, error) {
 // prepare sets up the kernel data path. Without one (no NET_ADMIN, say) the replica still
 // serves L7, and reports every DNAT mapping as not installed.
 func (r *replica) prepare(ctx context.Context, node *tsnet.Server) error {
+	if r.opts.GroupL7Only {
+		r.noL3 = NoL3Unprivileged
+		r.log.Info("serving L7 only, without a kernel data path: the group served no L3 Service when this replica started")
+		return nil
+	}
 	d, err := newDNAT(ctx, r.core)
 	if err != nil {
 		r.noL3 = "no kernel data path: " + err.Error()

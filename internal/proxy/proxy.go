@@ -119,6 +119,9 @@ type Options struct {
 	// GroupConfigMap names the ConfigMap with a ProxyGroup's Serve and DNAT documents, which a
 	// proxygroup replica watches through the API.
 	GroupConfigMap string
+	// GroupL7Only runs a proxygroup replica without a kernel data path (no TUN device, no DNAT),
+	// as the operator starts the replicas of a group that serves no L3 Service: unprivileged.
+	GroupL7Only bool
 	// BackendCheckInterval is how often a proxygroup replica checks that each L7 service has a
 	// reachable backend (it advertises only those that do); 10s by default.
 	BackendCheckInterval time.Duration

@@ -40,7 +40,7 @@ type HAIngressReconciler struct {
 	// TLSSecrets sees users' TLS Secrets change, BackendCAs their ConfigMaps.
 	TLSSecrets *kit.NamespaceNameWatch
 	BackendCAs *kit.NameWatch
-	Info                   func(context.Context) tailnet.TailnetInfo
+	Info       func(context.Context) tailnet.TailnetInfo
 }
 
 func (r *HAIngressReconciler) serves(ing *networkingv1.Ingress) bool {

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -187,14 +188,22 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 		objs = append(objs, config, r.secret(g, g.Replicas().StateSecret(i), proxies.SecretTypeState, i, nil))
 		objs = append(objs, r.reportSecrets(g, i, shards)...)
 	}
+	kernel, err := r.servesL3(ctx, pg)
+	if err != nil {
+		return err
+	}
+	args := []string{"--config-secret=$(POD_NAME)-config", "--group-configmap=" + g.ConfigMap()}
+	if !kernel {
+		args = append(args, "--group-l7-only")
+	}
 	pods := proxies.ProxyPods{
 		Name:      g.Name,
 		Namespace: ns,
 		Labels:    g.Labels(),
 		Selector:  g.Labels(),
 		Replicas:  int32(n),
-		Args:      []string{"--config-secret=$(POD_NAME)-config", "--group-configmap=" + g.ConfigMap()},
-		Kernel:    true,
+		Args:      args,
+		Kernel:    kernel,
 		Image:     r.Settings.ProxyImage,
 		CaBundle:  r.Settings.ProxyCAConfigMap,
 		NoLogs:    r.Settings.ProxyNoLogs,
@@ -226,6 +235,18 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 		return err
 	}
 	return proxies.ApplyMetricsObjects(ctx, r.Client, pg, g.Name, ns, g.Labels(), g.Labels(), class)
+}
+
+// servesL3 reports whether a Service is put on the group: its replicas then need the kernel
+// data path (root, NET_ADMIN, a TUN device, forwarding turned on), and a group of Ingresses
+// alone runs unprivileged, as a standalone Ingress's proxy does. The first Service put on a
+// group rolls its replicas onto the kernel path, and the last one taken off rolls them back.
+func (r *ProxyGroupReconciler) servesL3(ctx context.Context, pg *tsv1alpha1.ProxyGroup) (bool, error) {
+	list := &corev1.ServiceList{}
+	if err := r.List(ctx, list, client.MatchingFields{groupstore.IndexServiceGroup: pg.Name}); err != nil {
+		return false, fmt.Errorf("listing the Services on ProxyGroup %s: %w", pg.Name, err)
+	}
+	return len(list.Items) > 0, nil
 }
 
 // childApplies is how many of a group's children are applied at once.
@@ -509,7 +530,33 @@ func (r *ProxyGroupReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&corev1.ConfigMap{}, builder.WithPredicates(r.documentWrites())).
 		Watches(&corev1.Pod{}, toGroup).
 		Watches(&tsv1alpha1.ProxyClass{}, handler.EnqueueRequestsFromMapFunc(r.groupsForProxyClass)).
+		Watches(&corev1.Service{}, servicesOnGroups()).
 		Complete(r)
+}
+
+// servicesOnGroups enqueues the groups a Service is put on or taken off, whose replicas need
+// the kernel data path while one is on (servesL3); its other changes do not matter here.
+func servicesOnGroups() handler.Funcs {
+	enqueue := func(q workqueue.TypedRateLimitingInterface[reconcile.Request], objs ...client.Object) {
+		for _, o := range objs {
+			if name := o.GetAnnotations()[kit.AnnotationProxyGroup]; name != "" {
+				q.Add(reconcile.Request{NamespacedName: client.ObjectKey{Name: name}})
+			}
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(_ context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(q, e.Object)
+		},
+		UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			if e.ObjectOld.GetAnnotations()[kit.AnnotationProxyGroup] != e.ObjectNew.GetAnnotations()[kit.AnnotationProxyGroup] {
+				enqueue(q, e.ObjectOld, e.ObjectNew)
+			}
+		},
+		DeleteFunc: func(_ context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(q, e.Object)
+		},
+	}
 }
 
 // contentWrites drops the writes of a group's Secrets that only the replicas fill when
