@@ -3,6 +3,7 @@ package reliability
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -27,7 +28,9 @@ import (
 // Every proxy runs as a ServiceAccount of its own (a ProxyGroup's replicas share one), bound by
 // the operator to a Role naming the Secrets and ConfigMap that proxy uses. Acting as each of
 // them, the suite tries every other Secret and ConfigMap of the operator's namespace, and
-// Secrets elsewhere: each attempt must be refused, while the proxy's own keep working.
+// Secrets elsewhere: each attempt must be refused, while the proxy's own keep working. What
+// each may do is written here from the documented naming rules (expectedVerbs), apart from the
+// Roles the operator makes, and each Role is compared with it.
 var _ = Describe("Least privilege", Ordered, func() {
 	type proxySA struct {
 		name string
@@ -84,6 +87,11 @@ var _ = Describe("Least privilege", Ordered, func() {
 			// Both groups, the standalone Ingress (with its certificate copy) and Service.
 			g.Expect(accounts).To(HaveLen(4))
 			for _, a := range accounts {
+				for obj, verbs := range a.own {
+					g.Expect(verbs).To(ConsistOf(expectedVerbs(a.name, obj)), "%s's Role grants %v on %s", a.name, verbs, obj)
+				}
+			}
+			for _, a := range accounts {
 				if strings.HasPrefix(a.name, "ts-"+userNS+"-web") {
 					g.Expect(len(a.own)).To(Equal(2), "the Ingress proxy's Secret and its certificate copy")
 				}
@@ -128,7 +136,7 @@ var _ = Describe("Least privilege", Ordered, func() {
 			secrets, cms := cs.CoreV1().Secrets(opNS), cs.CoreV1().ConfigMaps(opNS)
 			for _, obj := range all {
 				res, name, _ := strings.Cut(obj, "/")
-				verbs := sa.own[obj]
+				verbs := expectedVerbs(sa.name, obj)
 				var err error
 				if res == "secrets" {
 					_, err = secrets.Get(ctx, name, metav1.GetOptions{})
@@ -175,10 +183,56 @@ var _ = Describe("Least privilege", Ordered, func() {
 			"Acting as each of %d proxy ServiceAccounts (2 standalone proxies, 2 ProxyGroups of 2 replicas), %d requests for the Secrets "+
 			"and ConfigMaps of the operator's namespace (the operator's OAuth Secret, other proxies' config and state, certificate "+
 			"copies, group ConfigMaps), for listing Secrets, creating one, reading a user's TLS Secret, listing Pods and reading RBAC: "+
-			"%d refused (403), %d allowed, each of them on the proxy's own objects with a verb its Role grants.\n",
+			"%d refused (403), %d allowed, each of them on the proxy's own objects with a verb the documented naming rules expect; every Role matched them.\n",
 			len(accounts), attempts, refused, allowed))
 	})
 })
+
+// groupCertNames are the tailnet names whose certificate Secrets each ProxyGroup of the spec
+// shares: those of the Ingresses on it.
+var groupCertNames = map[string][]string{"priv-a": {"priv-ha"}, "priv-b": nil}
+
+// expectedVerbs is what a proxy's ServiceAccount may do to an object ("secrets/name") of the
+// operator's namespace, written from the naming rules of docs/ha.md and docs/security.md, not
+// read from the Roles the operator makes: a Role that grants anything else (the operator's OAuth
+// Secret, another proxy's) fails the spec, and so does one that grants a proxy too little.
+func expectedVerbs(sa, obj string) []string {
+	read, write := []string{"get", "list", "watch"}, []string{"get", "list", "watch", "patch"}
+	q := regexp.QuoteMeta(sa)
+	rules := []struct {
+		pattern string
+		verbs   []string
+	}{
+		// A standalone proxy's own Secret, config and state in one; its certificate copies.
+		{`secrets/` + q + `-0`, write},
+		{`secrets/` + q + `-byo-[0-9a-f]{10}`, read},
+	}
+	if names, group := groupCertNames[sa]; group {
+		rules = []struct {
+			pattern string
+			verbs   []string
+		}{
+			// The group's ConfigMap and its shards; each replica's config, state and report
+			// shards; the copies of its Ingresses' own certificates.
+			{`configmaps/` + q + `-ingress-config(-[0-9]+)?`, read},
+			{`secrets/` + q + `-[0-9]+(-config|-report[0-9]+)?`, write},
+			{`secrets/` + q + `-byo-[0-9a-f]{10}`, read},
+		}
+		for _, n := range names {
+			// The shared certificate of each of its tailnet names, which replica 0 writes.
+			rules = append(rules, struct {
+				pattern string
+				verbs   []string
+			}{`secrets/` + regexp.QuoteMeta(n) + `\.[a-z0-9.-]+`, []string{"get", "list", "watch", "update", "patch"}})
+		}
+	}
+	for _, r := range rules {
+		if regexp.MustCompile(`^` + r.pattern + `$`).MatchString(obj) {
+			return r.verbs
+		}
+	}
+	return nil
+}
 
 // impersonate acts as a ServiceAccount of the operator's namespace, with the groups the API
 // server gives ServiceAccounts.
