@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Makes sure the base images of Dockerfile.operator and Dockerfile.proxy (and of the offline kind node's
-# images) are present: pulled where a registry answers, otherwise made here as stand-ins under the same
-# names from Debian's archive (debootstrap) and the local Go toolchain:
-#   golang:1.26-bookworm                                 Debian + this machine's Go
-#   gcr.io/distroless/static-debian12:nonroot            CA certificates, passwd with nonroot (65532), /tmp
-#   registry.k8s.io/build-image/distroless-iptables:...  Debian with iptables (legacy and nft), nftables, conntrack
+# Makes sure the base images of Dockerfile.operator and Dockerfile.proxy (and of the offline kind
+# node's images) are here: the official images, pinned by digest (hack/lib.sh base_image), pulled
+# where a registry answers; otherwise local stand-ins made from Debian's archive (debootstrap) and
+# the local Go toolchain, under local names (tsingress.local/standin/..., never an official name):
+#   golang               Debian + this machine's Go
+#   distroless-static    CA certificates, passwd with nonroot (65532), /tmp
+#   distroless-iptables  Debian with iptables (legacy and nft), nftables, conntrack
+# hack/docker-build.sh passes whichever is here to the Dockerfiles as build arguments.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/hack/lib.sh"
@@ -12,12 +14,18 @@ source "$root/hack/lib.sh"
 present() { docker image inspect "$1" >/dev/null 2>&1; }
 pulled() { timeout 120 docker pull -q "$1" >/dev/null 2>&1; }
 
-iptables_image=$(base_image distroless-iptables)
-static_image=$(base_image distroless-static)
-golang_image=$(base_image golang)
+# Stand-ins that earlier versions of this script made under the official tags: an imported image
+# has no registry digest. Untagged, so that nothing mistakes them for the real images.
+for old in golang:1.26-bookworm gcr.io/distroless/static-debian12:nonroot registry.k8s.io/build-image/distroless-iptables:v0.8.6; do
+  if present "$old" && [ "$(docker image inspect -f '{{len .RepoDigests}}' "$old")" = 0 ]; then
+    docker rmi "$old" >/dev/null
+  fi
+done
+
 missing=()
-for img in "$iptables_image" "$static_image" "$golang_image"; do
-  present "$img" || pulled "$img" || missing+=("$img")
+for role in distroless-iptables distroless-static golang; do
+  img=$(base_image "$role")
+  present "$img" || present "$(standin_image "$role")" || pulled "$img" || missing+=("$role")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
@@ -31,12 +39,13 @@ printf 'nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >> "$work/d
 printf 'nonroot:x:65532:\n' >> "$work/debian/etc/group"
 mkdir -p "$work/debian/home/nonroot" && chown 65532:65532 "$work/debian/home/nonroot"
 
-for img in "${missing[@]}"; do
-  case $img in
-  "$iptables_image")
+for role in "${missing[@]}"; do
+  img=$(standin_image "$role")
+  case $role in
+  distroless-iptables)
     tar -C "$work/debian" --numeric-owner -c . | docker import \
       --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$img" >/dev/null ;;
-  "$static_image")
+  distroless-static)
     # Only what distroless/static holds: users, CA certificates, /tmp; no shell, no libc.
     s=$work/static
     mkdir -p "$s/etc/ssl/certs" "$s/tmp" "$s/home/nonroot" "$s/usr/local/bin" "$s/root"
@@ -49,7 +58,7 @@ for img in "${missing[@]}"; do
     tar -C "$s" --numeric-owner -c . | docker import \
       --change 'USER 65532:65532' --change 'WORKDIR /home/nonroot' \
       --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$img" >/dev/null ;;
-  "$golang_image")
+  golang)
     goroot=$(go env GOROOT)
     mkdir -p "$work/debian/usr/local" "$work/debian/go"
     cp -a "$goroot" "$work/debian/usr/local/go"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the operator and proxy images from Dockerfile.operator and Dockerfile.proxy, as users build
 # them online, on a machine whose only registries are Debian's archive and the Go module proxy: base
-# images come from hack/base-images.sh, and Go modules from this machine's module cache, served to
+# images come from hack/base-images.sh (the official ones pinned by digest, or local stand-ins,
+# passed as the GO_IMAGE and BASE_IMAGE build arguments), and Go modules from this machine's module cache, served to
 # the build as its GOPROXY. Usage: docker-build.sh OPERATOR_IMAGE PROXY_IMAGE VERSION
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,10 +29,16 @@ for _ in $(seq 50); do [ -s "$work/port" ] && break; sleep 0.1; done
 goproxy=http://$gateway:$(cat "$work/port")
 
 builder=$(docker_builder)
+go_image=$(resolved_base golang)
 for pair in "operator:$operator_image" "proxy:$proxy_image"; do
   component=${pair%%:*} image=${pair#*:}
-  stage "building $image from Dockerfile.$component"
+  case $component in
+  operator) base=$(resolved_base distroless-static) ;;
+  proxy) base=$(resolved_base distroless-iptables) ;;
+  esac
+  stage "building $image from Dockerfile.$component on $base"
   DOCKER_BUILDKIT=1 "$builder" build --build-arg VERSION="$version" --build-arg GOPROXY="$goproxy" \
+    --build-arg GO_IMAGE="$go_image" --build-arg BASE_IMAGE="$base" \
     -f "Dockerfile.$component" -t "$image" . >"$work/build.log" 2>&1 || { cat "$work/build.log"; die "building $image failed"; }
   done_stage
   echo "    $image: $(docker image inspect -f '{{.Size}}' "$image" | awk '{printf "%.1f MB", $1/1e6}')" >&2

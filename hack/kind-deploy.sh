@@ -22,25 +22,32 @@ kind=$root/bin/kind
 
 "$root/hack/docker-build.sh" "$img_operator" "$img_proxy" "${VERSION:-dev}"
 
-# The backend the specs run: agnhost, from the registry where it answers, else built from the
-# Kubernetes sources this cluster runs.
+# The backend the specs run: agnhost, from the registry where it answers, else built here from the
+# Kubernetes sources this cluster runs, under a local name (an official name is never given to an
+# image built here; one an earlier version of this script made is untagged).
 backend_image=${E2E_BACKEND_IMAGE:-registry.k8s.io/e2e-test-images/agnhost:2.53}
-if ! docker image inspect "$backend_image" >/dev/null 2>&1 && ! timeout 120 docker pull -q "$backend_image" >/dev/null 2>&1; then
-  tools=$root/hack/envtest-tools
-  agnhost_version=$(cat "$(cd "$tools" && go list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)/VERSION")
-  backend_image=registry.k8s.io/e2e-test-images/agnhost:$agnhost_version
-  if ! docker image inspect "$backend_image" >/dev/null 2>&1; then
-    stage "building $backend_image from source"
-    work=$(mktemp -d)
-    (cd "$tools" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/agnhost" k8s.io/kubernetes/test/images/agnhost)
-    docker rm -f tsingress-agnhost-build >/dev/null 2>&1 || true
-    docker create --name tsingress-agnhost-build "$(base_image distroless-iptables)" /nothing >/dev/null
-    docker cp "$work/agnhost" tsingress-agnhost-build:/agnhost
-    docker commit --change 'ENTRYPOINT ["/agnhost"]' tsingress-agnhost-build "$backend_image" >/dev/null
-    docker rm -f tsingress-agnhost-build >/dev/null
-    rm -rf "$work"
-    done_stage
-  fi
+if docker image inspect "$backend_image" >/dev/null 2>&1 && [ "$(docker image inspect -f '{{len .RepoDigests}}' "$backend_image")" = 0 ]; then
+  docker rmi "$backend_image" >/dev/null
+fi
+tools=$root/hack/envtest-tools
+agnhost_version=$(cat "$(cd "$tools" && go list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)/VERSION")
+local_backend=tsingress.local/agnhost:$agnhost_version
+if docker image inspect "$backend_image" >/dev/null 2>&1; then
+  :
+elif docker image inspect "$local_backend" >/dev/null 2>&1; then
+  backend_image=$local_backend
+elif ! timeout 120 docker pull -q "$backend_image" >/dev/null 2>&1; then
+  backend_image=$local_backend
+  stage "building $backend_image from source"
+  work=$(mktemp -d)
+  (cd "$tools" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/agnhost" k8s.io/kubernetes/test/images/agnhost)
+  docker rm -f tsingress-agnhost-build >/dev/null 2>&1 || true
+  docker create --name tsingress-agnhost-build "$(resolved_base distroless-iptables)" /nothing >/dev/null
+  docker cp "$work/agnhost" tsingress-agnhost-build:/agnhost
+  docker commit --change 'ENTRYPOINT ["/agnhost"]' tsingress-agnhost-build "$backend_image" >/dev/null
+  docker rm -f tsingress-agnhost-build >/dev/null
+  rm -rf "$work"
+  done_stage
 fi
 export E2E_BACKEND_IMAGE=$backend_image
 

@@ -58,15 +58,32 @@ debian_rootfs() {
   echo "$tarball"
 }
 
-# base_image ROLE: the image name the Dockerfiles and the node image use for ROLE (hack/base-images.sh
-# makes a local stand-in under this name where it cannot be pulled).
+# base_image ROLE: the official image, pinned by digest, that the Dockerfiles name for ROLE (their
+# GO_IMAGE and BASE_IMAGE build arguments default to these).
 base_image() {
   case $1 in
-  golang) echo "golang:1.26-bookworm" ;;
-  distroless-static) echo "gcr.io/distroless/static-debian12:nonroot" ;;
-  distroless-iptables) echo "registry.k8s.io/build-image/distroless-iptables:v0.8.6" ;;
+  golang) echo "golang:1.26-bookworm@sha256:b305420a68d0f229d91eb3b3ed9e519fcf2cf5461da4bef997bf927e8c0bfd2b" ;;
+  distroless-static) echo "gcr.io/distroless/static-debian12:nonroot@sha256:afa5c872c891853ca7fcf1f12c3edb23f7eeef36189728842dd51042ff57f7ab" ;;
+  distroless-iptables) echo "registry.k8s.io/build-image/distroless-iptables:v0.8.6@sha256:4e0a77d0973618ce2a76e65fa2dc97694eb690ac8baf69cefe6e20f17957d9dd" ;;
   *) die "unknown base image role $1" ;;
   esac
+}
+
+# standin_image ROLE: the local name of the stand-in hack/base-images.sh makes for ROLE where no
+# registry answers: under tsingress.local/, never an official image's name.
+standin_image() {
+  case $1 in
+  golang | distroless-static | distroless-iptables) echo "tsingress.local/standin/$1:1" ;;
+  *) die "unknown base image role $1" ;;
+  esac
+}
+
+# resolved_base ROLE: the image to build on for ROLE: the official one where it is here (pulled),
+# else the stand-in.
+resolved_base() {
+  local official
+  official=$(base_image "$1")
+  if docker image inspect "$official" >/dev/null 2>&1; then echo "$official"; else standin_image "$1"; fi
 }
 
 # docker_builder prints a Docker client that builds with BuildKit: docker with its buildx plugin, or

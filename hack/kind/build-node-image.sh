@@ -75,9 +75,11 @@ image() {
   docker commit "$@" tsingress-image-build "$name" >/dev/null
   docker rm -f tsingress-image-build >/dev/null
   docker save "$name" > "$images/$(echo "$name" | tr '/:' '__').tar"
+  # Kubeadm asks for these names inside the node; the machine keeps no image under them.
+  docker rmi "$name" >/dev/null
 }
-static_base=$(base_image distroless-static)
-iptables_base=$(base_image distroless-iptables)
+static_base=$(resolved_base distroless-static)
+iptables_base=$(resolved_base distroless-iptables)
 path_env='ENV PATH=/usr/local/bin:/usr/local/sbin:/usr/bin:/usr/sbin:/bin:/sbin'
 for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
   image "registry.k8s.io/$cmd:$k8s_version" "$static_base" /usr/local/bin/ "$bin/$cmd" \

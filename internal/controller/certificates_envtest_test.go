@@ -158,10 +158,10 @@ var _ = Describe("Certificates", func() {
 
 	It("holds issuance when the tailnet's domain has used up the CA's weekly limit, and lifts the hold when the window moves", func() {
 		const domain = "guard1.example"
-		// 50 new certificates for other names of the domain, the oldest two days ago.
+		// As many new certificates for other names of the domain as the limit, the oldest two days ago.
 		start := time.Now().Add(-48 * time.Hour)
 		full := &acmebudget.Ledger{}
-		for i := range 50 {
+		for i := range testSetup.CertificateLimits.PerDomain {
 			full.Entries = append(full.Entries, acmebudget.Entry{Name: fmt.Sprintf("n%d.%s", i, domain),
 				At: start.Add(time.Duration(i) * time.Minute), Serial: fmt.Sprintf("s%d", i)})
 		}

@@ -173,6 +173,7 @@ var _ = Describe("Ingresses and Services on a ProxyGroup", Ordered, func() {
 		svc := newService(ns, "ha-db", func(s *corev1.Service) {
 			s.Annotations = map[string]string{kit.AnnotationProxyGroup: "ha"}
 		})
+		awaitKernelReplicas("ha", 2)
 		var mapping contract.DNATService
 		Eventually(func(g Gomega) {
 			_, dnat := groupDocuments(g, "ha")

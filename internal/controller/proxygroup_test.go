@@ -87,6 +87,23 @@ func reportReplicaSharded(pg string, i int, st contract.ProxyState, count int) {
 	}
 }
 
+// awaitKernelReplicas waits until the n replicas of group pg run on the kernel path, which the
+// first Service put on a group rolls them onto, so that what a spec reports is for those Pods.
+func awaitKernelReplicas(pg string, n int) {
+	GinkgoHelper()
+	Eventually(func(g Gomega) {
+		sts := &appsv1.StatefulSet{}
+		g.Expect(k8s.Get(ctx, nsKey(pg), sts)).To(Succeed())
+		args := sts.Spec.Template.Spec.Containers[0].Args
+		g.Expect(args).NotTo(ContainElement("--group-l7-only"))
+		for i := range n {
+			pod := &corev1.Pod{}
+			g.Expect(k8s.Get(ctx, nsKey(fmt.Sprintf("%s-%d", pg, i)), pod)).To(Succeed())
+			g.Expect(pod.Spec.Containers[0].Args).To(Equal(args), "replica %d rolled", i)
+		}
+	}, "1m").Should(Succeed())
+}
+
 func groupCondition(name, typ string) func(g Gomega) *metav1.Condition {
 	return func(g Gomega) *metav1.Condition {
 		pg := &tsv1alpha1.ProxyGroup{}

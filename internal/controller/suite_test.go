@@ -20,6 +20,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
+	"github.com/tsingress/tsingress/internal/acmebudget"
 	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/localtailnet"
@@ -45,6 +46,9 @@ var (
 		FirewallMode:     "auto",
 		// Small, so that a group of some dozens of objects spreads over several ConfigMaps.
 		GroupShardBytes: 16 << 10,
+		// Let's Encrypt's limits but for the domain's: the suite's Ingresses share the domain
+		// tailnet.test, and are more than 50.
+		CertificateLimits: acmebudget.Limits{PerDomain: 200, PerName: acmebudget.LetsEncrypt.PerName, Window: acmebudget.LetsEncrypt.Window},
 	}
 )
 

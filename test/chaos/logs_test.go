@@ -25,7 +25,6 @@ import (
 	. "github.com/onsi/gomega"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -257,18 +256,9 @@ func searchCredentials(ctx context.Context) {
 	journal, err := nodeExec(ctx, "journalctl", "--no-pager", "-o", "cat", "-u", "kubelet", "-u", "containerd")
 	Expect(err).NotTo(HaveOccurred(), "the node's journal")
 	haystacks["the kubelet's and containerd's journal"] = []byte(journal)
-	var events bytes.Buffer
-	coreEvents := &corev1.EventList{}
-	Expect(suite.K8s.List(ctx, coreEvents)).To(Succeed())
-	for _, e := range coreEvents.Items {
-		fmt.Fprintf(&events, "%s %s %s %s\n", e.Reason, e.Message, e.Source.Component, e.ReportingController)
-	}
-	newEvents := &eventsv1.EventList{}
-	Expect(suite.K8s.List(ctx, newEvents)).To(Succeed())
-	for _, e := range newEvents.Items {
-		fmt.Fprintf(&events, "%s %s %s\n", e.Reason, e.Note, e.ReportingController)
-	}
-	haystacks["the Events"] = events.Bytes()
+	events, eventCount, err := credsearch.Events(ctx, suite.K8s)
+	Expect(err).NotTo(HaveOccurred())
+	haystacks[credsearch.InEvents] = events
 	objects, err := credsearch.Objects(ctx, suite.K8s)
 	Expect(err).NotTo(HaveOccurred())
 	maps.Copy(haystacks, objects)
@@ -287,9 +277,9 @@ func searchCredentials(ctx context.Context) {
 		"alignment (%d forms): the OAuth client secret, every auth key and client secret by their tskey- prefix, %d private keys "+
 		"(PEM: TLS and ACME account keys) and %d node private keys collected from the proxies' Secrets during the run. A "+
 		"credential planted first, in an annotation and base64 in an Event, was found %d times. Hits: %d.\n",
-		containers, float64(len(journal))/(1<<20), len(coreEvents.Items)+len(newEvents.Items), float64(size)/(1<<20),
+		containers, float64(len(journal))/(1<<20), eventCount, float64(size)/(1<<20),
 		len(l.credentials)+3, needles.Len(), kinds["a private key (PEM)"], kinds["a node private key"], len(plantedHits), len(hits))
-	Expect(plantedHits).To(ContainElements(ContainSubstring("in the Events"), ContainSubstring("in "+credsearch.InAnnotations)),
+	Expect(plantedHits).To(ContainElements(ContainSubstring("in "+credsearch.InEvents), ContainSubstring("in "+credsearch.InAnnotations)),
 		"the planted credential: the search must find what it looks for")
 	Expect(containers).To(BeNumerically(">", 3), "container logs collected")
 	Expect(kinds["a node private key"]).To(BeNumerically(">", 0), "node keys collected: the search must know what to look for")

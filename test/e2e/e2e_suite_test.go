@@ -22,6 +22,7 @@ package e2e
 import (
 	"context"
 	"crypto/x509"
+	"maps"
 	"os"
 	"testing"
 	"time"
@@ -29,6 +30,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/tsingress/tsingress/internal/testing/credsearch"
 	"github.com/tsingress/tsingress/test/framework"
 )
 
@@ -78,17 +80,53 @@ var _ = AfterSuite(func(ctx SpecContext) {
 		return
 	}
 	suite.Leave(ctx)
-	// Credentials never reach logs.
-	for _, f := range []string{suite.operatorLog, suite.proxyLog} {
-		if f == "" {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(string(b)).NotTo(ContainSubstring("tskey-"), "an auth key or client secret in %s", f)
-		Expect(string(b)).NotTo(ContainSubstring(suite.oauthSecret), "the OAuth client secret in %s", f)
-	}
+	searchCredentials(ctx)
 })
+
+// searchCredentials looks for the tailnet's OAuth client secret and every auth key or client
+// secret (tskey-), as written and base64 at every alignment, in the operator's and the proxies'
+// logs (the files of a local environment, or what the kubelet keeps of the operator namespace's
+// containers), every Event, every Pod's spec and the status and annotations of every object the
+// operator reads or writes. A credential planted first must be found.
+func searchCredentials(ctx context.Context) {
+	GinkgoHelper()
+	planted, made, err := credsearch.Plant(ctx, suite.K8s, suite.opNS)
+	Expect(err).NotTo(HaveOccurred())
+	needles := credsearch.New()
+	needles.Add("tskey-", "an auth key or OAuth client secret (tskey-)")
+	needles.Add(suite.oauthSecret, "the tailnet's OAuth client secret")
+	needles.Add(planted, credsearch.Planted)
+	haystacks := map[string][]byte{}
+	for _, f := range []string{suite.operatorLog, suite.proxyLog} {
+		if f != "" {
+			b, err := os.ReadFile(f)
+			Expect(err).NotTo(HaveOccurred())
+			haystacks[f] = b
+		}
+	}
+	if len(haystacks) == 0 {
+		logs, err := credsearch.PodLogs(ctx, suite.Clientset, suite.opNS)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(logs).NotTo(BeEmpty(), "container logs of %s", suite.opNS)
+		maps.Copy(haystacks, logs)
+	}
+	logs := len(haystacks)
+	events, count, err := credsearch.Events(ctx, suite.K8s)
+	Expect(err).NotTo(HaveOccurred())
+	haystacks[credsearch.InEvents] = events
+	objects, err := credsearch.Objects(ctx, suite.K8s)
+	Expect(err).NotTo(HaveOccurred())
+	maps.Copy(haystacks, objects)
+	plantedHits, hits := credsearch.SplitPlanted(needles.Search(haystacks))
+	for _, obj := range made {
+		Expect(suite.K8s.Delete(ctx, obj)).To(Succeed(), "removing what was planted")
+	}
+	GinkgoWriter.Printf("credential search: %d logs, %d Events and the objects searched; the planted credential found %d times; %d hits\n",
+		logs, count, len(plantedHits), len(hits))
+	Expect(plantedHits).To(ContainElements(ContainSubstring("in "+credsearch.InEvents), ContainSubstring("in "+credsearch.InAnnotations)),
+		"the planted credential: the search must find what it looks for")
+	Expect(hits).To(BeEmpty(), "credentials found")
+}
 
 // On failure: the Events and Pods (as kubectl describe shows their state) of the spec's namespace
 // and of the operator's, and the operator's and the proxies' logs.

@@ -125,6 +125,9 @@ func (p *podRunner) start(ctx context.Context, pod *corev1.Pod) {
 		if v, ok := strings.CutPrefix(a, "--group-configmap="); ok {
 			opts.GroupConfigMap = v
 		}
+		if a == "--group-l7-only" {
+			opts.GroupL7Only = true
+		}
 	}
 	if why := p.needsOwnProcess(ctx, pod.Namespace, opts.ConfigSecret); why != "" {
 		p.print("  ! proxy Pod %s is not run: %s\n", pod.Name, why)

@@ -1,20 +1,24 @@
 package credsearch
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
@@ -100,4 +104,53 @@ func Plant(ctx context.Context, c client.Client, ns string) (string, []client.Ob
 		return "", []client.Object{cm}, fmt.Errorf("planting a credential in an Event: %w", err)
 	}
 	return secret, []client.Object{cm, ev}, nil
+}
+
+// InEvents names the haystack Events returns.
+const InEvents = "the Events"
+
+// Events collects the reason, message and reporter of every Event of the cluster, of both APIs,
+// and returns how many there were.
+func Events(ctx context.Context, c client.Client) ([]byte, int, error) {
+	var out bytes.Buffer
+	core := &corev1.EventList{}
+	if err := c.List(ctx, core); err != nil {
+		return nil, 0, fmt.Errorf("listing core Events: %w", err)
+	}
+	for _, e := range core.Items {
+		fmt.Fprintf(&out, "%s %s %s %s\n", e.Reason, e.Message, e.Source.Component, e.ReportingController)
+	}
+	events := &eventsv1.EventList{}
+	if err := c.List(ctx, events); err != nil {
+		return nil, 0, fmt.Errorf("listing events.k8s.io Events: %w", err)
+	}
+	for _, e := range events.Items {
+		fmt.Fprintf(&out, "%s %s %s\n", e.Reason, e.Note, e.ReportingController)
+	}
+	return out.Bytes(), len(core.Items) + len(events.Items), nil
+}
+
+// PodLogs reads the logs the kubelet keeps of every container of the Pods of namespace: the
+// current run's and, for a container that restarted, the previous one's.
+func PodLogs(ctx context.Context, cs kubernetes.Interface, namespace string) (map[string][]byte, error) {
+	pods, err := cs.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing the Pods of %s: %w", namespace, err)
+	}
+	out := map[string][]byte{}
+	for _, pod := range pods.Items {
+		for _, st := range append(slices.Clone(pod.Status.InitContainerStatuses), pod.Status.ContainerStatuses...) {
+			for _, previous := range []bool{false, true} {
+				if previous && st.RestartCount == 0 {
+					continue
+				}
+				b, err := cs.CoreV1().Pods(namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: st.Name, Previous: previous}).DoRaw(ctx)
+				if err != nil {
+					continue // a container that has not started has no log
+				}
+				out[fmt.Sprintf("the log of %s/%s container %s (previous %v)", namespace, pod.Name, st.Name, previous)] = b
+			}
+		}
+	}
+	return out, nil
 }
