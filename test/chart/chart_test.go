@@ -5,6 +5,7 @@ package chart
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -76,7 +77,7 @@ func decode(t *testing.T, manifests string) map[string]object {
 	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(manifests), 4096)
 	for {
 		var o object
-		if err := dec.Decode(&o); err == io.EOF {
+		if err := dec.Decode(&o); errors.Is(err, io.EOF) {
 			break
 		} else if err != nil {
 			t.Fatalf("decoding manifests: %v", err)
