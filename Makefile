@@ -20,7 +20,7 @@ all: build
 ##@ General
 
 # Variables that help shows by their values.
-HELP_VARS = OVERLAY KIND_CLUSTER CHAOS_CLUSTER FUZZTIME GATEWAY_API_CRDS
+HELP_VARS = OVERLAY INSTALL KIND_CLUSTER CHAOS_CLUSTER FUZZTIME GATEWAY_API_CRDS
 
 .PHONY: help
 help: ## Show this help.
@@ -29,8 +29,9 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: manifests
-manifests: controller-gen gateway-api-crds ## Generate CRDs and RBAC from kubebuilder markers.
+manifests: controller-gen gateway-api-crds kustomize ## Generate CRDs and RBAC from kubebuilder markers, and the chart's copies of them.
 	$(CONTROLLER_GEN) rbac:roleName=tsingress-manager crd paths="./..." output:crd:artifacts:config=config/crd/bases
+	hack/chart-files.sh $(KUSTOMIZE)
 
 # Where the Gateway API CRDs for tests go; users install their own, make deploy installs none.
 GATEWAY_API_CRDS ?= config/gateway-api
@@ -60,8 +61,8 @@ vet: ## Run go vet.
 	go vet ./...
 
 .PHONY: test
-test: manifests generate vet envtest headscale ## Run every test: unit, envtest and integration (real apiserver, tailnet, Headscale, kernel).
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" HEADSCALE_BIN="$(HEADSCALE)" KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=120s \
+test: manifests generate vet envtest headscale helm ## Run every test: unit, envtest and integration (real apiserver, tailnet, Headscale, kernel), the chart against make deploy's manifests.
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" HEADSCALE_BIN="$(HEADSCALE)" HELM_BIN="$(HELM)" KUSTOMIZE_BIN="$(KUSTOMIZE)" KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=120s \
 		go test ./... -coverprofile cover.out -timeout 20m
 
 # Flags for the benchmark, e.g. BENCH_ARGS='-n 100,1000 -baseline /path/to/an/older/operator'.
@@ -78,7 +79,7 @@ lint: golangci-lint ## Run golangci-lint with .golangci.yml over every package, 
 .PHONY: verify
 verify: manifests generate ## Fail when generated files are out of date, a tracked file is a built binary or over 1 MiB (hack/check-tree.sh), or make lint finds anything.
 	@failed=(); \
-	git diff --exit-code -- api config || { echo "generated files are stale: run make manifests generate"; failed+=(generated); }; \
+	git diff --exit-code -- api config charts || { echo "generated files are stale: run make manifests generate"; failed+=(generated); }; \
 	hack/check-tree.sh || failed+=(tree); \
 	$(MAKE) --no-print-directory lint || failed+=(lint); \
 	[ $${#failed[@]} -eq 0 ] || { echo "verify failed: $${failed[*]}"; exit 1; }
@@ -124,6 +125,10 @@ install: manifests kustomize ## Install the CRDs into the cluster (deploy instal
 uninstall: manifests kustomize ## Remove the CRDs from the cluster.
 	$(KUSTOMIZE) build config/crd | $(KUBECTL) delete --ignore-not-found -f -
 
+.PHONY: test-chart
+test-chart: manifests kustomize helm ## Lint the Helm chart and compare what it renders with make deploy's manifests (test/chart).
+	HELM_BIN="$(HELM)" KUSTOMIZE_BIN="$(KUSTOMIZE)" go test ./test/chart/ -count=1 -v
+
 .PHONY: deploy
 deploy: manifests kustomize ## Deploy $(OVERLAY) into the cluster.
 	hack/render.sh $(KUSTOMIZE) $(OVERLAY) $(IMG_OPERATOR) $(IMG_PROXY) | $(KUBECTL) apply --server-side -f -
@@ -131,6 +136,9 @@ deploy: manifests kustomize ## Deploy $(OVERLAY) into the cluster.
 .PHONY: undeploy
 undeploy: kustomize ## Remove $(OVERLAY) from the cluster.
 	hack/render.sh $(KUSTOMIZE) $(OVERLAY) $(IMG_OPERATOR) $(IMG_PROXY) | $(KUBECTL) delete --ignore-not-found -f -
+
+# How the kind suites install the operator: kustomize (make deploy) or helm (charts/tailscale-operator).
+INSTALL ?= kustomize
 
 # Flags for the e2e suite's test binary.
 E2E_ARGS ?= -ginkgo.v
@@ -140,9 +148,9 @@ kind: ## Create or reuse kind cluster $(KIND_CLUSTER); offline, the node image i
 	hack/kind-up.sh $(KIND_CLUSTER)
 
 .PHONY: test-e2e
-test-e2e: manifests kustomize ## Run the e2e suite on kind cluster $(KIND_CLUSTER) with real Pods from images built here, on the local tailnet (or yours, with TS_API_CLIENT_ID/TS_API_CLIENT_SECRET).
+test-e2e: manifests kustomize helm ## Run the e2e suite on kind cluster $(KIND_CLUSTER) with real Pods from images built here, installed by $(INSTALL), on the local tailnet (or yours, with TS_API_CLIENT_ID/TS_API_CLIENT_SECRET).
 	KIND_CLUSTER=$(KIND_CLUSTER) IMG_OPERATOR=$(IMG_OPERATOR) IMG_PROXY=$(IMG_PROXY) VERSION=$(VERSION) \
-		KUSTOMIZE=$(KUSTOMIZE) E2E_ARGS='$(E2E_ARGS)' hack/e2e-kind.sh
+		KUSTOMIZE=$(KUSTOMIZE) HELM=$(HELM) INSTALL=$(INSTALL) E2E_ARGS='$(E2E_ARGS)' hack/e2e-kind.sh
 
 .PHONY: kind-delete
 kind-delete: ## Delete kind cluster $(KIND_CLUSTER).
@@ -157,13 +165,13 @@ CHAOS_IMG_OPERATOR ?= $(IMG_OPERATOR:%:dev=%:chaos)
 CHAOS_IMG_PROXY ?= $(IMG_PROXY:%:dev=%:chaos)
 
 .PHONY: chaos
-chaos: manifests kustomize envtest ## Run the reliability suites (envtest, then faults on kind cluster $(CHAOS_CLUSTER)) and write docs/reliability.md.
+chaos: manifests kustomize helm envtest ## Run the reliability suites (envtest, then faults on kind cluster $(CHAOS_CLUSTER)) and write docs/reliability.md.
 	KIND_CLUSTER=$(CHAOS_CLUSTER) IMG_OPERATOR=$(CHAOS_IMG_OPERATOR) IMG_PROXY=$(CHAOS_IMG_PROXY) VERSION=$(VERSION) \
-		KUSTOMIZE=$(KUSTOMIZE) ENVTEST_ASSETS="$(ENVTEST_ASSETS)" CHAOS_ARGS='$(CHAOS_ARGS)' hack/chaos-kind.sh
+		KUSTOMIZE=$(KUSTOMIZE) HELM=$(HELM) INSTALL=$(INSTALL) ENVTEST_ASSETS="$(ENVTEST_ASSETS)" CHAOS_ARGS='$(CHAOS_ARGS)' hack/chaos-kind.sh
 
 .PHONY: chaos-ci
-chaos-ci: manifests kustomize ## The fault specs that fit CI on kind cluster $(KIND_CLUSTER), after make test-e2e: both outages and the operator killed 10 times while 10 objects churn. Prints its figures; writes no docs.
-	KIND_CLUSTER=$(KIND_CLUSTER) IMG_OPERATOR=$(IMG_OPERATOR) IMG_PROXY=$(IMG_PROXY) VERSION=$(VERSION) KUSTOMIZE=$(KUSTOMIZE) \
+chaos-ci: manifests kustomize helm ## The fault specs that fit CI on kind cluster $(KIND_CLUSTER), after make test-e2e: both outages and the operator killed 10 times while 10 objects churn. Prints its figures; writes no docs.
+	KIND_CLUSTER=$(KIND_CLUSTER) IMG_OPERATOR=$(IMG_OPERATOR) IMG_PROXY=$(IMG_PROXY) VERSION=$(VERSION) KUSTOMIZE=$(KUSTOMIZE) HELM=$(HELM) INSTALL=$(INSTALL) \
 		CHAOS_CI=1 CHAOS_OPERATOR_KILLS=10 CHAOS_OBJECTS=10 CHAOS_ARGS='-ginkgo.v -ginkgo.focus=outages|churn' hack/chaos-kind.sh
 
 # How long make fuzz runs each fuzz target.
@@ -188,11 +196,13 @@ $(LOCALBIN):
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 KUSTOMIZE ?= $(LOCALBIN)/kustomize-$(KUSTOMIZE_VERSION)
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+HELM ?= $(LOCALBIN)/helm-$(HELM_VERSION)
 ENVTEST_ASSETS ?= $(LOCALBIN)/envtest
 
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
 KUSTOMIZE_VERSION ?= v5.8.2
 GOLANGCI_LINT_VERSION ?= v2.15.0
+HELM_VERSION ?= v4.3.2
 
 .PHONY: controller-gen
 controller-gen: $(CONTROLLER_GEN) ## Install controller-gen into bin/.
@@ -208,6 +218,11 @@ $(KUSTOMIZE): | $(LOCALBIN)
 golangci-lint: $(GOLANGCI_LINT) ## Build golangci-lint from source into bin/ (several minutes the first time).
 $(GOLANGCI_LINT): | $(LOCALBIN)
 	$(call go-install-tool,$(GOLANGCI_LINT),github.com/golangci/golangci-lint/v2/cmd/golangci-lint,$(GOLANGCI_LINT_VERSION))
+
+.PHONY: helm
+helm: $(HELM) ## Build helm from source into bin/ (a few minutes the first time).
+$(HELM): | $(LOCALBIN)
+	$(call go-install-tool,$(HELM),helm.sh/helm/v4/cmd/helm,$(HELM_VERSION))
 
 .PHONY: envtest
 envtest: ## Build kube-apiserver, kube-controller-manager and etcd from source into bin/envtest when missing.

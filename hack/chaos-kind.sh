@@ -11,7 +11,7 @@
 # The fuzzing figures come from the last `make fuzz` (bin/fuzz-summary.txt), when there is one.
 # With CHAOS_CI=1 (make chaos-ci) it runs only the kind suite, as CHAOS_ARGS focus it, prints its
 # figures and writes no page: CI runs it on the e2e cluster, after the e2e suite.
-# Environment: KIND_CLUSTER, IMG_OPERATOR, IMG_PROXY, VERSION, KUSTOMIZE, ENVTEST_ASSETS, CHAOS_ARGS,
+# Environment: KIND_CLUSTER, IMG_OPERATOR, IMG_PROXY, VERSION, KUSTOMIZE, INSTALL, HELM, ENVTEST_ASSETS, CHAOS_ARGS,
 # CHAOS_POD_DELETIONS, CHAOS_OPERATOR_KILLS, CHAOS_OBJECTS, CHAOS_CI.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the e2e suite on a kind cluster with real Pods, the operator deployed and its tailnet up as
 # hack/kind-deploy.sh does it.
-# Environment: KIND_CLUSTER, IMG_OPERATOR, IMG_PROXY, VERSION, KUSTOMIZE, E2E_ARGS, E2E_GO_TIMEOUT.
+# Environment: KIND_CLUSTER, IMG_OPERATOR, IMG_PROXY, VERSION, KUSTOMIZE, INSTALL, HELM, E2E_ARGS, E2E_GO_TIMEOUT.
 set -euo pipefail
 started=$(date +%s)
 source "$(dirname "$0")/kind-deploy.sh"
