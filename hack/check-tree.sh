@@ -59,8 +59,20 @@ while IFS= read -r -d '' entry; do
   fi
 done < <(git -c core.quotepath=off diff --cached --numstat --no-renames --no-ext-diff --no-textconv -z "$empty_tree")
 
+# The Dockerfiles' pinned bases are the ones hack/lib.sh names (the scripts check for those).
+source "$(dirname "$0")/lib.sh"
+for pair in operator:distroless-static proxy:distroless-iptables; do
+  file=Dockerfile.${pair%%:*} role=${pair#*:}
+  for want in "GO_IMAGE=$(base_image golang)" "BASE_IMAGE=$(base_image "$role")"; do
+    if ! grep -qxF "ARG $want" "$file"; then
+      echo "$file: no line 'ARG $want' (hack/lib.sh base_image)" >&2
+      bad=1
+    fi
+  done
+done
+
 if (( bad )); then
-  echo "check-tree: remove these files from git (git rm --cached PATH) and keep build output in bin/ or dist/" >&2
+  echo "check-tree: fix the above (a file to drop from git: git rm --cached PATH; build output belongs in bin/ or dist/)" >&2
   exit 1
 fi
 echo "check-tree: $count tracked files, none over $max bytes, no built binaries"
