@@ -35,11 +35,13 @@ kind=$root/bin/kind
 # Kubernetes sources this cluster runs, under a local name (an official name is never given to an
 # image built here; one an earlier version of this script made is untagged).
 backend_image=${E2E_BACKEND_IMAGE:-registry.k8s.io/e2e-test-images/agnhost:2.53}
-if docker image inspect "$backend_image" >/dev/null 2>&1 && [ "$(docker image inspect -f '{{len .RepoDigests}}' "$backend_image")" = 0 ]; then
-  docker rmi "$backend_image" >/dev/null
-fi
 tools=$root/hack/envtest-tools
 agnhost_version=$(cat "$(cd "$tools" && go list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)/VERSION")
+for old in "$backend_image" "registry.k8s.io/e2e-test-images/agnhost:$agnhost_version"; do
+  if docker image inspect "$old" >/dev/null 2>&1 && [ "$(docker image inspect -f '{{len .RepoDigests}}' "$old")" = 0 ]; then
+    docker rmi "$old" >/dev/null
+  fi
+done
 local_backend=tsingress.local/agnhost:$agnhost_version
 if docker image inspect "$backend_image" >/dev/null 2>&1; then
   :
