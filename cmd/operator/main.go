@@ -47,6 +47,20 @@ type options struct {
 type controlPlaneFlags struct {
 	apiBaseURL, tailnet            string
 	clientIDFile, clientSecretFile string
+	// clientID and idTokenFile: workload identity federation, as the original's CLIENT_ID.
+	clientID, idTokenFile string
+}
+
+// apiConfig is the control plane's client: with a client ID, workload identity federation (the
+// original's CLIENT_ID), else the OAuth client's files.
+func (c controlPlaneFlags) apiConfig(baseURL string) tailnet.APIConfig {
+	cfg := tailnet.APIConfig{BaseURL: baseURL, Tailnet: c.tailnet}
+	if c.clientID != "" {
+		cfg.ClientID, cfg.IDTokenFile = c.clientID, c.idTokenFile
+	} else {
+		cfg.ClientIDFile, cfg.ClientSecretFile = c.clientIDFile, c.clientSecretFile
+	}
+	return cfg
 }
 
 func envOr(name, def string) string {
@@ -90,6 +104,9 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, error) {
 	fs.StringVar(&o.controlPlane.tailnet, "tailnet", envOr("TS_TAILNET", "-"), withEnv("Tailnet name for API calls; - is the OAuth client's own.", "TS_TAILNET"))
 	fs.StringVar(&o.controlPlane.clientIDFile, "client-id-file", envOr("CLIENT_ID_FILE", "/oauth/client_id"), withEnv("File holding the OAuth client ID.", "CLIENT_ID_FILE"))
 	fs.StringVar(&o.controlPlane.clientSecretFile, "client-secret-file", envOr("CLIENT_SECRET_FILE", "/oauth/client_secret"), withEnv("File holding the OAuth client secret.", "CLIENT_SECRET_FILE"))
+	fs.StringVar(&o.controlPlane.clientID, "client-id", envOr("CLIENT_ID", ""), withEnv("OAuth client ID for workload identity federation: the identity token in --id-token-file is exchanged for API tokens, and no client secret is read.", "CLIENT_ID"))
+	fs.StringVar(&o.controlPlane.idTokenFile, "id-token-file", envOr("ID_TOKEN_FILE", "/var/run/secrets/tailscale/serviceaccount/token"),
+		withEnv("Identity token (a projected ServiceAccount token) exchanged for API tokens with --client-id.", "ID_TOKEN_FILE"))
 	fs.BoolVar(&o.settings.ProxyNoLogs, "proxy-no-logs", envBool("PROXY_NO_LOGS_NO_SUPPORT", false),
 		withEnv("Forbid every proxy to upload its logs to Tailscale (TS_NO_LOGS_NO_SUPPORT). Proxies of a control server other than Tailscale's never do.", "PROXY_NO_LOGS_NO_SUPPORT"))
 	fs.StringVar(&o.settings.ACMEDirectoryURL, "acme-directory-url", envOr("ACME_DIRECTORY_URL", ""), withEnv("ACME directory the proxies get certificates from unless their ProxyClass picks Let's Encrypt staging (a private CA); empty means Let's Encrypt.", "ACME_DIRECTORY_URL"))
@@ -233,12 +250,7 @@ func run(o *options) error {
 	if baseURL == "" {
 		baseURL = o.settings.ControlURL
 	}
-	tc, err := tailnet.NewAPIClient(tailnet.APIConfig{
-		BaseURL:          baseURL,
-		Tailnet:          o.controlPlane.tailnet,
-		ClientIDFile:     o.controlPlane.clientIDFile,
-		ClientSecretFile: o.controlPlane.clientSecretFile,
-	})
+	tc, err := tailnet.NewAPIClient(o.controlPlane.apiConfig(baseURL))
 	if err != nil {
 		return fmt.Errorf("control-plane client: %w", err)
 	}

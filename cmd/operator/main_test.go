@@ -49,6 +49,8 @@ func TestEnvironment(t *testing.T) {
 		"OPERATOR_LOGIN_SERVER":            func(o *options) string { return o.settings.ControlURL },
 		"CLIENT_ID_FILE":                   func(o *options) string { return o.controlPlane.clientIDFile },
 		"CLIENT_SECRET_FILE":               func(o *options) string { return o.controlPlane.clientSecretFile },
+		"CLIENT_ID":                        func(o *options) string { return o.controlPlane.clientID },
+		"ID_TOKEN_FILE":                    func(o *options) string { return o.controlPlane.idTokenFile },
 		"ACME_DIRECTORY_URL":               func(o *options) string { return o.settings.ACMEDirectoryURL },
 		"PROXY_CA_CONFIGMAP":               func(o *options) string { return o.settings.ProxyCAConfigMap },
 		"PROXY_NO_LOGS_NO_SUPPORT":         func(o *options) string { return boolString(o.settings.ProxyNoLogs) },

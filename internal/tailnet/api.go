@@ -27,6 +27,13 @@ type APIConfig struct {
 	// ClientIDFile and ClientSecretFile hold the OAuth client's credentials. They are read
 	// on every token fetch, so rotating the files takes effect without a restart.
 	ClientIDFile, ClientSecretFile string
+	// ClientID, in place of ClientIDFile, is the OAuth client's ID itself (not a secret).
+	ClientID string
+	// IDTokenFile, in place of ClientSecretFile, holds an identity token (a projected
+	// ServiceAccount token) that the API exchanges for an API token of the client: workload
+	// identity federation, no secret stored. It is read again for every exchange, as the
+	// kubelet renews it.
+	IDTokenFile string
 	// Logger receives a debug line per request (method, path, status). Nil discards.
 	Logger *slog.Logger
 }
@@ -47,8 +54,8 @@ const maxIdleConns = 64
 // NewAPIClient returns a client for the API described by cfg. It does not contact the API;
 // missing credential files show up as errors of the first call.
 func NewAPIClient(cfg APIConfig) (*APIClient, error) {
-	if cfg.ClientIDFile == "" || cfg.ClientSecretFile == "" {
-		return nil, errors.New("tailnet: OAuth client ID and secret files are required")
+	if (cfg.ClientIDFile == "") == (cfg.ClientID == "") || (cfg.ClientSecretFile == "") == (cfg.IDTokenFile == "") {
+		return nil, errors.New("tailnet: the OAuth client's ID (or a file of it) and either its secret file or an identity token file are required")
 	}
 	base, err := url.Parse(strings.TrimSuffix(cmp.Or(cfg.BaseURL, "https://api.tailscale.com"), "/"))
 	if err != nil || base.Scheme == "" || base.Host == "" {
@@ -63,11 +70,14 @@ func NewAPIClient(cfg APIConfig) (*APIClient, error) {
 	rt := http.DefaultTransport.(*http.Transport).Clone()
 	rt.MaxIdleConnsPerHost = maxIdleConns
 	creds := &fileCredentials{
-		idFile:     cfg.ClientIDFile,
-		secretFile: cfg.ClientSecretFile,
-		tokenURL:   base.String() + "/api/v2/oauth/token",
-		httpClient: &http.Client{Transport: rt, Timeout: requestTimeout},
-		log:        log,
+		idFile:      cfg.ClientIDFile,
+		clientID:    []byte(cfg.ClientID),
+		secretFile:  cfg.ClientSecretFile,
+		idTokenFile: cfg.IDTokenFile,
+		tokenURL:    base.String() + "/api/v2/oauth/token",
+		exchangeURL: base.String() + "/api/v2/oauth/token-exchange",
+		httpClient:  &http.Client{Transport: rt, Timeout: requestTimeout},
+		log:         log,
 	}
 	obs := &observer{base: rt, log: log, onUnauthorized: creds.invalidate}
 	return &APIClient{

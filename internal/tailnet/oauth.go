@@ -2,12 +2,17 @@ package tailnet
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,15 +20,19 @@ import (
 	"golang.org/x/oauth2/clientcredentials"
 )
 
-// fileCredentials is an oauth2.TokenSource for an OAuth client whose ID and secret live in
-// files. The files are read on every call, so a rotated secret (a Secret volume updated in
+// fileCredentials is an oauth2.TokenSource for an OAuth client whose ID and secret (or an
+// identity token to exchange) live in files. The files are read on every call, so a rotated secret (a Secret volume updated in
 // place) is picked up without a restart; the token is reused until it expires, the
 // credentials change, or the API rejects it.
 type fileCredentials struct {
 	idFile, secretFile string
-	tokenURL           string
-	httpClient         *http.Client
-	log                *slog.Logger
+	// idTokenFile, when set, holds an identity token exchanged at exchangeURL in place of
+	// the client secret (workload identity federation).
+	idTokenFile           string
+	clientID              []byte // the ID itself, when there is no idFile
+	tokenURL, exchangeURL string
+	httpClient            *http.Client
+	log                   *slog.Logger
 
 	mu             sync.Mutex
 	id, secret     []byte
@@ -32,11 +41,13 @@ type fileCredentials struct {
 }
 
 func (f *fileCredentials) read() (id, secret []byte, err error) {
-	id, err = readTrimmed(f.idFile)
-	if err != nil {
-		return nil, nil, err
+	id = f.clientID
+	if f.idFile != "" {
+		if id, err = readTrimmed(f.idFile); err != nil {
+			return nil, nil, err
+		}
 	}
-	secret, err = readTrimmed(f.secretFile)
+	secret, err = readTrimmed(cmp.Or(f.idTokenFile, f.secretFile))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -71,6 +82,15 @@ func (f *fileCredentials) Token() (*oauth2.Token, error) {
 	if !same && f.id != nil {
 		f.log.Info("OAuth client credentials changed on disk; fetching a new token")
 	}
+	if f.idTokenFile != "" {
+		tok, err := f.exchange(id, secret)
+		if err != nil {
+			return nil, err
+		}
+		f.id, f.secret, f.tok, f.tokenFetchedAt = id, secret, tok, time.Now()
+		f.log.Debug("exchanged the identity token for an API token", "expiry", tok.Expiry)
+		return tok, nil
+	}
 	cfg := clientcredentials.Config{
 		ClientID:     string(id),
 		ClientSecret: string(secret),
@@ -87,6 +107,47 @@ func (f *fileCredentials) Token() (*oauth2.Token, error) {
 	f.id, f.secret, f.tok, f.tokenFetchedAt = id, secret, tok, time.Now()
 	f.log.Debug("fetched OAuth access token", "expiry", tok.Expiry)
 	return tok, nil
+}
+
+// exchange trades an identity token for an API token of client id, as Tailscale's workload
+// identity federation does. Neither the token nor the response body is kept in an error.
+func (f *fileCredentials) exchange(id, idToken []byte) (*oauth2.Token, error) {
+	const op = "exchange the identity token for an API token"
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	form := url.Values{"client_id": {string(id)}, "jwt": {string(idToken)}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.exchangeURL, strings.NewReader(form.Encode()))
+	if err != nil {
+		return nil, &Error{Op: op, Reason: ReasonInvalidRequest, cause: err}
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	res, err := f.httpClient.Do(req)
+	if err != nil {
+		return nil, &Error{Op: op, Reason: ReasonUnavailable, cause: err}
+	}
+	defer res.Body.Close()
+	if res.StatusCode >= http.StatusBadRequest {
+		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
+		e := &Error{Op: op, Status: res.StatusCode, Message: http.StatusText(res.StatusCode),
+			RetryAfter: parseRetryAfter(res.Header.Get("Retry-After"), time.Now())}
+		switch res.StatusCode {
+		case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden:
+			e.Reason = ReasonUnauthorized
+		default:
+			e.Reason = reasonForStatus(res.StatusCode, e.Message)
+		}
+		return nil, e
+	}
+	var body struct {
+		AccessToken string `json:"access_token"`
+		TokenType   string `json:"token_type"`
+		ExpiresIn   int64  `json:"expires_in"`
+	}
+	if err := json.NewDecoder(io.LimitReader(res.Body, 64<<10)).Decode(&body); err != nil || body.AccessToken == "" {
+		return nil, &Error{Op: op, Reason: ReasonUnavailable, Message: "the API answered with no access token"}
+	}
+	return &oauth2.Token{AccessToken: body.AccessToken, TokenType: body.TokenType,
+		Expiry: time.Now().Add(time.Duration(body.ExpiresIn) * time.Second)}, nil
 }
 
 // invalidate drops the cached token after the API refused it, so the next call fetches anew.

@@ -332,7 +332,8 @@ func TestRefusedValues(t *testing.T) {
 		set  []string
 		want string // in helm's error
 	}{
-		{[]string{"oauth.clientId=a", "oauth.clientSecret=b", "oauth.audience=x"}, "oauth.audience (workload identity federation) is not supported"},
+		{[]string{"oauth.clientId=a", "oauth.clientSecret=b", "oauth.audience=x"}, "oauth.audience (workload identity federation) takes oauth.clientId and no secret"},
+		{[]string{"oauth.audience=x"}, "oauth.audience (workload identity federation) takes oauth.clientId and no secret"},
 		{[]string{"oauth.clientId=a"}, "oauth.clientId and oauth.clientSecret go together"},
 		{[]string{"oauth.clientId=a", "oauth.clientSecret=b", "oauthSecretVolume.csi.driver=x"}, "mutually exclusive"},
 		{[]string{"operatorConfig.defaultTags={tag:mine}"}, "operatorConfig.defaultTags is not supported"},
@@ -422,6 +423,26 @@ func TestHonouredValues(t *testing.T) {
 	t.Run("no OAuth Secret without credentials", func(t *testing.T) {
 		if _, ok := mustHelmTemplate(t)["Secret "+namespace+"/operator-oauth"]; ok {
 			t.Error("Secret operator-oauth rendered without oauth.clientId")
+		}
+	})
+	t.Run("workload identity federation", func(t *testing.T) {
+		objs := mustHelmTemplate(t, "oauth.clientId=kID", "oauth.audience=api.tailscale.com/kID")
+		if _, ok := objs["Secret "+namespace+"/operator-oauth"]; ok {
+			t.Error("Secret operator-oauth rendered for workload identity federation")
+		}
+		vols := dig(objs["Deployment "+namespace+"/operator"], "spec", "template", "spec", "volumes").([]any)
+		expect(t, "volumes", vols, []any{object{"name": "oauth", "projected": object{"sources": []any{object{"serviceAccountToken": object{
+			"audience": "api.tailscale.com/kID", "expirationSeconds": float64(3600), "path": "token"}}}}}})
+		c := container(t, objs)
+		expect(t, "volumeMounts", c["volumeMounts"], []any{object{"name": "oauth", "mountPath": "/var/run/secrets/tailscale/serviceaccount", "readOnly": true}})
+		env := map[string]any{}
+		for _, e := range c["env"].([]any) {
+			env[e.(object)["name"].(string)] = e.(object)["value"]
+		}
+		expect(t, "CLIENT_ID", env["CLIENT_ID"], "kID")
+		expect(t, "ID_TOKEN_FILE", env["ID_TOKEN_FILE"], "/var/run/secrets/tailscale/serviceaccount/token")
+		if _, ok := env["CLIENT_SECRET_FILE"]; ok {
+			t.Error("CLIENT_SECRET_FILE set for workload identity federation")
 		}
 	})
 	t.Run("oauthSecretVolume", func(t *testing.T) {

@@ -55,6 +55,7 @@ func (s *server) apiHandler() http.Handler {
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /api/v2/oauth/token", s.serveToken)
+	mux.HandleFunc("POST /api/v2/oauth/token-exchange", s.serveTokenExchange)
 	mux.Handle(apiPrefix, s.requireToken(s.injectFaults(api)))
 	return s.logRequests(mux)
 }
@@ -104,6 +105,11 @@ func (s *server) serveToken(w http.ResponseWriter, r *http.Request) {
 			"error": "invalid_client", "error_description": "unknown client or wrong secret"})
 		return
 	}
+	s.issueToken(w)
+}
+
+// issueToken answers with a new API token.
+func (s *server) issueToken(w http.ResponseWriter) {
 	tok := "tskey-api-" + randomText(24)
 	s.mu.Lock()
 	now := time.Now()

@@ -33,6 +33,7 @@ type server struct {
 	allowedTags []string
 	oauthID     string
 	oauthSecret string
+	federated   *FederatedIdentity // identity tokens the OAuth client trusts; nil: none
 
 	// ctx ends with the server; it ends the map polls.
 	ctx context.Context
