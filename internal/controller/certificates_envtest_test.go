@@ -29,6 +29,22 @@ import (
 	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
+// expectRenewalCopied renews Secret app-tls of ns (for app.example.com, as cert-manager writes
+// it) and waits for the operator's copy copyName to hold the new certificate.
+func expectRenewalCopied(ns, copyName string, now time.Time) {
+	GinkgoHelper()
+	renewedPEM, renewedKey := proxytest.SelfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Minute), now.Add(60*24*time.Hour))
+	s := &corev1.Secret{}
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "app-tls"}, s)).To(Succeed())
+	s.Data = map[string][]byte{corev1.TLSCertKey: renewedPEM, corev1.TLSPrivateKeyKey: renewedKey}
+	Expect(k8s.Update(ctx, s)).To(Succeed())
+	Eventually(func(g Gomega) []byte {
+		cp := &corev1.Secret{}
+		g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: copyName}, cp)).To(Succeed())
+		return cp.Data[corev1.TLSCertKey]
+	}).Should(Equal(renewedPEM))
+}
+
 var _ = Describe("Certificates", func() {
 	It("serves a bring-your-own certificate on its custom host, and reports bad Secrets without breaking the tailnet name", func() {
 		ns := newNamespace()
@@ -59,18 +75,10 @@ var _ = Describe("Certificates", func() {
 		}).Should(Succeed())
 
 		By("following a renewed certificate (as cert-manager writes it)")
-		renewedPEM, renewedKey := proxytest.SelfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Minute), now.Add(60*24*time.Hour))
-		s := &corev1.Secret{}
-		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "app-tls"}, s)).To(Succeed())
-		s.Data = map[string][]byte{corev1.TLSCertKey: renewedPEM, corev1.TLSPrivateKeyKey: renewedKey}
-		Expect(k8s.Update(ctx, s)).To(Succeed())
-		Eventually(func(g Gomega) []byte {
-			cp := &corev1.Secret{}
-			g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: copyName}, cp)).To(Succeed())
-			return cp.Data[corev1.TLSCertKey]
-		}).Should(Equal(renewedPEM))
+		expectRenewalCopied(ns, copyName, now)
 
 		By("dropping an expired certificate with a CertificateExpired Event, keeping the tailnet name")
+		s := &corev1.Secret{}
 		expiredPEM, expiredKey := proxytest.SelfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-48*time.Hour), now.Add(-time.Hour))
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "app-tls"}, s)).To(Succeed())
 		s.Data = map[string][]byte{corev1.TLSCertKey: expiredPEM, corev1.TLSPrivateKeyKey: expiredKey}
@@ -144,16 +152,7 @@ var _ = Describe("Certificates", func() {
 		}).Should(Succeed())
 
 		By("following a renewal there, through the namespace's watch started then")
-		renewedPEM, renewedKey := proxytest.SelfSigned(GinkgoT(), []string{"app.example.com"}, now.Add(-time.Minute), now.Add(60*24*time.Hour))
-		s := &corev1.Secret{}
-		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "app-tls"}, s)).To(Succeed())
-		s.Data = map[string][]byte{corev1.TLSCertKey: renewedPEM, corev1.TLSPrivateKeyKey: renewedKey}
-		Expect(k8s.Update(ctx, s)).To(Succeed())
-		Eventually(func(g Gomega) []byte {
-			cp := &corev1.Secret{}
-			g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: copyName}, cp)).To(Succeed())
-			return cp.Data[corev1.TLSCertKey]
-		}).Should(Equal(renewedPEM))
+		expectRenewalCopied(ns, copyName, now)
 	})
 
 	It("holds issuance when the tailnet's domain has used up the CA's weekly limit, and lifts the hold when the window moves", func() {

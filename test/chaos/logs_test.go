@@ -256,12 +256,9 @@ func searchCredentials(ctx context.Context) {
 	journal, err := nodeExec(ctx, "journalctl", "--no-pager", "-o", "cat", "-u", "kubelet", "-u", "containerd")
 	Expect(err).NotTo(HaveOccurred(), "the node's journal")
 	haystacks["the kubelet's and containerd's journal"] = []byte(journal)
-	events, eventCount, err := credsearch.Events(ctx, suite.K8s)
+	cluster, eventCount, err := credsearch.Cluster(ctx, suite.K8s)
 	Expect(err).NotTo(HaveOccurred())
-	haystacks[credsearch.InEvents] = events
-	objects, err := credsearch.Objects(ctx, suite.K8s)
-	Expect(err).NotTo(HaveOccurred())
-	maps.Copy(haystacks, objects)
+	maps.Copy(haystacks, cluster)
 	size := 0
 	for _, text := range haystacks {
 		size += len(text)

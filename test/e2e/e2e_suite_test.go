@@ -111,12 +111,9 @@ func searchCredentials(ctx context.Context) {
 		maps.Copy(haystacks, logs)
 	}
 	logs := len(haystacks)
-	events, count, err := credsearch.Events(ctx, suite.K8s)
+	cluster, count, err := credsearch.Cluster(ctx, suite.K8s)
 	Expect(err).NotTo(HaveOccurred())
-	haystacks[credsearch.InEvents] = events
-	objects, err := credsearch.Objects(ctx, suite.K8s)
-	Expect(err).NotTo(HaveOccurred())
-	maps.Copy(haystacks, objects)
+	maps.Copy(haystacks, cluster)
 	plantedHits, hits := credsearch.SplitPlanted(needles.Search(haystacks))
 	for _, obj := range made {
 		Expect(suite.K8s.Delete(ctx, obj)).To(Succeed(), "removing what was planted")

@@ -13,7 +13,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,7 +25,6 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -260,17 +258,9 @@ func searchCredentials() {
 	ctx := context.Background()
 	planted, made, err := credsearch.Plant(ctx, k8s, "default")
 	Expect(err).NotTo(HaveOccurred())
-	texts := map[string][]byte{"the operator's log": []byte(opLog.contents())}
-	events := &eventsv1.EventList{}
-	Expect(k8s.List(ctx, events)).To(Succeed())
-	var b strings.Builder
-	for _, e := range events.Items {
-		fmt.Fprintf(&b, "%s %s %s %s\n", e.Reason, e.Note, e.DeprecatedSource.Component, e.Action)
-	}
-	texts["the Events"] = []byte(b.String())
-	objects, err := credsearch.Objects(ctx, k8s)
+	texts, eventCount, err := credsearch.Cluster(ctx, k8s)
 	Expect(err).NotTo(HaveOccurred())
-	maps.Copy(texts, objects)
+	texts["the operator's log"] = []byte(opLog.contents())
 	needles := credsearch.New()
 	needles.Add("tskey-", "an auth key or OAuth client secret")
 	needles.Add(lt.OAuthClientSecret.Reveal(), "the OAuth client secret")
@@ -287,12 +277,12 @@ func searchCredentials() {
 		Expect(k8s.Delete(ctx, obj)).To(Succeed(), "removing what was planted")
 	}
 	Expect(size).To(BeNumerically(">", 1000), "the text searched")
-	Expect(plantedHits).To(ContainElements(ContainSubstring("in the Events"), ContainSubstring("in "+credsearch.InAnnotations)),
+	Expect(plantedHits).To(ContainElements(ContainSubstring("in "+credsearch.InEvents), ContainSubstring("in "+credsearch.InAnnotations)),
 		"the planted credential: the search must find what it looks for")
 	Expect(hits).To(BeEmpty(), "credentials in logs, Events or objects")
 	report.add(fmt.Sprintf("### Credentials (envtest)\n\n%d KiB of operator log, %d Events, every Pod's spec and every object's "+
 		"status and annotations searched for %d credentials, as written and base64 at every alignment (every auth key and OAuth "+
 		"secret by their tskey- prefix, the tailnet's OAuth client secret, %d TLS private keys): %d hits. A credential planted "+
 		"first, in an annotation and base64 in an Event, was found %d times.\n",
-		len(texts["the operator's log"])>>10, len(events.Items), len(privateKeys)+2, len(privateKeys), len(hits), len(plantedHits)))
+		len(texts["the operator's log"])>>10, eventCount, len(privateKeys)+2, len(privateKeys), len(hits), len(plantedHits)))
 }

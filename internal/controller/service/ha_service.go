@@ -264,8 +264,13 @@ func (r *HAServiceReconciler) unserve(ctx context.Context, svc *corev1.Service, 
 
 // onGroup lists the Services served on a ProxyGroup.
 func (r *HAServiceReconciler) onGroup(ctx context.Context, name string) []reconcile.Request {
+	return r.served(ctx, client.MatchingFields{groupstore.IndexServiceGroup: name})
+}
+
+// served lists the Services that opts select and this reconciler serves.
+func (r *HAServiceReconciler) served(ctx context.Context, opts ...client.ListOption) []reconcile.Request {
 	list := &corev1.ServiceList{}
-	if err := r.List(ctx, list, client.MatchingFields{groupstore.IndexServiceGroup: name}); err != nil {
+	if err := r.List(ctx, list, opts...); err != nil {
 		return nil
 	}
 	var reqs []reconcile.Request
@@ -295,15 +300,5 @@ func (r *HAServiceReconciler) SetupWithManager(mgr ctrl.Manager, store groupstor
 // servicesOfNamespace lists the Services served on ProxyGroups in o's namespace: a change of
 // its ProxyGroupPolicies may let them on a group or keep them from it.
 func (r *HAServiceReconciler) servicesOfNamespace(ctx context.Context, o client.Object) []reconcile.Request {
-	list := &corev1.ServiceList{}
-	if err := r.List(ctx, list, client.InNamespace(o.GetNamespace())); err != nil {
-		return nil
-	}
-	var reqs []reconcile.Request
-	for i := range list.Items {
-		if r.serves(&list.Items[i]) {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
-		}
-	}
-	return reqs
+	return r.served(ctx, client.InNamespace(o.GetNamespace()))
 }

@@ -35,9 +35,9 @@ const (
 // Secret itself.
 const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 
-// Objects collects, cluster-wide, every Pod's spec (env, args, volumes) and the status and
+// objects collects, cluster-wide, every Pod's spec (env, args, volumes) and the status and
 // annotations of every kind the operator reads or writes: where a credential must never be.
-func Objects(ctx context.Context, c client.Client) (map[string][]byte, error) {
+func objects(ctx context.Context, c client.Client) (map[string][]byte, error) {
 	out := map[string][]byte{}
 	add := func(where string, v any) error {
 		b, err := json.Marshal(v)
@@ -106,12 +106,12 @@ func Plant(ctx context.Context, c client.Client, ns string) (string, []client.Ob
 	return secret, []client.Object{cm, ev}, nil
 }
 
-// InEvents names the haystack Events returns.
+// InEvents names the haystack of the Events.
 const InEvents = "the Events"
 
-// Events collects the reason, message and reporter of every Event of the cluster, of both APIs,
+// events collects the reason, message and reporter of every Event of the cluster, of both APIs,
 // and returns how many there were.
-func Events(ctx context.Context, c client.Client) ([]byte, int, error) {
+func events(ctx context.Context, c client.Client) ([]byte, int, error) {
 	var out bytes.Buffer
 	core := &corev1.EventList{}
 	if err := c.List(ctx, core); err != nil {
@@ -128,6 +128,22 @@ func Events(ctx context.Context, c client.Client) ([]byte, int, error) {
 		fmt.Fprintf(&out, "%s %s %s\n", e.Reason, e.Note, e.ReportingController)
 	}
 	return out.Bytes(), len(core.Items) + len(events.Items), nil
+}
+
+// Cluster collects the haystacks of a cluster besides logs: its Events and its objects (every
+// Pod's spec, and the status and annotations of every kind the operator reads or writes). It
+// returns how many Events there were.
+func Cluster(ctx context.Context, c client.Client) (map[string][]byte, int, error) {
+	evs, count, err := events(ctx, c)
+	if err != nil {
+		return nil, 0, err
+	}
+	haystacks, err := objects(ctx, c)
+	if err != nil {
+		return nil, 0, err
+	}
+	haystacks[InEvents] = evs
+	return haystacks, count, nil
 }
 
 // PodLogs reads the logs the kubelet keeps of every container of the Pods of namespace: the
