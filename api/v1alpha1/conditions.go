@@ -9,4 +9,7 @@ const (
 	ProxyGroupReady = "ProxyGroupReady"
 	// ProxyGroupAvailable is True when at least one replica of a ProxyGroup is up on the tailnet.
 	ProxyGroupAvailable = "ProxyGroupAvailable"
+	// TailnetReady is True when a Tailnet's ProxyGroups may join it; this operator serves its
+	// own tailnet only, so it is False.
+	TailnetReady = "TailnetReady"
 )

@@ -31,6 +31,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 		&ProxyClass{}, &ProxyClassList{},
 		&ProxyGroup{}, &ProxyGroupList{},
 		&ProxyGroupPolicy{}, &ProxyGroupPolicyList{},
+		&Tailnet{}, &TailnetList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// Every field path of the Tailscale operator's ProxyClass and ProxyGroup, at the tailscale.com
+// Every field path of the Tailscale operator's ProxyClass, ProxyGroup, ProxyGroupPolicy and Tailnet, at the tailscale.com
 // version this module pins, is in ours: its users' manifests apply unchanged. (Each is honoured
 // or refused with a condition: docs/proxyclass.md says which.) Its CRDs are read from the
 // module's source, which the Go build already fetched; none of its code is used.
@@ -22,7 +22,7 @@ func TestOriginalCRDPathsAreOurs(t *testing.T) {
 		t.Fatalf("finding the tailscale.com module: %v", err)
 	}
 	theirs := filepath.Join(strings.TrimSpace(string(out)), "cmd", "k8s-operator", "deploy", "crds")
-	for _, plural := range []string{"proxyclasses", "proxygroups", "proxygrouppolicies"} {
+	for _, plural := range []string{"proxyclasses", "proxygroups", "proxygrouppolicies", "tailnets"} {
 		t.Run(plural, func(t *testing.T) {
 			file := "tailscale.com_" + plural + ".yaml"
 			want, got := schemaPaths(t, filepath.Join(theirs, file)), schemaPaths(t, filepath.Join("..", "..", "config", "crd", "bases", file))

@@ -290,6 +290,20 @@ var _ = Describe("ProxyGroup reconciler", func() {
 		Expect(apierrors.IsNotFound(k8s.Get(ctx, nsKey("other-tailnet-0-config"), &corev1.Secret{}))).To(BeTrue(), "no config, no key")
 	})
 
+	It("reports a Tailnet as not served, once, with TailnetReady=False", func() {
+		tn := &tsv1alpha1.Tailnet{ObjectMeta: metav1.ObjectMeta{Name: "team-b"},
+			Spec: tsv1alpha1.TailnetSpec{LoginURL: "https://headscale.example.com", Credentials: tsv1alpha1.TailnetCredentials{SecretName: "team-b-oauth"}}}
+		Expect(k8s.Create(ctx, tn)).To(Succeed())
+		DeferCleanup(k8s.Delete, ctx, tn)
+		Eventually(func(g Gomega) *metav1.Condition {
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(tn), tn)).To(Succeed())
+			return meta.FindStatusCondition(tn.Status.Conditions, tsv1alpha1.TailnetReady)
+		}).Should(And(Not(BeNil()), HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonTailnetNotServed),
+			HaveField("Message", And(ContainSubstring("https://headscale.example.com"), ContainSubstring("team-b-oauth")))))
+		Eventually(func(g Gomega) []string { return eventReasons(g, "Tailnet", "team-b") }).Should(Equal([]string{kit.ReasonTailnetNotServed}))
+		Consistently(func(g Gomega) []string { return eventReasons(g, "Tailnet", "team-b") }, "2s").Should(HaveLen(1), "no hot loop")
+	})
+
 	It("waits for its ProxyClass", func() {
 		pg := newProxyGroup("classy-group", func(p *tsv1alpha1.ProxyGroup) { p.Spec.ProxyClass = "missing-class" })
 		DeferCleanup(k8s.Delete, ctx, pg)

@@ -26,6 +26,7 @@ import (
 	"github.com/tsingress/tsingress/internal/controller/proxyclass"
 	"github.com/tsingress/tsingress/internal/controller/proxygroup"
 	"github.com/tsingress/tsingress/internal/controller/service"
+	"github.com/tsingress/tsingress/internal/controller/tailnets"
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
 
@@ -85,6 +86,9 @@ func Setup(mgr ctrl.Manager, s kit.Settings, tc tailnet.Client) error {
 	}
 	if err := certs.IndexCertificateCopies(mgr); err != nil {
 		return fmt.Errorf("indexing the certificate copies: %w", err)
+	}
+	if err := (&tailnets.TailnetReconciler{Client: c, Reporter: m.Reporter(rec, "tailnet")}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the Tailnet controller: %w", err)
 	}
 	if err := (&proxyclass.ProxyClassReconciler{Client: c, Reporter: m.Reporter(rec, "proxyclass"), Mapper: mgr.GetRESTMapper()}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the ProxyClass controller: %w", err)

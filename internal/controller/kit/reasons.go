@@ -116,6 +116,11 @@ const (
 	ReasonProxyGroupNoReplicas = "NoReplicasUp"
 )
 
+// The TailnetReady condition and Tailnet Events.
+const (
+	ReasonTailnetNotServed = "TailnetNotServed"
+)
+
 // The ProxyClassReady condition and ProxyClass Events.
 const (
 	ReasonProxyClassValid   = "ProxyClassValid"
