@@ -83,14 +83,16 @@ func newTransport(insecure bool) *http.Transport {
 // forBackend returns the transport of a backend. A verified https backend is verified for its
 // server name (else its URL's host, also when it is balanced across endpoints: never the
 // endpoint's IP), against its CA bundle (else the system's roots).
-func (t *transports) forBackend(b contract.Backend, target *url.URL) (*http.Transport, error) {
+// A verified transport's key, which forBackend returns with it, names its server name and CA
+// bundle; "" for the shared transports.
+func (t *transports) forBackend(b contract.Backend, target *url.URL) (*http.Transport, string, error) {
 	switch {
 	case b.Protocol == contract.BackendH2C:
-		return t.h2c, nil
+		return t.h2c, "", nil
 	case b.InsecureSkipVerify:
-		return t.insecure, nil
+		return t.insecure, "", nil
 	case target.Scheme != "https" || len(b.Endpoints) == 0 && b.ServerName == "" && b.CABundle == "":
-		return t.verify, nil
+		return t.verify, "", nil
 	}
 	name := b.ServerName
 	if name == "" {
@@ -100,18 +102,32 @@ func (t *transports) forBackend(b contract.Backend, target *url.URL) (*http.Tran
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if tr := t.verifying[key]; tr != nil {
-		return tr, nil
+		return tr, key, nil
 	}
 	tr := newTransport(false)
 	tr.TLSClientConfig.ServerName = name
 	if b.CABundle != "" {
 		tr.TLSClientConfig.RootCAs = x509.NewCertPool()
 		if !tr.TLSClientConfig.RootCAs.AppendCertsFromPEM([]byte(b.CABundle)) {
-			return nil, errors.New("the backend CA bundle holds no PEM certificate")
+			return nil, "", errors.New("the backend CA bundle holds no PEM certificate")
 		}
 	}
 	t.verifying[key] = tr
-	return tr, nil
+	return tr, key, nil
+}
+
+// keepVerifying drops the verified transports whose keys are not in use, once a reload no
+// longer names their server name and CA bundle (a rotated CA): their idle connections are
+// closed, and requests under way on them finish.
+func (t *transports) keepVerifying(inUse map[string]bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for key, tr := range t.verifying {
+		if !inUse[key] {
+			tr.CloseIdleConnections()
+			delete(t.verifying, key)
+		}
+	}
 }
 
 // CloseIdleConnections closes idle backend connections.
@@ -133,16 +149,19 @@ type handler struct {
 	callers *identities
 	appCaps []tailcfg.PeerCapability // passed on to backends; none: no header
 	log     *slog.Logger
+	// verifying are the keys of the verified transports its routes use.
+	verifying map[string]bool
 }
 
 // newHandler returns the handler for ws. The request path reaches the backend unchanged; the
 // original Host is kept, with X-Forwarded-For, -Host and -Proto set by the proxy alone.
 func newHandler(ws contract.WebService, tr *transports, callers *identities, log *slog.Logger) (*handler, error) {
 	h := &handler{
-		router:  NewRouter(ws.Routes),
-		proxies: make([]*httputil.ReverseProxy, len(ws.Routes)),
-		callers: callers,
-		log:     log,
+		router:    NewRouter(ws.Routes),
+		proxies:   make([]*httputil.ReverseProxy, len(ws.Routes)),
+		callers:   callers,
+		log:       log,
+		verifying: map[string]bool{},
 	}
 	for _, c := range ws.AcceptAppCaps {
 		h.appCaps = append(h.appCaps, tailcfg.PeerCapability(c))
@@ -158,9 +177,12 @@ func newHandler(ws contract.WebService, tr *transports, callers *identities, log
 		if err != nil {
 			return nil, fmt.Errorf("route %s: backend URL: %w", rt.Path, err)
 		}
-		backendTransport, err := tr.forBackend(rt.Backend, target)
+		backendTransport, verifyingKey, err := tr.forBackend(rt.Backend, target)
 		if err != nil {
 			return nil, fmt.Errorf("route %s: %w", rt.Path, err)
+		}
+		if verifyingKey != "" {
+			h.verifying[verifyingKey] = true
 		}
 		var transport http.RoundTripper = backendTransport
 		if len(rt.Backend.Endpoints) > 0 {

@@ -95,6 +95,7 @@ func (s *Server) Apply(ws contract.WebService) error {
 		return err
 	}
 	s.cur.Store(&snapshot{routes: h, mode: ws.HTTP, ingress: ws.Ingress})
+	s.transports.keepVerifying(h.verifying)
 	if s.https == nil {
 		ln, err := s.cfg.Listen("tcp", ":443")
 		if err != nil {
