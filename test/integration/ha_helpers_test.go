@@ -38,10 +38,13 @@ import (
 // stopped gracefully, as on SIGTERM, and started again.
 type haReplica struct {
 	name   string // the Pod's and the state Secret's
-	opts   proxy.Options
+	w      *world
 	logs   *syncLog
 	cancel context.CancelFunc
 	done   chan error
+
+	mu   sync.Mutex
+	opts proxy.Options // PodUID follows the Pod
 }
 
 // newHAReplica prepares replica i of group pg. Its kernel data path goes into netns, or as root
@@ -53,7 +56,7 @@ func newHAReplica(t *testing.T, w *world, pg string, i int, certs *proxytest.CA,
 	poll.Eventually(t, 30*time.Second, "Pod "+name, func() error {
 		return w.k8s.Get(w.ctx, client.ObjectKey{Namespace: w.opNS, Name: name}, pod)
 	})
-	r := &haReplica{name: name, logs: &syncLog{}}
+	r := &haReplica{name: name, w: w, logs: &syncLog{}}
 	r.opts = proxy.Options{
 		ConfigSecret: name + "-config", GroupConfigMap: pg + "-ingress-config", Kube: w.cp.Config, Namespace: w.opNS,
 		PodUID: string(pod.UID), StateDir: t.TempDir(), NetNS: netns, TailnetPort: freeUDPPort(t),
@@ -78,7 +81,52 @@ func newHAReplica(t *testing.T, w *world, pg string, i int, certs *proxytest.CA,
 func (r *haReplica) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel, r.done = cancel, make(chan error, 1)
-	go func() { r.done <- proxy.Run(ctx, r.opts) }()
+	go func() { r.done <- r.run(ctx) }()
+}
+
+// run runs the proxy as a kubelet runs its Pod's container: when the StatefulSet replaces the
+// Pod (a new template: the first Service put on a group rolls it onto the kernel path), the
+// proxy stops as on SIGTERM and starts again for the new Pod.
+func (r *haReplica) run(ctx context.Context) error {
+	for {
+		r.mu.Lock()
+		opts := r.opts
+		r.mu.Unlock()
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- proxy.Run(runCtx, opts) }()
+		replacement := r.untilReplaced(runCtx, opts.PodUID, done)
+		stop()
+		err := <-done
+		if replacement == "" || err != nil {
+			return err
+		}
+		r.mu.Lock()
+		r.opts.PodUID = replacement
+		r.mu.Unlock()
+	}
+}
+
+// untilReplaced waits until the replica's Pod is replaced and returns the new Pod's UID; ""
+// when ctx ends or the proxy did (its result is then put back on done).
+func (r *haReplica) untilReplaced(ctx context.Context, uid string, done chan error) string {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			done <- err
+			return ""
+		case <-ctx.Done():
+			return ""
+		case <-tick.C:
+		}
+		pod := &corev1.Pod{}
+		if err := r.w.k8s.Get(ctx, client.ObjectKey{Namespace: r.w.opNS, Name: r.name}, pod); err == nil &&
+			string(pod.UID) != uid && pod.DeletionTimestamp == nil {
+			return string(pod.UID)
+		}
+	}
 }
 
 // stop ends the replica as SIGTERM does and waits until it has drained.
@@ -109,7 +157,10 @@ func (r *haReplica) advertises(w *world, svc string) error {
 	if err != nil {
 		return err
 	}
-	if !st.CurrentFor(r.opts.PodUID) || !slices.Contains(st.Advertised, svc) {
+	r.mu.Lock()
+	uid := r.opts.PodUID
+	r.mu.Unlock()
+	if !st.CurrentFor(uid) || !slices.Contains(st.Advertised, svc) {
 		return fmt.Errorf("%s advertises %v (pod %s)", r.name, st.Advertised, st.PodUID)
 	}
 	return nil

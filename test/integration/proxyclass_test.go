@@ -218,14 +218,23 @@ func TestProxyClassAndGroupFieldsWholeFlow(t *testing.T) {
 	if err := w.k8s.Create(w.ctx, group); err != nil {
 		t.Fatal(err)
 	}
-	r := newHAReplica(t, w, "edge", 0, nil, "")
-	replicaPod := &corev1.Pod{}
-	if err := w.k8s.Get(w.ctx, client.ObjectKey{Namespace: w.opNS, Name: "edge-0"}, replicaPod); err != nil {
+	// A Service on the group puts its replicas on the kernel path, with the class's init container.
+	onGroup := loopbackService(ns, "edge-db", 5432)
+	onGroup.Annotations = map[string]string{kit.AnnotationExpose: "true", kit.AnnotationProxyGroup: "edge"}
+	if err := w.k8s.Create(w.ctx, onGroup); err != nil {
 		t.Fatal(err)
 	}
-	if ic := replicaPod.Spec.InitContainers; len(ic) != 1 || ic[0].Image != "mirror.example/proxy:test" || replicaPod.Labels["team"] != "net" {
-		t.Errorf("the replica's Pod does not carry its ProxyClass: init containers %+v, labels %v", ic, replicaPod.Labels)
-	}
+	replicaPod := &corev1.Pod{}
+	poll.Eventually(t, 60*time.Second, "the replica's Pod with its ProxyClass", func() error {
+		if err := w.k8s.Get(w.ctx, client.ObjectKey{Namespace: w.opNS, Name: "edge-0"}, replicaPod); err != nil {
+			return err
+		}
+		if ic := replicaPod.Spec.InitContainers; len(ic) != 1 || ic[0].Image != "mirror.example/proxy:test" || replicaPod.Labels["team"] != "net" {
+			return fmt.Errorf("init containers %+v, labels %v", ic, replicaPod.Labels)
+		}
+		return nil
+	})
+	r := newHAReplica(t, w, "edge", 0, nil, "")
 	r.start()
 	poll.Eventually(t, 60*time.Second, "the replica on the tailnet as edge-px-0", func() error {
 		if err := w.k8s.Get(w.ctx, client.ObjectKeyFromObject(group), group); err != nil {
