@@ -126,4 +126,3 @@ func operatorPodsNow(ctx context.Context) []corev1.Pod {
 	}
 	return out
 }
-
