@@ -57,6 +57,10 @@ var _ = Describe("A standalone Ingress with a bring-your-own certificate", func(
 			expectWarning(ctx, ing, kit.ReasonTLSSecretNotPermitted)
 			suite.Create(ctx, kubeobj.TLSSecretReaderBinding(ns, operator))
 			Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Succeed())
+			// What the API server returns has no annotations map when the Ingress has none.
+			if ing.Annotations == nil {
+				ing.Annotations = map[string]string{}
+			}
 			ing.Annotations["e2e/touch"] = "allowed"
 			Expect(suite.K8s.Update(ctx, ing)).To(Succeed())
 		} else {
