@@ -4,7 +4,6 @@ package chaos
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -24,23 +23,7 @@ import (
 // grace) at the same moment, under steady HTTPS and L3 TCP load; the operator stays down to the end.
 var _ = Describe("A ProxyGroup whose operator dies with a replica", func() {
 	It("keeps serving, and recovers within 15s without the operator", func(ctx SpecContext) {
-		ns := suite.NewNamespace(ctx, "chaos-failover")
-		suite.StartBackend(ctx, ns, suite.image)
-		pg := framework.ProxyGroup("chaos-fo-"+framework.Token(), 2)
-		suite.Create(ctx, pg)
-		ing := framework.Ingress(ns, "web", "chaos-fo-web-"+framework.Token(), pg.Name)
-		suite.Create(ctx, ing)
-		svc := l3Service(ns, "db", pg.Name)
-		suite.Create(ctx, svc)
-		suite.WaitGroupReady(ctx, pg)
-		https, tcp := httpsEcho(suite.ServedName(ctx, ing)), tcpEcho(serviceIP(ctx, svc))
-		expectServing(ctx, https, "the Ingress")
-		expectServing(ctx, tcp, "the Service")
-		Eventually(ctx, func(g Gomega) {
-			for i := range 2 {
-				g.Expect(state(ctx, g, fmt.Sprintf("%s-%d", pg.Name, i)).Advertised).To(HaveLen(2), "replica %d", i)
-			}
-		}).Should(Succeed())
+		pg, https, tcp := servedGroup(ctx, "chaos-fo")
 
 		const rate = 20
 		stopHTTPS, stopTCP := background(ctx, rate, https), background(ctx, rate, tcp)

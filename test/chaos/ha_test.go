@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/test/framework"
 )
 
@@ -22,24 +23,7 @@ import (
 // one replica's Pod is deleted and the other is evicted as a node drain evicts it.
 var _ = Describe("A ProxyGroup under load", func() {
 	It("serves HTTPS and L3 TCP through a replica deletion and a drain's eviction", func(ctx SpecContext) {
-		ns := suite.NewNamespace(ctx, "chaos-ha")
-		suite.StartBackend(ctx, ns, suite.image)
-		pg := framework.ProxyGroup("chaos-ha-"+framework.Token(), 2)
-		suite.Create(ctx, pg)
-		ing := framework.Ingress(ns, "web", "chaos-ha-web-"+framework.Token(), pg.Name)
-		suite.Create(ctx, ing)
-		svc := l3Service(ns, "db", pg.Name)
-		suite.Create(ctx, svc)
-		suite.WaitGroupReady(ctx, pg)
-		https, tcp := httpsEcho(suite.ServedName(ctx, ing)), tcpEcho(serviceIP(ctx, svc))
-		expectServing(ctx, https, "the Ingress")
-		expectServing(ctx, tcp, "the Service")
-		// Both replicas advertise both services before the load starts.
-		Eventually(ctx, func(g Gomega) {
-			for i := range 2 {
-				g.Expect(state(ctx, g, fmt.Sprintf("%s-%d", pg.Name, i)).Advertised).To(HaveLen(2), "replica %d", i)
-			}
-		}).Should(Succeed())
+		pg, https, tcp := servedGroup(ctx, "chaos-ha")
 
 		moves, err := watchRoutes(ctx)
 		Expect(err).NotTo(HaveOccurred())
@@ -89,6 +73,31 @@ var _ = Describe("A ProxyGroup under load", func() {
 		}
 	})
 })
+
+// servedGroup makes a ProxyGroup of 2 replicas (named from prefix) serving an Ingress (HTTPS)
+// and a Service (L3 TCP) of a namespace of its own, and returns the group and a request for each,
+// once both replicas advertise both services.
+func servedGroup(ctx context.Context, prefix string) (*tsv1alpha1.ProxyGroup, request, request) {
+	GinkgoHelper()
+	ns := suite.NewNamespace(ctx, prefix)
+	suite.StartBackend(ctx, ns, suite.image)
+	pg := framework.ProxyGroup(prefix+"-"+framework.Token(), 2)
+	suite.Create(ctx, pg)
+	ing := framework.Ingress(ns, "web", prefix+"-web-"+framework.Token(), pg.Name)
+	suite.Create(ctx, ing)
+	svc := l3Service(ns, "db", pg.Name)
+	suite.Create(ctx, svc)
+	suite.WaitGroupReady(ctx, pg)
+	https, tcp := httpsEcho(suite.ServedName(ctx, ing)), tcpEcho(serviceIP(ctx, svc))
+	expectServing(ctx, https, "the Ingress")
+	expectServing(ctx, tcp, "the Service")
+	Eventually(ctx, func(g Gomega) {
+		for i := range 2 {
+			g.Expect(state(ctx, g, fmt.Sprintf("%s-%d", pg.Name, i)).Advertised).To(HaveLen(2), "replica %d", i)
+		}
+	}).Should(Succeed())
+	return pg, https, tcp
+}
 
 // replaceReplica does something to a replica's Pod and waits until its replacement is Ready,
 // returning how long that took.
