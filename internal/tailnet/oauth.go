@@ -82,15 +82,21 @@ func (f *fileCredentials) Token() (*oauth2.Token, error) {
 	if !same && f.id != nil {
 		f.log.Info("OAuth client credentials changed on disk; fetching a new token")
 	}
+	fetch := f.clientCredentials
 	if f.idTokenFile != "" {
-		tok, err := f.exchange(id, secret)
-		if err != nil {
-			return nil, err
-		}
-		f.id, f.secret, f.tok, f.tokenFetchedAt = id, secret, tok, time.Now()
-		f.log.Debug("exchanged the identity token for an API token", "expiry", tok.Expiry)
-		return tok, nil
+		fetch = f.exchange
 	}
+	tok, err := fetch(id, secret)
+	if err != nil {
+		return nil, err
+	}
+	f.id, f.secret, f.tok, f.tokenFetchedAt = id, secret, tok, time.Now()
+	f.log.Debug("fetched OAuth access token", "expiry", tok.Expiry, "federated", f.idTokenFile != "")
+	return tok, nil
+}
+
+// clientCredentials fetches a token with the OAuth client's ID and secret.
+func (f *fileCredentials) clientCredentials(id, secret []byte) (*oauth2.Token, error) {
 	cfg := clientcredentials.Config{
 		ClientID:     string(id),
 		ClientSecret: string(secret),
@@ -104,8 +110,6 @@ func (f *fileCredentials) Token() (*oauth2.Token, error) {
 	if err != nil {
 		return nil, tokenError(err)
 	}
-	f.id, f.secret, f.tok, f.tokenFetchedAt = id, secret, tok, time.Now()
-	f.log.Debug("fetched OAuth access token", "expiry", tok.Expiry)
 	return tok, nil
 }
 

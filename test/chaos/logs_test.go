@@ -232,15 +232,12 @@ func (l *logCollector) dumpTails(lines int) {
 // and base64-encoded at every alignment. A credential planted first must be found.
 func searchCredentials(ctx context.Context) {
 	GinkgoHelper()
-	planted, made, err := credsearch.Plant(ctx, suite.K8s, opNS)
-	Expect(err).NotTo(HaveOccurred())
 	l := suite.logs
 	l.harvest(ctx)
 	l.stop()
 	needles := credsearch.New()
 	needles.Add("tskey-", "an auth key or OAuth client secret (tskey-)")
 	needles.Add(suite.oauthSecret, "the tailnet's OAuth client secret")
-	needles.Add(planted, credsearch.Planted)
 	kinds := map[string]int{}
 	for k, v := range l.credentials {
 		needles.Add(k, v)
@@ -256,17 +253,9 @@ func searchCredentials(ctx context.Context) {
 	journal, err := nodeExec(ctx, "journalctl", "--no-pager", "-o", "cat", "-u", "kubelet", "-u", "containerd")
 	Expect(err).NotTo(HaveOccurred(), "the node's journal")
 	haystacks["the kubelet's and containerd's journal"] = []byte(journal)
-	cluster, eventCount, err := credsearch.Cluster(ctx, suite.K8s)
+	r, err := credsearch.SearchCluster(ctx, suite.K8s, opNS, needles, haystacks)
 	Expect(err).NotTo(HaveOccurred())
-	maps.Copy(haystacks, cluster)
-	size := 0
-	for _, text := range haystacks {
-		size += len(text)
-	}
-	plantedHits, hits := credsearch.SplitPlanted(needles.Search(haystacks))
-	for _, obj := range made {
-		Expect(suite.K8s.Delete(ctx, obj)).To(Succeed(), "removing what was planted")
-	}
+	eventCount, size, plantedHits, hits := r.Events, r.Bytes, r.PlantedHits, r.Hits
 	suite.report.add("### No credential in any log, Event or object\n\n"+
 		"After every other spec: %d container logs (the operator's and every proxy's, followed from start to end), the "+
 		"kubelet's and containerd's journal (%.1f MiB), %d Events, every Pod's spec and the status and annotations of every "+

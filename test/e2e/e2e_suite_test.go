@@ -22,7 +22,6 @@ package e2e
 import (
 	"context"
 	"crypto/x509"
-	"maps"
 	"os"
 	"testing"
 	"time"
@@ -90,36 +89,28 @@ var _ = AfterSuite(func(ctx SpecContext) {
 // operator reads or writes. A credential planted first must be found.
 func searchCredentials(ctx context.Context) {
 	GinkgoHelper()
-	planted, made, err := credsearch.Plant(ctx, suite.K8s, suite.opNS)
-	Expect(err).NotTo(HaveOccurred())
 	needles := credsearch.New()
 	needles.Add("tskey-", "an auth key or OAuth client secret (tskey-)")
 	needles.Add(suite.oauthSecret, "the tailnet's OAuth client secret")
-	needles.Add(planted, credsearch.Planted)
-	haystacks := map[string][]byte{}
+	logs := map[string][]byte{}
 	for _, f := range []string{suite.operatorLog, suite.proxyLog} {
 		if f != "" {
 			b, err := os.ReadFile(f)
 			Expect(err).NotTo(HaveOccurred())
-			haystacks[f] = b
+			logs[f] = b
 		}
 	}
-	if len(haystacks) == 0 {
-		logs, err := credsearch.PodLogs(ctx, suite.Clientset, suite.opNS)
+	if len(logs) == 0 {
+		var err error
+		logs, err = credsearch.PodLogs(ctx, suite.Clientset, suite.opNS)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(logs).NotTo(BeEmpty(), "container logs of %s", suite.opNS)
-		maps.Copy(haystacks, logs)
 	}
-	logs := len(haystacks)
-	cluster, count, err := credsearch.Cluster(ctx, suite.K8s)
+	r, err := credsearch.SearchCluster(ctx, suite.K8s, suite.opNS, needles, logs)
 	Expect(err).NotTo(HaveOccurred())
-	maps.Copy(haystacks, cluster)
-	plantedHits, hits := credsearch.SplitPlanted(needles.Search(haystacks))
-	for _, obj := range made {
-		Expect(suite.K8s.Delete(ctx, obj)).To(Succeed(), "removing what was planted")
-	}
+	plantedHits, hits := r.PlantedHits, r.Hits
 	GinkgoWriter.Printf("credential search: %d logs, %d Events and the objects searched; the planted credential found %d times; %d hits\n",
-		logs, count, len(plantedHits), len(hits))
+		len(logs), r.Events, len(plantedHits), len(hits))
 	Expect(plantedHits).To(ContainElements(ContainSubstring("in "+credsearch.InEvents), ContainSubstring("in "+credsearch.InAnnotations)),
 		"the planted credential: the search must find what it looks for")
 	Expect(hits).To(BeEmpty(), "credentials found")

@@ -256,26 +256,16 @@ func (r *reportWriter) flush() error {
 func searchCredentials() {
 	GinkgoHelper()
 	ctx := context.Background()
-	planted, made, err := credsearch.Plant(ctx, k8s, "default")
-	Expect(err).NotTo(HaveOccurred())
-	texts, eventCount, err := credsearch.Cluster(ctx, k8s)
-	Expect(err).NotTo(HaveOccurred())
-	texts["the operator's log"] = []byte(opLog.contents())
 	needles := credsearch.New()
 	needles.Add("tskey-", "an auth key or OAuth client secret")
 	needles.Add(lt.OAuthClientSecret.Reveal(), "the OAuth client secret")
-	needles.Add(planted, credsearch.Planted)
 	for i, k := range privateKeys {
 		needles.Add(pemBody(k), fmt.Sprintf("TLS private key %d", i))
 	}
-	size := 0
-	for _, text := range texts {
-		size += len(text)
-	}
-	plantedHits, hits := credsearch.SplitPlanted(needles.Search(texts))
-	for _, obj := range made {
-		Expect(k8s.Delete(ctx, obj)).To(Succeed(), "removing what was planted")
-	}
+	opLogText := []byte(opLog.contents())
+	r, err := credsearch.SearchCluster(ctx, k8s, "default", needles, map[string][]byte{"the operator's log": opLogText})
+	Expect(err).NotTo(HaveOccurred())
+	size, plantedHits, hits, eventCount := r.Bytes, r.PlantedHits, r.Hits, r.Events
 	Expect(size).To(BeNumerically(">", 1000), "the text searched")
 	Expect(plantedHits).To(ContainElements(ContainSubstring("in "+credsearch.InEvents), ContainSubstring("in "+credsearch.InAnnotations)),
 		"the planted credential: the search must find what it looks for")
@@ -284,5 +274,5 @@ func searchCredentials() {
 		"status and annotations searched for %d credentials, as written and base64 at every alignment (every auth key and OAuth "+
 		"secret by their tskey- prefix, the tailnet's OAuth client secret, %d TLS private keys): %d hits. A credential planted "+
 		"first, in an annotation and base64 in an Event, was found %d times.\n",
-		len(texts["the operator's log"])>>10, eventCount, len(privateKeys)+2, len(privateKeys), len(hits), len(plantedHits)))
+		len(opLogText)>>10, eventCount, len(privateKeys)+2, len(privateKeys), len(hits), len(plantedHits)))
 }

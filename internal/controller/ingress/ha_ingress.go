@@ -358,19 +358,20 @@ func (r *HAIngressReconciler) SetupWithManager(mgr ctrl.Manager, store groupstor
 		Watches(&corev1.ConfigMap{}, group).
 		Watches(&tsv1alpha1.ProxyGroupPolicy{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			// A change of its namespace's policies may let an Ingress on a group or keep it from it.
-			list := &networkingv1.IngressList{}
-			if err := r.List(ctx, list, client.InNamespace(o.GetNamespace())); err != nil {
-				return nil
-			}
-			return ingressRequests(list.Items, r.serves)
+			return r.served(ctx, client.InNamespace(o.GetNamespace()))
 		})).
 		Complete(r)
 }
 
 // onGroup lists the Ingresses served on a ProxyGroup.
 func (r *HAIngressReconciler) onGroup(ctx context.Context, name string) []reconcile.Request {
+	return r.served(ctx, client.MatchingFields{groupstore.IndexIngressGroup: name})
+}
+
+// served lists the Ingresses that opts select and this reconciler serves.
+func (r *HAIngressReconciler) served(ctx context.Context, opts ...client.ListOption) []reconcile.Request {
 	list := &networkingv1.IngressList{}
-	if err := r.List(ctx, list, client.MatchingFields{groupstore.IndexIngressGroup: name}, client.UnsafeDisableDeepCopy); err != nil {
+	if err := r.List(ctx, list, append(opts, client.UnsafeDisableDeepCopy)...); err != nil {
 		return nil
 	}
 	return ingressRequests(list.Items, r.serves)

@@ -42,12 +42,7 @@ type NameWatch struct {
 
 // NewNameWatch watches every object of kind.
 func NewNameWatch(mgr ctrl.Manager, kind schema.GroupVersionKind) (*NameWatch, error) {
-	c, err := cache.New(mgr.GetConfig(), cache.Options{
-		HTTPClient:       mgr.GetHTTPClient(),
-		Scheme:           mgr.GetScheme(),
-		Mapper:           mgr.GetRESTMapper(),
-		DefaultTransform: nameOnly,
-	})
+	c, err := cache.New(mgr.GetConfig(), nameCacheOptions(mgr))
 	if err != nil {
 		return nil, fmt.Errorf("building the cache of %s names: %w", kind.Kind, err)
 	}
@@ -55,6 +50,16 @@ func NewNameWatch(mgr ctrl.Manager, kind schema.GroupVersionKind) (*NameWatch, e
 		return nil, fmt.Errorf("adding the cache of %s names to the manager: %w", kind.Kind, err)
 	}
 	return &NameWatch{cache: c, kind: kind}, nil
+}
+
+// nameCacheOptions are those of a cache of the manager's cluster that keeps names only.
+func nameCacheOptions(mgr ctrl.Manager) cache.Options {
+	return cache.Options{
+		HTTPClient:       mgr.GetHTTPClient(),
+		Scheme:           mgr.GetScheme(),
+		Mapper:           mgr.GetRESTMapper(),
+		DefaultTransform: nameOnly,
+	}
 }
 
 // nameOnly keeps what identifies an object and tells that it changed.

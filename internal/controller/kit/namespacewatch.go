@@ -77,14 +77,10 @@ func (w *NamespaceNameWatch) Watch(ctx context.Context, namespace string) error 
 	if _, ok := w.watches[namespace]; ok {
 		return nil
 	}
-	c, err := cache.New(w.mgr.GetConfig(), cache.Options{
-		HTTPClient:           w.mgr.GetHTTPClient(),
-		Scheme:               w.mgr.GetScheme(),
-		Mapper:               w.mgr.GetRESTMapper(),
-		DefaultNamespaces:    map[string]cache.Config{namespace: {}},
-		DefaultFieldSelector: w.fieldSelector,
-		DefaultTransform:     nameOnly,
-	})
+	opts := nameCacheOptions(w.mgr)
+	opts.DefaultNamespaces = map[string]cache.Config{namespace: {}}
+	opts.DefaultFieldSelector = w.fieldSelector
+	c, err := cache.New(w.mgr.GetConfig(), opts)
 	if err != nil {
 		return fmt.Errorf("building the cache of %s names in %s: %w", w.kind.Kind, namespace, err)
 	}

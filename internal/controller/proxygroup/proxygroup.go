@@ -242,8 +242,9 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 // alone runs unprivileged, as a standalone Ingress's proxy does. The first Service put on a
 // group rolls its replicas onto the kernel path, and the last one taken off rolls them back.
 func (r *ProxyGroupReconciler) servesL3(ctx context.Context, pg *tsv1alpha1.ProxyGroup) (bool, error) {
+	// Only whether there is one: no copy of each Service on every pass over the group.
 	list := &corev1.ServiceList{}
-	if err := r.List(ctx, list, client.MatchingFields{groupstore.IndexServiceGroup: pg.Name}); err != nil {
+	if err := r.List(ctx, list, client.MatchingFields{groupstore.IndexServiceGroup: pg.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return false, fmt.Errorf("listing the Services on ProxyGroup %s: %w", pg.Name, err)
 	}
 	return len(list.Items) > 0, nil

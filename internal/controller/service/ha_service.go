@@ -270,7 +270,7 @@ func (r *HAServiceReconciler) onGroup(ctx context.Context, name string) []reconc
 // served lists the Services that opts select and this reconciler serves.
 func (r *HAServiceReconciler) served(ctx context.Context, opts ...client.ListOption) []reconcile.Request {
 	list := &corev1.ServiceList{}
-	if err := r.List(ctx, list, opts...); err != nil {
+	if err := r.List(ctx, list, append(opts, client.UnsafeDisableDeepCopy)...); err != nil {
 		return nil
 	}
 	var reqs []reconcile.Request

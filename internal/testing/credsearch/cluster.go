@@ -170,3 +170,40 @@ func PodLogs(ctx context.Context, cs kubernetes.Interface, namespace string) (ma
 	}
 	return out, nil
 }
+
+// Result is what SearchCluster found.
+type Result struct {
+	// PlantedHits are the finds of the planted credential, Hits those of every other needle.
+	PlantedHits, Hits []string
+	// Events is how many Events were searched, Bytes the size of every haystack.
+	Events, Bytes int
+}
+
+// SearchCluster plants a credential in namespace ns (Plant), searches the cluster's haystacks
+// (Cluster) and extra ones (logs) for needles and the planted credential, and removes what it
+// planted.
+func SearchCluster(ctx context.Context, c client.Client, ns string, needles *Needles, extra map[string][]byte) (_ Result, err error) {
+	planted, made, err := Plant(ctx, c, ns)
+	defer func() {
+		for _, obj := range made {
+			if derr := c.Delete(context.WithoutCancel(ctx), obj); derr != nil && err == nil {
+				err = fmt.Errorf("removing what was planted: %w", derr)
+			}
+		}
+	}()
+	if err != nil {
+		return Result{}, err
+	}
+	haystacks, events, err := Cluster(ctx, c)
+	if err != nil {
+		return Result{}, err
+	}
+	maps.Copy(haystacks, extra)
+	needles.Add(planted, Planted)
+	r := Result{Events: events}
+	for _, text := range haystacks {
+		r.Bytes += len(text)
+	}
+	r.PlantedHits, r.Hits = SplitPlanted(needles.Search(haystacks))
+	return r, nil
+}
