@@ -93,6 +93,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, error) {
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", envBool("OPERATOR_LEADER_ELECT", false), withEnv("Elect a leader, so that only one replica reconciles at a time.", "OPERATOR_LEADER_ELECT"))
 	fs.StringVar(&o.settings.Namespace, "operator-namespace", envOr("OPERATOR_NAMESPACE", serviceAccountNamespace()), withEnv("Namespace of the operator and of every proxy's objects.", "OPERATOR_NAMESPACE"))
+	fs.StringVar(&o.settings.PrivilegedNamespace, "privileged-proxy-namespace", envOr("OPERATOR_PRIVILEGED_PROXY_NAMESPACE", ""),
+		withEnv("Namespace the Pods of kernel-path proxies (L3 Services, ProxyGroups a Service is on: root, NET_ADMIN) run in, so the operator's namespace can enforce the restricted Pod Security standard; their Secrets stay in the operator's. Empty: the operator's namespace.", "OPERATOR_PRIVILEGED_PROXY_NAMESPACE"))
 	fs.StringVar(&o.settings.IngressClassName, "ingress-class-name", envOr("OPERATOR_INGRESS_CLASS_NAME", "tailscale"), withEnv("IngressClass this operator serves.", "OPERATOR_INGRESS_CLASS_NAME"))
 	fs.StringVar(&o.settings.DefaultProxyClass, "default-proxy-class", envOr("PROXY_DEFAULT_CLASS", ""), withEnv("ProxyClass for objects that name none.", "PROXY_DEFAULT_CLASS"))
 	fs.StringVar(&o.tags, "proxy-tags", envOr("PROXY_TAGS", "tag:k8s"), withEnv("Comma-separated tailnet tags for proxies that ask for none.", "PROXY_TAGS"))

@@ -90,7 +90,8 @@ func (s *stateCollector) collectProxies(ctx context.Context, ch chan<- prometheu
 	devices := map[string]int{proxies.ParentTypeIngress: 0, proxies.ParentTypeService: 0, proxies.ParentTypeProxyGroup: 0}
 	sts := &appsv1.StatefulSetList{}
 	secrets := &corev1.SecretList{}
-	if err := s.c.List(ctx, sts, client.InNamespace(s.namespace), managed); err != nil {
+	// In every namespace the cache holds proxy Pods in: kernel ones may run apart.
+	if err := s.c.List(ctx, sts, managed); err != nil {
 		log.FromContext(ctx).Error(err, "metrics: listing proxies")
 		return
 	}

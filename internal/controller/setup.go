@@ -41,12 +41,17 @@ const recorderName = "tsingress-operator"
 // the operator never reads (managed fields, kubectl's last applied configuration).
 func CacheOptions(s kit.Settings) cache.Options {
 	own := cache.ByObject{Namespaces: map[string]cache.Config{s.Namespace: {}}}
+	// Proxy Pods, and what runs them, also where kernel-path proxies run apart.
+	pods := cache.ByObject{Namespaces: map[string]cache.Config{}}
+	for _, ns := range s.PodNamespaces() {
+		pods.Namespaces[ns] = cache.Config{}
+	}
 	return cache.Options{DefaultTransform: kit.StripUnread, ByObject: map[client.Object]cache.ByObject{
 		&corev1.Secret{}:         own,
-		&corev1.ConfigMap{}:      own,
-		&corev1.Pod{}:            own,
-		&corev1.ServiceAccount{}: own,
-		&appsv1.StatefulSet{}:    own,
+		&corev1.ConfigMap{}:      pods, // the CA bundle's copy
+		&corev1.Pod{}:            pods,
+		&corev1.ServiceAccount{}: pods,
+		&appsv1.StatefulSet{}:    pods,
 		&rbacv1.Role{}:           own,
 		&rbacv1.RoleBinding{}:    own,
 	}}

@@ -20,6 +20,7 @@
 package e2e
 
 import (
+	"maps"
 	"context"
 	"crypto/x509"
 	"os"
@@ -39,6 +40,9 @@ var suite struct {
 	*framework.Tailnet
 	roots   *x509.CertPool
 	opNS    string
+	// privNS is where the operator runs kernel-path proxies' Pods apart from its own namespace
+	// (the restricted overlay); empty when they run in opNS.
+	privNS  string
 	timeout time.Duration
 
 	operatorLog, proxyLog string
@@ -61,6 +65,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	}
 	suite.oauthSecret = secret
 	suite.opNS = framework.EnvOr("E2E_OPERATOR_NAMESPACE", "tailscale")
+	suite.privNS = os.Getenv("E2E_PRIVILEGED_NAMESPACE")
 	suite.operatorLog, suite.proxyLog = os.Getenv("E2E_OPERATOR_LOG"), os.Getenv("E2E_PROXY_LOG")
 	suite.localBackend = os.Getenv("E2E_LOCAL_BACKEND")
 	suite.backendImage = framework.EnvOr("E2E_BACKEND_IMAGE", framework.DefaultBackendImage)
@@ -101,10 +106,12 @@ func searchCredentials(ctx context.Context) {
 		}
 	}
 	if len(logs) == 0 {
-		var err error
-		logs, err = credsearch.PodLogs(ctx, suite.Clientset, suite.opNS)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(logs).NotTo(BeEmpty(), "container logs of %s", suite.opNS)
+		for _, ns := range proxyNamespaces() {
+			nsLogs, err := credsearch.PodLogs(ctx, suite.Clientset, ns)
+			Expect(err).NotTo(HaveOccurred())
+			maps.Copy(logs, nsLogs)
+		}
+		Expect(logs).NotTo(BeEmpty(), "container logs of %v", proxyNamespaces())
 	}
 	r, err := credsearch.SearchCluster(ctx, suite.K8s, suite.opNS, needles, logs)
 	Expect(err).NotTo(HaveOccurred())
@@ -116,6 +123,15 @@ func searchCredentials(ctx context.Context) {
 	Expect(hits).To(BeEmpty(), "credentials found")
 }
 
+// proxyNamespaces are the namespaces proxy Pods run in: the operator's, and the privileged one
+// where kernel-path proxies run apart.
+func proxyNamespaces() []string {
+	if suite.privNS == "" {
+		return []string{suite.opNS}
+	}
+	return []string{suite.opNS, suite.privNS}
+}
+
 // On failure: the Events and Pods (as kubectl describe shows their state) of the spec's namespace
 // and of the operator's, and the operator's and the proxies' logs.
 var _ = AfterEach(func() {
@@ -124,7 +140,7 @@ var _ = AfterEach(func() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, ns := range []string{suite.SpecNamespace, suite.opNS} {
+	for _, ns := range append([]string{suite.SpecNamespace}, proxyNamespaces()...) {
 		if ns != "" {
 			suite.DumpEvents(ctx, ns)
 			suite.DumpPods(ctx, ns)

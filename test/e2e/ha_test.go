@@ -100,20 +100,58 @@ var _ = Describe("A ProxyGroup under a replica restart", Ordered, func() {
 	})
 })
 
-// underReplicaRestart sends requests at 10 per second while the Pod is deleted and until its
-// replacement is Ready and has served for 10 seconds more; it prints the counts and returns the
-// share that failed. The loop is bounded by the spec's timeout.
+// underReplicaRestart sends requests at 10 per second while the Pod (of a group, in whichever
+// namespace it runs) is deleted and until its replacement is Ready and has served for 10 seconds
+// more; it prints the counts and returns the share that failed.
 func underReplicaRestart(ctx context.Context, pod string, request func(context.Context) error) float64 {
 	GinkgoHelper()
-	var sent, failed atomic.Int64
-	var firstErr atomic.Value
-	var deletedAt atomic.Int64 // unix nanoseconds; 0 before the deletion
-	var mu sync.Mutex
-	var failedAt []string // when each failure was sent, relative to the deletion
+	l := steadyLoad(ctx, request)
+	time.Sleep(3 * time.Second)
+	old := groupPod(ctx, pod)
+	deleted := l.mark()
+	Expect(suite.K8s.Delete(ctx, old)).To(Succeed())
+	Eventually(ctx, func(g Gomega) {
+		var p corev1.Pod
+		g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(old), &p)).To(Succeed())
+		g.Expect(p.UID).NotTo(Equal(old.UID), "the replacement Pod")
+		g.Expect(framework.PodReady(&p)).To(BeTrue(), "replacement %s Ready", pod)
+	}).Should(Succeed())
+	back := time.Since(deleted)
+	time.Sleep(10 * time.Second)
+	return l.finish("failover "+pod, fmt.Sprintf("%s deleted: replacement Ready after %s", pod, back.Round(100*time.Millisecond)))
+}
+
+// groupPod is the running replica Pod of that name, in whichever namespace it runs.
+func groupPod(ctx context.Context, name string) *corev1.Pod {
+	GinkgoHelper()
+	for _, ns := range proxyNamespaces() {
+		var p corev1.Pod
+		if err := suite.K8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &p); err == nil {
+			return &p
+		}
+	}
+	Fail(fmt.Sprintf("no Pod %s in %v", name, proxyNamespaces()))
+	return nil
+}
+
+// load is a steady stream of requests, 10 per second, counted.
+type load struct {
+	sent, failed atomic.Int64
+	firstErr     atomic.Value
+	markedAt     atomic.Int64 // unix nanoseconds of the event the failures are timed from; 0 before
+	mu           sync.Mutex
+	failedAt     []string // when each failure was sent, relative to the mark
+	stop         context.CancelFunc
+	done         chan struct{}
+}
+
+// steadyLoad starts sending requests until finish; the loop is bounded by the spec's timeout.
+func steadyLoad(ctx context.Context, request func(context.Context) error) *load {
+	l := &load{done: make(chan struct{})}
 	loadCtx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
+	l.stop = stop
 	go func() {
-		defer close(done)
+		defer close(l.done)
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
 		for {
@@ -129,39 +167,41 @@ func underReplicaRestart(ctx context.Context, pod string, request func(context.C
 			if loadCtx.Err() != nil {
 				return
 			}
-			sent.Add(1)
+			l.sent.Add(1)
 			if err != nil {
-				failed.Add(1)
-				firstErr.CompareAndSwap(nil, err.Error())
-				mu.Lock()
-				failedAt = append(failedAt, at.Sub(time.Unix(0, deletedAt.Load())).Round(100*time.Millisecond).String())
-				mu.Unlock()
+				l.failed.Add(1)
+				l.firstErr.CompareAndSwap(nil, err.Error())
+				l.mu.Lock()
+				l.failedAt = append(l.failedAt, at.Sub(time.Unix(0, l.markedAt.Load())).Round(100*time.Millisecond).String())
+				l.mu.Unlock()
 			}
 		}
 	}()
-	time.Sleep(3 * time.Second)
-	var old corev1.Pod
-	Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: pod}, &old)).To(Succeed())
-	deleted := time.Now()
-	deletedAt.Store(deleted.UnixNano())
-	Expect(suite.K8s.Delete(ctx, &old)).To(Succeed())
-	Eventually(ctx, func(g Gomega) {
-		var p corev1.Pod
-		g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: pod}, &p)).To(Succeed())
-		g.Expect(p.UID).NotTo(Equal(old.UID), "the replacement Pod")
-		g.Expect(framework.PodReady(&p)).To(BeTrue(), "replacement %s Ready", pod)
-	}).Should(Succeed())
-	back := time.Since(deleted)
-	time.Sleep(10 * time.Second)
-	stop()
-	<-done
-	n, f := sent.Load(), failed.Load()
-	msg := fmt.Sprintf("%s deleted: replacement Ready after %s; %d of %d requests failed", pod, back.Round(100*time.Millisecond), f, n)
-	if e := firstErr.Load(); e != nil {
-		msg += fmt.Sprintf(" (sent at %s after the deletion; first: %s)", strings.Join(failedAt, ", "), strings.TrimSpace(e.(string)))
+	return l
+}
+
+// mark records now as the time failures are reported from.
+func (l *load) mark() time.Time {
+	now := time.Now()
+	l.markedAt.Store(now.UnixNano())
+	return now
+}
+
+// finish stops the requests, prints and reports the counts under what, after how it went, and
+// returns the share that failed.
+func (l *load) finish(what, how string) float64 {
+	GinkgoHelper()
+	l.stop()
+	<-l.done
+	n, f := l.sent.Load(), l.failed.Load()
+	msg := fmt.Sprintf("%s; %d of %d requests failed", how, f, n)
+	if e := l.firstErr.Load(); e != nil {
+		l.mu.Lock()
+		msg += fmt.Sprintf(" (sent at %s after the mark; first: %s)", strings.Join(l.failedAt, ", "), strings.TrimSpace(e.(string)))
+		l.mu.Unlock()
 	}
 	GinkgoWriter.Println(msg)
-	AddReportEntry("failover "+pod, msg)
+	AddReportEntry(what, msg)
 	Expect(n).To(BeNumerically(">", 50), "requests sent")
 	return float64(f) / float64(n)
 }

@@ -154,12 +154,16 @@ func dumpLogs(ctx context.Context, what, file, selector string) {
 		GinkgoWriter.Printf("\n----- %s log %s (last %d lines) -----\n%s\n", what, file, lines, bytes.Join(all[max(0, len(all)-lines):], []byte("\n")))
 		return
 	}
-	pods, err := suite.Clientset.CoreV1().Pods(suite.opNS).List(ctx, metav1.ListOptions{LabelSelector: selector})
-	if err != nil {
-		GinkgoWriter.Printf("listing the %s Pods: %v\n", what, err)
-		return
+	var pods []corev1.Pod
+	for _, ns := range proxyNamespaces() {
+		list, err := suite.Clientset.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			GinkgoWriter.Printf("listing the %s Pods in %s: %v\n", what, ns, err)
+			return
+		}
+		pods = append(pods, list.Items...)
 	}
-	for _, pod := range pods.Items {
+	for _, pod := range pods {
 		b, err := suite.Clientset.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{TailLines: ptr.To[int64](lines)}).DoRaw(ctx)
 		GinkgoWriter.Printf("\n----- %s Pod %s (last %d lines) -----\n%s\n", what, pod.Name, lines, b)
 		if err != nil {

@@ -45,7 +45,7 @@ var _ = Describe("Proxy metrics", func() {
 			// the Service is checked to select the proxy's Pod.
 			Eventually(ctx, func(g Gomega) {
 				s := &corev1.Service{}
-				g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: svc}, s)).To(Succeed())
+				g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: svc}, s)).To(Succeed())
 				g.Expect(s.Spec.Selector).NotTo(BeEmpty())
 				g.Expect(labels.SelectorFromSet(s.Spec.Selector).Matches(labels.Set(pod.Labels))).To(BeTrue(), "Service %s selects Pod %s", svc, pod.Name)
 			}).Should(Succeed())
@@ -53,7 +53,7 @@ var _ = Describe("Proxy metrics", func() {
 		}
 		// Through the API server's Service proxy: the Service must select the proxy's Pod.
 		Eventually(ctx, func(g Gomega) {
-			body, err := suite.Clientset.CoreV1().Services(suite.opNS).ProxyGet("http", svc, "metrics", "/metrics", nil).DoRaw(ctx)
+			body, err := suite.Clientset.CoreV1().Services(pod.Namespace).ProxyGet("http", svc, "metrics", "/metrics", nil).DoRaw(ctx)
 			g.Expect(err).NotTo(HaveOccurred(), "GET /metrics through Service %s", svc)
 			p := expfmt.NewTextParser(model.UTF8Validation)
 			families, err := p.TextToMetricFamilies(bytes.NewReader(body))

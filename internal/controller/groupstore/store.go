@@ -83,6 +83,7 @@ type Advertising struct {
 func NewStore(c client.Client, api client.Reader, tc tailnet.Client, s kit.Settings) Store {
 	return &store{
 		client:   c,
+		where:    proxies.WhereFor(s),
 		docs:     documents{Client: c, Namespace: s.Namespace, W: newGroupWriter(c, api, s.Namespace, s.GroupShardBytes)},
 		services: &tailscaleServices{API: api, Tailnet: tc, Settings: s},
 	}
@@ -90,6 +91,7 @@ func NewStore(c client.Client, api client.Reader, tc tailnet.Client, s kit.Setti
 
 type store struct {
 	client   client.Client
+	where    proxies.Where
 	docs     documents
 	services *tailscaleServices
 	reports  proxies.Reports
@@ -195,7 +197,7 @@ func (s *store) Replicas(ctx context.Context, g proxies.Group, n int) ([]proxies
 	reps := make([]proxies.Replica, n)
 	for i := range n {
 		var err error
-		if reps[i], err = g.Replicas().Read(ctx, s.client, &s.reports, s.docs.Namespace, i); err != nil {
+		if reps[i], err = g.Replicas().Read(ctx, s.client, &s.reports, s.where, i); err != nil {
 			return nil, err
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"maps"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -108,6 +109,14 @@ func Create(ctx context.Context, c client.Client, obj client.Object) error {
 func WriteShared(ctx context.Context, c client.Client, before, obj client.Object) error {
 	obj.SetResourceVersion(before.GetResourceVersion())
 	return c.Update(ctx, obj)
+}
+
+// ScaleStatefulSet sets the replicas of sts, as read, under its resourceVersion: a decision
+// taken on a stale read conflicts, and the caller's next pass decides again.
+func ScaleStatefulSet(ctx context.Context, c client.Client, sts *appsv1.StatefulSet, replicas int32) error {
+	before := sts.DeepCopy()
+	sts.Spec.Replicas = &replicas
+	return c.Patch(ctx, sts, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
 }
 
 // SetAnnotation sets one annotation of obj (by its namespace and name) through the API, and

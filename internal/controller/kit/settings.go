@@ -18,6 +18,12 @@ import (
 type Settings struct {
 	// Namespace holds every proxy's child objects (Secrets, StatefulSets, RBAC).
 	Namespace string
+	// PrivilegedNamespace, when set, is where the Pods of proxies on the kernel data path run
+	// (L3 Services' proxies, ProxyGroups a Service is on): root with NET_ADMIN, which Namespace
+	// then need not admit. Their Secrets, Roles and mint records stay in Namespace; only the
+	// StatefulSet, its ServiceAccount and metrics Service, and a copy of the CA bundle go there.
+	// Empty: Namespace.
+	PrivilegedNamespace string
 	// IngressClassName is the IngressClass this operator serves.
 	IngressClassName string
 	// DefaultProxyClass applies to objects that name no ProxyClass.
@@ -69,6 +75,22 @@ func (s *Settings) FunnelAllowed(namespace string) bool {
 	return s.FunnelNamespaces == nil || slices.Contains(s.FunnelNamespaces, namespace)
 }
 
+// PodNamespace is where the Pods of a proxy run: kernel ones apart when the operator is told to.
+func (s *Settings) PodNamespace(kernel bool) string {
+	if kernel && s.PrivilegedNamespace != "" {
+		return s.PrivilegedNamespace
+	}
+	return s.Namespace
+}
+
+// PodNamespaces lists the namespaces proxy Pods may run in: Namespace, then PrivilegedNamespace.
+func (s *Settings) PodNamespaces() []string {
+	if s.PrivilegedNamespace == "" || s.PrivilegedNamespace == s.Namespace {
+		return []string{s.Namespace}
+	}
+	return []string{s.Namespace, s.PrivilegedNamespace}
+}
+
 // DefaultMaxGroupReplicas is the bound on a ProxyGroup's replicas unless the operator is given
 // another.
 const DefaultMaxGroupReplicas = 32
@@ -111,6 +133,9 @@ func (s *Settings) Validate() error {
 	}
 	if s.ProxyCAConfigMap != "" && len(validation.IsDNS1123Subdomain(s.ProxyCAConfigMap)) > 0 {
 		errs = append(errs, fmt.Errorf("proxy CA ConfigMap name %q is not a valid object name", s.ProxyCAConfigMap))
+	}
+	if s.PrivilegedNamespace != "" && len(validation.IsDNS1123Label(s.PrivilegedNamespace)) > 0 {
+		errs = append(errs, fmt.Errorf("privileged proxy namespace %q is not a namespace name", s.PrivilegedNamespace))
 	}
 	for _, ns := range s.FunnelNamespaces {
 		if len(validation.IsDNS1123Label(ns)) > 0 {

@@ -62,7 +62,8 @@ func (m *Proxies) TailnetInfo(ctx context.Context) tailnet.TailnetInfo {
 // Ensure applies every child of p, and reports whether it created the proxy's StatefulSet. It
 // mints an auth key only while the proxy has no device yet and holds no unused key.
 func (m *Proxies) Ensure(ctx context.Context, p *StandaloneProxy) (created bool, err error) {
-	ns := m.Settings.Namespace
+	w := WhereFor(m.Settings)
+	ns := w.State
 	grant, err := m.authKeyFor(ctx, p)
 	if err != nil {
 		return false, err
@@ -73,14 +74,23 @@ func (m *Proxies) Ensure(ctx context.Context, p *StandaloneProxy) (created bool,
 	}
 	grant.Annotate(secret)
 	sts := p.BuildStatefulSet(m.Settings)
-	if created, err = m.absent(ctx, sts); err != nil {
-		return false, fmt.Errorf("looking for the proxy StatefulSet %s/%s: %w", sts.Namespace, sts.Name, err)
+	if created, err = m.absent(ctx, sts, w.Pods); err != nil {
+		return false, err
 	}
-	objs := []client.Object{p.buildServiceAccount(ns), p.buildRole(ns), p.buildRoleBinding(ns), secret}
+	var objs []client.Object
+	for _, podNS := range p.podNamespaces(w) {
+		objs = append(objs, p.buildServiceAccount(podNS))
+	}
+	objs = append(objs, p.buildRole(ns), p.buildRoleBinding(w), secret)
 	for _, c := range p.CertSecrets {
 		objs = append(objs, c)
 	}
-	for _, obj := range append(objs, sts) {
+	if cm, err := CABundleCopy(ctx, m.Client, m.Settings, sts.Namespace); err != nil {
+		return false, err
+	} else if cm != nil {
+		objs = append(objs, cm)
+	}
+	for _, obj := range objs {
 		if err := kit.Apply(ctx, m.Client, obj); err != nil {
 			if obj == secret {
 				return false, m.keys().Undelivered(ctx, grant, err)
@@ -88,24 +98,55 @@ func (m *Proxies) Ensure(ctx context.Context, p *StandaloneProxy) (created bool,
 			return false, err
 		}
 	}
-	if err := ApplyMetricsObjects(ctx, m.Client, nil, p.Name(), ns, p.Parent.Labels(), p.Selector(), p.Class); err != nil {
+	if _, err := Place(ctx, m.Client, w, sts); err != nil {
 		return false, err
+	}
+	for _, podNS := range w.Pods {
+		var labels, selector map[string]string // none: removed where the Pods do not run
+		if podNS == sts.Namespace {
+			labels, selector = p.Parent.Labels(), p.Selector()
+		}
+		if err := ApplyMetricsObjects(ctx, m.Client, nil, p.Name(), podNS, labels, selector, p.Class); err != nil {
+			return false, err
+		}
 	}
 	return created, certs.PruneCertCopies(ctx, m.Client, ns, p.Parent.Labels(), p.CertSecrets)
 }
 
-// absent reports whether obj does not exist yet. The cache answers when it has it; a miss is
-// confirmed through the API, as the cache may not have seen a creation yet.
-func (m *Proxies) absent(ctx context.Context, obj client.Object) (bool, error) {
-	existing := obj.DeepCopyObject().(client.Object)
-	err := m.Get(ctx, client.ObjectKeyFromObject(obj), existing)
-	if apierrors.IsNotFound(err) {
-		err = m.API.Get(ctx, client.ObjectKeyFromObject(obj), existing)
+// CABundleCopy is the copy, in ns, of the operator's CA bundle ConfigMap, which proxy Pods
+// mount from their own namespace: nil where they run in the operator's or need none.
+func CABundleCopy(ctx context.Context, c client.Reader, s kit.Settings, ns string) (*corev1.ConfigMap, error) {
+	if s.ProxyCAConfigMap == "" || ns == s.Namespace {
+		return nil, nil
 	}
-	if apierrors.IsNotFound(err) {
-		return true, nil
+	src := &corev1.ConfigMap{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: s.ProxyCAConfigMap}, src); err != nil {
+		return nil, fmt.Errorf("reading the proxies' CA bundle ConfigMap %s/%s to copy it to %s: %w", s.Namespace, s.ProxyCAConfigMap, ns, err)
 	}
-	return false, err
+	return &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: s.ProxyCAConfigMap, Namespace: ns, Labels: map[string]string{kit.LabelManaged: "true"}},
+		Data:       src.Data, BinaryData: src.BinaryData,
+	}, nil
+}
+
+// absent reports whether obj exists in none of namespaces. The cache answers when it has it; a
+// miss is confirmed through the API, as the cache may not have seen a creation yet.
+func (m *Proxies) absent(ctx context.Context, obj client.Object, namespaces []string) (bool, error) {
+	for _, ns := range namespaces {
+		existing := obj.DeepCopyObject().(client.Object)
+		key := client.ObjectKey{Namespace: ns, Name: obj.GetName()}
+		err := m.Get(ctx, key, existing)
+		if apierrors.IsNotFound(err) {
+			err = m.API.Get(ctx, key, existing)
+		}
+		if err == nil {
+			return false, nil
+		}
+		if !apierrors.IsNotFound(err) {
+			return false, fmt.Errorf("looking for the proxy StatefulSet %s/%s: %w", ns, obj.GetName(), err)
+		}
+	}
+	return true, nil
 }
 
 func (m *Proxies) keys() Keys {
@@ -126,7 +167,7 @@ func (m *Proxies) authKeyFor(ctx context.Context, p *StandaloneProxy) (KeyGrant,
 // reported either, and the finding says why: the object is still served as it asks.
 func (m *Proxies) State(ctx context.Context, par Parent) (*contract.ProxyState, *corev1.Pod, *kit.Finding, error) {
 	rs := par.replicas()
-	r, err := rs.Read(ctx, m.Client, &m.reports, m.Settings.Namespace, 0)
+	r, err := rs.Read(ctx, m.Client, &m.reports, WhereFor(m.Settings), 0)
 	if err != nil || r.unreadable == nil {
 		return r.State, r.pod, nil, err
 	}
@@ -160,18 +201,21 @@ func PodRefused(pod *corev1.Pod) string {
 // StatefulSet is still going away; the StatefulSet watch calls again. A device the tailnet API
 // does not show to be the proxy's stays, and refused says so, for a Warning Event.
 func (m *Proxies) Teardown(ctx context.Context, par Parent) (done bool, refused *kit.Finding, err error) {
-	ns, name := m.Settings.Namespace, par.ProxyName()
-	sts := &appsv1.StatefulSet{}
-	switch err := m.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, sts); {
-	case err == nil:
-		if sts.DeletionTimestamp == nil {
-			if err := kit.Remove(ctx, m.Client, sts, client.PropagationPolicy(metav1.DeletePropagationForeground)); err != nil {
-				return false, nil, fmt.Errorf("deleting the proxy StatefulSet %s/%s: %w", ns, name, err)
+	w := WhereFor(m.Settings)
+	ns, name := w.State, par.ProxyName()
+	for _, podNS := range w.Pods {
+		sts := &appsv1.StatefulSet{}
+		switch err := m.Get(ctx, client.ObjectKey{Namespace: podNS, Name: name}, sts); {
+		case err == nil:
+			if sts.DeletionTimestamp == nil {
+				if err := kit.Remove(ctx, m.Client, sts, client.PropagationPolicy(metav1.DeletePropagationForeground)); err != nil {
+					return false, nil, fmt.Errorf("deleting the proxy StatefulSet %s/%s: %w", podNS, name, err)
+				}
 			}
+			return false, nil, nil
+		case !apierrors.IsNotFound(err):
+			return false, nil, fmt.Errorf("reading the proxy StatefulSet %s/%s: %w", podNS, name, err)
 		}
-		return false, nil, nil
-	case !apierrors.IsNotFound(err):
-		return false, nil, fmt.Errorf("reading the proxy StatefulSet %s/%s: %w", ns, name, err)
 	}
 
 	// From the API server, not the cache: a device the proxy recorded just before it stopped
@@ -196,20 +240,24 @@ func (m *Proxies) Teardown(ctx context.Context, par Parent) (done bool, refused 
 	if err := certs.PruneCertCopies(ctx, m.Client, ns, par.Labels(), nil); err != nil {
 		return false, nil, err
 	}
-	if err := ApplyMetricsObjects(ctx, m.Client, nil, name, ns, nil, nil, nil); err != nil {
-		return false, nil, err
-	}
-	for _, child := range []struct {
+	type child struct {
 		kind string
 		obj  client.Object
-	}{
+	}
+	children := []child{
 		{"state Secret", &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: par.replicas().StateSecret(0)}}},
 		{"RoleBinding", &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}},
 		{"Role", &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}},
-		{"ServiceAccount", &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}},
-	} {
+	}
+	for _, podNS := range w.Pods {
+		if err := ApplyMetricsObjects(ctx, m.Client, nil, name, podNS, nil, nil, nil); err != nil {
+			return false, nil, err
+		}
+		children = append(children, child{"ServiceAccount", &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: podNS, Name: name}}})
+	}
+	for _, child := range children {
 		if err := kit.Remove(ctx, m.Client, child.obj); err != nil {
-			return false, nil, fmt.Errorf("deleting the proxy's %s %s/%s: %w", child.kind, ns, child.obj.GetName(), err)
+			return false, nil, fmt.Errorf("deleting the proxy's %s %s/%s: %w", child.kind, child.obj.GetNamespace(), child.obj.GetName(), err)
 		}
 	}
 	return true, refused, nil

@@ -44,19 +44,15 @@ type Replica struct {
 	unreadable error
 }
 
-// Read reads replica i of the set, in namespace ns, its report parsed through reports.
-func (s replicaSet) Read(ctx context.Context, c client.Reader, reports *Reports, ns string, i int) (Replica, error) {
+// Read reads replica i of the set, where w says, its report parsed through reports.
+func (s replicaSet) Read(ctx context.Context, c client.Reader, reports *Reports, w Where, i int) (Replica, error) {
 	var r Replica
-	// The cache's own objects, not copies: every reconcile of an object on a group reads all
-	// its replicas, and copying their state Secrets grew with the group.
-	pod := &corev1.Pod{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.pod(i)}, pod, client.UnsafeDisableDeepCopy); err != nil {
-		if err := client.IgnoreNotFound(err); err != nil {
-			return r, fmt.Errorf("reading the proxy Pod %s/%s: %w", ns, s.pod(i), err)
-		}
-		return r, nil
+	pod, err := s.findPod(ctx, c, w, i)
+	if pod == nil || err != nil {
+		return r, err
 	}
 	r.pod = pod
+	ns := w.State
 	secret := &corev1.Secret{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.StateSecret(i)}, secret, client.UnsafeDisableDeepCopy); err != nil {
 		if err := client.IgnoreNotFound(err); err != nil {
@@ -73,4 +69,21 @@ func (s replicaSet) Read(ctx context.Context, c client.Reader, reports *Reports,
 		r.State = st
 	}
 	return r, nil
+}
+
+// findPod finds replica i's Pod in one of the namespaces it may run in (one at a time: Place),
+// nil while there is none. The cache's own objects, not copies: every reconcile of an object on
+// a group reads all its replicas, and copying their state Secrets grew with the group.
+func (s replicaSet) findPod(ctx context.Context, c client.Reader, w Where, i int) (*corev1.Pod, error) {
+	for _, ns := range w.Pods {
+		pod := &corev1.Pod{}
+		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.pod(i)}, pod, client.UnsafeDisableDeepCopy)
+		if err == nil {
+			return pod, nil
+		}
+		if err := client.IgnoreNotFound(err); err != nil {
+			return nil, fmt.Errorf("reading the proxy Pod %s/%s: %w", ns, s.pod(i), err)
+		}
+	}
+	return nil, nil
 }

@@ -59,7 +59,7 @@ func TestReportsReadShardedReports(t *testing.T) {
 		t.Helper()
 		var states []*contract.ProxyState
 		for i := range 2 {
-			r, err := g.Replicas().Read(ctx, c, &reports, "ns", i)
+			r, err := g.Replicas().Read(ctx, c, &reports, Where{State: "ns", Pods: []string{"ns"}}, i)
 			if err != nil {
 				t.Fatal(err)
 			}

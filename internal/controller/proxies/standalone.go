@@ -114,14 +114,34 @@ func (p *StandaloneProxy) buildRole(namespace string) *rbacv1.Role {
 	return r
 }
 
-func (p *StandaloneProxy) buildRoleBinding(namespace string) *rbacv1.RoleBinding {
+// buildRoleBinding binds the proxy's Role, in w.State, to its ServiceAccount in each
+// namespace its Pods may run in.
+func (p *StandaloneProxy) buildRoleBinding(w Where) *rbacv1.RoleBinding {
 	rb := &rbacv1.RoleBinding{
 		ObjectMeta: p.meta(p.Name()),
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: p.Name()},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: p.Name(), Namespace: namespace}},
+		Subjects:   ServiceAccountSubjects(p.Name(), p.podNamespaces(w)),
 	}
-	rb.Namespace = namespace
+	rb.Namespace = w.State
 	return rb
+}
+
+// podNamespaces are the namespaces the proxy's Pods may run in: an L7 proxy's only in the
+// operator's, a kernel one's also in the privileged namespace (it moves there).
+func (p *StandaloneProxy) podNamespaces(w Where) []string {
+	if !p.Kernel {
+		return []string{w.State}
+	}
+	return w.Pods
+}
+
+// ServiceAccountSubjects are the ServiceAccounts named name in each of namespaces.
+func ServiceAccountSubjects(name string, namespaces []string) []rbacv1.Subject {
+	subjects := make([]rbacv1.Subject, 0, len(namespaces))
+	for _, ns := range namespaces {
+		subjects = append(subjects, rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns})
+	}
+	return subjects
 }
 
 // Selector selects the proxy's Pod.
@@ -131,23 +151,25 @@ func (p *StandaloneProxy) Selector() map[string]string {
 
 func (p *StandaloneProxy) BuildStatefulSet(s kit.Settings) *appsv1.StatefulSet {
 	return ProxyPods{
-		Name:      p.Name(),
-		Namespace: s.Namespace,
-		Labels:    p.Parent.Labels(),
-		Selector:  p.Selector(),
-		Replicas:  1,
-		Args:      []string{"--config-secret=" + p.secretName()},
-		Kernel:    p.Kernel,
-		Image:     s.ProxyImage,
-		CaBundle:  s.ProxyCAConfigMap,
-		NoLogs:    s.ProxyNoLogs,
-		Class:     p.Class,
+		Name:           p.Name(),
+		Namespace:      s.PodNamespace(p.Kernel),
+		StateNamespace: s.Namespace,
+		Labels:         p.Parent.Labels(),
+		Selector:       p.Selector(),
+		Replicas:       1,
+		Args:           []string{"--config-secret=" + p.secretName()},
+		Kernel:         p.Kernel,
+		Image:          s.ProxyImage,
+		CaBundle:       s.ProxyCAConfigMap,
+		NoLogs:         s.ProxyNoLogs,
+		Class:          p.Class,
 	}.Build()
 }
 
 // ProxyPods describes a StatefulSet of proxies, standalone or a ProxyGroup's.
 type ProxyPods struct {
 	Name, Namespace  string
+	StateNamespace   string // of its Secrets and the group's ConfigMaps, when not Namespace
 	Labels, Selector map[string]string
 	Replicas         int32
 	Args             []string // besides the health address
@@ -251,6 +273,9 @@ func (pp ProxyPods) Build() *appsv1.StatefulSet {
 			corev1.ResourceCPU: MustQuantity("5m"), corev1.ResourceMemory: MustQuantity("32Mi"),
 		}},
 		VolumeMounts: []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}},
+	}
+	if pp.StateNamespace != "" && pp.StateNamespace != pp.Namespace {
+		container.Args = append(container.Args, "--namespace="+pp.StateNamespace)
 	}
 	if pp.NoLogs {
 		container.Env = append(container.Env, corev1.EnvVar{Name: "TS_NO_LOGS_NO_SUPPORT", Value: "true"})

@@ -169,7 +169,12 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 	if err != nil {
 		return err
 	}
-	objs := []client.Object{r.buildServiceAccount(g), r.buildRole(g, n, shards, certs), r.buildRoleBinding(g), cm}
+	w := proxies.WhereFor(r.Settings)
+	var objs []client.Object
+	for _, podNS := range w.Pods {
+		objs = append(objs, r.buildServiceAccount(g, podNS))
+	}
+	objs = append(objs, r.buildRole(g, n, shards, certs), r.buildRoleBinding(g, w), cm)
 	grants := map[string]proxies.KeyGrant{} // by config Secret
 	for i := range n {
 		config := r.secret(g, g.Replicas().ConfigSecret(i), secretTypeConfig, i, nil)
@@ -197,17 +202,18 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 		args = append(args, "--group-l7-only")
 	}
 	pods := proxies.ProxyPods{
-		Name:      g.Name,
-		Namespace: ns,
-		Labels:    g.Labels(),
-		Selector:  g.Labels(),
-		Replicas:  int32(n),
-		Args:      args,
-		Kernel:    kernel,
-		Image:     r.Settings.ProxyImage,
-		CaBundle:  r.Settings.ProxyCAConfigMap,
-		NoLogs:    r.Settings.ProxyNoLogs,
-		Class:     class,
+		Name:           g.Name,
+		Namespace:      r.Settings.PodNamespace(kernel),
+		StateNamespace: ns,
+		Labels:         g.Labels(),
+		Selector:       g.Labels(),
+		Replicas:       int32(n),
+		Args:           args,
+		Kernel:         kernel,
+		Image:          r.Settings.ProxyImage,
+		CaBundle:       r.Settings.ProxyCAConfigMap,
+		NoLogs:         r.Settings.ProxyNoLogs,
+		Class:          class,
 	}.Build()
 	for _, obj := range append(objs, pods) {
 		if err := controllerutil.SetControllerReference(pg, obj, r.Scheme()); err != nil {
@@ -228,13 +234,27 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 			return err
 		})
 	}
+	if cm, err := proxies.CABundleCopy(ctx, r.Client, r.Settings, pods.Namespace); err != nil {
+		return err
+	} else if cm != nil {
+		applies.Go(func() error { return kit.Apply(ctx, r.Client, cm) })
+	}
 	if err := applies.Wait(); err != nil {
 		return err
 	}
-	if err := kit.Apply(ctx, r.Client, pods); err != nil {
+	if _, err := proxies.Place(ctx, r.Client, w, pods); err != nil {
 		return err
 	}
-	return proxies.ApplyMetricsObjects(ctx, r.Client, pg, g.Name, ns, g.Labels(), g.Labels(), class)
+	for _, podNS := range w.Pods {
+		var labels map[string]string // none: removed where the Pods do not run
+		if podNS == pods.Namespace {
+			labels = g.Labels()
+		}
+		if err := proxies.ApplyMetricsObjects(ctx, r.Client, pg, g.Name, podNS, labels, labels, class); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // servesL3 reports whether a Service is put on the group: its replicas then need the kernel
@@ -294,7 +314,7 @@ func (r *ProxyGroupReconciler) replicaConfig(ctx context.Context, pg *tsv1alpha1
 	cfg.Metrics = proxies.MetricsEnabled(class)
 	// One single-use key per replica.
 	req := tailnet.AuthKeyRequest{Tags: tags, Description: fmt.Sprintf("tsingress proxygroup %s replica %d", pg.Name, i), Expiry: proxies.AuthKeyExpiry}
-	identity := r.buildServiceAccount(g)
+	identity := r.buildServiceAccount(g, r.Settings.Namespace)
 	if err := controllerutil.SetControllerReference(pg, identity, r.Scheme()); err != nil {
 		return nil, proxies.KeyGrant{}, fmt.Errorf("setting ProxyGroup %s as the owner of %s: %w", pg.Name, identity.Name, err)
 	}
@@ -313,8 +333,10 @@ func (r *ProxyGroupReconciler) secret(g proxies.Group, name, typ string, i int, 
 	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: r.Settings.Namespace, Labels: labels}, Data: data}
 }
 
-func (r *ProxyGroupReconciler) buildServiceAccount(g proxies.Group) *corev1.ServiceAccount {
-	return &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: g.Name, Namespace: r.Settings.Namespace, Labels: g.Labels()}}
+// buildServiceAccount is the replicas' ServiceAccount in ns, one of the namespaces they may
+// run in; the operator's namespace's also keeps the mint records.
+func (r *ProxyGroupReconciler) buildServiceAccount(g proxies.Group, ns string) *corev1.ServiceAccount {
+	return &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: g.Name, Namespace: ns, Labels: g.Labels()}}
 }
 
 // buildRole lets the replicas read their configs and the group ConfigMap, and write their
@@ -368,11 +390,13 @@ func (r *ProxyGroupReconciler) buildRole(g proxies.Group, n, shards int, certs g
 	return &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: g.Name, Namespace: r.Settings.Namespace, Labels: g.Labels()}, Rules: rules}
 }
 
-func (r *ProxyGroupReconciler) buildRoleBinding(g proxies.Group) *rbacv1.RoleBinding {
+// buildRoleBinding binds the group's Role to its ServiceAccount in every namespace its
+// replicas may run in: they move when a Service is put on the group or taken off.
+func (r *ProxyGroupReconciler) buildRoleBinding(g proxies.Group, w proxies.Where) *rbacv1.RoleBinding {
 	return &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: g.Name, Namespace: r.Settings.Namespace, Labels: g.Labels()},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: g.Name},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: g.Name, Namespace: r.Settings.Namespace}},
+		Subjects:   proxies.ServiceAccountSubjects(g.Name, w.Pods),
 	}
 }
 
