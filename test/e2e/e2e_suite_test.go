@@ -11,6 +11,7 @@
 //	TS_CONTROL_URL                            control server of the suite's tailnet client; Tailscale's by default
 //	E2E_CA_FILE                               roots the proxies' certificates chain to, besides the system's
 //	E2E_OPERATOR_NAMESPACE                    tailscale by default
+//	E2E_PRIVILEGED_NAMESPACE                  where kernel-path proxies' Pods run apart (the restricted overlay); none by default
 //	E2E_OPERATOR_LOG, E2E_PROXY_LOG           log files of an operator and proxies run outside Pods
 //	E2E_LOCAL_BACKEND                         host:port of a backend for Ingresses where no workload Pods run
 //	E2E_SKIP_L3                               why L3 Services cannot be served here
@@ -20,9 +21,9 @@
 package e2e
 
 import (
-	"maps"
 	"context"
 	"crypto/x509"
+	"maps"
 	"os"
 	"testing"
 	"time"
