@@ -19,8 +19,10 @@ import (
 // and the table lists nothing else.
 func TestPermissionsDocumented(t *testing.T) {
 	granted := map[string]string{}
-	for _, f := range []string{"role.yaml", "leader_election_role.yaml", "metrics_auth_role.yaml", "tls_secret_reader_role.yaml"} {
-		b, err := os.ReadFile(filepath.Join("..", "..", "config", "rbac", f))
+	// The restricted overlay's Role in the privileged namespace, where kernel-path proxies run.
+	const privileged = "overlays/restricted/privileged.yaml"
+	for _, f := range []string{"rbac/role.yaml", "rbac/leader_election_role.yaml", "rbac/metrics_auth_role.yaml", "rbac/tls_secret_reader_role.yaml", privileged} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "config", f))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -38,7 +40,7 @@ func TestPermissionsDocumented(t *testing.T) {
 					t.Fatal(err)
 				}
 				rules = role.Rules
-				if f == "tls_secret_reader_role.yaml" {
+				if f == "rbac/tls_secret_reader_role.yaml" {
 					binding = "reader"
 				}
 			case "Role":
@@ -47,6 +49,13 @@ func TestPermissionsDocumented(t *testing.T) {
 					t.Fatal(err)
 				}
 				rules = role.Rules
+				if f == privileged {
+					binding = "privileged"
+				}
+			case "Namespace", "RoleBinding":
+				if f != privileged {
+					t.Fatalf("%s: a %q", f, meta.Kind)
+				}
 			default:
 				t.Fatalf("%s: a %q", f, meta.Kind)
 			}
