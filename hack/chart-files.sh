@@ -17,3 +17,10 @@ for part in crd rbac; do
   } > "$out/$part.yaml.tmp"
   mv "$out/$part.yaml.tmp" "$out/$part.yaml"
 done
+# The restricted overlay's privileged namespace and the operator's Role there, as written (the
+# chart's proxyConfig.privilegedNamespace renders them in the namespace it names).
+{
+  echo "# Copied by hack/chart-files.sh (make manifests) from config/overlays/restricted/privileged.yaml: do not edit."
+  cat "$root/config/overlays/restricted/privileged.yaml"
+} > "$out/privileged.yaml.tmp"
+mv "$out/privileged.yaml.tmp" "$out/privileged.yaml"

@@ -125,12 +125,12 @@ func TestLintStrict(t *testing.T) {
 	}
 }
 
-// kustomizeDeploy builds config/default as make deploy installs it, plus the Secret operator-oauth
-// as hack/kind-deploy.sh generates it (README's install has the user create it).
-func kustomizeDeploy(t *testing.T) map[string]object {
+// kustomizeDeploy builds overlay (under config/) as make deploy installs it, plus the Secret
+// operator-oauth as hack/kind-deploy.sh generates it (README's install has the user create it).
+func kustomizeDeploy(t *testing.T, overlay string) map[string]object {
 	t.Helper()
 	dir := t.TempDir()
-	base, err := filepath.Rel(dir, filepath.Join(root, "config", "default"))
+	base, err := filepath.Rel(dir, filepath.Join(root, "config", overlay))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,16 +166,10 @@ var settingsHash = regexp.MustCompile(`^operator-settings-[a-z0-9]{10}$`)
 //     a setting changes; the chart keeps the plain name and rolls it through a checksum annotation.
 func normaliseKustomize(t *testing.T, objs map[string]object) {
 	t.Helper()
-	var namespaces []string
-	for k, o := range objs {
-		if o["kind"] == "Namespace" {
-			namespaces = append(namespaces, k)
-			delete(objs, k)
-		}
+	if _, ok := objs["Namespace /"+namespace]; !ok {
+		t.Fatalf("make deploy does not make the Namespace %s", namespace)
 	}
-	if want := []string{"Namespace /" + namespace}; !reflect.DeepEqual(namespaces, want) {
-		t.Fatalf("make deploy's Namespaces are %v, want %v", namespaces, want)
-	}
+	delete(objs, "Namespace /"+namespace)
 	renamed := 0
 	for k, o := range objs {
 		meta := o["metadata"].(object)
@@ -303,8 +297,24 @@ func diff(path string, a, b any) []string {
 // TestDefaultsRenderMakeDeploy: with its default values and the OAuth client, the chart renders
 // make deploy's objects, field for field, but for what the normalise functions name.
 func TestDefaultsRenderMakeDeploy(t *testing.T) {
-	want := kustomizeDeploy(t)
-	got := mustHelmTemplate(t, "oauth.clientId="+clientID, "oauth.clientSecret="+clientSecret)
+	sameObjects(t, kustomizeDeploy(t, "default"), mustHelmTemplate(t, "oauth.clientId="+clientID, "oauth.clientSecret="+clientSecret))
+}
+
+// TestPrivilegedNamespaceRendersRestrictedOverlay: proxyConfig.privilegedNamespace renders what
+// the restricted overlay adds (the privileged namespace, the operator's Role there, the setting),
+// but the release namespace's label, which a chart cannot own.
+func TestPrivilegedNamespaceRendersRestrictedOverlay(t *testing.T) {
+	got := mustHelmTemplate(t, "oauth.clientId="+clientID, "oauth.clientSecret="+clientSecret, "proxyConfig.privilegedNamespace=tailscale-privileged")
+	if _, ok := got["Role tailscale-privileged/tsingress-privileged-proxies"]; !ok {
+		t.Fatal("the chart renders no Role in the privileged namespace")
+	}
+	sameObjects(t, kustomizeDeploy(t, "overlays/restricted"), got)
+}
+
+// sameObjects compares what make deploy renders with what the chart does, field for field, but
+// for what the normalise functions name.
+func sameObjects(t *testing.T, want, got map[string]object) {
+	t.Helper()
 	normaliseKustomize(t, want)
 	normaliseHelm(t, got)
 	for k := range want {

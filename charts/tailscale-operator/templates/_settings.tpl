@@ -7,6 +7,7 @@
   "PROXY_IMAGE" (include "tsingress.image" (list .Values.proxyConfig.image .)) }}
 {{- with .Values.proxyConfig.defaultProxyClass }}{{ $_ := set $s "PROXY_DEFAULT_CLASS" . }}{{ end }}
 {{- with .Values.loginServer }}{{ $_ := set $s "OPERATOR_LOGIN_SERVER" . }}{{ end }}
+{{- with .Values.proxyConfig.privilegedNamespace }}{{ $_ := set $s "OPERATOR_PRIVILEGED_PROXY_NAMESPACE" . }}{{ end }}
 {{- range $k, $v := .Values.operatorSettings }}
 {{- if hasKey $s $k }}
 {{- fail (printf "operatorSettings.%s: %s is set by a value of the chart (see values.yaml); set that value instead" $k $k) }}
