@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -80,6 +81,7 @@ func (w *NamespaceNameWatch) Watch(ctx context.Context, namespace string) error 
 	opts := nameCacheOptions(w.mgr)
 	opts.DefaultNamespaces = map[string]cache.Config{namespace: {}}
 	opts.DefaultFieldSelector = w.fieldSelector
+	opts.DefaultWatchErrorHandler = w.watchErrors(namespace)
 	c, err := cache.New(w.mgr.GetConfig(), opts)
 	if err != nil {
 		return fmt.Errorf("building the cache of %s names in %s: %w", w.kind.Kind, namespace, err)
@@ -107,6 +109,21 @@ func (w *NamespaceNameWatch) Watch(ctx context.Context, namespace string) error 
 	w.watches[namespace] = stop
 	log.FromContext(ctx).V(1).Info("watching names", "kind", w.kind.Kind, "namespace", namespace)
 	return nil
+}
+
+// watchErrors handles the errors of namespace's watch: a namespace that stops granting the kind
+// (its RoleBinding removed, or the namespace deleted) is forgotten at the first refusal, rather
+// than listed again and again; other errors are retried as a reflector does.
+func (w *NamespaceNameWatch) watchErrors(namespace string) toolscache.WatchErrorHandlerWithContext {
+	return func(ctx context.Context, r *toolscache.Reflector, err error) {
+		if !apierrors.IsForbidden(err) {
+			toolscache.DefaultWatchErrorHandler(ctx, r, err)
+			return
+		}
+		log.FromContext(w.ctx).Info("no longer allowed to watch names; forgetting the namespace until an object there names one again",
+			"kind", w.kind.Kind, "namespace", namespace)
+		go w.Forget(w.ctx, namespace) // not under the informer that calls this
+	}
 }
 
 // Forget stops the watch of namespace, where the operator may no longer read the kind.

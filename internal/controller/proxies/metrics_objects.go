@@ -100,6 +100,17 @@ func toAny(m map[string]string) map[string]any {
 	return out
 }
 
+// PlaceMetricsObjects applies a proxy's metrics objects in podNS, where its Pods run, as
+// ApplyMetricsObjects does, and removes them from w's other namespaces, where they ran before.
+func PlaceMetricsObjects(ctx context.Context, c client.Client, owner client.Object, w Where, name, podNS string, labels, selector map[string]string, class *tsv1alpha1.ProxyClass) error {
+	for _, ns := range w.others(podNS) {
+		if err := ApplyMetricsObjects(ctx, c, nil, name, ns, nil, nil, nil); err != nil {
+			return err
+		}
+	}
+	return ApplyMetricsObjects(ctx, c, owner, name, podNS, labels, selector, class)
+}
+
 // annotationServiceMonitor on a metrics Service records that the operator made its
 // ServiceMonitor, so that it is removed when no longer wanted without asking for the kind on
 // every pass (a cluster without the CRD would answer with a discovery miss each time).

@@ -12,6 +12,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 )
 
 // A proxy's Pods move to another namespace one replica at a time: the old StatefulSet gives up
@@ -95,5 +97,25 @@ func TestPlaceWithoutAMove(t *testing.T) {
 	}
 	if *got.Spec.Replicas != 3 || got.Spec.Ordinals != nil {
 		t.Fatalf("applied %d replicas from %v, want 3 from 0", *got.Spec.Replicas, got.Spec.Ordinals)
+	}
+}
+
+// A proxy's metrics Service follows its Pods: applied where they run, removed where they ran.
+func TestPlaceMetricsObjectsFollowsThePods(t *testing.T) {
+	ctx := context.Background()
+	w := Where{State: "ops", Pods: []string{"ops", "priv"}}
+	class := &tsv1alpha1.ProxyClass{Spec: tsv1alpha1.ProxyClassSpec{Metrics: &tsv1alpha1.Metrics{Enable: true}}}
+	labels := map[string]string{"app": "p"}
+	c := fake.NewClientBuilder().Build()
+	for _, podNS := range []string{"ops", "priv", "ops"} {
+		if err := PlaceMetricsObjects(ctx, c, nil, w, "p", podNS, labels, labels, class); err != nil {
+			t.Fatalf("Pods in %s: %v", podNS, err)
+		}
+		for _, ns := range w.Pods {
+			err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: metricsName("p")}, &corev1.Service{})
+			if found := err == nil; found != (ns == podNS) {
+				t.Fatalf("Pods in %s: metrics Service in %s found %v (%v)", podNS, ns, found, err)
+			}
+		}
 	}
 }

@@ -101,14 +101,8 @@ func (m *Proxies) Ensure(ctx context.Context, p *StandaloneProxy) (created bool,
 	if _, err := Place(ctx, m.Client, w, sts); err != nil {
 		return false, err
 	}
-	for _, podNS := range w.Pods {
-		var labels, selector map[string]string // none: removed where the Pods do not run
-		if podNS == sts.Namespace {
-			labels, selector = p.Parent.Labels(), p.Selector()
-		}
-		if err := ApplyMetricsObjects(ctx, m.Client, nil, p.Name(), podNS, labels, selector, p.Class); err != nil {
-			return false, err
-		}
+	if err := PlaceMetricsObjects(ctx, m.Client, nil, w, p.Name(), sts.Namespace, p.Parent.Labels(), p.Selector(), p.Class); err != nil {
+		return false, err
 	}
 	return created, certs.PruneCertCopies(ctx, m.Client, ns, p.Parent.Labels(), p.CertSecrets)
 }

@@ -245,16 +245,7 @@ func (r *ProxyGroupReconciler) ensure(ctx context.Context, pg *tsv1alpha1.ProxyG
 	if _, err := proxies.Place(ctx, r.Client, w, pods); err != nil {
 		return err
 	}
-	for _, podNS := range w.Pods {
-		var labels map[string]string // none: removed where the Pods do not run
-		if podNS == pods.Namespace {
-			labels = g.Labels()
-		}
-		if err := proxies.ApplyMetricsObjects(ctx, r.Client, pg, g.Name, podNS, labels, labels, class); err != nil {
-			return err
-		}
-	}
-	return nil
+	return proxies.PlaceMetricsObjects(ctx, r.Client, pg, w, g.Name, pods.Namespace, g.Labels(), g.Labels(), class)
 }
 
 // servesL3 reports whether a Service is put on the group: its replicas then need the kernel
