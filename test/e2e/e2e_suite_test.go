@@ -39,8 +39,8 @@ import (
 var suite struct {
 	*framework.Cluster
 	*framework.Tailnet
-	roots   *x509.CertPool
-	opNS    string
+	roots *x509.CertPool
+	opNS  string
 	// privNS is where the operator runs kernel-path proxies' Pods apart from its own namespace
 	// (the restricted overlay); empty when they run in opNS.
 	privNS  string
