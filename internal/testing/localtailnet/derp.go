@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
+	"net/netip"
 	"net/http"
 	"net/http/httptest"
 
@@ -54,6 +55,12 @@ func startRelay(ip string, logf logger.Logf) (*relay, *tailcfg.DERPMap, error) {
 		}
 	}()
 
+	// The node's address in the family it has: a relay on an IPv6-only network (a kind cluster
+	// of family ipv6) has no IPv4 address to give.
+	ipv4, ipv6 := ip, "none"
+	if a, err := netip.ParseAddr(ip); err == nil && a.Is6() {
+		ipv4, ipv6 = "none", ip
+	}
 	dm := &tailcfg.DERPMap{
 		Regions: map[int]*tailcfg.DERPRegion{
 			1: {
@@ -64,8 +71,8 @@ func startRelay(ip string, logf logger.Logf) (*relay, *tailcfg.DERPMap, error) {
 					Name:             "1a",
 					RegionID:         1,
 					HostName:         ip,
-					IPv4:             ip,
-					IPv6:             "none",
+					IPv4:             ipv4,
+					IPv6:             ipv6,
 					DERPPort:         ln.Addr().(*net.TCPAddr).Port,
 					STUNPort:         stun.LocalAddr().(*net.UDPAddr).Port,
 					STUNTestIP:       ip,
