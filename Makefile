@@ -9,7 +9,11 @@ LDFLAGS := -s -w -X github.com/tsingress/tsingress/internal/version.Version=$(VE
 
 CONTAINER_TOOL ?= docker
 KUBECTL ?= kubectl
-KIND_CLUSTER ?= tsingress-e2e
+# The kind cluster's IP family: ipv4, ipv6 or dual (dual-stack). A cluster of each family has a
+# name of its own (tsingress-e2e, tsingress-e2e-ipv6, tsingress-e2e-dual) unless KIND_CLUSTER says.
+KIND_IP_FAMILY ?= ipv4
+export KIND_IP_FAMILY
+KIND_CLUSTER ?= tsingress-e2e$(if $(filter-out ipv4,$(KIND_IP_FAMILY)),-$(KIND_IP_FAMILY))
 
 SHELL = /usr/bin/env bash -o pipefail
 .SHELLFLAGS = -ec
@@ -20,7 +24,7 @@ all: build
 ##@ General
 
 # Variables that help shows by their values.
-HELP_VARS = OVERLAY INSTALL KIND_CLUSTER CHAOS_CLUSTER FUZZTIME GATEWAY_API_CRDS
+HELP_VARS = OVERLAY INSTALL KIND_IP_FAMILY KIND_CLUSTER CHAOS_CLUSTER FUZZTIME GATEWAY_API_CRDS
 
 .PHONY: help
 help: ## Show this help.
@@ -144,7 +148,7 @@ INSTALL ?= kustomize
 E2E_ARGS ?= -ginkgo.v
 
 .PHONY: kind
-kind: ## Create or reuse kind cluster $(KIND_CLUSTER); offline, the node image is built from Debian packages and Go sources (cached).
+kind: ## Create or reuse kind cluster $(KIND_CLUSTER) of IP family $(KIND_IP_FAMILY); offline, the node image is built from Debian packages and Go sources (cached).
 	hack/kind-up.sh $(KIND_CLUSTER)
 
 .PHONY: test-e2e

@@ -77,13 +77,19 @@ if [ -n "${TS_API_CLIENT_ID:-}" ] && [ -n "${TS_API_CLIENT_SECRET:-}" ]; then
   proxy_ca=""
 else
   stage "starting the local tailnet on the kind network"
-  # The kind network's IPv4 gateway: this machine, as the Pods see it.
-  gateway=$(docker network inspect kind -f '{{range .IPAM.Config}}{{.Gateway}} {{end}}' | tr ' ' '\n' | grep -m1 '\.') \
-    || die "the kind network has no IPv4 gateway"
+  # The kind network's gateway: this machine, as the Pods see it; its IPv6 one for Pods of an
+  # IPv6-only cluster, which have no IPv4 route.
+  if [ "${KIND_IP_FAMILY:-ipv4}" = ipv6 ]; then
+    gateway=$(docker network inspect kind -f '{{range .IPAM.Config}}{{.Gateway}} {{end}}' | tr ' ' '\n' | grep -m1 ':') \
+      || die "the kind network has no IPv6 gateway"
+  else
+    gateway=$(docker network inspect kind -f '{{range .IPAM.Config}}{{.Gateway}} {{end}}' | tr ' ' '\n' | grep -m1 '\.') \
+      || die "the kind network has no IPv4 gateway"
+  fi
   go build -o "$root/bin/localtailnet" ./tools/localtailnet
   tailnet_dir=$(mktemp -d /tmp/kind-tailnet.XXXXXX)
   # The admin endpoint (loopback) lets a suite take the control server down and count the CA's orders.
-  "$root/bin/localtailnet" -addr "$gateway:0" -dir "$tailnet_dir" -env-file "$tailnet_dir/env" -admin-addr 127.0.0.1:0 \
+  "$root/bin/localtailnet" -addr "[$gateway]:0" -dir "$tailnet_dir" -env-file "$tailnet_dir/env" -admin-addr 127.0.0.1:0 \
     -funnel -funnel-tags tag:k8s >"$tailnet_dir/log" 2>&1 &
   tailnet_pid=$!
   trap 'kill $tailnet_pid 2>/dev/null; wait $tailnet_pid 2>/dev/null; rm -rf "$tailnet_dir"' EXIT

@@ -5,13 +5,19 @@
 #   3. the node image: $KIND_NODE_IMAGE when set (e.g. kind's published kindest/node on a laptop),
 #      otherwise one built here from Debian packages and Go sources (hack/kind/build-node-image.sh),
 #      cached as a tarball keyed by the pinned versions;
-#   4. the cluster, one node, and its kubeconfig in bin/kubeconfig-$CLUSTER.
+#   4. the cluster, one node, of IP family $KIND_IP_FAMILY (ipv4, the default, ipv6 or dual), and
+#      its kubeconfig in bin/kubeconfig-$CLUSTER.
 # Usage: kind-up.sh [CLUSTER]   (default tsingress-e2e)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/hack/lib.sh"
 source "$root/hack/kind/versions.env"
 cluster=${1:-tsingress-e2e}
+family=${KIND_IP_FAMILY:-ipv4}
+case $family in
+  ipv4|ipv6|dual) ;;
+  *) die "KIND_IP_FAMILY=$family: want ipv4, ipv6 or dual" ;;
+esac
 started=$(date +%s)
 
 "$root/hack/docker-up.sh"
@@ -56,12 +62,37 @@ if [ -z "$image" ]; then
 fi
 
 config=$root/bin/kind-$cluster.yaml
+# The node image routes Pods with ptp and host-local for IPv4 (hack/kind/10-ptp.conflist); a
+# cluster of another family gets the node Pod CIDRs of its family instead, as kind allocates them
+# (the first /24 of 10.244.0.0/16, the first /64 of fd00:10:244::/56), mounted over it.
+cni=""
+if [ "$family" != ipv4 ]; then
+  cni=$root/bin/kind-$cluster-cni.conflist
+  case $family in
+    ipv6) ranges='[[{ "subnet": "fd00:10:244::/64" }]]' routes='[{ "dst": "::/0" }]' ;;
+    dual) ranges='[[{ "subnet": "10.244.0.0/24" }], [{ "subnet": "fd00:10:244::/64" }]]' routes='[{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]' ;;
+  esac
+  sed -e "s|\"ranges\": .*|\"ranges\": $ranges,|" -e "s|\"routes\": .*|\"routes\": $routes|" "$root/hack/kind/10-ptp.conflist" > "$cni"
+  grep -q 'fd00:10:244::/64' "$cni" || die "could not write the $family CNI config $cni"
+fi
 {
   cat <<EOF
 kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4
+networking:
+  ipFamily: $family
 nodes:
 - role: control-plane
+EOF
+  if [ -n "$cni" ]; then
+    cat <<EOF
+  extraMounts:
+  - hostPath: $cni
+    containerPath: /etc/cni/net.d/10-ptp.conflist
+    readOnly: true
+EOF
+  fi
+  cat <<EOF
 # L3 proxies turn on forwarding in their Pod's network namespace, by a privileged init container or,
 # where a ProxyClass asks for it, by Pod sysctls, which the kubelet allows only when listed here.
 kubeadmConfigPatches:
@@ -89,6 +120,15 @@ if "$kind" get clusters 2>/dev/null | grep -qx "$cluster"; then
   if [ "$running" != "$image" ]; then
     echo "note: cluster $cluster runs node image $running, not $image; delete it (kind delete cluster --name $cluster) to use the new one" >&2
   fi
+  # The family is fixed at creation: a cluster of another one is not reused.
+  "$kind" get kubeconfig --name "$cluster" > "$root/bin/kubeconfig-$cluster"
+  cidrs=$(KUBECONFIG=$root/bin/kubeconfig-$cluster "$root/bin/kubectl" get nodes -o jsonpath='{.items[0].spec.podCIDRs[*]}')
+  has=ipv4
+  case $cidrs in
+    *.*:*|*:*.*) has=dual ;;
+    *:*) has=ipv6 ;;
+  esac
+  [ -z "$cidrs" ] || [ "$has" = "$family" ] || die "cluster $cluster is of IP family $has (Pod CIDRs $cidrs), not $family: delete it (make kind-delete) or name another (KIND_CLUSTER)"
 else
   stage "creating cluster $cluster"
   "$kind" create cluster --name "$cluster" --image "$image" --config "$config" --wait 3m

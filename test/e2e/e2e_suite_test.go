@@ -11,6 +11,7 @@
 //	TS_CONTROL_URL                            control server of the suite's tailnet client; Tailscale's by default
 //	E2E_CA_FILE                               roots the proxies' certificates chain to, besides the system's
 //	E2E_OPERATOR_NAMESPACE                    tailscale by default
+//	E2E_IP_FAMILY                             the cluster's IP family: ipv4 (the default), ipv6 or dual
 //	E2E_PRIVILEGED_NAMESPACE                  where kernel-path proxies' Pods run apart (the restricted overlay); none by default
 //	E2E_OPERATOR_LOG, E2E_PROXY_LOG           log files of an operator and proxies run outside Pods
 //	E2E_LOCAL_BACKEND                         host:port of a backend for Ingresses where no workload Pods run
@@ -24,6 +25,7 @@ import (
 	"context"
 	"crypto/x509"
 	"maps"
+	"net/netip"
 	"os"
 	"testing"
 	"time"
@@ -43,8 +45,10 @@ var suite struct {
 	opNS  string
 	// privNS is where the operator runs kernel-path proxies' Pods apart from its own namespace
 	// (the restricted overlay); empty when they run in opNS.
-	privNS  string
-	timeout time.Duration
+	privNS string
+	// ipFamily is the cluster's: ipv4, ipv6 or dual.
+	ipFamily string
+	timeout  time.Duration
 
 	operatorLog, proxyLog string
 	localBackend          string
@@ -67,6 +71,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	suite.oauthSecret = secret
 	suite.opNS = framework.EnvOr("E2E_OPERATOR_NAMESPACE", "tailscale")
 	suite.privNS = os.Getenv("E2E_PRIVILEGED_NAMESPACE")
+	suite.ipFamily = framework.EnvOr("E2E_IP_FAMILY", "ipv4")
 	suite.operatorLog, suite.proxyLog = os.Getenv("E2E_OPERATOR_LOG"), os.Getenv("E2E_PROXY_LOG")
 	suite.localBackend = os.Getenv("E2E_LOCAL_BACKEND")
 	suite.backendImage = framework.EnvOr("E2E_BACKEND_IMAGE", framework.DefaultBackendImage)
@@ -122,6 +127,15 @@ func searchCredentials(ctx context.Context) {
 	Expect(plantedHits).To(ContainElements(ContainSubstring("in "+credsearch.InEvents), ContainSubstring("in "+credsearch.InAnnotations)),
 		"the planted credential: the search must find what it looks for")
 	Expect(hits).To(BeEmpty(), "credentials found")
+}
+
+// inServiceFamily reports whether a tailnet address is of the family a Service of the cluster has
+// by default (IPv6 on an IPv6-only cluster, IPv4 otherwise), which the proxy forwards it in.
+func inServiceFamily(a netip.Addr) bool {
+	if suite.ipFamily == "ipv6" {
+		return a.Is6()
+	}
+	return a.Is4()
 }
 
 // proxyNamespaces are the namespaces proxy Pods run in: the operator's, and the privileged one

@@ -123,11 +123,11 @@ var _ = Describe("A standalone L3 Service", func() {
 			g.Expect(len(lb)).To(BeNumerically(">=", 2), "the tailnet name and IPs")
 			g.Expect(lb[0].Hostname).To(HavePrefix(ns + "-db."))
 			for _, in := range lb[1:] {
-				if a, err := netip.ParseAddr(in.IP); err == nil && a.Is4() {
+				if a, err := netip.ParseAddr(in.IP); err == nil && inServiceFamily(a) {
 					ip = a
 				}
 			}
-			g.Expect(ip.IsValid()).To(BeTrue(), "a tailnet IPv4 in %v", lb)
+			g.Expect(ip.IsValid()).To(BeTrue(), "a tailnet IP of the Service's family in %v", lb)
 		}).Should(Succeed(), "Service ready")
 		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: suite.Dial}}
 		defer hc.CloseIdleConnections()

@@ -79,11 +79,11 @@ var _ = Describe("A ProxyGroup under a replica restart", Ordered, func() {
 			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
 			g.Expect(c.Message).To(HavePrefix("2/2 "))
 			for _, in := range svc.Status.LoadBalancer.Ingress {
-				if a, err := netip.ParseAddr(in.IP); err == nil && a.Is4() {
+				if a, err := netip.ParseAddr(in.IP); err == nil && inServiceFamily(a) {
 					vip = a
 				}
 			}
-			g.Expect(vip.IsValid()).To(BeTrue(), "an IPv4 VIP in %v", svc.Status.LoadBalancer.Ingress)
+			g.Expect(vip.IsValid()).To(BeTrue(), "a VIP of the Service's family in %v", svc.Status.LoadBalancer.Ingress)
 		}).Should(Succeed(), "HA Service configured on both replicas")
 
 		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: suite.Dial}}

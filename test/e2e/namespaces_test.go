@@ -95,7 +95,7 @@ var _ = Describe("The namespace split", Ordered, func() {
 			g.Expect(c).NotTo(BeNil())
 			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
 			for _, in := range svc.Status.LoadBalancer.Ingress {
-				if a, err := netip.ParseAddr(in.IP); err == nil && a.Is4() {
+				if a, err := netip.ParseAddr(in.IP); err == nil && inServiceFamily(a) {
 					vip = a
 				}
 			}

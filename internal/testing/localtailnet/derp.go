@@ -4,9 +4,9 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
-	"net/netip"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 
 	"tailscale.com/derp/derpserver"
 	"tailscale.com/net/stunserver"
