@@ -106,7 +106,7 @@ var _ = Describe("A standalone L3 Service", func() {
 			pc := &tsv1alpha1.ProxyClass{
 				ObjectMeta: metav1.ObjectMeta{Name: "e2e-sysctl-" + framework.Token()},
 				Spec: tsv1alpha1.ProxyClassSpec{StatefulSet: &tsv1alpha1.StatefulSet{Pod: &tsv1alpha1.Pod{
-					SecurityContext: &corev1.PodSecurityContext{Sysctls: []corev1.Sysctl{{Name: "net.ipv4.ip_forward", Value: "1"}}},
+					SecurityContext: &corev1.PodSecurityContext{Sysctls: forwardingSysctls()},
 				}}},
 			}
 			suite.Create(ctx, pc)
@@ -193,3 +193,16 @@ var _ = Describe("Bad input", func() {
 		expectWarning(ctx, orphan, "ProxyGroupNotFound")
 	})
 })
+
+// forwardingSysctls turn forwarding on for the cluster's families.
+func forwardingSysctls() []corev1.Sysctl {
+	v4 := corev1.Sysctl{Name: "net.ipv4.ip_forward", Value: "1"}
+	v6 := corev1.Sysctl{Name: "net.ipv6.conf.all.forwarding", Value: "1"}
+	switch suite.ipFamily {
+	case "ipv6":
+		return []corev1.Sysctl{v6}
+	case "dual":
+		return []corev1.Sysctl{v4, v6}
+	}
+	return []corev1.Sysctl{v4}
+}

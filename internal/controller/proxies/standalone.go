@@ -187,7 +187,7 @@ const caBundleDir = "/etc/tsingress/ca-certificates"
 // Forwarding sysctls an L3 proxy needs in its Pod's network namespace.
 const (
 	SysctlIPv4Forward = "net.ipv4.ip_forward"
-	sysctlIPv6Forward = "net.ipv6.conf.all.forwarding"
+	SysctlIPv6Forward = "net.ipv6.conf.all.forwarding"
 )
 
 // initContainerName is the forwarding init container's, as the original operator names it.
@@ -229,15 +229,17 @@ func MetricsEnabled(pc *tsv1alpha1.ProxyClass) bool {
 	return pc != nil && pc.Spec.Metrics != nil && pc.Spec.Metrics.Enable
 }
 
-// PodSysctlForwarding reports whether a ProxyClass turns IPv4 forwarding on through the Pod's
-// sysctls (the kubelet must allow the unsafe sysctl: --allowed-unsafe-sysctls), in which case
-// its proxies need no privileged init container.
+// PodSysctlForwarding reports whether a ProxyClass turns forwarding on through the Pod's sysctls
+// (the kubelet must allow the unsafe sysctls: --allowed-unsafe-sysctls), for IPv4, IPv6 or both,
+// in which case its proxies have no privileged init container: the class says how forwarding is
+// turned on, and a family it leaves off is reported not forwarded (IPFamilyNotForwarded), as an
+// IPv6-only cluster needs only net.ipv6.conf.all.forwarding.
 func PodSysctlForwarding(spec *tsv1alpha1.ProxyClassSpec) bool {
 	if spec == nil || spec.StatefulSet == nil || spec.StatefulSet.Pod == nil || spec.StatefulSet.Pod.SecurityContext == nil {
 		return false
 	}
 	for _, sc := range spec.StatefulSet.Pod.SecurityContext.Sysctls {
-		if sc.Name == SysctlIPv4Forward && sc.Value == "1" {
+		if (sc.Name == SysctlIPv4Forward || sc.Name == SysctlIPv6Forward) && sc.Value == "1" {
 			return true
 		}
 	}

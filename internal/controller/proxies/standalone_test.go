@@ -62,6 +62,13 @@ func TestProxyPodsForwardingAndLogs(t *testing.T) {
 					t.Errorf("Pod security context %+v, want the ProxyClass's sysctls", ps.SecurityContext)
 				}
 			}},
+		{name: "L3 proxy of an IPv6-only cluster, IPv6 forwarding by Pod sysctl", kernel: true,
+			class: classWithPod(tsv1alpha1.Pod{SecurityContext: &corev1.PodSecurityContext{Sysctls: []corev1.Sysctl{{Name: "net.ipv6.conf.all.forwarding", Value: "1"}}}}),
+			check: func(t *testing.T, ps corev1.PodSpec) {
+				if len(ps.InitContainers) != 0 {
+					t.Errorf("init containers %v, want none: the class turns forwarding on", ps.InitContainers)
+				}
+			}},
 		{name: "L3 proxy, a sysctl that leaves forwarding off", kernel: true,
 			class: classWithPod(tsv1alpha1.Pod{SecurityContext: &corev1.PodSecurityContext{Sysctls: []corev1.Sysctl{{Name: "net.ipv4.ip_forward", Value: "0"}}}}),
 			wantInit: func(t *testing.T, c corev1.Container) {
