@@ -37,8 +37,8 @@ var _ = Describe("A ProxyGroup whose operator dies with a replica", func() {
 			scaleOperator(ctx, replicas)
 			operatorPod(ctx)
 		}, NodeTimeout(3*time.Minute))
-		victim := &corev1.Pod{}
-		Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: pg.Name + "-0"}, victim)).To(Succeed())
+		victim, err := suite.FindPod(ctx, proxyNS(), pg.Name+"-0")
+		Expect(err).NotTo(HaveOccurred())
 		killed := time.Now()
 		scaleOperator(ctx, 0)
 		Expect(suite.K8s.Delete(ctx, victim, client.GracePeriodSeconds(0))).To(Succeed())
@@ -49,8 +49,8 @@ var _ = Describe("A ProxyGroup whose operator dies with a replica", func() {
 		By("serving on while the operator stays down, until the replica is back and has served 10s")
 		var back time.Duration
 		Eventually(ctx, func(g Gomega) {
-			p := &corev1.Pod{}
-			g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: pg.Name + "-0"}, p)).To(Succeed())
+			p, err := suite.FindPod(ctx, proxyNS(), pg.Name+"-0")
+			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(p.UID).NotTo(Equal(victim.UID))
 			g.Expect(framework.PodReady(p)).To(BeTrue())
 			back = time.Since(killed)

@@ -103,13 +103,13 @@ func servedGroup(ctx context.Context, prefix string) (*tsv1alpha1.ProxyGroup, re
 // returning how long that took.
 func replaceReplica(ctx context.Context, name string, do func(*corev1.Pod)) time.Duration {
 	GinkgoHelper()
-	old := &corev1.Pod{}
-	Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: name}, old)).To(Succeed())
+	old, err := suite.FindPod(ctx, proxyNS(), name)
+	Expect(err).NotTo(HaveOccurred())
 	start := time.Now()
 	do(old)
 	Eventually(ctx, func(g Gomega) {
-		p := &corev1.Pod{}
-		g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: name}, p)).To(Succeed())
+		p, err := suite.FindPod(ctx, proxyNS(), name)
+		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(p.UID).NotTo(Equal(old.UID))
 		g.Expect(framework.PodReady(p)).To(BeTrue())
 	}).WithTimeout(3*time.Minute).Should(Succeed(), "%s replaced and Ready", name)

@@ -183,11 +183,11 @@ func background(ctx context.Context, rate int, r request) (stop func() loadResul
 	}
 }
 
-// restarts sums the container restarts of the Pods in the operator's namespace matching sel.
+// restarts sums the container restarts of the operator's and the proxies' Pods matching sel.
 func restarts(ctx context.Context, sel client.MatchingLabels) map[string]int32 {
 	GinkgoHelper()
 	pods := &corev1.PodList{}
-	Expect(suite.K8s.List(ctx, pods, client.InNamespace(opNS), sel)).To(Succeed())
+	Expect(suite.ListEach(ctx, pods, proxyNS(), sel)).To(Succeed())
 	out := map[string]int32{}
 	for _, p := range pods.Items {
 		for _, cs := range p.Status.ContainerStatuses {
@@ -232,7 +232,7 @@ func proxyOf(ctx context.Context, typ string, obj client.Object) string {
 	var name string
 	Eventually(ctx, func(g Gomega) {
 		list := &appsv1.StatefulSetList{}
-		g.Expect(suite.K8s.List(ctx, list, client.InNamespace(opNS), client.MatchingLabels{
+		g.Expect(suite.ListEach(ctx, list, proxyNS(), client.MatchingLabels{
 			kit.LabelParentType: typ, kit.LabelParentNS: obj.GetNamespace(), kit.LabelParentName: obj.GetName()})).To(Succeed())
 		g.Expect(list.Items).To(HaveLen(1))
 		name = list.Items[0].Name

@@ -81,7 +81,7 @@ func (l *logCollector) stop() {
 
 func (l *logCollector) scan(ctx context.Context) {
 	pods := &corev1.PodList{}
-	if err := suite.K8s.List(ctx, pods, client.InNamespace(opNS)); err != nil {
+	if err := suite.ListEach(ctx, pods, proxyNS()); err != nil {
 		return // the API server is away; resumed later
 	}
 	for _, p := range pods.Items {

@@ -330,7 +330,7 @@ func audit(ctx context.Context, ns string, pg *tsv1alpha1.ProxyGroup, live []*ch
 		"ServiceAccount": &corev1.ServiceAccountList{}, "Role": &rbacv1.RoleList{}, "RoleBinding": &rbacv1.RoleBindingList{},
 	}
 	for kind, list := range lists {
-		Expect(suite.K8s.List(ctx, list, client.InNamespace(opNS), client.MatchingLabels{kit.LabelManaged: "true"})).To(Succeed())
+		Expect(suite.ListEach(ctx, list, proxyNS(), client.MatchingLabels{kit.LabelManaged: "true"})).To(Succeed())
 		Expect(meta.EachListItem(list, func(o runtime.Object) error {
 			co := o.(client.Object)
 			l := co.GetLabels()
@@ -398,7 +398,7 @@ func children(ctx context.Context, g Gomega, ns, pg string) []string {
 		"StatefulSet": &appsv1.StatefulSetList{}, "Secret": &corev1.SecretList{}, "ConfigMap": &corev1.ConfigMapList{},
 		"ServiceAccount": &corev1.ServiceAccountList{}, "Role": &rbacv1.RoleList{}, "RoleBinding": &rbacv1.RoleBindingList{},
 	} {
-		g.Expect(suite.K8s.List(ctx, list, client.InNamespace(opNS), client.MatchingLabels{kit.LabelManaged: "true"})).To(Succeed())
+		g.Expect(suite.ListEach(ctx, list, proxyNS(), client.MatchingLabels{kit.LabelManaged: "true"})).To(Succeed())
 		g.Expect(meta.EachListItem(list, func(o runtime.Object) error {
 			co := o.(client.Object)
 			l := co.GetLabels()

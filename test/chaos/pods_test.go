@@ -13,7 +13,6 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/tsingress/tsingress/test/framework"
 )
@@ -105,8 +104,9 @@ func (t *podTarget) deleteRepeatedly(ctx context.Context, n int) {
 		var before *corev1.Pod
 		var device, ips string
 		Eventually(ctx, func(g Gomega) {
-			before = &corev1.Pod{}
-			g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: t.pod}, before)).To(Succeed())
+			var err error
+			before, err = suite.FindPod(ctx, proxyNS(), t.pod)
+			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(framework.PodReady(before)).To(BeTrue())
 			st := state(ctx, g, t.pod)
 			g.Expect(st.CurrentFor(string(before.UID))).To(BeTrue())
@@ -119,8 +119,8 @@ func (t *podTarget) deleteRepeatedly(ctx context.Context, n int) {
 		var sameDevice bool
 		var ready time.Duration
 		Eventually(ctx, func(g Gomega) {
-			p := &corev1.Pod{}
-			g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: t.pod}, p)).To(Succeed())
+			p, err := suite.FindPod(ctx, proxyNS(), t.pod)
+			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(p.UID).NotTo(Equal(before.UID), "the replacement Pod")
 			if ready == 0 && framework.PodReady(p) {
 				ready = time.Since(deleted)
@@ -142,8 +142,8 @@ func (t *podTarget) deleteRepeatedly(ctx context.Context, n int) {
 			if ready != 0 {
 				return
 			}
-			p := &corev1.Pod{}
-			g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: opNS, Name: t.pod}, p)).To(Succeed())
+			p, err := suite.FindPod(ctx, proxyNS(), t.pod)
+			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(framework.PodReady(p)).To(BeTrue())
 			ready = time.Since(deleted)
 		}).WithTimeout(time.Minute).WithPolling(250*time.Millisecond).Should(Succeed(), "%s Ready", t.what)

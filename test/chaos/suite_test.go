@@ -39,6 +39,10 @@ import (
 
 const opNS = "tailscale"
 
+// proxyNS are the namespaces proxy Pods run in: opNS, and the privileged one where kernel-path
+// proxies run apart under the restricted overlay.
+func proxyNS() []string { return framework.ProxyNamespaces(opNS) }
+
 var suite struct {
 	*framework.Cluster
 	*framework.Tailnet
@@ -106,8 +110,10 @@ var _ = AfterEach(func() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	suite.DumpEvents(ctx, opNS)
-	suite.DumpPods(ctx, opNS)
+	for _, ns := range proxyNS() {
+		suite.DumpEvents(ctx, ns)
+		suite.DumpPods(ctx, ns)
+	}
 	if suite.logs != nil {
 		suite.logs.dumpTails(300)
 	}

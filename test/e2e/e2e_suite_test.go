@@ -138,14 +138,8 @@ func inServiceFamily(a netip.Addr) bool {
 	return a.Is4()
 }
 
-// proxyNamespaces are the namespaces proxy Pods run in: the operator's, and the privileged one
-// where kernel-path proxies run apart.
-func proxyNamespaces() []string {
-	if suite.privNS == "" {
-		return []string{suite.opNS}
-	}
-	return []string{suite.opNS, suite.privNS}
-}
+// proxyNamespaces are the namespaces proxy Pods run in.
+func proxyNamespaces() []string { return framework.ProxyNamespaces(suite.opNS) }
 
 // On failure: the Events and Pods (as kubectl describe shows their state) of the spec's namespace
 // and of the operator's, and the operator's and the proxies' logs.

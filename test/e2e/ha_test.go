@@ -121,17 +121,12 @@ func underReplicaRestart(ctx context.Context, pod string, request func(context.C
 	return l.finish("failover "+pod, fmt.Sprintf("%s deleted: replacement Ready after %s", pod, back.Round(100*time.Millisecond)))
 }
 
-// groupPod is the running replica Pod of that name, in whichever namespace it runs.
+// groupPod is the replica Pod of that name, in whichever namespace it runs.
 func groupPod(ctx context.Context, name string) *corev1.Pod {
 	GinkgoHelper()
-	for _, ns := range proxyNamespaces() {
-		var p corev1.Pod
-		if err := suite.K8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &p); err == nil {
-			return &p
-		}
-	}
-	Fail(fmt.Sprintf("no Pod %s in %v", name, proxyNamespaces()))
-	return nil
+	p, err := suite.FindPod(ctx, proxyNamespaces(), name)
+	Expect(err).NotTo(HaveOccurred())
+	return p
 }
 
 // load is a steady stream of requests, 10 per second, counted.

@@ -19,6 +19,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -154,16 +155,14 @@ func dumpLogs(ctx context.Context, what, file, selector string) {
 		GinkgoWriter.Printf("\n----- %s log %s (last %d lines) -----\n%s\n", what, file, lines, bytes.Join(all[max(0, len(all)-lines):], []byte("\n")))
 		return
 	}
-	var pods []corev1.Pod
-	for _, ns := range proxyNamespaces() {
-		list, err := suite.Clientset.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
-		if err != nil {
-			GinkgoWriter.Printf("listing the %s Pods in %s: %v\n", what, ns, err)
-			return
-		}
-		pods = append(pods, list.Items...)
+	sel, err := labels.Parse(selector)
+	Expect(err).NotTo(HaveOccurred())
+	pods := &corev1.PodList{}
+	if err := suite.ListEach(ctx, pods, proxyNamespaces(), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		GinkgoWriter.Printf("listing the %s Pods: %v\n", what, err)
+		return
 	}
-	for _, pod := range pods {
+	for _, pod := range pods.Items {
 		b, err := suite.Clientset.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{TailLines: ptr.To[int64](lines)}).DoRaw(ctx)
 		GinkgoWriter.Printf("\n----- %s Pod %s (last %d lines) -----\n%s\n", what, pod.Name, lines, b)
 		if err != nil {

@@ -132,14 +132,10 @@ func pendingProxyPod(ctx context.Context, parentType, ns, name string) *corev1.P
 
 // onlyProxyPod lists the proxy Pods of a parent and expects one.
 func onlyProxyPod(ctx context.Context, g Gomega, parentType, ns, name string) corev1.Pod {
-	var pods []corev1.Pod
-	for _, podNS := range proxyNamespaces() {
-		list := &corev1.PodList{}
-		g.Expect(suite.K8s.List(ctx, list, client.InNamespace(podNS), client.MatchingLabels{
-			kit.LabelParentType: parentType, kit.LabelParentNS: ns, kit.LabelParentName: name,
-		})).To(Succeed())
-		pods = append(pods, list.Items...)
-	}
-	g.Expect(pods).To(HaveLen(1), "the proxy Pod")
-	return pods[0]
+	pods := &corev1.PodList{}
+	g.Expect(suite.ListEach(ctx, pods, proxyNamespaces(), client.MatchingLabels{
+		kit.LabelParentType: parentType, kit.LabelParentNS: ns, kit.LabelParentName: name,
+	})).To(Succeed())
+	g.Expect(pods.Items).To(HaveLen(1), "the proxy Pod")
+	return pods.Items[0]
 }

@@ -218,3 +218,45 @@ func PodReady(p *corev1.Pod) bool {
 	}
 	return false
 }
+
+// ProxyNamespaces are the namespaces proxy Pods run in: the operator's, and the privileged one
+// (E2E_PRIVILEGED_NAMESPACE, which hack/kind-deploy.sh sets with the restricted overlay) where
+// kernel-path proxies run apart.
+func ProxyNamespaces(operatorNS string) []string {
+	if priv := os.Getenv("E2E_PRIVILEGED_NAMESPACE"); priv != "" && priv != operatorNS {
+		return []string{operatorNS, priv}
+	}
+	return []string{operatorNS}
+}
+
+// FindPod reads the Pod named name in the first of namespaces that has it.
+func (c *Cluster) FindPod(ctx context.Context, namespaces []string, name string) (*corev1.Pod, error) {
+	for _, ns := range namespaces {
+		p := &corev1.Pod{}
+		err := c.K8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, p)
+		if err == nil {
+			return p, nil
+		}
+		if !apierrors.IsNotFound(err) {
+			return nil, err
+		}
+	}
+	return nil, apierrors.NewNotFound(corev1.Resource("pods"), fmt.Sprintf("%s (in %v)", name, namespaces))
+}
+
+// ListEach lists into list what opts select in each of namespaces: list holds them all.
+func (c *Cluster) ListEach(ctx context.Context, list client.ObjectList, namespaces []string, opts ...client.ListOption) error {
+	var all []runtime.Object
+	for _, ns := range namespaces {
+		l := list.DeepCopyObject().(client.ObjectList)
+		if err := c.K8s.List(ctx, l, append(opts, client.InNamespace(ns))...); err != nil {
+			return err
+		}
+		items, err := meta.ExtractList(l)
+		if err != nil {
+			return err
+		}
+		all = append(all, items...)
+	}
+	return meta.SetList(list, all)
+}
