@@ -9,9 +9,11 @@ LDFLAGS := -s -w -X github.com/tsingress/tsingress/internal/version.Version=$(VE
 
 CONTAINER_TOOL ?= docker
 KUBECTL ?= kubectl
-# The kind cluster's IP family: ipv4, ipv6 or dual (dual-stack). A cluster of each family has a
-# name of its own (tsingress-e2e, tsingress-e2e-ipv6, tsingress-e2e-dual) unless KIND_CLUSTER says.
-KIND_IP_FAMILY ?= ipv4
+# The kind cluster's IP family: ipv4, ipv6 or dual (dual-stack); by default the one the last
+# `make kind` made (bin/kind-ip-family), so that `KIND_IP_FAMILY=dual make kind && make test-e2e`
+# tests what it made. A cluster of each family has a name of its own (tsingress-e2e,
+# tsingress-e2e-ipv6, tsingress-e2e-dual) unless KIND_CLUSTER says.
+KIND_IP_FAMILY ?= $(shell cat bin/kind-ip-family 2>/dev/null || echo ipv4)
 export KIND_IP_FAMILY
 KIND_CLUSTER ?= tsingress-e2e$(if $(filter-out ipv4,$(KIND_IP_FAMILY)),-$(KIND_IP_FAMILY))
 
@@ -150,6 +152,7 @@ E2E_ARGS ?= -ginkgo.v
 .PHONY: kind
 kind: ## Create or reuse kind cluster $(KIND_CLUSTER) of IP family $(KIND_IP_FAMILY); offline, the node image is built from Debian packages and Go sources (cached).
 	hack/kind-up.sh $(KIND_CLUSTER)
+	echo $(KIND_IP_FAMILY) > bin/kind-ip-family
 
 .PHONY: test-e2e
 test-e2e: manifests kustomize helm ## Run the e2e suite on kind cluster $(KIND_CLUSTER) with real Pods from images built here, installed by $(INSTALL), on the local tailnet (or yours, with TS_API_CLIENT_ID/TS_API_CLIENT_SECRET).
