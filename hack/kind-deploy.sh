@@ -105,8 +105,25 @@ else
   # The proxies get their certificates from the local CA (its directory is HTTPS with a root of
   # its own, which they trust through the CA ConfigMap), and the suite's client trusts what it issues.
   # It has none of Let's Encrypt's weekly limits, which a reused cluster's ledger would reach.
+  # The proxies reach the control server by a name where it listens on an IPv6 address:
+  # tailscale's Noise client writes its requests' URLs with the bare host, which an IPv6
+  # literal breaks (certificates' DNS-01 records fail: "invalid port"). CoreDNS answers the name.
+  login_server=$TS_CONTROL_URL
+  if [ "${KIND_IP_FAMILY:-ipv4}" = ipv6 ]; then
+    control_name=localtailnet.tsingress.test
+    login_server="http://$control_name:${TS_CONTROL_URL##*:}"
+    corefile=$("$kubectl" -n kube-system get configmap coredns -o jsonpath='{.data.Corefile}')
+    if ! grep -q "$control_name" <<<"$corefile"; then
+      hosts=$(printf '    hosts {\n        %s %s\n        fallthrough\n    }' "$gateway" "$control_name")
+      awk -v hosts="$hosts" '{ print } /^\.:53 \{/ { print hosts }' <<<"$corefile" > "$overlay/Corefile"
+      "$kubectl" -n kube-system create configmap coredns --from-file=Corefile="$overlay/Corefile" --dry-run=client -o yaml |
+        "$kubectl" apply --server-side --force-conflicts -f - >/dev/null
+      "$kubectl" -n kube-system rollout restart deployment/coredns >/dev/null
+      "$kubectl" -n kube-system rollout status deployment/coredns --timeout=2m >/dev/null
+    fi
+  fi
   settings=(
-    "OPERATOR_LOGIN_SERVER=$TS_CONTROL_URL"
+    "OPERATOR_LOGIN_SERVER=$login_server"
     "TS_API_BASE_URL=$TS_API_BASE_URL"
     "ACME_DIRECTORY_URL=$TS_DEBUG_ACME_DIRECTORY_URL"
     ACME_NEW_CERTIFICATES_PER_WEEK=100000
