@@ -107,20 +107,32 @@ else
   # It has none of Let's Encrypt's weekly limits, which a reused cluster's ledger would reach.
   # The proxies reach the control server by a name where it listens on an IPv6 address:
   # tailscale's Noise client writes its requests' URLs with the bare host, which an IPv6
-  # literal breaks (certificates' DNS-01 records fail: "invalid port"). CoreDNS answers the name.
+  # literal breaks (certificates' DNS-01 records fail: "invalid port"). A headless Service whose
+  # one endpoint is the gateway gives it a name the cluster's DNS answers.
   login_server=$TS_CONTROL_URL
   if [ "${KIND_IP_FAMILY:-ipv4}" = ipv6 ]; then
-    control_name=localtailnet.tsingress.test
-    login_server="http://$control_name:${TS_CONTROL_URL##*:}"
-    corefile=$("$kubectl" -n kube-system get configmap coredns -o jsonpath='{.data.Corefile}')
-    if ! grep -q "$control_name" <<<"$corefile"; then
-      hosts=$(printf '    hosts {\n        %s %s\n        fallthrough\n    }' "$gateway" "$control_name")
-      awk -v hosts="$hosts" '{ print } /^\.:53 \{/ { print hosts }' <<<"$corefile" > "$overlay/Corefile"
-      "$kubectl" -n kube-system create configmap coredns --from-file=Corefile="$overlay/Corefile" --dry-run=client -o yaml |
-        "$kubectl" apply --server-side --force-conflicts -f - >/dev/null
-      "$kubectl" -n kube-system rollout restart deployment/coredns >/dev/null
-      "$kubectl" -n kube-system rollout status deployment/coredns --timeout=2m >/dev/null
-    fi
+    login_server="http://localtailnet.default.svc.cluster.local:${TS_CONTROL_URL##*:}"
+    "$kubectl" apply --server-side --force-conflicts -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Service
+metadata:
+  name: localtailnet
+  namespace: default
+spec:
+  clusterIP: None
+  ipFamilies: [IPv6]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: localtailnet
+  namespace: default
+  labels:
+    kubernetes.io/service-name: localtailnet
+addressType: IPv6
+endpoints:
+- addresses: ["$gateway"]
+YAML
   fi
   settings=(
     "OPERATOR_LOGIN_SERVER=$login_server"
