@@ -105,37 +105,8 @@ else
   # The proxies get their certificates from the local CA (its directory is HTTPS with a root of
   # its own, which they trust through the CA ConfigMap), and the suite's client trusts what it issues.
   # It has none of Let's Encrypt's weekly limits, which a reused cluster's ledger would reach.
-  # The proxies reach the control server by a name where it listens on an IPv6 address:
-  # tailscale's Noise client writes its requests' URLs with the bare host, which an IPv6
-  # literal breaks (certificates' DNS-01 records fail: "invalid port"). A headless Service whose
-  # one endpoint is the gateway gives it a name the cluster's DNS answers.
-  login_server=$TS_CONTROL_URL
-  if [ "${KIND_IP_FAMILY:-ipv4}" = ipv6 ]; then
-    login_server="http://localtailnet.default.svc.cluster.local:${TS_CONTROL_URL##*:}"
-    "$kubectl" apply --server-side --force-conflicts -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Service
-metadata:
-  name: localtailnet
-  namespace: default
-spec:
-  clusterIP: None
-  ipFamilies: [IPv6]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: localtailnet
-  namespace: default
-  labels:
-    kubernetes.io/service-name: localtailnet
-addressType: IPv6
-endpoints:
-- addresses: ["$gateway"]
-YAML
-  fi
   settings=(
-    "OPERATOR_LOGIN_SERVER=$login_server"
+    "OPERATOR_LOGIN_SERVER=$TS_CONTROL_URL"
     "TS_API_BASE_URL=$TS_API_BASE_URL"
     "ACME_DIRECTORY_URL=$TS_DEBUG_ACME_DIRECTORY_URL"
     ACME_NEW_CERTIFICATES_PER_WEEK=100000
