@@ -52,26 +52,9 @@ var _ = Describe("IP families", func() {
 		svc.Spec.IPFamilyPolicy = ptr.To(policy)
 		suite.Create(ctx, svc)
 		want4, want6 := families(policy)
-		var v4, v6 netip.Addr
-		Eventually(ctx, func(g Gomega) {
-			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(svc), svc)).To(Succeed())
-			c := meta.FindStatusCondition(svc.Status.Conditions, kit.ConditionProxyReady)
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
-			v4, v6 = statusAddrs(svc.Status.LoadBalancer.Ingress)
-			g.Expect(v4.IsValid()).To(Equal(want4), "an IPv4 address listed in %v", svc.Status.LoadBalancer.Ingress)
-			g.Expect(v6.IsValid()).To(Equal(want6), "an IPv6 address listed in %v", svc.Status.LoadBalancer.Ingress)
-		}).Should(Succeed(), "Service ready, its status listing the tailnet address of each of its families")
-		Expect(svc.Spec.ClusterIPs).To(HaveLen(btoi(want4) + btoi(want6)))
-
-		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: suite.Dial}}
-		defer hc.CloseIdleConnections()
-		for _, a := range []netip.Addr{v4, v6} {
-			if a.IsValid() {
-				expectEcho(ctx, hc, "http://"+netip.AddrPortFrom(a, framework.HTTPPort).String())
-				expectUDPEcho(ctx, netip.AddrPortFrom(a, framework.UDPPort))
-			}
-		}
+		addrs := awaitFamilies(ctx, svc, kit.ConditionProxyReady, "", want4, want6)
+		Expect(svc.Spec.ClusterIPs).To(HaveLen(len(addrs)))
+		expectEchoAt(ctx, addrs)
 		if !want4 {
 			By("refusing TCP at once at the tailnet IPv4 address, which the IPv6-only Service lacks")
 			a := proxyTailnetAddr(ctx, svc, true)
@@ -103,27 +86,45 @@ var _ = Describe("IP families", func() {
 		svc.Annotations = map[string]string{kit.AnnotationProxyGroup: pg.Name}
 		suite.Create(ctx, svc)
 		want4, want6 := families(corev1.IPFamilyPolicyPreferDualStack)
-		var v4, v6 netip.Addr
-		Eventually(ctx, func(g Gomega) {
-			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(svc), svc)).To(Succeed())
-			c := meta.FindStatusCondition(svc.Status.Conditions, kit.ConditionIngressSvcConfigured)
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
-			g.Expect(c.Message).To(HavePrefix("2/2 "))
-			v4, v6 = statusAddrs(svc.Status.LoadBalancer.Ingress)
-			g.Expect(v4.IsValid()).To(Equal(want4), "an IPv4 VIP listed in %v", svc.Status.LoadBalancer.Ingress)
-			g.Expect(v6.IsValid()).To(Equal(want6), "an IPv6 VIP listed in %v", svc.Status.LoadBalancer.Ingress)
-		}).Should(Succeed(), "HA Service configured on both replicas")
-		hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: suite.Dial}}
-		defer hc.CloseIdleConnections()
-		for _, a := range []netip.Addr{v4, v6} {
-			if a.IsValid() {
-				expectEcho(ctx, hc, "http://"+netip.AddrPortFrom(a, framework.HTTPPort).String())
-				expectUDPEcho(ctx, netip.AddrPortFrom(a, framework.UDPPort))
-			}
-		}
+		expectEchoAt(ctx, awaitFamilies(ctx, svc, kit.ConditionIngressSvcConfigured, "2/2 ", want4, want6))
 	})
 })
+
+// awaitFamilies waits until the Service's condition of type cond is True (its message starting
+// with prefix) and its status.loadBalancer.ingress lists an address of each family wanted and
+// none of the others, and returns those addresses.
+func awaitFamilies(ctx context.Context, svc *corev1.Service, cond, prefix string, want4, want6 bool) []netip.Addr {
+	GinkgoHelper()
+	var v4, v6 netip.Addr
+	Eventually(ctx, func(g Gomega) {
+		g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(svc), svc)).To(Succeed())
+		c := meta.FindStatusCondition(svc.Status.Conditions, cond)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
+		g.Expect(c.Message).To(HavePrefix(prefix))
+		v4, v6 = statusAddrs(svc.Status.LoadBalancer.Ingress)
+		g.Expect(v4.IsValid()).To(Equal(want4), "an IPv4 address listed in %v", svc.Status.LoadBalancer.Ingress)
+		g.Expect(v6.IsValid()).To(Equal(want6), "an IPv6 address listed in %v", svc.Status.LoadBalancer.Ingress)
+	}).Should(Succeed(), "Service %s served, its status listing the tailnet address of each of its families", svc.Name)
+	var out []netip.Addr
+	for _, a := range []netip.Addr{v4, v6} {
+		if a.IsValid() {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// expectEchoAt expects the backend's TCP and UDP echo at each address.
+func expectEchoAt(ctx context.Context, addrs []netip.Addr) {
+	GinkgoHelper()
+	hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DialContext: suite.Dial}}
+	defer hc.CloseIdleConnections()
+	for _, a := range addrs {
+		expectEcho(ctx, hc, "http://"+netip.AddrPortFrom(a, framework.HTTPPort).String())
+		expectUDPEcho(ctx, netip.AddrPortFrom(a, framework.UDPPort))
+	}
+}
 
 // statusAddrs are the IPv4 and the IPv6 address a status.loadBalancer.ingress lists (invalid
 // where none).
@@ -175,11 +176,4 @@ func peerAddrs(ctx context.Context, g Gomega, fqdn string) []netip.Addr {
 		}
 	}
 	return nil
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
