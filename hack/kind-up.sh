@@ -122,7 +122,15 @@ if "$kind" get clusters 2>/dev/null | grep -qx "$cluster"; then
   fi
   # The family is fixed at creation: a cluster of another one is not reused.
   "$kind" get kubeconfig --name "$cluster" > "$root/bin/kubeconfig-$cluster"
-  cidrs=$(KUBECONFIG=$root/bin/kubeconfig-$cluster "$root/bin/kubectl" get nodes -o jsonpath='{.items[0].spec.podCIDRs[*]}')
+  # A node container just restarted (dockerd restarted) serves requests before its RBAC is
+  # loaded: wait for the node to be listed.
+  cidrs=
+  for _ in $(seq 60); do
+    cidrs=$(KUBECONFIG=$root/bin/kubeconfig-$cluster "$root/bin/kubectl" get nodes -o jsonpath='{.items[*].spec.podCIDRs[*]}' 2>/dev/null || true)
+    [ -n "$cidrs" ] && break
+    sleep 2
+  done
+  [ -n "$cidrs" ] || { echo "cluster $cluster lists no node with pod CIDRs" >&2; exit 1; }
   has=ipv4
   case $cidrs in
     *.*:*|*:*.*) has=dual ;;

@@ -96,6 +96,18 @@ type FirewallConfig struct {
 type Destination struct {
 	IPs     []string `json:"ips,omitempty"`
 	DNSName string   `json:"dnsName,omitempty"`
+	// ProxyProtocol (1 or 2; proxy config v7, DNAT config v2) relays the connections to Ports
+	// in userspace, each opened with a PROXY protocol header of that version naming the client's
+	// tailnet address, in place of DNAT. 0: everything DNATed, no header.
+	ProxyProtocol int `json:"proxyProtocol,omitempty"`
+	// Ports are the ports relayed with ProxyProtocol, each to the same port of the destination.
+	Ports []Port `json:"ports,omitempty"`
+}
+
+// Port is a port and its transport protocol.
+type Port struct {
+	Port     uint16 `json:"port"`
+	Protocol string `json:"protocol"` // TCP or UDP
 }
 
 var (
@@ -189,7 +201,39 @@ func (d *Destination) Validate() error {
 			errs = append(errs, fmt.Errorf("destination IP %q: %w", ip, err))
 		}
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, d.validateProxyProtocol()...)...)
+}
+
+func (d *Destination) validateProxyProtocol() []error {
+	switch d.ProxyProtocol {
+	case 0:
+		if len(d.Ports) > 0 {
+			return []error{errors.New("ports are relayed only with a PROXY protocol version")}
+		}
+		return nil
+	case 1, 2:
+	default:
+		return []error{fmt.Errorf("PROXY protocol version %d must be 1 or 2", d.ProxyProtocol)}
+	}
+	if len(d.Ports) == 0 {
+		return []error{errors.New("a PROXY protocol relay needs ports")}
+	}
+	var errs []error
+	seen := map[Port]bool{}
+	for _, p := range d.Ports {
+		switch {
+		case p.Port == 0:
+			errs = append(errs, errors.New("port 0"))
+		case p.Protocol != "TCP" && p.Protocol != "UDP":
+			errs = append(errs, fmt.Errorf("port %d: protocol %q must be TCP or UDP", p.Port, p.Protocol))
+		case p.Protocol == "UDP" && d.ProxyProtocol == 1:
+			errs = append(errs, fmt.Errorf("port %d: PROXY protocol v1 has no UDP form", p.Port))
+		case seen[p]:
+			errs = append(errs, fmt.Errorf("port %d/%s twice", p.Port, p.Protocol))
+		}
+		seen[p] = true
+	}
+	return errs
 }
 
 // ProxyConfigs stores ProxyConfig documents. The operator writes every version in its encode
@@ -197,7 +241,7 @@ func (d *Destination) Validate() error {
 // Version 2 added the Serve config's certificate settings and route hosts, version 3 wildcard
 // hosts (see ServeConfigs), version 4 a replica advertising its group's documents, version 5
 // app capabilities and backend protocols (ServeConfigs v4), version 6 backend CAs and server
-// names (ServeConfigs v5).
+// names (ServeConfigs v5), version 7 a service proxy's PROXY protocol relay.
 var ProxyConfigs = codec[ProxyConfig]{
 	name: "proxy-config",
 	encode: map[int]func(*ProxyConfig) ([]byte, error){
@@ -209,7 +253,8 @@ var ProxyConfigs = codec[ProxyConfig]{
 			jsonEncoder(3, func(c *ProxyConfig, v int) { c.Version = v })),
 		4: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 4 }, advertisingDocuments(4)),
 		5: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 5 }, advertisingDocuments(5)),
-		6: advertisingDocuments(6),
+		6: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 6 }, advertisingDocuments(6)),
+		7: advertisingDocuments(7),
 	},
 	decode: map[int]func([]byte) (*ProxyConfig, error){
 		1: jsonDecoder(1, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
@@ -218,6 +263,7 @@ var ProxyConfigs = codec[ProxyConfig]{
 		4: jsonDecoder(4, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 		5: jsonDecoder(5, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 		6: jsonDecoder(6, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		7: jsonDecoder(7, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 	},
 }
 
@@ -237,6 +283,9 @@ func advertisingDocuments(v int) func(*ProxyConfig) ([]byte, error) {
 func (c *ProxyConfig) AdvertisesDocuments() bool { return c.Version >= 4 }
 
 func (c *ProxyConfig) minVersion() int {
+	if c.Forward != nil && c.Forward.ProxyProtocol != 0 {
+		return 7 // an older proxy would DNAT without the header the backend expects
+	}
 	if c.Serve == nil {
 		return 1
 	}

@@ -15,7 +15,7 @@ import (
 )
 
 // newestProxyConfig is the newest proxy config version this build writes.
-const newestProxyConfig = 6
+const newestProxyConfig = 7
 
 func TestNewest(t *testing.T) {
 	if v := ProxyConfigs.Newest(); v != newestProxyConfig {
@@ -152,8 +152,8 @@ func TestGroupConfigV4AdvertisesDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(keys(from4), []string{"proxy-config.v4.json", "proxy-config.v6.json"}) {
-		t.Errorf("EncodeFrom(4) wrote %v, want v4 and v6", keys(from4))
+	if !reflect.DeepEqual(keys(from4), []string{"proxy-config.v4.json", "proxy-config.v7.json"}) {
+		t.Errorf("EncodeFrom(4) wrote %v, want v4 and v7", keys(from4))
 	}
 	if got, v, err := ProxyConfigs.Decode(map[string][]byte{"proxy-config.v4.json": from4["proxy-config.v4.json"]}); err != nil ||
 		v != 4 || got.AdvertiseServices != nil || !got.AdvertisesDocuments() {
@@ -163,8 +163,8 @@ func TestGroupConfigV4AdvertisesDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(keys(from3), []string{"proxy-config.v3.json", "proxy-config.v6.json"}) {
-		t.Errorf("EncodeFrom(3) wrote %v, want v3 and v6", keys(from3))
+	if !reflect.DeepEqual(keys(from3), []string{"proxy-config.v3.json", "proxy-config.v7.json"}) {
+		t.Errorf("EncodeFrom(3) wrote %v, want v3 and v7", keys(from3))
 	}
 	listed := []byte(`{"version":4,"kind":"proxygroup","hostname":"pg-1","stateSecret":"pg-1","tls":{"certShareMode":"reader"},"advertiseServices":["svc:web"]}`)
 	if _, _, err := ProxyConfigs.Decode(map[string][]byte{"proxy-config.v4.json": listed}); err == nil || !strings.Contains(err.Error(), "advertiseServices") {
@@ -177,13 +177,6 @@ func TestGroupConfigV4AdvertisesDocuments(t *testing.T) {
 // each fails clearly on a config that needs more instead of ignoring it. Of the versions that
 // can express it, the oldest and the newest are written, which serves every reader.
 func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
-	readerUpTo := func(n int) codec[ProxyConfig] {
-		r := codec[ProxyConfig]{name: "proxy-config", decode: map[int]func([]byte) (*ProxyConfig, error){}}
-		for v := 1; v <= n; v++ {
-			r.decode[v] = ProxyConfigs.decode[v]
-		}
-		return r
-	}
 	plain := validIngressConfig()
 	data, err := ProxyConfigs.Encode(plain)
 	if err != nil {
@@ -262,6 +255,15 @@ func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
 }
 
 // A v1 document from a newer writer may carry fields added later: v1 readers ignore them.
+// readerUpTo is a proxy-config reader of an older build, which reads versions 1 to n.
+func readerUpTo(n int) codec[ProxyConfig] {
+	r := codec[ProxyConfig]{name: "proxy-config", decode: map[int]func([]byte) (*ProxyConfig, error){}}
+	for v := 1; v <= n; v++ {
+		r.decode[v] = ProxyConfigs.decode[v]
+	}
+	return r
+}
+
 func TestUnknownFieldsInKnownVersionAreIgnored(t *testing.T) {
 	b, _ := json.Marshal(map[string]any{
 		"version": 1, "kind": "service", "hostname": "db", "stateSecret": "s",
@@ -279,7 +281,7 @@ func TestUnknownFieldsInKnownVersionAreIgnored(t *testing.T) {
 
 func TestNoSupportedVersion(t *testing.T) {
 	cases := map[string]map[string][]byte{
-		"only newer":   {"proxy-config.v7.json": []byte(`{"version":7}`)},
+		"only newer":   {"proxy-config.v8.json": []byte(`{"version":8}`)},
 		"nothing":      {"unrelated": []byte("x")},
 		"wrong prefix": {"proxy-config.v1.yaml": []byte("x")},
 	}
@@ -289,7 +291,7 @@ func TestNoSupportedVersion(t *testing.T) {
 			if !errors.Is(err, ErrNoSupportedVersion) {
 				t.Fatalf("err = %v, want ErrNoSupportedVersion", err)
 			}
-			if !strings.Contains(err.Error(), "this build reads v6, v5, v4, v3, v2, v1") {
+			if !strings.Contains(err.Error(), "this build reads v7, v6, v5, v4, v3, v2, v1") {
 				t.Errorf("error %q does not say which versions this build reads", err)
 			}
 			// Absent, it may be written yet; only a version this build cannot read is final.

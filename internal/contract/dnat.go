@@ -42,13 +42,27 @@ func (d *DNATConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// DNATConfigs stores DNATConfig documents.
+// relays reports whether a service relays with a PROXY protocol header, which version 2 added:
+// an older replica would DNAT without the header the backend expects.
+func (d *DNATConfig) relays() bool {
+	for _, svc := range d.Services {
+		if svc.Destination.ProxyProtocol != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// DNATConfigs stores DNATConfig documents. Version 2 added the PROXY protocol relay.
 var DNATConfigs = codec[DNATConfig]{
 	name: "dnat-config",
 	encode: map[int]func(*DNATConfig) ([]byte, error){
-		1: jsonEncoder(1, func(c *DNATConfig, v int) { c.Version = v }),
+		1: onlyIf(func(c *DNATConfig) bool { return !c.relays() },
+			jsonEncoder(1, func(c *DNATConfig, v int) { c.Version = v })),
+		2: jsonEncoder(2, func(c *DNATConfig, v int) { c.Version = v }),
 	},
 	decode: map[int]func([]byte) (*DNATConfig, error){
 		1: jsonDecoder(1, func(c *DNATConfig) int { return c.Version }, (*DNATConfig).Validate),
+		2: jsonDecoder(2, func(c *DNATConfig) int { return c.Version }, (*DNATConfig).Validate),
 	},
 }
