@@ -65,7 +65,8 @@ type replica struct {
 	tunIPs []string // the node addresses given to the TUN; nil until given
 
 	web      map[string]*webService
-	conns    *serviceconn.Conns // the L7 services' connections; nil until the first is set up
+	conns    *serviceconn.Conns // the L7 services' and TCP relays' connections; nil until the first is set up
+	relays   *relays            // the L3 services' ports relayed with PROXY protocol headers; nil until started
 	portsErr wakeTimer          // tries the Serve config's service ports again after a failure
 	draining map[string]bool    // L7 services whose previous server still drains
 	judge    wakeTimer          // judges bring-your-own certificates again when one expires
@@ -160,7 +161,16 @@ func (r *replica) start(ctx context.Context) error {
 	if r.l3 != nil {
 		r.l3.watch(ctx)
 	}
+	r.relays = newRelays(r.core, r.serviceConns)
 	return nil
+}
+
+// serviceConns returns the connections of the node's services, set up on first use.
+func (r *replica) serviceConns() *serviceconn.Conns {
+	if r.conns == nil {
+		r.conns = serviceconn.New(r.node, r.lc, r.log)
+	}
+	return r.conns
 }
 
 func (r *replica) restartReason(old, cfg *contract.ProxyConfig) string {
@@ -367,6 +377,10 @@ func (r *replica) reconcile(ctx context.Context) error {
 		// from being advertised until a later attempt succeeds.
 		r.l3.install(ctx, mappings, nil) //nolint:errcheck // logged, and retried after backoff
 	}
+	if r.l3 != nil {
+		// Before the Serve config is written: it names the TCP relays' ports.
+		r.relays.sync(ctx, dnatMappings(r.dnat))
+	}
 	r.settle.at(ctx, r.core, r.noteInstalled(time.Now()))
 	r.reconcileWeb(ctx)
 	r.syncServicePorts(ctx)
@@ -419,14 +433,17 @@ func (r *replica) noteInstalled(now time.Time) time.Time {
 func dnatMappings(doc contract.DNATConfig) []l3.Mapping {
 	var mappings []l3.Mapping
 	for _, name := range slices.Sorted(maps.Keys(doc.Services)) {
-		svc := doc.Services[name]
-		m := l3.Mapping{Name: name, Destination: svc.Destination}
-		for _, s := range svc.VIPs {
-			m.TailnetIPs = append(m.TailnetIPs, netip.MustParseAddr(s)) // validated by the decoder
-		}
-		mappings = append(mappings, m)
+		mappings = append(mappings, dnatMapping(name, doc.Services[name]))
 	}
 	return mappings
+}
+
+func dnatMapping(name string, svc contract.DNATService) l3.Mapping {
+	m := l3.Mapping{Name: name, Destination: svc.Destination}
+	for _, s := range svc.VIPs {
+		m.TailnetIPs = append(m.TailnetIPs, netip.MustParseAddr(s)) // validated by the decoder
+	}
+	return m
 }
 
 func (r *replica) reconcileWeb(ctx context.Context) {
@@ -577,15 +594,13 @@ func (e *webService) certReady() bool {
 func (r *replica) startWeb(ctx context.Context, name string) *webService {
 	e := &webService{name: name, fqdn: r.fqdn(name), role: r.role()}
 	log := r.log.With("service", name)
-	if r.conns == nil {
-		r.conns = serviceconn.New(r.node, r.lc, r.log)
-	}
+	conns := r.serviceConns()
 	// Asked about the service, so that the caller's app capabilities are those the policy
 	// grants it on the service rather than on this replica.
 	whois := func(ctx context.Context, remoteAddr string) (*apitype.WhoIsResponse, error) {
 		return r.lc.WhoIsForService(ctx, remoteAddr, tailcfg.ServiceName(name))
 	}
-	e.srv = web.NewServer(web.Config{Listen: e.listen(r.conns), WhoIs: whois, Logger: log, Metrics: r.opts.metrics.web})
+	e.srv = web.NewServer(web.Config{Listen: e.listen(conns), WhoIs: whois, Logger: log, Metrics: r.opts.metrics.web})
 	e.srv.SetName(e.fqdn)
 	ectx, stop := context.WithCancel(ctx)
 	e.stop = stop
@@ -697,12 +712,13 @@ func (r *replica) servable() []string {
 	for _, name := range r.mayAdvertise() {
 		e := r.web[name]
 		_, inServe := r.serve.Services[name]
-		_, inDNAT := r.dnat.Services[name]
+		svc, inDNAT := r.dnat.Services[name]
 		m, installed := fs.Mappings[name]
 		web := inServe && e != nil && e.applied != nil && e.fqdn == r.fqdn(name) && e.certReady() && r.backendsOK[name] &&
 			r.conns.Named(name)
 		settled := !r.dnatSince[name].IsZero() && time.Since(r.dnatSince[name]) >= serviceProxySettle
-		if web || (inDNAT && installed && m.Error == "" && settled) {
+		relayed := inDNAT && r.relays != nil && r.relays.ready(dnatMapping(name, svc)) == ""
+		if web || (inDNAT && installed && m.Error == "" && settled && relayed) {
 			out = append(out, name)
 		}
 	}
@@ -819,6 +835,9 @@ func (r *replica) drain() {
 }
 
 func (r *replica) close() error {
+	if r.relays != nil {
+		r.relays.close()
+	}
 	if r.l3 == nil {
 		return nil
 	}

@@ -18,7 +18,8 @@ import (
 // the config's destination.
 type service struct {
 	*core
-	l3 *dnat // nil until prepared
+	l3     *dnat   // nil until prepared
+	relays *relays // the ports relayed with PROXY protocol headers; nil until started
 }
 
 func newService(c *core, _ kubernetes.Interface) (unit, error) { return &service{core: c}, nil }
@@ -33,6 +34,7 @@ func (p *service) prepare(ctx context.Context, node *tsnet.Server) (err error) {
 
 func (p *service) start(ctx context.Context) error {
 	p.l3.watch(ctx)
+	p.relays = newRelays(p.core, nil)
 	return nil
 }
 
@@ -62,7 +64,11 @@ func (p *service) mapping() l3.Mapping {
 // or when a failed attempt is due again.
 func (p *service) reconcile(ctx context.Context) error {
 	want := p.mapping()
-	if !p.status.running || !p.l3.needed([]l3.Mapping{want}) {
+	if !p.status.running {
+		return nil
+	}
+	p.relays.sync(ctx, []l3.Mapping{want})
+	if !p.l3.needed([]l3.Mapping{want}) {
 		return nil
 	}
 	// A family the TUN cannot take (IPv6 disabled, say) fails alone: the other is forwarded,
@@ -91,6 +97,9 @@ func (p *service) report(st *contract.ProxyState) string {
 	m, ok := fs.Mappings[contract.StandaloneMapping]
 	switch {
 	case p.l3.applied != nil && reflect.DeepEqual(p.l3.applied, []l3.Mapping{p.mapping()}) && ok && len(m.TailnetIPs) > 0:
+		if p.relays != nil {
+			return p.relays.ready(p.mapping())
+		}
 		return ""
 	case p.l3.err != nil:
 		return "installing the DNAT rules failed: " + p.l3.err.Error()
@@ -102,4 +111,9 @@ func (p *service) report(st *contract.ProxyState) string {
 
 func (p *service) drain() {}
 
-func (p *service) close() error { return p.l3.close() }
+func (p *service) close() error {
+	if p.relays != nil {
+		p.relays.close()
+	}
+	return p.l3.close()
+}

@@ -46,6 +46,11 @@ const (
 	// AnnotationBackendServerName is the name the certificates of an Ingress's verified https
 	// backends are verified for, in place of that default.
 	AnnotationBackendServerName = "tailscale.com/backend-server-name"
+	// AnnotationProxyProtocol ("v1" or "v2", or "1" or "2") makes an L3 Service's proxy open
+	// each connection to the Service with a PROXY protocol header naming the client's tailnet
+	// address: its ports are relayed in userspace rather than DNATed. v2 also prefixes each UDP
+	// datagram; v1 has no UDP form.
+	AnnotationProxyProtocol = "tailscale.com/proxy-protocol"
 	// LabelProxyClass (label, or annotation of the same name) picks a ProxyClass.
 	LabelProxyClass = "tailscale.com/proxy-class"
 

@@ -29,7 +29,8 @@ func exposed(s *corev1.Service, settings kit.Settings) bool {
 }
 
 // ServiceAnnotations are the tailscale.com/ annotations honoured on a Service.
-var ServiceAnnotations = []string{kit.AnnotationExpose, kit.AnnotationHostname, kit.LabelProxyClass, kit.AnnotationProxyGroup, kit.AnnotationTags}
+var ServiceAnnotations = []string{kit.AnnotationExpose, kit.AnnotationHostname, kit.LabelProxyClass, kit.AnnotationProxyGroup, kit.AnnotationTags,
+	kit.AnnotationProxyProtocol}
 
 // ServiceProxyConfig is the proxy config a Service asks for, or nil with the reasons it cannot
 // be served.
@@ -65,6 +66,9 @@ func ServiceProxyConfig(svc *corev1.Service, s kit.Settings) (*contract.ProxyCon
 			dest.IPs = []string{svc.Spec.ClusterIP}
 		}
 	}
+	if f := proxyProtocol(svc, &dest); f != nil {
+		findings = append(findings, *f)
+	}
 	if len(findings) > 0 {
 		return nil, findings
 	}
@@ -80,6 +84,46 @@ func ServiceProxyConfig(svc *corev1.Service, s kit.Settings) (*contract.ProxyCon
 		Firewall:   contract.FirewallConfig{Mode: s.FirewallMode},
 		Forward:    &dest,
 	}, findings
+}
+
+// proxyProtocol sets dest's PROXY protocol relay from the Service's annotation: every port of
+// the Service, each relayed to the same port of the destination.
+func proxyProtocol(svc *corev1.Service, dest *contract.Destination) *kit.Finding {
+	v, ok := svc.Annotations[kit.AnnotationProxyProtocol]
+	if !ok {
+		return nil
+	}
+	switch v {
+	case "v1", "1":
+		dest.ProxyProtocol = 1
+	case "v2", "2":
+		dest.ProxyProtocol = 2
+	default:
+		f := kit.Blockf(kit.ReasonInvalidAnnotation, "annotation %s=%q must be v1 or v2", kit.AnnotationProxyProtocol, v)
+		return &f
+	}
+	if len(svc.Spec.Ports) == 0 {
+		f := kit.Blockf(kit.ReasonInvalidAnnotation, "annotation %s: the Service lists no ports to relay", kit.AnnotationProxyProtocol)
+		return &f
+	}
+	for _, p := range svc.Spec.Ports {
+		proto := p.Protocol
+		if proto == "" {
+			proto = corev1.ProtocolTCP
+		}
+		switch {
+		case proto == corev1.ProtocolUDP && dest.ProxyProtocol == 1:
+			f := kit.Blockf(kit.ReasonInvalidAnnotation, "annotation %s=%q: port %d is UDP, and PROXY protocol v1 has no UDP form: use v2",
+				kit.AnnotationProxyProtocol, v, p.Port)
+			return &f
+		case proto != corev1.ProtocolTCP && proto != corev1.ProtocolUDP:
+			f := kit.Blockf(kit.ReasonInvalidAnnotation, "annotation %s: port %d is %s; the PROXY protocol carries TCP and UDP only",
+				kit.AnnotationProxyProtocol, p.Port, proto)
+			return &f
+		}
+		dest.Ports = append(dest.Ports, contract.Port{Port: uint16(p.Port), Protocol: string(proto)}) //nolint:gosec // a Service port is 1 to 65535
+	}
+	return nil
 }
 
 func findingMessages(fs []kit.Finding) string {

@@ -36,13 +36,34 @@ const (
 // Relay relays the connections of listeners to one backend host (an IP of each family, or a
 // DNS name) on the port each listener listens on.
 type Relay struct {
-	// Version of the PROXY protocol: 1 or 2.
-	Version int
-	// Hosts are the backend's addresses; Host picks the one of the client's family.
-	Hosts []string
 	// Dial opens backend connections; nil means a net.Dialer's.
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	Log  *slog.Logger
+
+	mu      sync.Mutex
+	version int      // of the PROXY protocol: 1 or 2
+	hosts   []string // the backend's addresses; host picks the one of the client's family
+}
+
+// New returns a relay of PROXY protocol version (1 or 2) to hosts.
+func New(version int, hosts []string, dial func(ctx context.Context, network, address string) (net.Conn, error), log *slog.Logger) *Relay {
+	return &Relay{Dial: dial, Log: log, version: version, hosts: hosts}
+}
+
+// Set changes the version and the hosts for the connections and flows that start from now on,
+// so that a change needs no new listener (a closed listener's port stays taken while its
+// connections linger in TIME_WAIT).
+func (r *Relay) Set(version int, hosts []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.version, r.hosts = version, hosts
+}
+
+// target returns the version and the backend host:port for a flow to dst.
+func (r *Relay) target(dst netip.AddrPort) (int, string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.version, net.JoinHostPort(host(r.hosts, dst.Addr()), fmt.Sprint(dst.Port()))
 }
 
 // Header returns the PROXY protocol header of a flow from src to dst of network ("tcp" or
@@ -72,18 +93,18 @@ func Header(v int, network string, src, dst netip.AddrPort) ([]byte, error) {
 
 func unmap(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }
 
-// Host returns the backend host for a client that connected to an address of dst's family: a
+// host returns the backend host for a client that connected to an address of dst's family: a
 // backend address of that family, else the first one (a DNS name, or a Service of one family).
-func (r *Relay) Host(dst netip.Addr) string {
-	for _, h := range r.Hosts {
+func host(hosts []string, dst netip.Addr) string {
+	for _, h := range hosts {
 		if a, err := netip.ParseAddr(h); err == nil && a.Unmap().Is4() == dst.Unmap().Is4() {
 			return h
 		}
 	}
-	if len(r.Hosts) == 0 {
+	if len(hosts) == 0 {
 		return ""
 	}
-	return r.Hosts[0]
+	return hosts[0]
 }
 
 func (r *Relay) dial(ctx context.Context, network, address string) (net.Conn, error) {
@@ -123,12 +144,12 @@ func (r *Relay) relayTCP(ctx context.Context, c net.Conn) {
 		r.Log.Warn("relay: a connection without addresses", "err", err)
 		return
 	}
-	hdr, err := Header(r.Version, "tcp", src, dst)
+	version, backend := r.target(dst)
+	hdr, err := Header(version, "tcp", src, dst)
 	if err != nil {
 		r.Log.Warn("relay: no PROXY header for a connection", "client", src, "to", dst, "err", err)
 		return
 	}
-	backend := net.JoinHostPort(r.Host(dst.Addr()), fmt.Sprint(dst.Port()))
 	b, err := r.dial(ctx, "tcp", backend)
 	if err != nil {
 		r.Log.Warn("relay: dialing the backend failed", "client", src, "backend", backend, "err", err)
@@ -234,11 +255,12 @@ type udpFlow struct {
 }
 
 func (r *Relay) openUDP(ctx context.Context, src, local netip.AddrPort) (*udpFlow, error) {
-	hdr, err := Header(r.Version, "udp", src, local)
+	version, backend := r.target(local)
+	hdr, err := Header(version, "udp", src, local)
 	if err != nil {
 		return nil, err
 	}
-	b, err := r.dial(ctx, "udp", net.JoinHostPort(r.Host(local.Addr()), fmt.Sprint(local.Port())))
+	b, err := r.dial(ctx, "udp", backend)
 	if err != nil {
 		return nil, err
 	}

@@ -48,14 +48,14 @@ func TestHeader(t *testing.T) {
 }
 
 func TestHost(t *testing.T) {
-	r := &Relay{Hosts: []string{"10.96.0.5", "fd00::5"}}
-	if got := r.Host(netip.MustParseAddr("100.64.0.2")); got != "10.96.0.5" {
+	hosts := []string{"10.96.0.5", "fd00::5"}
+	if got := host(hosts, netip.MustParseAddr("100.64.0.2")); got != "10.96.0.5" {
 		t.Errorf("IPv4 client to %s, want the IPv4 ClusterIP", got)
 	}
-	if got := r.Host(netip.MustParseAddr("fd7a:115c:a1e0::2")); got != "fd00::5" {
+	if got := host(hosts, netip.MustParseAddr("fd7a:115c:a1e0::2")); got != "fd00::5" {
 		t.Errorf("IPv6 client to %s, want the IPv6 ClusterIP", got)
 	}
-	if got := (&Relay{Hosts: []string{"db.example.com"}}).Host(netip.MustParseAddr("fd7a:115c:a1e0::2")); got != "db.example.com" {
+	if got := host([]string{"db.example.com"}, netip.MustParseAddr("fd7a:115c:a1e0::2")); got != "db.example.com" {
 		t.Errorf("a DNS name's client to %s", got)
 	}
 }
@@ -92,45 +92,43 @@ func proxyBackend(t *testing.T) net.Listener {
 
 func TestServeTCP(t *testing.T) {
 	backend := proxyBackend(t)
+	// The proxy listens on the backend's port, as a relayed Service port does.
+	front, err := net.Listen("tcp", "127.0.0.2:"+fmt.Sprint(backend.Addr().(*net.TCPAddr).Port))
+	if err != nil {
+		t.Skipf("no second loopback address: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := New(1, []string{"127.0.0.1"}, nil, slog.Default())
+	served := make(chan error, 1)
+	go func() { served <- r.ServeTCP(ctx, front) }()
 	for _, v := range []int{1, 2} {
-		t.Run(fmt.Sprintf("v%d", v), func(t *testing.T) {
-			// The proxy listens on the backend's port, as a relayed Service port does.
-			front, err := net.Listen("tcp", "127.0.0.2:"+fmt.Sprint(backend.Addr().(*net.TCPAddr).Port))
-			if err != nil {
-				t.Skipf("no second loopback address: %v", err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			r := &Relay{Version: v, Hosts: []string{"127.0.0.1"}, Log: slog.Default()}
-			served := make(chan error, 1)
-			go func() { served <- r.ServeTCP(ctx, front) }()
-
-			c, err := net.Dial("tcp", front.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			if _, err := c.Write([]byte("hello")); err != nil {
-				t.Fatal(err)
-			}
-			// The client's half-close reaches the backend, whose answer still comes back.
-			_ = c.(*net.TCPConn).CloseWrite()
-			got, err := io.ReadAll(c)
-			want := fmt.Sprintf("v%d %s %s hello", v, c.LocalAddr(), front.Addr())
-			if err != nil || string(got) != want {
-				t.Errorf("answer %q, %v; want %q", got, err, want)
-			}
-
-			cancel()
-			front.Close()
-			select {
-			case err := <-served:
-				if err != nil {
-					t.Errorf("ServeTCP = %v after its context ended", err)
-				}
-			case <-time.After(5 * time.Second):
-				t.Error("ServeTCP still running 5 s after its context ended")
-			}
-		})
+		// A changed version applies to the next connection, on the same listener.
+		r.Set(v, []string{"127.0.0.1"})
+		c, err := net.Dial("tcp", front.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write([]byte("hello")); err != nil {
+			t.Fatal(err)
+		}
+		// The client's half-close reaches the backend, whose answer still comes back.
+		_ = c.(*net.TCPConn).CloseWrite()
+		got, err := io.ReadAll(c)
+		want := fmt.Sprintf("v%d %s %s hello", v, c.LocalAddr(), front.Addr())
+		if err != nil || string(got) != want {
+			t.Errorf("answer %q, %v; want %q", got, err, want)
+		}
+		c.Close()
+	}
+	cancel()
+	front.Close()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Errorf("ServeTCP = %v after its context ended", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("ServeTCP still running 5 s after its context ended")
 	}
 }
 
@@ -165,7 +163,7 @@ func TestServeUDP(t *testing.T) {
 	local := netip.MustParseAddrPort(front.LocalAddr().String())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	r := &Relay{Version: 2, Hosts: []string{"127.0.0.1"}, Log: slog.Default()}
+	r := New(2, []string{"127.0.0.1"}, nil, slog.Default())
 	served := make(chan error, 1)
 	go func() { served <- r.ServeUDP(ctx, front, local) }()
 
