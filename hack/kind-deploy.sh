@@ -8,7 +8,7 @@
 # or with INSTALL=helm by `helm upgrade --install` of charts/tailscale-operator with the same
 # settings, in a values file generated into the same directory.
 # It leaves in the environment what the suites read: KUBECONFIG, TS_*, E2E_CA_FILE,
-# E2E_BACKEND_IMAGE, E2E_PRIVILEGED_NAMESPACE (kustomize installs) and, with the local tailnet,
+# E2E_BACKEND_IMAGE, E2E_PROXYPROTOCOL_IMAGE, E2E_PRIVILEGED_NAMESPACE (kustomize installs) and, with the local tailnet,
 # E2E_FUNNEL_ADDR, LOCALTAILNET_ADMIN_URL and LOCALTAILNET_LOG.
 # Environment: KIND_CLUSTER, IMG_OPERATOR, IMG_PROXY, VERSION, KUSTOMIZE, KIND_OPERATOR_SETTINGS,
 # INSTALL (kustomize, the default, or helm), HELM.
@@ -63,8 +63,22 @@ elif ! timeout 120 docker pull -q "$backend_image" >/dev/null 2>&1; then
 fi
 export E2E_BACKEND_IMAGE=$backend_image
 
+# The PROXY protocol specs' backend: test tooling built here from test/backends, never shipped.
+proxyprotocol_image=tsingress.local/proxyprotocol-echo:dev
+stage "building $proxyprotocol_image"
+work=$(mktemp -d)
+(cd "$root" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/proxyprotocol-echo" ./test/backends/proxyprotocol-echo)
+docker rm -f tsingress-proxyprotocol-echo-build >/dev/null 2>&1 || true
+docker create --name tsingress-proxyprotocol-echo-build "$(resolved_base distroless-static)" /nothing >/dev/null
+docker cp "$work/proxyprotocol-echo" tsingress-proxyprotocol-echo-build:/proxyprotocol-echo
+docker commit --change 'ENTRYPOINT ["/proxyprotocol-echo"]' tsingress-proxyprotocol-echo-build "$proxyprotocol_image" >/dev/null
+docker rm -f tsingress-proxyprotocol-echo-build >/dev/null
+rm -rf "$work"
+done_stage
+export E2E_PROXYPROTOCOL_IMAGE=$proxyprotocol_image
+
 stage "loading the images into kind"
-"$kind" load docker-image --name "$cluster" "$img_operator" "$img_proxy" "$backend_image" >/dev/null
+"$kind" load docker-image --name "$cluster" "$img_operator" "$img_proxy" "$backend_image" "$proxyprotocol_image" >/dev/null
 done_stage
 
 overlay=$root/bin/kind-overlay-$cluster

@@ -77,7 +77,7 @@ func TestServiceProxyPROXYProtocol(t *testing.T) {
 			return "", "", err
 		}
 		defer c.Close()
-		c.SetDeadline(time.Now().Add(2 * time.Second)) //nolint:errcheck // a read error follows
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second)) // a read error follows
 		if network == "tcp" {
 			payload += "\n"
 		}

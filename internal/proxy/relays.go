@@ -152,8 +152,8 @@ func (rs *relays) start(ctx context.Context, k relayKey, target relayTarget) err
 	ctx, cancel := context.WithCancel(ctx)
 	run := &runningRelay{relay: r, target: target, cancel: cancel, done: make(chan struct{})}
 	var serve func() error
-	switch {
-	case k.port.Protocol == "UDP":
+	switch k.port.Protocol {
+	case "UDP":
 		local := netip.AddrPortFrom(k.addr, k.port.Port)
 		pc, err := rs.c.node.ListenPacket("udp", local.String())
 		if err != nil {

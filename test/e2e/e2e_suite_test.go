@@ -17,6 +17,7 @@
 //	E2E_LOCAL_BACKEND                         host:port of a backend for Ingresses where no workload Pods run
 //	E2E_SKIP_L3                               why L3 Services cannot be served here
 //	E2E_BACKEND_IMAGE                         agnhost image of the backend Deployment; agnhost:2.53 by default
+//	E2E_PROXYPROTOCOL_IMAGE                   image of test/backends/proxyprotocol-echo; the PROXY protocol specs skip without it
 //	E2E_FUNNEL_ADDR                           the local tailnet's Funnel listener (port 443 of its relays); the internet otherwise
 //	E2E_TIMEOUT                               how long a spec waits for the operator and proxies; 5m by default
 package e2e
@@ -53,6 +54,7 @@ var suite struct {
 	operatorLog, proxyLog string
 	localBackend          string
 	backendImage          string
+	proxyProtocolImage    string
 	skipL3                string
 	oauthSecret           string
 }
@@ -75,6 +77,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	suite.operatorLog, suite.proxyLog = os.Getenv("E2E_OPERATOR_LOG"), os.Getenv("E2E_PROXY_LOG")
 	suite.localBackend = os.Getenv("E2E_LOCAL_BACKEND")
 	suite.backendImage = framework.EnvOr("E2E_BACKEND_IMAGE", framework.DefaultBackendImage)
+	suite.proxyProtocolImage = os.Getenv("E2E_PROXYPROTOCOL_IMAGE")
 	suite.skipL3 = os.Getenv("E2E_SKIP_L3")
 	var err error
 	suite.timeout, err = time.ParseDuration(framework.EnvOr("E2E_TIMEOUT", "5m"))

@@ -28,8 +28,8 @@ func ServeTCP(ln net.Listener) {
 		}
 		go func() {
 			defer c.Close()
-			c.SetDeadline(time.Now().Add(connTimeout))            //nolint:errcheck // a read error follows
-			io.WriteString(c, Describe(bufio.NewReader(c), true)) //nolint:errcheck // the client sees it missing
+			c.SetDeadline(time.Now().Add(connTimeout))                   //nolint:errcheck // a read error follows
+			_, _ = io.WriteString(c, Describe(bufio.NewReader(c), true)) // the client sees it missing
 		}()
 	}
 }
