@@ -38,6 +38,13 @@ func (d *DNATConfig) Validate() error {
 		if err := svc.Destination.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", name, err))
 		}
+		for _, p := range svc.Destination.Ports {
+			if p.Protocol == "UDP" {
+				// A replica can bind a VIP's UDP port only once it hosts the VIP, after it
+				// advertises: the relay would start too late.
+				errs = append(errs, fmt.Errorf("%s: port %d/UDP: a replica relays TCP ports only", name, p.Port))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }

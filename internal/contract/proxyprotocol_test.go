@@ -76,4 +76,10 @@ func TestProxyProtocolOnlyInNewestVersions(t *testing.T) {
 	if err != nil || v != 2 || gotD.Services["svc:db"].Destination.ProxyProtocol != 2 {
 		t.Errorf("round trip: v%d %+v %v", v, gotD, err)
 	}
+	udp := relay
+	udp.Ports = []Port{{Port: 53, Protocol: "UDP"}}
+	dnat.Services["svc:dns"] = DNATService{VIPs: []string{"100.100.0.3"}, Destination: udp}
+	if err := dnat.Validate(); err == nil || !strings.Contains(err.Error(), "TCP ports only") {
+		t.Errorf("a DNAT document relaying UDP: %v, want refused", err)
+	}
 }

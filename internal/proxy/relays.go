@@ -31,7 +31,8 @@ const relayRetryDelay = 5 * time.Second
 // TCP to the node's own addresses (a standalone proxy) is a tsnet listener; TCP to a Tailscale
 // Service's VIPs (a replica) comes through the replica's Serve config (serviceconn), which is
 // how tailscaled takes a VIP's port into its network stack. UDP is a tsnet packet listener on
-// each address, which tailscaled hands a VIP's datagrams as well.
+// each of the node's addresses; a replica relays no UDP (contract.DNATConfig refuses it), as
+// it could bind a VIP only once it hosts it, after advertising.
 type relays struct {
 	c       *core
 	conns   func() *serviceconn.Conns // a replica's; nil for a standalone proxy

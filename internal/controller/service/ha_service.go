@@ -149,7 +149,23 @@ func DecideHAService(s HAServiceScope, settings kit.Settings) (*contract.ProxyCo
 	if s.TakenBy != "" {
 		findings = append(findings, kit.Blockf(kit.ReasonDuplicateHostname, "Service %s already serves %s on a ProxyGroup; hostnames must be unique", s.TakenBy, s.Hostname))
 	}
+	if cfg != nil && relaysUDP(cfg.Forward) {
+		// A replica can bind a VIP's UDP port only once the tailnet has made it the VIP's host,
+		// after it advertises: until then datagrams would reach the backend without a header.
+		findings = append(findings, kit.Blockf(kit.ReasonInvalidAnnotation,
+			"annotation %s: on a ProxyGroup the PROXY protocol relays TCP ports only; put the UDP ports on a Service of their own, or on a standalone proxy",
+			kit.AnnotationProxyProtocol))
+	}
 	return cfg, findings
+}
+
+func relaysUDP(d *contract.Destination) bool {
+	for _, p := range d.Ports {
+		if p.Protocol == "UDP" {
+			return true
+		}
+	}
+	return false
 }
 
 // hostnameTakenBy returns another HA Service that serves hostname and came first.

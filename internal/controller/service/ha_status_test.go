@@ -96,6 +96,14 @@ func TestDecideHAService(t *testing.T) {
 		"headless":       {HAServiceScope{Svc: service(func(s *corev1.Service) { s.Spec.ClusterIP = corev1.ClusterIPNone }), Hostname: "ns-db"}, []string{kit.ReasonInvalidService}},
 		"bad tag and missing": {HAServiceScope{Svc: service(func(s *corev1.Service) { s.Annotations[kit.AnnotationTags] = "k8s" }), Hostname: "ns-db", GroupFinding: &missing},
 			[]string{kit.ReasonInvalidAnnotation, kit.ReasonProxyGroupNotFound}},
+		"PROXY protocol over TCP": {HAServiceScope{Svc: service(func(s *corev1.Service) {
+			s.Annotations[kit.AnnotationProxyProtocol] = "v2"
+			s.Spec.Ports = []corev1.ServicePort{{Port: 5432, Protocol: corev1.ProtocolTCP}}
+		}), Hostname: "ns-db"}, nil},
+		"PROXY protocol over UDP": {HAServiceScope{Svc: service(func(s *corev1.Service) {
+			s.Annotations[kit.AnnotationProxyProtocol] = "v2"
+			s.Spec.Ports = []corev1.ServicePort{{Port: 53, Protocol: corev1.ProtocolTCP}, {Port: 53, Protocol: corev1.ProtocolUDP}}
+		}), Hostname: "ns-db"}, []string{kit.ReasonInvalidAnnotation}},
 		// Named, and served all the same.
 		"an annotation not honoured": {HAServiceScope{Svc: service(func(s *corev1.Service) { s.Annotations["tailscale.com/tailnet-fqdn"] = "db.example.ts.net" }), Hostname: "ns-db"},
 			[]string{kit.ReasonUnsupportedAnnotation}},
