@@ -1,8 +1,6 @@
 package relay
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -12,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pires/go-proxyproto"
+	"github.com/tsingress/tsingress/internal/testing/proxyprotoecho"
 )
 
 func TestHeader(t *testing.T) {
@@ -60,33 +58,15 @@ func TestHost(t *testing.T) {
 	}
 }
 
-// proxyBackend accepts connections on a port of its own, reads the PROXY header with another
-// implementation's parser, and answers "<src> <dst> <payload>" for the payload it reads.
+// proxyBackend answers the PROXY protocol headers it reads (package proxyprotoecho) on a port
+// of its own.
 func proxyBackend(t *testing.T) net.Listener {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				h, err := proxyproto.Read(br)
-				if err != nil {
-					fmt.Fprintf(c, "no header: %v", err)
-					return
-				}
-				payload, _ := io.ReadAll(br)
-				fmt.Fprintf(c, "v%d %s %s %s", h.Version, h.SourceAddr, h.DestinationAddr, payload)
-			}()
-		}
-	}()
+	go proxyprotoecho.ServeTCP(ln)
 	return ln
 }
 
@@ -138,23 +118,7 @@ func TestServeUDP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer backend.Close()
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := backend.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			br := bufio.NewReader(bytes.NewReader(buf[:n]))
-			h, err := proxyproto.Read(br)
-			answer := "no header"
-			if err == nil {
-				payload, _ := io.ReadAll(br)
-				answer = fmt.Sprintf("udp=%t %s %s %s", h.TransportProtocol.IsDatagram(), h.SourceAddr, h.DestinationAddr, payload)
-			}
-			_, _ = backend.WriteTo([]byte(answer), from)
-		}
-	}()
+	go proxyprotoecho.ServeUDP(backend)
 	port := backend.LocalAddr().(*net.UDPAddr).Port
 	front, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.2:%d", port))
 	if err != nil {
@@ -181,7 +145,7 @@ func TestServeUDP(t *testing.T) {
 		}
 		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		n, err := c.Read(buf)
-		want := fmt.Sprintf("udp=true %s %s %s", c.LocalAddr(), local, payload)
+		want := fmt.Sprintf("v2 %s %s %s", c.LocalAddr(), local, payload)
 		if err != nil || string(buf[:n]) != want {
 			t.Fatalf("answer %q, %v; want %q", buf[:n], err, want)
 		}
