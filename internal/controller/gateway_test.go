@@ -410,6 +410,27 @@ var _ = Describe("Gateway API", Ordered, func() {
 		}).Should(BeEmpty())
 	})
 
+	It("passes the app capabilities a Gateway names to its backends, and names the annotations it does not honour", func() {
+		class("gw-caps", gateway.ControllerName, nil)
+		ns := newNamespace()
+		newBackendService(ns, "web")
+		edge := kubeobj.Gateway(ns, "caps", "gw-caps", https)
+		edge.Annotations = map[string]string{
+			kit.AnnotationAcceptAppCaps:  "example.com/cap/admin, not a cap, example.com/cap/read",
+			kit.AnnotationHTTPRedirect:   "true",
+			"tailscale.com/tailnet-fqdn": "x.example.ts.net",
+		}
+		create(edge, kubeobj.HTTPRoute(ns, "shop", "caps", kubeobj.HTTPRule(prefix, "/", "", "web", 80)))
+		Eventually(func(g Gomega) []string {
+			return proxyConfigOf(g, proxies.ParentTypeGateway, edge).Serve.AcceptAppCaps
+		}).Should(Equal([]string{"example.com/cap/admin", "example.com/cap/read"}))
+		warned("Gateway", "caps", kit.ReasonInvalidAnnotation)
+		warned("Gateway", "caps", kit.ReasonUnsupportedAnnotation)
+		Eventually(func(g Gomega) []eventsv1.Event { return events(g, "Gateway", "caps") }).Should(ContainElement(And(
+			HaveField("Reason", kit.ReasonUnsupportedAnnotation),
+			HaveField("Note", ContainSubstring("annotations tailscale.com/http-redirect, tailscale.com/tailnet-fqdn are not honoured")))))
+	})
+
 	It("serves a rule whose Service is missing with an error, reports BackendNotFound, and routes to it once it exists", func() {
 		class("gw-missing", gateway.ControllerName, nil)
 		ns := newNamespace()

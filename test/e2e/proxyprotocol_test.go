@@ -76,7 +76,8 @@ var _ = Describe("PROXY protocol", func() {
 		pg := framework.ProxyGroup("e2e-pp-"+framework.Token(), 2)
 		suite.Create(ctx, pg)
 		svc := proxyProtocolBackend(ctx, ns, "1", corev1.ProtocolTCP)
-		svc.Annotations[kit.AnnotationExpose] = "true"
+		svc.Spec.Type = corev1.ServiceTypeLoadBalancer // its status lists the VIPs
+		svc.Spec.LoadBalancerClass = ptr.To(kit.LoadBalancerClass)
 		svc.Annotations[kit.AnnotationProxyGroup] = pg.Name
 		suite.WaitGroupReady(ctx, pg)
 		suite.Create(ctx, svc)

@@ -133,6 +133,11 @@ func (c common) gatherGateway(ctx context.Context, gw *gatewayv1.Gateway) (gatew
 	return in, err
 }
 
+// GatewayAnnotations are the tailscale.com/ annotations read on a Gateway (Funnel and a
+// ProxyGroup are refused with a reason of their own while not served).
+var GatewayAnnotations = []string{kit.AnnotationAcceptAppCaps, kit.AnnotationFunnel, kit.AnnotationHostname,
+	kit.AnnotationProxyGroup, kit.AnnotationTags}
+
 // gatewayHostname is the Gateway's tailnet hostname: the tailscale.com/hostname annotation,
 // else one made of its namespace and name.
 func gatewayHostname(gw *gatewayv1.Gateway) string {
@@ -235,7 +240,17 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 	if _, ok := gw.Annotations[kit.AnnotationFunnel]; ok {
 		r.Warning(gw, kit.ReasonInvalidAnnotation, "annotation %s is not served for Gateways yet: the Gateway is served on the tailnet only", kit.AnnotationFunnel)
 	}
-	p := r.proxy(gw, view, tags, routes, s.in.class)
+	var appCaps []string
+	if v, ok := gw.Annotations[kit.AnnotationAcceptAppCaps]; ok {
+		var f *kit.Finding
+		if appCaps, f = kit.ParseAcceptAppCaps(v); f != nil {
+			r.Findings(gw, []kit.Finding{*f})
+		}
+	}
+	if f := kit.UnsupportedAnnotations("Gateway", gw.Annotations, GatewayAnnotations...); f != nil {
+		r.Findings(gw, []kit.Finding{*f})
+	}
+	p := r.proxy(gw, view, tags, routes, appCaps, s.in.class)
 	cert, err := r.certificate(ctx, gw, p, s.in)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -300,10 +315,11 @@ func (r *GatewayReconciler) attachedRoutes(ctx context.Context, gw *gatewayv1.Ga
 }
 
 // proxy builds the standalone proxy that serves a Gateway's routes.
-func (r *GatewayReconciler) proxy(gw *gatewayv1.Gateway, view gatewayView, tags []string, routes []contract.Route, class *tsv1alpha1.ProxyClass) *proxies.StandaloneProxy {
+func (r *GatewayReconciler) proxy(gw *gatewayv1.Gateway, view gatewayView, tags []string, routes []contract.Route, appCaps []string,
+	class *tsv1alpha1.ProxyClass) *proxies.StandaloneProxy {
 	// No Ingress label: the proxy's request metrics name Ingresses only, until the contract can
 	// name a Gateway.
-	ws := contract.WebService{Routes: routes}
+	ws := contract.WebService{Routes: routes, AcceptAppCaps: appCaps}
 	if len(ws.Routes) == 0 {
 		ws.Routes = []contract.Route{{Path: noRoutesPath, PathType: contract.PathExact, Backend: contract.Backend{URL: unreachableBackend}}}
 	}

@@ -79,7 +79,7 @@ func BuildWebService(ing *networkingv1.Ingress, in RouteInputs) (contract.WebSer
 	}
 	if v, ok := ing.Annotations[kit.AnnotationAcceptAppCaps]; ok {
 		var f *kit.Finding
-		ws.AcceptAppCaps, f = acceptAppCaps(v)
+		ws.AcceptAppCaps, f = kit.ParseAcceptAppCaps(v)
 		if f != nil {
 			findings = append(findings, *f)
 		}
@@ -157,29 +157,6 @@ func BuildWebService(ing *networkingv1.Ingress, in RouteInputs) (contract.WebSer
 var IngressAnnotations = []string{kit.AnnotationAcceptAppCaps, kit.AnnotationBackendCA, kit.AnnotationBackendProtocol,
 	kit.AnnotationBackendServerName, kit.AnnotationFunnel,
 	kit.AnnotationHTTPEndpoint, kit.AnnotationHTTPRedirect, kit.LabelProxyClass, kit.AnnotationProxyGroup, kit.AnnotationTags}
-
-// acceptAppCaps parses the app capabilities annotation: the valid names, sorted, and a finding
-// naming those left out.
-func acceptAppCaps(v string) ([]string, *kit.Finding) {
-	var caps, invalid []string
-	for c := range strings.SplitSeq(v, ",") {
-		switch c = strings.TrimSpace(c); {
-		case c == "":
-		case contract.ValidAppCapability(c):
-			caps = append(caps, c)
-		default:
-			invalid = append(invalid, strconv.Quote(c))
-		}
-	}
-	slices.Sort(caps)
-	caps = slices.Compact(caps)
-	if len(invalid) > 0 {
-		f := kit.Warnf(kit.ReasonInvalidAnnotation, "annotation %s: %s: not app capability names (a domain and a path, "+
-			"e.g. example.com/cap/admin, not under tailscale.com/); not passed to backends", kit.AnnotationAcceptAppCaps, strings.Join(invalid, ", "))
-		return caps, &f
-	}
-	return caps, nil
-}
 
 // tailnetNames are the names a rule host may use for an Ingress's tailnet name, lower-cased:
 // the first TLS host as written, its short form (the device hostname) and, once the tailnet's
