@@ -30,4 +30,3 @@ func ParseAcceptAppCaps(v string) ([]string, *Finding) {
 	}
 	return caps, nil
 }
-
