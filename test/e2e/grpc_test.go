@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -27,23 +26,11 @@ var _ = Describe("A gRPC backend", func() {
 			Skip("the local environment runs no workload Pods: the gRPC server is agnhost's, on kind")
 		}
 		ns := suite.NewNamespace(ctx, "e2e")
-		labels := map[string]string{"app": "grpc"}
 		// agnhost's gRPC health server listens without TLS, as gRPC servers in a cluster do.
-		suite.Create(ctx, &appsv1.Deployment{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "grpc"},
-			Spec: appsv1.DeploymentSpec{
-				Selector: &metav1.LabelSelector{MatchLabels: labels},
-				Template: corev1.PodTemplateSpec{
-					ObjectMeta: metav1.ObjectMeta{Labels: labels},
-					Spec: corev1.PodSpec{Containers: []corev1.Container{{
-						Name: "grpc", Image: suite.backendImage, Args: []string{"grpc-health-checking", "--port=5000", "--http-port=8080"},
-					}}},
-				},
-			},
-		})
+		suite.RunWorkload(ctx, ns, "grpc", suite.backendImage, "grpc-health-checking", "--port=5000", "--http-port=8080")
 		suite.Create(ctx, &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "grpc"},
-			Spec: corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{
+			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "grpc"}, Ports: []corev1.ServicePort{{
 				Name: "grpc", Port: 5000, TargetPort: intstr.FromInt32(5000), AppProtocol: ptr.To("kubernetes.io/h2c"),
 			}}},
 		})

@@ -12,7 +12,6 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -104,24 +103,7 @@ func proxyProtocolService(ns, name, version string, protocols ...corev1.Protocol
 // returns a Service for it (not created) annotated with version.
 func proxyProtocolBackend(ctx context.Context, ns, version string, protocols ...corev1.Protocol) *corev1.Service {
 	GinkgoHelper()
-	labels := map[string]string{"app": "proxyprotocol-echo"}
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "proxyprotocol-echo"},
-		Spec: appsv1.DeploymentSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name: "echo", Image: suite.proxyProtocolImage, Args: []string{fmt.Sprintf("--port=%d", proxyProtocolPort)},
-				}}},
-			},
-		},
-	}
-	suite.Create(ctx, dep)
-	Eventually(ctx, func(g Gomega) {
-		g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(dep), dep)).To(Succeed())
-		g.Expect(dep.Status.AvailableReplicas).To(BeNumerically(">=", 1))
-	}).Should(Succeed(), "the PROXY protocol backend available")
+	suite.RunWorkload(ctx, ns, "proxyprotocol-echo", suite.proxyProtocolImage, fmt.Sprintf("--port=%d", proxyProtocolPort))
 	return proxyProtocolService(ns, "db", version, protocols...)
 }
 

@@ -122,26 +122,30 @@ const (
 // waits until it is available.
 func (c *Cluster) StartBackend(ctx context.Context, ns, image string) {
 	GinkgoHelper()
-	labels := map[string]string{"app": BackendName}
+	c.Create(ctx, BackendService(ns, BackendName, corev1.ServiceTypeClusterIP))
+	c.RunWorkload(ctx, ns, BackendName, image, "netexec", "--http-port=8080", fmt.Sprintf("--udp-port=%d", UDPPort))
+}
+
+// RunWorkload runs a Deployment name in ns of one container name, from image with args, its Pods
+// labelled app=name, and waits until it is available.
+func (c *Cluster) RunWorkload(ctx context.Context, ns, name, image string, args ...string) {
+	GinkgoHelper()
+	labels := map[string]string{"app": name}
 	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: BackendName},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: appsv1.DeploymentSpec{
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name: "echo", Image: image,
-					Args: []string{"netexec", "--http-port=8080", fmt.Sprintf("--udp-port=%d", UDPPort)},
-				}}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: name, Image: image, Args: args}}},
 			},
 		},
 	}
 	c.Create(ctx, dep)
-	c.Create(ctx, BackendService(ns, BackendName, corev1.ServiceTypeClusterIP))
 	Eventually(ctx, func(g Gomega) {
 		g.Expect(c.K8s.Get(ctx, client.ObjectKeyFromObject(dep), dep)).To(Succeed())
 		g.Expect(dep.Status.AvailableReplicas).To(BeNumerically(">=", 1))
-	}).Should(Succeed(), "the backend Deployment available")
+	}).Should(Succeed(), "Deployment %s/%s available", ns, name)
 }
 
 // BackendService is a Service for the echo backend's Pods: HTTP at HTTPPort (named http) and UDP

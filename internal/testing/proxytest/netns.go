@@ -50,19 +50,7 @@ func NewTopology(t testing.TB, clusterIPs ...netip.Addr) netnstest.Topology {
 func AddBackend(t testing.TB, top netnstest.Topology, a netip.Addr, name string) {
 	t.Helper()
 	top.AddClusterIP(t, a)
-	var ln net.Listener
-	var pc net.PacketConn
-	err := netnamespace.Run(top.Backend.Path, func() (err error) {
-		if ln, err = net.Listen("tcp", netip.AddrPortFrom(a, EchoTCPPort).String()); err != nil {
-			return err
-		}
-		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(a, EchoUDPPort).String())
-		return err
-	})
-	if err != nil {
-		t.Fatalf("backend listening on %s: %v", a, err)
-	}
-	t.Cleanup(func() { ln.Close(); pc.Close() })
+	ln, pc := listenInBackend(t, top, netip.AddrPortFrom(a, EchoTCPPort), netip.AddrPortFrom(a, EchoUDPPort))
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -90,6 +78,28 @@ func AddBackend(t testing.TB, top netnstest.Topology, a netip.Addr, name string)
 			pc.WriteTo(fmt.Appendf(nil, "%s %s", name, buf[:n]), from) //nolint:errcheck // the client retries
 		}
 	}()
+}
+
+// listenInBackend listens in the topology's backend namespace on tcp for TCP and udp for UDP
+// until the test ends.
+func listenInBackend(t testing.TB, top netnstest.Topology, tcp, udp netip.AddrPort) (net.Listener, net.PacketConn) {
+	t.Helper()
+	var ln net.Listener
+	var pc net.PacketConn
+	err := netnamespace.Run(top.Backend.Path, func() (err error) {
+		if ln, err = net.Listen("tcp", tcp.String()); err != nil {
+			return err
+		}
+		if pc, err = net.ListenPacket("udp", udp.String()); err != nil {
+			ln.Close()
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("backend listening on %s: %v", tcp.Addr(), err)
+	}
+	t.Cleanup(func() { ln.Close(); pc.Close() })
+	return ln, pc
 }
 
 // Echo sends a payload to addr (host:port) over network (tcp or udp) through client, on a new

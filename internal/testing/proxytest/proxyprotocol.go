@@ -1,11 +1,9 @@
 package proxytest
 
 import (
-	"net"
 	"net/netip"
 	"testing"
 
-	"github.com/tsingress/tsingress/internal/proxy/netnamespace"
 	"github.com/tsingress/tsingress/internal/testing/netnstest"
 	"github.com/tsingress/tsingress/internal/testing/proxyprotoecho"
 )
@@ -15,19 +13,7 @@ import (
 // says (package proxyprotoecho).
 func AddProxyProtocolBackend(t testing.TB, top netnstest.Topology, a netip.Addr, port uint16) {
 	t.Helper()
-	var ln net.Listener
-	var pc net.PacketConn
-	err := netnamespace.Run(top.Backend.Path, func() (err error) {
-		if ln, err = net.Listen("tcp", netip.AddrPortFrom(a, port).String()); err != nil {
-			return err
-		}
-		pc, err = net.ListenPacket("udp", netip.AddrPortFrom(a, port).String())
-		return err
-	})
-	if err != nil {
-		t.Fatalf("PROXY protocol backend listening on %s: %v", a, err)
-	}
-	t.Cleanup(func() { ln.Close(); pc.Close() })
+	ln, pc := listenInBackend(t, top, netip.AddrPortFrom(a, port), netip.AddrPortFrom(a, port))
 	go proxyprotoecho.ServeTCP(ln)
 	go proxyprotoecho.ServeUDP(pc)
 }
