@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -55,7 +56,8 @@ func TestKubernetesMode(t *testing.T) {
 	t.Run("check config", func(t *testing.T) {
 		var out, errOut bytes.Buffer
 		code := run(t.Context(), []string{"--config-secret", "web-0", "--check-config"}, &out, &errOut)
-		if code != 0 || !strings.Contains(out.String(), "config v6 ok: ProxyConfig{v6 ingress web") {
+		v := contract.ProxyConfigs.Newest()
+		if code != 0 || !strings.Contains(out.String(), fmt.Sprintf("config v%d ok: ProxyConfig{v%d ingress web", v, v)) {
 			t.Errorf("code %d, stdout %q, stderr %q", code, out.String(), errOut.String())
 		}
 		if strings.Contains(out.String()+errOut.String(), key.Secret.Reveal()) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -39,6 +40,12 @@ func TestRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The versions this build reads, newest first, as the proxy names them.
+	newest := contract.ProxyConfigs.Newest()
+	var reads []string
+	for v := newest; v >= 1; v-- {
+		reads = append(reads, fmt.Sprintf("v%d", v))
+	}
 	cases := []struct {
 		name     string
 		args     func(dir string) []string
@@ -49,12 +56,12 @@ func TestRun(t *testing.T) {
 	}{
 		{name: "version", args: func(string) []string { return []string{"--version"} }, wantOut: "dev"},
 		{name: "valid config", files: valid, args: func(d string) []string { return []string{"--config-dir", d, "--check-config"} },
-			wantOut: "config v6 ok: ProxyConfig{v6 service db"},
+			wantOut: fmt.Sprintf("config v%d ok: ProxyConfig{v%d service db", newest, newest)},
 		{name: "missing directory", args: func(d string) []string { return []string{"--config-dir", d + "/nope", "--check-config"} },
 			wantCode: 1, wantErr: "cannot load config"},
 		{name: "no config file", files: map[string][]byte{"other": []byte("x")}, args: func(d string) []string { return []string{"--config-dir", d, "--health-addr", ""} },
-			wantCode: 1, wantErr: "found none, this build reads v6, v5, v4, v3, v2, v1"},
-		{name: "newer operator", files: map[string][]byte{"proxy-config.v7.json": []byte("{}")}, args: func(d string) []string { return []string{"--config-dir", d, "--health-addr", ""} },
+			wantCode: 1, wantErr: "found none, this build reads " + strings.Join(reads, ", ")},
+		{name: "newer operator", files: map[string][]byte{fmt.Sprintf("proxy-config.v%d.json", newest+1): []byte("{}")}, args: func(d string) []string { return []string{"--config-dir", d, "--health-addr", ""} },
 			wantCode: 1, wantErr: "use a proxy image that matches the operator"},
 		{name: "invalid config", files: map[string][]byte{"proxy-config.v1.json": []byte(`{"version":1,"kind":"service","hostname":"Bad Name","stateSecret":"s","forward":{"ips":["x"]}}`)},
 			args: func(d string) []string { return []string{"--config-dir", d, "--health-addr", ""} }, wantCode: 1, wantErr: "hostname \"Bad Name\" is not a valid DNS label"},

@@ -68,9 +68,9 @@ func (g *groupEnv) writeConfig(t *testing.T, authKey string, advertise ...string
 	data, err := contract.ProxyConfigs.EncodeFrom(cfg, 4)
 	if len(advertise) > 0 {
 		data, err = contract.ProxyConfigs.Encode(cfg)
-		delete(data, "proxy-config.v4.json")
-		delete(data, "proxy-config.v5.json")
-		delete(data, "proxy-config.v6.json")
+		for v := 4; v <= contract.ProxyConfigs.Newest(); v++ {
+			delete(data, fmt.Sprintf("proxy-config.v%d.json", v))
+		}
 	}
 	if err != nil {
 		t.Fatal(err)
