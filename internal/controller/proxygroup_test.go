@@ -265,9 +265,14 @@ var _ = Describe("ProxyGroup reconciler", func() {
 		Eventually(func() error { return k8s.Get(ctx, nsKey("big-group"), sts) }).Should(Succeed())
 
 		over := int32(testSetup.GroupReplicasLimit() + 1)
-		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(pg), pg)).To(Succeed())
-		pg.Spec.Replicas = ptr.To(over)
-		Expect(k8s.Update(ctx, pg)).To(Succeed())
+		// Retried: the operator may be writing the group (its finalizer, its status) meanwhile.
+		Eventually(func() error {
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(pg), pg); err != nil {
+				return err
+			}
+			pg.Spec.Replicas = ptr.To(over)
+			return k8s.Update(ctx, pg)
+		}).Should(Succeed())
 		Eventually(groupCondition("big-group", tsv1alpha1.ProxyGroupReady)).Should(And(
 			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonProxyGroupInvalid),
 			HaveField("Message", ContainSubstring(fmt.Sprintf("replicas %d is over this operator's maximum of %d", over, over-1)))))
