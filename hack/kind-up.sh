@@ -61,6 +61,21 @@ if [ -z "$image" ]; then
   fi
 fi
 
+# wait_node_cidrs writes the cluster's kubeconfig and sets cidrs to its node's Pod CIDRs, waiting
+# up to two minutes: a node container just started serves requests before its RBAC is loaded.
+cidrs=
+wait_node_cidrs() {
+  local _
+  for _ in $(seq 60); do
+    if "$kind" get kubeconfig --name "$cluster" > "$root/bin/kubeconfig-$cluster" 2>/dev/null; then
+      cidrs=$(KUBECONFIG=$root/bin/kubeconfig-$cluster "$root/bin/kubectl" get nodes -o jsonpath='{.items[*].spec.podCIDRs[*]}' 2>/dev/null || true)
+      [ -n "$cidrs" ] && return 0
+    fi
+    sleep 2
+  done
+  return 1
+}
+
 config=$root/bin/kind-$cluster.yaml
 # The node image routes Pods with ptp and host-local for IPv4 (hack/kind/10-ptp.conflist); a
 # cluster of another family gets the node Pod CIDRs of its family instead, as kind allocates them
@@ -115,28 +130,33 @@ EOF
   fi
 } > "$config"
 
+node=$cluster-control-plane
+# A node container stopped with dockerd (a reboot, a machine restored from a snapshot) is not
+# restarted by Docker (kind sets restart on-failure): start it; one that does not come back in
+# time is deleted, to be created afresh below.
+if "$kind" get clusters 2>/dev/null | grep -qx "$cluster" &&
+  [ "$(docker inspect -f '{{.State.Running}}' "$node" 2>/dev/null)" != true ]; then
+  stage "starting the stopped node container $node"
+  if docker start "$node" >/dev/null && wait_node_cidrs; then
+    done_stage
+  else
+    echo "    the node did not come back: deleting cluster $cluster to create it again" >&2
+    "$kind" delete cluster --name "$cluster"
+  fi
+fi
 if "$kind" get clusters 2>/dev/null | grep -qx "$cluster"; then
-  running=$(docker inspect -f '{{.Config.Image}}' "$cluster-control-plane" 2>/dev/null || true)
+  running=$(docker inspect -f '{{.Config.Image}}' "$node" 2>/dev/null || true)
   if [ "$running" != "$image" ]; then
     echo "note: cluster $cluster runs node image $running, not $image; delete it (kind delete cluster --name $cluster) to use the new one" >&2
   fi
   # The family is fixed at creation: a cluster of another one is not reused.
-  "$kind" get kubeconfig --name "$cluster" > "$root/bin/kubeconfig-$cluster"
-  # A node container just restarted (dockerd restarted) serves requests before its RBAC is
-  # loaded: wait for the node to be listed.
-  cidrs=
-  for _ in $(seq 60); do
-    cidrs=$(KUBECONFIG=$root/bin/kubeconfig-$cluster "$root/bin/kubectl" get nodes -o jsonpath='{.items[*].spec.podCIDRs[*]}' 2>/dev/null || true)
-    [ -n "$cidrs" ] && break
-    sleep 2
-  done
-  [ -n "$cidrs" ] || { echo "cluster $cluster lists no node with pod CIDRs" >&2; exit 1; }
+  wait_node_cidrs || die "cluster $cluster lists no node with pod CIDRs"
   has=ipv4
   case $cidrs in
     *.*:*|*:*.*) has=dual ;;
     *:*) has=ipv6 ;;
   esac
-  [ -z "$cidrs" ] || [ "$has" = "$family" ] || die "cluster $cluster is of IP family $has (Pod CIDRs $cidrs), not $family: delete it (make kind-delete) or name another (KIND_CLUSTER)"
+  [ "$has" = "$family" ] || die "cluster $cluster is of IP family $has (Pod CIDRs $cidrs), not $family: delete it (make kind-delete) or name another (KIND_CLUSTER)"
 else
   stage "creating cluster $cluster"
   "$kind" create cluster --name "$cluster" --image "$image" --config "$config" --wait 3m
