@@ -341,6 +341,18 @@ var _ = Describe("Gateway API", Ordered, func() {
 		Eventually(func(g Gomega) []eventsv1.Event { return events(g, kind, name) }).Should(ContainElement(And(
 			HaveField("Reason", reason), HaveField("Type", corev1.EventTypeWarning))), "a Warning %s on %s %s", reason, kind, name)
 	}
+	// annotate patches a Gateway's annotation (value "" removes it).
+	annotate := func(obj *gatewayv1.Gateway, key, value string) {
+		got := &gatewayv1.Gateway{}
+		Expect(gw.Get(ctx, client.ObjectKeyFromObject(obj), got)).To(Succeed())
+		before := got.DeepCopy()
+		if value == "" {
+			delete(got.Annotations, key)
+		} else {
+			got.Annotations[key] = value
+		}
+		Expect(gw.Patch(ctx, got, client.MergeFrom(before))).To(Succeed())
+	}
 	https, http := kubeobj.Listener("https", gatewayv1.HTTPSProtocolType, 443), kubeobj.Listener("http", gatewayv1.HTTPProtocolType, 80)
 	prefix, exact := gatewayv1.PathMatchPathPrefix, gatewayv1.PathMatchExact
 	noRoutes := []contract.Route{{Path: "/.well-known/tsingress/no-routes", PathType: contract.PathExact, Backend: contract.Backend{URL: "http://127.0.0.1:1"}}}
@@ -429,6 +441,50 @@ var _ = Describe("Gateway API", Ordered, func() {
 		Eventually(func(g Gomega) []eventsv1.Event { return events(g, "Gateway", "caps") }).Should(ContainElement(And(
 			HaveField("Reason", kit.ReasonUnsupportedAnnotation),
 			HaveField("Note", ContainSubstring("annotations tailscale.com/http-redirect, tailscale.com/tailnet-fqdn are not honoured")))))
+	})
+
+	It("serves a Gateway to the internet through Funnel when annotated, with a condition saying whether it is", func() {
+		class("gw-funnel", gateway.ControllerName, nil)
+		ns := newNamespace()
+		newBackendService(ns, "web")
+		edge := kubeobj.Gateway(ns, "public", "gw-funnel", https)
+		edge.Annotations = map[string]string{kit.AnnotationFunnel: "true"}
+		create(edge, kubeobj.HTTPRoute(ns, "shop", "public", kubeobj.HTTPRule(prefix, "/", "", "web", 80)))
+		funnel := gatewayCondition(edge, "tailscale.com/Funnel")
+
+		By("telling the proxy to serve Funnel, pending until it serves the name")
+		Eventually(func(g Gomega) bool { return proxyConfigOf(g, proxies.ParentTypeGateway, edge).Serve.Funnel }).Should(BeTrue())
+		Eventually(funnel).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonPending)))
+
+		By("saying what the tailnet's policy lacks while the proxy reports Funnel refused")
+		fqdn := ns + "-public-gateway.tailnet.example"
+		state := contract.ProxyState{DeviceID: "n-funnel", FQDN: fqdn, HTTPSEndpoint: fqdn,
+			Funnel: map[string]contract.FunnelStatus{fqdn: {Reason: contract.FunnelNotPermitted, Message: "Funnel not available"}}}
+		reportState(proxies.ParentTypeGateway, edge, state)
+		Eventually(funnel).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonFunnelNotPermitted),
+			HaveField("Message", ContainSubstring(`{"target": ["tag:k8s"], "attr": ["funnel"]}`))))
+		warned("Gateway", "public", kit.ReasonFunnelNotPermitted)
+
+		By("reporting it public once the proxy takes Funnel connections")
+		state.Funnel = map[string]contract.FunnelStatus{fqdn: {Public: true}}
+		reportState(proxies.ParentTypeGateway, edge, state)
+		Eventually(funnel).Should(And(HaveField("Status", metav1.ConditionTrue), HaveField("Reason", kit.ReasonFunnelEnabled)))
+		Eventually(normalEvents("Gateway", "public")).Should(ContainElement(kit.ReasonFunnelEnabled))
+
+		By("refusing a value that is not a boolean, served on the tailnet only")
+		annotate(edge, kit.AnnotationFunnel, "please")
+		Eventually(func(g Gomega) bool { return proxyConfigOf(g, proxies.ParentTypeGateway, edge).Serve.Funnel }).Should(BeFalse())
+		Eventually(funnel).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonInvalidAnnotation)))
+		warned("Gateway", "public", kit.ReasonInvalidAnnotation)
+
+		By("removing the condition with the annotation")
+		annotate(edge, kit.AnnotationFunnel, "")
+		Eventually(func(g Gomega) *metav1.Condition {
+			got := &gatewayv1.Gateway{}
+			g.Expect(gw.Get(ctx, client.ObjectKeyFromObject(edge), got)).To(Succeed())
+			return meta.FindStatusCondition(got.Status.Conditions, "tailscale.com/Funnel")
+		}).Should(BeNil())
+		quiet()
 	})
 
 	It("serves a rule whose Service is missing with an error, reports BackendNotFound, and routes to it once it exists", func() {

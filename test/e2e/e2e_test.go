@@ -58,36 +58,9 @@ var _ = Describe("A standalone Ingress", func() {
 		newBackend(ctx, ns)
 		ing := framework.Ingress(ns, "gone", "e2e-gone-"+framework.Token(), "")
 		suite.Create(ctx, ing)
-		parent := client.MatchingLabels{kit.LabelParentName: ing.Name, kit.LabelParentNS: ns, kit.LabelParentType: "ingress"}
-		var sts appsv1.StatefulSet
-		var deviceID string
-		Eventually(ctx, func(g Gomega) {
-			list := &appsv1.StatefulSetList{}
-			g.Expect(suite.K8s.List(ctx, list, client.InNamespace(suite.opNS), parent)).To(Succeed())
-			g.Expect(list.Items).To(HaveLen(1))
-			sts = list.Items[0]
-			state := &corev1.Secret{}
-			g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: sts.Name + "-0"}, state)).To(Succeed())
-			st, err := contract.ParseState(state.Data)
-			g.Expect(err).NotTo(HaveOccurred())
-			g.Expect(st.DeviceID).NotTo(BeEmpty(), "the proxy's device")
-			deviceID = st.DeviceID
-		}).Should(Succeed(), "the proxy's StatefulSet and its device in the state Secret")
-		_, err := suite.API.Device(ctx, deviceID)
-		Expect(err).NotTo(HaveOccurred(), "the device on the tailnet")
-
+		deviceID := proxyDevice(ctx, "ingress", ing)
 		Expect(suite.K8s.Delete(ctx, ing)).To(Succeed())
-		Eventually(ctx, func(g Gomega) {
-			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(ing), ing)).To(Satisfy(apierrors.IsNotFound), "the Ingress")
-			list := &appsv1.StatefulSetList{}
-			g.Expect(suite.K8s.List(ctx, list, client.InNamespace(suite.opNS), parent)).To(Succeed())
-			g.Expect(list.Items).To(BeEmpty(), "StatefulSets")
-			secrets := &corev1.SecretList{}
-			g.Expect(suite.K8s.List(ctx, secrets, client.InNamespace(suite.opNS), parent)).To(Succeed())
-			g.Expect(secrets.Items).To(BeEmpty(), "Secrets")
-			_, err := suite.API.Device(ctx, deviceID)
-			g.Expect(tailnet.IsNotFound(err)).To(BeTrue(), "the device %s is still on the tailnet (%v)", deviceID, err)
-		}).Should(Succeed(), "the Ingress's proxy and device gone")
+		expectProxyGone(ctx, "ingress", ing, deviceID)
 	})
 })
 

@@ -170,3 +170,46 @@ func dumpLogs(ctx context.Context, what, file, selector string) {
 		}
 	}
 }
+
+// proxyParent selects the objects of obj's standalone proxy (parent type typ, e.g. "ingress").
+func proxyParent(typ string, obj client.Object) client.MatchingLabels {
+	return client.MatchingLabels{kit.LabelParentName: obj.GetName(), kit.LabelParentNS: obj.GetNamespace(), kit.LabelParentType: typ}
+}
+
+// proxyDevice waits for obj's standalone proxy to join the tailnet and returns its device's ID,
+// checked against the tailnet's API.
+func proxyDevice(ctx context.Context, typ string, obj client.Object) string {
+	GinkgoHelper()
+	var deviceID string
+	Eventually(ctx, func(g Gomega) {
+		list := &appsv1.StatefulSetList{}
+		g.Expect(suite.ListEach(ctx, list, proxyNamespaces(), proxyParent(typ, obj))).To(Succeed())
+		g.Expect(list.Items).To(HaveLen(1))
+		state := &corev1.Secret{}
+		g.Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: suite.opNS, Name: list.Items[0].Name + "-0"}, state)).To(Succeed())
+		st, err := contract.ParseState(state.Data)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(st.DeviceID).NotTo(BeEmpty(), "the proxy's device")
+		deviceID = st.DeviceID
+	}).Should(Succeed(), "the proxy's StatefulSet of %s %s and its device in the state Secret", typ, obj.GetName())
+	_, err := suite.API.Device(ctx, deviceID)
+	Expect(err).NotTo(HaveOccurred(), "the device on the tailnet")
+	return deviceID
+}
+
+// expectProxyGone waits until obj, being deleted, is gone with its standalone proxy: no
+// StatefulSet, no Secret, and its device off the tailnet.
+func expectProxyGone(ctx context.Context, typ string, obj client.Object, deviceID string) {
+	GinkgoHelper()
+	Eventually(ctx, func(g Gomega) {
+		g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(obj), obj)).To(Satisfy(apierrors.IsNotFound), "the %s", typ)
+		list := &appsv1.StatefulSetList{}
+		g.Expect(suite.ListEach(ctx, list, proxyNamespaces(), proxyParent(typ, obj))).To(Succeed())
+		g.Expect(list.Items).To(BeEmpty(), "StatefulSets")
+		secrets := &corev1.SecretList{}
+		g.Expect(suite.K8s.List(ctx, secrets, client.InNamespace(suite.opNS), proxyParent(typ, obj))).To(Succeed())
+		g.Expect(secrets.Items).To(BeEmpty(), "Secrets")
+		_, err := suite.API.Device(ctx, deviceID)
+		g.Expect(tailnet.IsNotFound(err)).To(BeTrue(), "the device %s is still on the tailnet (%v)", deviceID, err)
+	}).Should(Succeed(), "the proxy and device of %s %s gone", typ, obj.GetName())
+}

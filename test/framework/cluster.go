@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 )
@@ -53,6 +54,7 @@ func Connect(timeout time.Duration) *Cluster {
 	scheme := runtime.NewScheme()
 	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
 	Expect(tsv1alpha1.AddToScheme(scheme)).To(Succeed())
+	Expect(gatewayv1.Install(scheme)).To(Succeed())
 	c := &Cluster{Config: cfg}
 	c.K8s, err = client.New(cfg, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())

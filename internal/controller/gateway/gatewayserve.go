@@ -133,8 +133,8 @@ func (c common) gatherGateway(ctx context.Context, gw *gatewayv1.Gateway) (gatew
 	return in, err
 }
 
-// GatewayAnnotations are the tailscale.com/ annotations read on a Gateway (Funnel and a
-// ProxyGroup are refused with a reason of their own while not served).
+// GatewayAnnotations are the tailscale.com/ annotations read on a Gateway (a ProxyGroup is
+// refused with a reason of its own while not served).
 var GatewayAnnotations = []string{kit.AnnotationAcceptAppCaps, kit.AnnotationFunnel, kit.AnnotationHostname,
 	kit.AnnotationProxyGroup, kit.AnnotationTags}
 
@@ -237,8 +237,10 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 	if f := proxies.InitContainerIgnored(s.in.class); f != nil {
 		r.Findings(gw, []kit.Finding{*f})
 	}
-	if _, ok := gw.Annotations[kit.AnnotationFunnel]; ok {
-		r.Warning(gw, kit.ReasonInvalidAnnotation, "annotation %s is not served for Gateways yet: the Gateway is served on the tailnet only", kit.AnnotationFunnel)
+	s.facts.Funnel.On, s.facts.Funnel.Refused = kit.ParseFunnel(gw.Annotations, "Gateway", gw.Namespace, r.Settings.FunnelAllowed(gw.Namespace))
+	s.facts.Funnel.Tags = tags
+	if f := s.facts.Funnel.Refused; f != nil {
+		r.Findings(gw, []kit.Finding{*f})
 	}
 	var appCaps []string
 	if v, ok := gw.Annotations[kit.AnnotationAcceptAppCaps]; ok {
@@ -251,6 +253,7 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 		r.Findings(gw, []kit.Finding{*f})
 	}
 	p := r.proxy(gw, view, tags, routes, appCaps, s.in.class)
+	p.Config.Serve.Funnel = s.facts.Funnel.On
 	cert, err := r.certificate(ctx, gw, p, s.in)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -267,6 +270,9 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 	}
 	if s.facts.serving() {
 		r.Progress(gw, "serving", kit.ReasonServing, "serving https://%s", s.in.state.HTTPSEndpoint)
+		if s.facts.Funnel.On {
+			kit.ReportFunnel(r.Reporter, gw, s.in.state.HTTPSEndpoint, tags, []*contract.ProxyState{s.in.state})
+		}
 	}
 	return ctrl.Result{RequeueAfter: cert.Recheck(0, r.Guard.Now())}, nil
 }

@@ -551,3 +551,52 @@ func TestSampleGateway(t *testing.T) {
 		t.Errorf("sample HTTPRoute: %+v", d)
 	}
 }
+
+func TestGatewayFunnelCondition(t *testing.T) {
+	listeners := decideListeners([]gatewayv1.Listener{listener("https", "HTTPS", 443)}, tailnetNames)
+	const fqdn = "gw.tailnet.ts.net"
+	serving := func(fs *contract.FunnelStatus) *contract.ProxyState {
+		st := &contract.ProxyState{FQDN: fqdn, HTTPSEndpoint: fqdn}
+		if fs != nil {
+			st.Funnel = map[string]contract.FunnelStatus{fqdn: *fs}
+		}
+		return st
+	}
+	denied := kit.Warnf(kit.ReasonFunnelNamespaceNotPermitted, "not in --funnel-namespaces")
+	tests := []struct {
+		name   string
+		funnel funnelFacts
+		state  *contract.ProxyState
+		// want is the condition's status and reason; "" for no condition.
+		want, reason string
+	}{
+		{"not asked", funnelFacts{}, serving(nil), "", ""},
+		{"refused by the operator", funnelFacts{Refused: &denied}, serving(nil), "False", kit.ReasonFunnelNamespaceNotPermitted},
+		{"the proxy not serving yet", funnelFacts{On: true}, nil, "False", kit.ReasonPending},
+		{"the proxy silent about Funnel", funnelFacts{On: true}, serving(nil), "False", kit.ReasonPending},
+		{"public", funnelFacts{On: true}, serving(&contract.FunnelStatus{Public: true}), "True", kit.ReasonFunnelEnabled},
+		{"the tailnet refuses", funnelFacts{On: true, Tags: []string{"tag:k8s"}},
+			serving(&contract.FunnelStatus{Reason: contract.FunnelNotPermitted, Message: "no funnel attribute"}), "False", kit.ReasonFunnelNotPermitted},
+		{"the proxy failed", funnelFacts{On: true}, serving(&contract.FunnelStatus{Reason: contract.FunnelFailed, Message: "boom"}), "False", kit.ReasonFunnelFailed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// Each starts from a Gateway that had Funnel on, so "not asked" must remove it.
+			before := gatewayv1.GatewayStatus{Conditions: []metav1.Condition{{Type: conditionFunnel, Status: metav1.ConditionTrue, Reason: kit.ReasonFunnelEnabled}}}
+			st := gatewayStatus(before, gatewayFacts{View: gatewayView{Listeners: listeners}, State: tt.state, Funnel: tt.funnel}, 2)
+			c := meta.FindStatusCondition(st.Conditions, conditionFunnel)
+			if tt.want == "" {
+				if c != nil {
+					t.Fatalf("condition %+v on a Gateway that does not ask for Funnel", *c)
+				}
+				return
+			}
+			if c == nil || string(c.Status) != tt.want || c.Reason != tt.reason {
+				t.Fatalf("condition %+v, want %s %s", c, tt.want, tt.reason)
+			}
+			if tt.reason == kit.ReasonFunnelNotPermitted && !strings.Contains(c.Message, `"tag:k8s"`) {
+				t.Errorf("message %q does not say which tags the policy must grant funnel", c.Message)
+			}
+		})
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -20,6 +21,9 @@ const (
 	conditionProgrammed   = string(gatewayv1.GatewayConditionProgrammed)
 	conditionResolvedRefs = string(gatewayv1.ListenerConditionResolvedRefs)
 	conditionConflicted   = string(gatewayv1.ListenerConditionConflicted)
+	// conditionFunnel says whether a Gateway that asks for Funnel is served to the internet;
+	// the spec leaves domain-prefixed types to implementations.
+	conditionFunnel = "tailscale.com/Funnel"
 )
 
 // gatewayFacts is what a pass found about a Gateway, which its status is computed from.
@@ -29,6 +33,18 @@ type gatewayFacts struct {
 	Attached map[gatewayv1.SectionName]int32
 	// State is what its proxy reports (nil: nothing yet).
 	State *contract.ProxyState
+	// Funnel is what became of the Gateway's Funnel annotation (zero: none).
+	Funnel funnelFacts
+}
+
+// funnelFacts is what became of a Gateway's Funnel annotation.
+type funnelFacts struct {
+	// On: the annotation asks for Funnel and the proxy is told to serve it.
+	On bool
+	// Refused says why the annotation is not served (nil: it is, or is "false").
+	Refused *kit.Finding
+	// Tags are the proxy's, which the tailnet policy must grant Funnel.
+	Tags []string
 }
 
 // serving reports whether the proxy serves the Gateway's tailnet name.
@@ -66,6 +82,7 @@ func gatewayStatus(status gatewayv1.GatewayStatus, f gatewayFacts, gen int64) ga
 	default:
 		kit.SetCondition(&status.Conditions, conditionProgrammed, false, kit.ReasonPending, "waiting for the proxy to join the tailnet and serve its name", gen)
 	}
+	funnelCondition(&status.Conditions, f, gen)
 	status.Addresses = addresses(f.State)
 	listeners := make([]gatewayv1.ListenerStatus, 0, len(v.Listeners))
 	for _, l := range v.Listeners {
@@ -84,6 +101,31 @@ func gatewayStatus(status gatewayv1.GatewayStatus, f gatewayFacts, gen int64) ga
 	}
 	status.Listeners = listeners
 	return status
+}
+
+// funnelCondition sets, for a Gateway that asks for Funnel, whether its tailnet name is served
+// to the internet; it removes the condition from a Gateway that does not ask.
+func funnelCondition(conds *[]metav1.Condition, f gatewayFacts, gen int64) {
+	switch {
+	case f.Funnel.Refused != nil:
+		kit.SetCondition(conds, conditionFunnel, false, f.Funnel.Refused.Reason, f.Funnel.Refused.Message, gen)
+	case !f.Funnel.On:
+		meta.RemoveStatusCondition(conds, conditionFunnel)
+	case !f.serving():
+		kit.SetCondition(conds, conditionFunnel, false, kit.ReasonPending, "waiting for the proxy to serve the Gateway's tailnet name", gen)
+	default:
+		fqdn := f.State.HTTPSEndpoint
+		public, problem := kit.FunnelOutcome(fqdn, []*contract.ProxyState{f.State})
+		reason, msg := kit.FunnelProblem(fqdn, f.Funnel.Tags, problem)
+		switch {
+		case public:
+			kit.SetCondition(conds, conditionFunnel, true, kit.ReasonFunnelEnabled, "serving https://"+fqdn+" to the internet through Funnel", gen)
+		case reason != "":
+			kit.SetCondition(conds, conditionFunnel, false, reason, msg, gen)
+		default:
+			kit.SetCondition(conds, conditionFunnel, false, kit.ReasonPending, "waiting for the proxy to set Funnel up", gen)
+		}
+	}
 }
 
 // listenerConditions sets a listener's Accepted, Programmed, ResolvedRefs and Conflicted.

@@ -1,8 +1,6 @@
 package ingress
 
 import (
-	"strconv"
-	"strings"
 
 	networkingv1 "k8s.io/api/networking/v1"
 
@@ -11,51 +9,10 @@ import (
 	"github.com/tsingress/tsingress/internal/controller/kit"
 )
 
-// funnelOutcome judges what the proxies serving fqdn report about Funnel: public while one of
-// them takes Funnel connections for it, else the first problem one reports (none yet: zero).
-func funnelOutcome(fqdn string, states []*contract.ProxyState) (public bool, problem contract.FunnelStatus) {
-	for _, st := range states {
-		if st == nil {
-			continue
-		}
-		fs, ok := st.Funnel[fqdn]
-		switch {
-		case !ok:
-		case fs.Public:
-			return true, contract.FunnelStatus{}
-		case problem.Reason == "":
-			problem = fs
-		}
-	}
-	return false, problem
-}
-
-// reportFunnel reports, for an Ingress that asks for Funnel, whether its tailnet name fqdn is served
-// to the internet: a step of progress once it is, a Warning while the proxies (tagged tags) say
-// why not.
-func reportFunnel(r kit.Reporter, ing *networkingv1.Ingress, fqdn string, tags []string, states []*contract.ProxyState) {
-	public, problem := funnelOutcome(fqdn, states)
-	switch {
-	case public:
-		r.Progress(ing, "funnel", kit.ReasonFunnelEnabled, "serving https://%s to the internet through Funnel", fqdn)
-	case problem.Reason == contract.FunnelNotPermitted:
-		quoted := make([]string, len(tags))
-		for i, t := range tags {
-			quoted[i] = strconv.Quote(t)
-		}
-		r.Warning(ing, kit.ReasonFunnelNotPermitted,
-			"https://%s is not served to the internet: the tailnet does not let the proxies (tags %s) use Funnel; its policy needs "+
-				`{"target": [%s], "attr": ["funnel"]} in nodeAttrs, and HTTPS on (the proxy says: %s)`,
-			fqdn, strings.Join(tags, ","), strings.Join(quoted, ", "), problem.Message)
-	case problem.Reason != "":
-		r.Warning(ing, kit.ReasonFunnelFailed, "https://%s is not served to the internet: %s", fqdn, problem.Message)
-	}
-}
-
 // setFunnelPortError sets, on fqdn's entry, the error of port 443 while the proxies serving it
 // say why it is not served to the internet.
 func setFunnelPortError(lb []networkingv1.IngressLoadBalancerIngress, fqdn string, states []*contract.ProxyState) {
-	public, problem := funnelOutcome(fqdn, states)
+	public, problem := kit.FunnelOutcome(fqdn, states)
 	switch {
 	case public || problem.Reason == "":
 	case problem.Reason == contract.FunnelNotPermitted:
@@ -67,8 +24,8 @@ func setFunnelPortError(lb []networkingv1.IngressLoadBalancerIngress, fqdn strin
 
 // wantsFunnel reports whether an Ingress asks to be served to the internet.
 func wantsFunnel(ing *networkingv1.Ingress) bool {
-	on, err := strconv.ParseBool(ing.Annotations[kit.AnnotationFunnel])
-	return err == nil && on
+	on, _ := kit.ParseFunnel(ing.Annotations, "Ingress", ing.Namespace, true)
+	return on
 }
 
 // setPortError sets the error of port 443 of the entry for hostname.

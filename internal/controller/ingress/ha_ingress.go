@@ -124,7 +124,7 @@ func (r *HAIngressReconciler) serve(ctx context.Context, ing *networkingv1.Ingre
 	if _, served := haIngressLoadBalancer(s.svcName, ws, s.cert, s.States, r.Guard.Now()); served {
 		r.Progress(ing, "serving", kit.ReasonServing, "serving https://%s through Tailscale Service %s", s.cert.FQDN, s.svcName)
 		if ws.Funnel {
-			reportFunnel(r.Reporter, ing, s.cert.FQDN, groupTags(pg, r.Settings.DefaultTags), s.States)
+			kit.ReportFunnel(r.Reporter, ing, s.cert.FQDN, groupTags(pg, r.Settings.DefaultTags), s.States)
 		}
 	}
 	return ctrl.Result{RequeueAfter: groupstore.Sooner(s.cert.Recheck(s.byo.Recheck, r.Guard.Now()), ts.Recheck)}, nil

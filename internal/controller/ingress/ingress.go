@@ -126,7 +126,7 @@ func (r *IngressReconciler) serve(ctx context.Context, ing *networkingv1.Ingress
 			r.Progress(ing, "serving", kit.ReasonServing, "serving https://%s", st.HTTPSEndpoint)
 		}
 		if p.Config.Serve.Funnel {
-			reportFunnel(r.Reporter, ing, st.HTTPSEndpoint, p.Config.Tags, []*contract.ProxyState{st})
+			kit.ReportFunnel(r.Reporter, ing, st.HTTPSEndpoint, p.Config.Tags, []*contract.ProxyState{st})
 		}
 	}
 	return ctrl.Result{RequeueAfter: s.cert.Recheck(s.byo.Recheck, r.Guard.Now())}, nil

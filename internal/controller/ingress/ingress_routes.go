@@ -84,16 +84,9 @@ func BuildWebService(ing *networkingv1.Ingress, in RouteInputs) (contract.WebSer
 			findings = append(findings, *f)
 		}
 	}
-	if v, ok := ing.Annotations[kit.AnnotationFunnel]; ok {
-		if on, err := strconv.ParseBool(v); err != nil {
-			findings = append(findings, kit.Warnf(kit.ReasonInvalidAnnotation, "annotation %s=%q is not a boolean; not served over Funnel", kit.AnnotationFunnel, v))
-		} else if on && in.FunnelDenied {
-			findings = append(findings, kit.Warnf(kit.ReasonFunnelNamespaceNotPermitted,
-				"annotation %s: the operator does not let Ingresses of namespace %s be served to the internet (its --funnel-namespaces, "+
-					"OPERATOR_FUNNEL_NAMESPACES, does not list it); served on the tailnet only", kit.AnnotationFunnel, ing.Namespace))
-		} else {
-			ws.Funnel = on
-		}
+	var funnel *kit.Finding
+	if ws.Funnel, funnel = kit.ParseFunnel(ing.Annotations, "Ingress", ing.Namespace, !in.FunnelDenied); funnel != nil {
+		findings = append(findings, *funnel)
 	}
 
 	seen := map[string]bool{}

@@ -1,0 +1,139 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/tsingress/tsingress/internal/controller/gateway"
+	"github.com/tsingress/tsingress/internal/controller/kit"
+	"github.com/tsingress/tsingress/internal/controller/proxies"
+	"github.com/tsingress/tsingress/internal/testing/kubeobj"
+	"github.com/tsingress/tsingress/test/framework"
+)
+
+var installGatewayAPI sync.Once
+
+// gatewayClass installs the Gateway API CRDs the operator serves (config/gateway-api: it picks
+// them up without a restart) once per run, and makes a GatewayClass of this operator for the spec.
+func gatewayClass(ctx context.Context) string {
+	GinkgoHelper()
+	var err error
+	installGatewayAPI.Do(func() {
+		_, err = envtest.InstallCRDs(suite.Config, envtest.CRDInstallOptions{
+			Paths: []string{filepath.Join("..", "..", "config", "gateway-api")}, ErrorIfPathMissing: true})
+	})
+	Expect(err).NotTo(HaveOccurred(), "installing the Gateway API CRDs")
+	gc := &gatewayv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "e2e-" + framework.Token()},
+		Spec: gatewayv1.GatewayClassSpec{ControllerName: gateway.ControllerName}}
+	suite.Create(ctx, gc)
+	return gc.Name
+}
+
+// gatewayCondition reads a condition of a Gateway (nil when it has none of that type).
+func gatewayCondition(ctx context.Context, g Gomega, gw *gatewayv1.Gateway, typ string) *metav1.Condition {
+	got := &gatewayv1.Gateway{}
+	g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(gw), got)).To(Succeed())
+	return meta.FindStatusCondition(got.Status.Conditions, typ)
+}
+
+// patchAnnotation sets (or, with value "", removes) an annotation of obj.
+func patchAnnotation(ctx context.Context, obj client.Object, key, value string) {
+	GinkgoHelper()
+	Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(obj), obj)).To(Succeed())
+	before := obj.DeepCopyObject().(client.Object)
+	a := obj.GetAnnotations()
+	if value == "" {
+		delete(a, key)
+	} else {
+		if a == nil {
+			a = map[string]string{}
+		}
+		a[key] = value
+	}
+	obj.SetAnnotations(a)
+	Expect(suite.K8s.Patch(ctx, obj, client.MergeFrom(before))).To(Succeed())
+}
+
+var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
+	It("serves an HTTPRoute over HTTPS on its tailnet name, through Funnel when annotated, and leaves nothing behind", func(ctx SpecContext) {
+		class := gatewayClass(ctx)
+		ns := suite.NewNamespace(ctx, "e2e")
+		newBackend(ctx, ns)
+		backend := &corev1.Service{}
+		Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: framework.BackendName}, backend)).To(Succeed())
+		edge := kubeobj.Gateway(ns, "edge", class, kubeobj.Listener("https", gatewayv1.HTTPSProtocolType, 443))
+		edge.Annotations = map[string]string{kit.AnnotationHostname: "e2e-gw-" + framework.Token()}
+		route := kubeobj.HTTPRoute(ns, "web", edge.Name,
+			kubeobj.HTTPRule(gatewayv1.PathMatchPathPrefix, "/", "", framework.BackendName, int(backend.Spec.Ports[0].Port)))
+		suite.Create(ctx, edge)
+		suite.Create(ctx, route)
+
+		By("programming the Gateway with its MagicDNS name first in its addresses")
+		var fqdn string
+		Eventually(ctx, func(g Gomega) {
+			c := gatewayCondition(ctx, g, edge, string(gatewayv1.GatewayConditionProgrammed))
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "Programmed: %s", c.Message)
+			got := &gatewayv1.Gateway{}
+			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(edge), got)).To(Succeed())
+			g.Expect(got.Status.Addresses).NotTo(BeEmpty())
+			g.Expect(*got.Status.Addresses[0].Type).To(Equal(gatewayv1.HostnameAddressType))
+			fqdn = got.Status.Addresses[0].Value
+			g.Expect(got.Status.Listeners).To(ConsistOf(HaveField("AttachedRoutes", int32(1))))
+		}).Should(Succeed())
+		Eventually(ctx, func(g Gomega) []gatewayv1.RouteParentStatus {
+			got := &gatewayv1.HTTPRoute{}
+			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(route), got)).To(Succeed())
+			return got.Status.Parents
+		}).Should(ConsistOf(HaveField("Conditions", ContainElement(And(
+			HaveField("Type", "Accepted"), HaveField("Status", metav1.ConditionTrue))))))
+		expectHTTPSEcho(ctx, fqdn)
+		deviceID := proxyDevice(ctx, proxies.ParentTypeGateway, edge)
+
+		By("serving it to a client outside the tailnet once annotated for Funnel")
+		patchAnnotation(ctx, edge, kit.AnnotationFunnel, "true")
+		var funnel *metav1.Condition
+		Eventually(ctx, func(g Gomega) string {
+			funnel = gatewayCondition(ctx, g, edge, "tailscale.com/Funnel")
+			g.Expect(funnel).NotTo(BeNil())
+			return funnel.Reason
+		}).Should(BeElementOf(kit.ReasonFunnelEnabled, kit.ReasonFunnelNotPermitted), "Funnel on for %s, or refused", fqdn)
+		refused := funnel.Reason == kit.ReasonFunnelNotPermitted
+		public := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
+			DialContext: publicDial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}, DisableKeepAlives: true}}
+		if !refused {
+			Expect(funnel.Status).To(Equal(metav1.ConditionTrue))
+			expectEcho(ctx, public, "https://"+fqdn)
+			Expect(get(ctx, public, "https://"+fqdn+"/header?key=Tailscale-Funnel-Request", nil)).To(Equal("?1"),
+				"a request from the internet is marked as such at the backend")
+
+			By("serving it on the tailnet only once the annotation goes")
+			patchAnnotation(ctx, edge, kit.AnnotationFunnel, "")
+			Eventually(ctx, func() error { return echoOnce(ctx, public, "https://"+fqdn) }).ShouldNot(Succeed(), "%s still public", fqdn)
+			Eventually(ctx, func(g Gomega) *metav1.Condition { return gatewayCondition(ctx, g, edge, "tailscale.com/Funnel") }).Should(BeNil())
+			expectHTTPSEcho(ctx, fqdn)
+		}
+
+		By("removing its proxy and device with the Gateway")
+		Expect(suite.K8s.Delete(ctx, edge)).To(Succeed())
+		expectProxyGone(ctx, proxies.ParentTypeGateway, edge, deviceID)
+		if refused {
+			Skip(`Funnel: the tailnet's policy does not grant the proxies' tag Funnel: add {"target": ["tag:k8s"], "attr": ["funnel"]} to its nodeAttrs to run this part`)
+		}
+	})
+})
