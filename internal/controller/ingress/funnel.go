@@ -1,7 +1,6 @@
 package ingress
 
 import (
-
 	networkingv1 "k8s.io/api/networking/v1"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
