@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"net/http"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"time"
 
@@ -34,8 +35,10 @@ func gatewayClass(ctx context.Context) string {
 	GinkgoHelper()
 	var err error
 	installGatewayAPI.Do(func() {
+		// The binary may run elsewhere (make test-e2e-local): the CRDs are found from this file.
+		_, self, _, _ := runtime.Caller(0)
 		_, err = envtest.InstallCRDs(suite.Config, envtest.CRDInstallOptions{
-			Paths: []string{filepath.Join("..", "..", "config", "gateway-api")}, ErrorIfPathMissing: true})
+			Paths: []string{filepath.Join(filepath.Dir(self), "..", "..", "config", "gateway-api")}, ErrorIfPathMissing: true})
 	})
 	Expect(err).NotTo(HaveOccurred(), "installing the Gateway API CRDs")
 	gc := &gatewayv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "e2e-" + framework.Token()},
