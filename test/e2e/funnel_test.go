@@ -32,6 +32,12 @@ func publicDial(ctx context.Context, network, addr string) (net.Conn, error) {
 	return d.DialContext(ctx, network, addr)
 }
 
+// publicHTTPClient makes requests as a client on the internet (publicDial), trusting the suite's roots.
+func publicHTTPClient() *http.Client {
+	return &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
+		DialContext: publicDial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}, DisableKeepAlives: true}}
+}
+
 var _ = Describe("An Ingress annotated tailscale.com/funnel", func() {
 	It("is served to a client outside the tailnet, and no longer once the annotation goes", func(ctx SpecContext) {
 		ns := suite.NewNamespace(ctx, "e2e")
@@ -64,8 +70,7 @@ var _ = Describe("An Ingress annotated tailscale.com/funnel", func() {
 			Skip(`the tailnet's policy does not grant the proxies' tag Funnel: add {"target": ["tag:k8s"], "attr": ["funnel"]} to its nodeAttrs to run this spec`)
 		}
 
-		public := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
-			DialContext: publicDial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}, DisableKeepAlives: true}}
+		public := publicHTTPClient()
 		expectEcho(ctx, public, "https://"+fqdn)
 		Expect(get(ctx, public, "https://"+fqdn+"/header?key=Tailscale-Funnel-Request", nil)).To(Equal("?1"),
 			"a request from the internet is marked as such at the backend")

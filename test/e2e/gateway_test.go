@@ -4,12 +4,9 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
-	"net/http"
 	"path/filepath"
 	"runtime"
 	"sync"
-	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -117,8 +114,7 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 			return funnel.Reason
 		}).Should(BeElementOf(kit.ReasonFunnelEnabled, kit.ReasonFunnelNotPermitted), "Funnel on for %s, or refused", fqdn)
 		refused := funnel.Reason == kit.ReasonFunnelNotPermitted
-		public := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
-			DialContext: publicDial, TLSClientConfig: &tls.Config{RootCAs: suite.roots}, DisableKeepAlives: true}}
+		public := publicHTTPClient()
 		if !refused {
 			Expect(funnel.Status).To(Equal(metav1.ConditionTrue))
 			expectEcho(ctx, public, "https://"+fqdn)

@@ -11,13 +11,9 @@ import (
 // setFunnelPortError sets, on fqdn's entry, the error of port 443 while the proxies serving it
 // say why it is not served to the internet.
 func setFunnelPortError(lb []networkingv1.IngressLoadBalancerIngress, fqdn string, states []*contract.ProxyState) {
-	public, problem := kit.FunnelOutcome(fqdn, states)
-	switch {
-	case public || problem.Reason == "":
-	case problem.Reason == contract.FunnelNotPermitted:
-		setPortError(lb, fqdn, kit.ReasonFunnelNotPermitted)
-	default:
-		setPortError(lb, fqdn, kit.ReasonFunnelFailed)
+	_, problem := kit.FunnelOutcome(fqdn, states) // no problem while public
+	if reason, _ := kit.FunnelProblem(fqdn, nil, problem); reason != "" {
+		setPortError(lb, fqdn, reason)
 	}
 }
 
