@@ -23,11 +23,14 @@
 // # Behaviour
 //
 // Pebble runs with its randomness turned off where it would only slow tests down: challenges
-// are validated at once (not after up to 5 s), no valid nonce is refused, and no authorization
-// is reused, so every order goes through DNS-01. Two changes on its API make tailscaled's
-// ACME client work as it does with Let's Encrypt: a finalize response names the order in
-// Location, as Boulder's does (the client polls that URL, and fails without it), and the
-// answers to an accepted challenge and to a finalization wait, up to 2 s, for Pebble's
+// are validated at once (not after up to 5 s), no valid nonce is refused, and authorizations
+// are almost never reused, so orders go through DNS-01 (Pebble still reuses one in a hundred:
+// its check is rand.Intn(100) > percent). Three changes on its API make tailscaled's ACME
+// client work as it does with Let's Encrypt: a finalize response names the order in Location,
+// as Boulder's does (the client polls that URL, and fails without it); a challenge accepted
+// again once its authorization is valid is answered with the challenge, as Boulder does,
+// where Pebble refuses it (tailscaled accepts every challenge of an order, reused or not);
+// and the answers to an accepted challenge and to a finalization wait, up to 2 s, for Pebble's
 // background validation and issuance, which spares the client its 1 s polling interval.
 // Issued certificates live 90 days (Options.Validity) and chain to an ECDSA root through one
 // intermediate.
@@ -49,6 +52,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"maps"
 	"math/big"
 	"net"
 	"net/http"
@@ -224,7 +228,7 @@ func (c *CA) setUp(ln net.Listener, root *issuer, dnsServer string, validity tim
 var pebbleEnv = map[string]string{
 	"PEBBLE_VA_NOSLEEP":      "1", // validate at once, not after up to 5 s
 	"PEBBLE_WFE_NONCEREJECT": "0", // each refused nonce costs tailscaled a 1 s retry
-	"PEBBLE_AUTHZREUSE":      "0", // every order proves control through DNS-01
+	"PEBBLE_AUTHZREUSE":      "0", // nearly every order proves control through DNS-01 (see the package doc)
 }
 
 // pebbleEnvMu keeps concurrent Starts from restoring each other's settings too early.
@@ -379,7 +383,11 @@ func (c *CA) serve(w http.ResponseWriter, r *http.Request) {
 		// polls that URL while the certificate is still being issued. Pebble leaves it out.
 		sw.locationOnOK = "https://" + r.Host + orderPath + id
 	}
-	c.wfe.ServeHTTP(sw, r)
+	if id, ok := strings.CutPrefix(r.URL.Path, challengePath); ok && r.Method == http.MethodPost {
+		c.serveChallenge(sw, r, id)
+	} else {
+		c.wfe.ServeHTTP(sw, r)
+	}
 	if r.Method == http.MethodPost && sw.status == http.StatusOK {
 		c.settle(r.URL.Path)
 	}
@@ -389,6 +397,37 @@ func (c *CA) serve(w http.ResponseWriter, r *http.Request) {
 		c.mu.Unlock()
 	}
 	c.logf("localacme: %s %s: %d", r.Method, r.URL.Path, sw.status)
+}
+
+// serveChallenge passes a challenge POST to Pebble, but answers with the challenge where Pebble
+// refuses to accept one that is already valid.
+func (c *CA) serveChallenge(w http.ResponseWriter, r *http.Request, id string) {
+	rec := httptest.NewRecorder()
+	c.wfe.ServeHTTP(rec, r)
+	maps.Copy(w.Header(), rec.Header())
+	status, body := rec.Code, rec.Body.Bytes()
+	if valid, ok := c.validChallenge(id); ok && status == http.StatusBadRequest {
+		c.logf("localacme: challenge %s accepted again once valid: answered with it, as Boulder does", id)
+		w.Header().Set("Content-Type", "application/json")
+		status, body = http.StatusOK, valid
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(body) // a client gone away is not the CA's concern
+}
+
+// validChallenge is the challenge's JSON if it is valid.
+func (c *CA) validChallenge(id string) ([]byte, bool) {
+	ch := c.db.GetChallengeByID(id)
+	if ch == nil {
+		return nil, false
+	}
+	ch.RLock()
+	defer ch.RUnlock()
+	if ch.Status != acme.StatusValid {
+		return nil, false
+	}
+	body, err := json.Marshal(ch.Challenge)
+	return body, err == nil
 }
 
 // settle holds the answer to an accepted challenge or a finalization until Pebble, which

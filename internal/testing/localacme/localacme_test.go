@@ -283,3 +283,49 @@ func TestValidity(t *testing.T) {
 		t.Error("a validity under a second was accepted")
 	}
 }
+
+// A challenge accepted again once valid, as tailscaled does with an authorization the CA
+// reused, is answered with the challenge, as Let's Encrypt does; Pebble alone refuses it.
+func TestAcceptValidChallengeAgain(t *testing.T) {
+	t.Parallel()
+	txt := startTXTServer(t)
+	ca := startCA(t, txt.addr)
+	c := acmeClient(t, ca, false)
+
+	const name = "again.tailnet.test"
+	o, err := c.AuthorizeOrder(t.Context(), xacme.DomainIDs(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	az, err := c.GetAuthorization(t.Context(), o.AuthzURLs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dns01 *xacme.Challenge
+	for _, ch := range az.Challenges {
+		if ch.Type == "dns-01" {
+			dns01 = ch
+		}
+	}
+	if dns01 == nil {
+		t.Fatal("no dns-01 challenge offered")
+	}
+	rec, err := c.DNS01ChallengeRecord(dns01.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	txt.set("_acme-challenge."+name, rec)
+	if _, err := c.Accept(t.Context(), dns01); err != nil {
+		t.Fatalf("first accept: %v", err)
+	}
+	if _, err := c.WaitAuthorization(t.Context(), o.AuthzURLs[0]); err != nil {
+		t.Fatalf("the authorization: %v", err)
+	}
+	again, err := c.Accept(t.Context(), dns01)
+	if err != nil {
+		t.Fatalf("second accept of the valid challenge: %v", err)
+	}
+	if again.Status != xacme.StatusValid || again.Token != dns01.Token {
+		t.Errorf("second accept: status %q token %q; want valid and %q", again.Status, again.Token, dns01.Token)
+	}
+}
