@@ -241,7 +241,8 @@ func (d *Destination) validateProxyProtocol() []error {
 // Version 2 added the Serve config's certificate settings and route hosts, version 3 wildcard
 // hosts (see ServeConfigs), version 4 a replica advertising its group's documents, version 5
 // app capabilities and backend protocols (ServeConfigs v4), version 6 backend CAs and server
-// names (ServeConfigs v5), version 7 a service proxy's PROXY protocol relay.
+// names (ServeConfigs v5), version 7 a service proxy's PROXY protocol relay, version 8 method,
+// header and query matches and header edits (ServeConfigs v6).
 var ProxyConfigs = codec[ProxyConfig]{
 	name: "proxy-config",
 	encode: map[int]func(*ProxyConfig) ([]byte, error){
@@ -254,7 +255,8 @@ var ProxyConfigs = codec[ProxyConfig]{
 		4: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 4 }, advertisingDocuments(4)),
 		5: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 5 }, advertisingDocuments(5)),
 		6: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 6 }, advertisingDocuments(6)),
-		7: advertisingDocuments(7),
+		7: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 7 }, advertisingDocuments(7)),
+		8: advertisingDocuments(8),
 	},
 	decode: map[int]func([]byte) (*ProxyConfig, error){
 		1: jsonDecoder(1, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
@@ -264,6 +266,7 @@ var ProxyConfigs = codec[ProxyConfig]{
 		5: jsonDecoder(5, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 		6: jsonDecoder(6, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 		7: jsonDecoder(7, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		8: jsonDecoder(8, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 	},
 }
 
@@ -289,11 +292,14 @@ func (c *ProxyConfig) minVersion() int {
 	if c.Serve == nil {
 		return 1
 	}
-	v := c.Serve.minVersion()
-	if v >= 4 {
+	switch v := c.Serve.minVersion(); {
+	case v >= 6:
+		return v + 2 // the Serve config's v6 came with the proxy config's v8 (v7 is the relay's)
+	case v >= 4:
 		return v + 1 // the Serve config's v4 came with the proxy config's v5, v5 with v6
+	default:
+		return v
 	}
-	return v
 }
 
 // Redacted returns a copy safe to log: the auth key is replaced by a marker.

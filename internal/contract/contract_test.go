@@ -15,7 +15,7 @@ import (
 )
 
 // newestProxyConfig is the newest proxy config version this build writes.
-const newestProxyConfig = 7
+const newestProxyConfig = 8
 
 func TestNewest(t *testing.T) {
 	if v := ProxyConfigs.Newest(); v != newestProxyConfig {
@@ -152,8 +152,8 @@ func TestGroupConfigV4AdvertisesDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(keys(from4), []string{"proxy-config.v4.json", "proxy-config.v7.json"}) {
-		t.Errorf("EncodeFrom(4) wrote %v, want v4 and v7", keys(from4))
+	if !reflect.DeepEqual(keys(from4), []string{"proxy-config.v4.json", "proxy-config.v8.json"}) {
+		t.Errorf("EncodeFrom(4) wrote %v, want v4 and v8", keys(from4))
 	}
 	if got, v, err := ProxyConfigs.Decode(map[string][]byte{"proxy-config.v4.json": from4["proxy-config.v4.json"]}); err != nil ||
 		v != 4 || got.AdvertiseServices != nil || !got.AdvertisesDocuments() {
@@ -163,8 +163,8 @@ func TestGroupConfigV4AdvertisesDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(keys(from3), []string{"proxy-config.v3.json", "proxy-config.v7.json"}) {
-		t.Errorf("EncodeFrom(3) wrote %v, want v3 and v7", keys(from3))
+	if !reflect.DeepEqual(keys(from3), []string{"proxy-config.v3.json", "proxy-config.v8.json"}) {
+		t.Errorf("EncodeFrom(3) wrote %v, want v3 and v8", keys(from3))
 	}
 	listed := []byte(`{"version":4,"kind":"proxygroup","hostname":"pg-1","stateSecret":"pg-1","tls":{"certShareMode":"reader"},"advertiseServices":["svc:web"]}`)
 	if _, _, err := ProxyConfigs.Decode(map[string][]byte{"proxy-config.v4.json": listed}); err == nil || !strings.Contains(err.Error(), "advertiseServices") {
@@ -215,6 +215,16 @@ func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
 		"backend server name": {func(w *WebService) {
 			w.Routes[1].Backend = Backend{URL: "https://10.0.0.2:443", ServerName: "metrics.monitoring.svc"}
 		}, 6},
+		// Nor matches and header edits: a reader without them would send every request to the route.
+		"method match": {func(w *WebService) { w.Routes[0].Method = "POST" }, 8},
+		"header match": {func(w *WebService) { w.Routes[0].Headers = []NameValue{{Name: "X-Env", Value: "canary"}} }, 8},
+		"query match":  {func(w *WebService) { w.Routes[0].Query = []NameValue{{Name: "v", Value: "2"}} }, 8},
+		"request header edits": {func(w *WebService) {
+			w.Routes[0].RequestHeaders = &HeaderEdits{Set: []NameValue{{Name: "X-A", Value: "1"}}, Remove: []string{"X-B"}}
+		}, 8},
+		"response header edits": {func(w *WebService) {
+			w.Routes[0].ResponseHeaders = &HeaderEdits{Add: []NameValue{{Name: "X-C", Value: "2"}}}
+		}, 8},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := validIngressConfig()
@@ -281,7 +291,7 @@ func TestUnknownFieldsInKnownVersionAreIgnored(t *testing.T) {
 
 func TestNoSupportedVersion(t *testing.T) {
 	cases := map[string]map[string][]byte{
-		"only newer":   {"proxy-config.v8.json": []byte(`{"version":8}`)},
+		"only newer":   {"proxy-config.v9.json": []byte(`{"version":9}`)},
 		"nothing":      {"unrelated": []byte("x")},
 		"wrong prefix": {"proxy-config.v1.yaml": []byte("x")},
 	}
@@ -291,7 +301,7 @@ func TestNoSupportedVersion(t *testing.T) {
 			if !errors.Is(err, ErrNoSupportedVersion) {
 				t.Fatalf("err = %v, want ErrNoSupportedVersion", err)
 			}
-			if !strings.Contains(err.Error(), "this build reads v7, v6, v5, v4, v3, v2, v1") {
+			if !strings.Contains(err.Error(), "this build reads v8, v7, v6, v5, v4, v3, v2, v1") {
 				t.Errorf("error %q does not say which versions this build reads", err)
 			}
 			// Absent, it may be written yet; only a version this build cannot read is final.
@@ -403,6 +413,23 @@ func TestProxyConfigValidation(t *testing.T) {
 		{"server name", func(c *ProxyConfig) {
 			c.Serve.Routes[1].Backend = Backend{URL: "https://10.0.0.2:443", ServerName: "metrics..svc"}
 		}, "not a DNS name"},
+		{"method", func(c *ProxyConfig) { c.Serve.Routes[0].Method = "GET /" }, "not a token"},
+		{"header match name", func(c *ProxyConfig) { c.Serve.Routes[0].Headers = []NameValue{{Name: "X Env", Value: "a"}} }, "header match"},
+		{"header match value", func(c *ProxyConfig) { c.Serve.Routes[0].Headers = []NameValue{{Name: "X-Env", Value: "a\nb"}} }, "header match"},
+		{"header match twice", func(c *ProxyConfig) {
+			c.Serve.Routes[0].Headers = []NameValue{{Name: "X-Env", Value: "a"}, {Name: "x-env", Value: "b"}}
+		}, "twice"},
+		{"query match twice", func(c *ProxyConfig) { c.Serve.Routes[0].Query = []NameValue{{Name: "v", Value: "1"}, {Name: "v", Value: "2"}} }, "twice"},
+		{"query match without a name", func(c *ProxyConfig) { c.Serve.Routes[0].Query = []NameValue{{Value: "2"}} }, "query match"},
+		{"header edit", func(c *ProxyConfig) {
+			c.Serve.Routes[0].ResponseHeaders = &HeaderEdits{Set: []NameValue{{Name: "X-A:", Value: "1"}}}
+		}, "header edit"},
+		{"header removal", func(c *ProxyConfig) { c.Serve.Routes[0].RequestHeaders = &HeaderEdits{Remove: []string{""}} }, "header edit"},
+		{"same matches twice", func(c *ProxyConfig) {
+			c.Serve.Routes[1] = c.Serve.Routes[0]
+			c.Serve.Routes[0].Headers = []NameValue{{Name: "X-Env", Value: "a"}}
+			c.Serve.Routes[1].Headers = []NameValue{{Name: "X-Env", Value: "a"}}
+		}, "twice"},
 		{"app capability", func(c *ProxyConfig) { c.Serve.AcceptAppCaps = []string{"tailscale.com/cap/kubernetes"} }, "app capability"},
 		{"service without forward", func(c *ProxyConfig) { c.Kind, c.Serve = KindService, nil }, "needs forward"},
 		{"bad destination IP", func(c *ProxyConfig) {
@@ -416,6 +443,12 @@ func TestProxyConfigValidation(t *testing.T) {
 	}
 	if err := validIngressConfig().Validate(); err != nil {
 		t.Fatalf("valid config rejected: %v", err)
+	}
+	narrowed := validIngressConfig()
+	narrowed.Serve.Routes[1] = narrowed.Serve.Routes[0]
+	narrowed.Serve.Routes[1].Headers = []NameValue{{Name: "X-Env", Value: "canary"}}
+	if err := narrowed.Validate(); err != nil {
+		t.Fatalf("a route of the same path narrowed by a header rejected: %v", err)
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,12 +4,15 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"regexp"
 	"slices"
 	"strings"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // PathType is how a route's path matches a request path, as networking.k8s.io/v1 defines it.
@@ -80,11 +83,14 @@ type CertificateRef struct {
 	Hosts      []string `json:"hosts"`
 }
 
-// minVersion is the oldest schema version that can express the web service: v5 for backend
-// CAs and server names, v4 for app capabilities and backend protocols, v3 for wildcard hosts, v2 for certificate settings and route hosts. Endpoints
+// minVersion is the oldest schema version that can express the web service: v6 for method,
+// header and query matches and header edits, v5 for backend CAs and server names, v4 for app capabilities and backend protocols, v3 for wildcard hosts, v2 for certificate settings and route hosts. Endpoints
 // are an optional addition that older readers ignore (they reach the Service's ClusterIP
 // instead), so they need no version.
 func (w *WebService) minVersion() int {
+	if slices.ContainsFunc(w.Routes, Route.narrowed) {
+		return 6
+	}
 	if slices.ContainsFunc(w.Routes, func(r Route) bool { return r.Backend.verifiesTLS() }) {
 		return 5
 	}
@@ -121,6 +127,43 @@ type Route struct {
 	Path     string   `json:"path"`
 	PathType PathType `json:"pathType"`
 	Backend  Backend  `json:"backend"`
+	// Method, Headers and Query narrow the route further (a Gateway API HTTPRoute's matches): the
+	// request's method, each header's value (the name case-insensitive) and each query
+	// parameter's first value must be exactly those given. Schema v6: an older proxy would send
+	// every method and header to the route.
+	Method  string      `json:"method,omitempty"`
+	Headers []NameValue `json:"headers,omitempty"`
+	Query   []NameValue `json:"query,omitempty"`
+	// RequestHeaders edits the request's headers before it reaches the backend, and
+	// ResponseHeaders the response's before it reaches the client. The caller's identity headers
+	// are set after the request's edits, so that no edit can forge them. Schema v6.
+	RequestHeaders  *HeaderEdits `json:"requestHeaders,omitempty"`
+	ResponseHeaders *HeaderEdits `json:"responseHeaders,omitempty"`
+}
+
+// NameValue is a header or query parameter and its value.
+type NameValue struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+// HeaderEdits are applied in order: Set replaces a header's values, Add appends a value, Remove
+// deletes a header.
+type HeaderEdits struct {
+	Set    []NameValue `json:"set,omitempty"`
+	Add    []NameValue `json:"add,omitempty"`
+	Remove []string    `json:"remove,omitempty"`
+}
+
+// narrowed reports whether a route uses what schema v6 added.
+func (r Route) narrowed() bool {
+	return r.Method != "" || len(r.Headers) > 0 || len(r.Query) > 0 || r.RequestHeaders != nil || r.ResponseHeaders != nil
+}
+
+// MatchKey identifies what a route matches: two routes of one key in a web service would be
+// ambiguous, and the first is served.
+func (r Route) MatchKey() string {
+	return fmt.Sprint(r.Host, " ", r.PathType, " ", r.Path, " ", r.Method, " ", r.Headers, " ", r.Query)
 }
 
 // Backend is an upstream HTTP server, normally a Service's ClusterIP and port.
@@ -170,7 +213,7 @@ func (w *WebService) Validate() error {
 	}
 	seen := map[string]bool{}
 	for _, r := range w.Routes {
-		key := r.Host + " " + string(r.PathType) + " " + r.Path
+		key := r.MatchKey()
 		if seen[key] {
 			errs = append(errs, fmt.Errorf("route %s %s%s appears twice", r.PathType, r.Host, r.Path))
 		}
@@ -235,6 +278,53 @@ func (r *Route) Validate() error {
 			return fmt.Errorf("route %s: endpoint %q must be ip:port: %w", r.Path, ep, err)
 		}
 	}
+	return r.validateNarrowing()
+}
+
+// validateNarrowing checks a route's method, header and query matches and its header edits.
+func (r *Route) validateNarrowing() error {
+	var errs []error
+	if r.Method != "" && !httpguts.ValidHeaderFieldName(r.Method) { // a method is a token, as a header name is
+		errs = append(errs, fmt.Errorf("method %q is not a token", r.Method))
+	}
+	headers, query := map[string]bool{}, map[string]bool{}
+	for _, h := range r.Headers {
+		if !httpguts.ValidHeaderFieldName(h.Name) || !httpguts.ValidHeaderFieldValue(h.Value) {
+			errs = append(errs, fmt.Errorf("header match %q: %q is not a valid header", h.Name, h.Value))
+		}
+		name := http.CanonicalHeaderKey(h.Name)
+		if headers[name] {
+			errs = append(errs, fmt.Errorf("header match %q twice", h.Name))
+		}
+		headers[name] = true
+	}
+	for _, q := range r.Query {
+		if q.Name == "" {
+			errs = append(errs, errors.New("a query match without a name"))
+		}
+		if query[q.Name] {
+			errs = append(errs, fmt.Errorf("query match %q twice", q.Name))
+		}
+		query[q.Name] = true
+	}
+	for _, e := range []*HeaderEdits{r.RequestHeaders, r.ResponseHeaders} {
+		if e == nil {
+			continue
+		}
+		for _, h := range slices.Concat(e.Set, e.Add) {
+			if !httpguts.ValidHeaderFieldName(h.Name) || !httpguts.ValidHeaderFieldValue(h.Value) {
+				errs = append(errs, fmt.Errorf("header edit %q: %q is not a valid header", h.Name, h.Value))
+			}
+		}
+		for _, name := range e.Remove {
+			if !httpguts.ValidHeaderFieldName(name) {
+				errs = append(errs, fmt.Errorf("header edit: %q is not a header name", name))
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("route %s: %w", r.Path, err)
+	}
 	return nil
 }
 
@@ -284,7 +374,8 @@ func (s *ServeConfig) Validate() error {
 
 // ServeConfigs stores ServeConfig documents.
 // Version 2 added certificate settings and route hosts, version 3 wildcard hosts, version 4
-// app capabilities and backend protocols, version 5 backend CAs and server names; an older version is written only while no service needs a newer one, so
+// app capabilities and backend protocols, version 5 backend CAs and server names, version 6
+// method, header and query matches and header edits; an older version is written only while no service needs a newer one, so
 // that an older replica fails clearly instead of serving without them.
 var ServeConfigs = codec[ServeConfig]{
 	name: "serve-config",
@@ -297,7 +388,9 @@ var ServeConfigs = codec[ServeConfig]{
 			jsonEncoder(3, func(c *ServeConfig, v int) { c.Version = v })),
 		4: onlyIf(func(c *ServeConfig) bool { return c.minVersion() <= 4 },
 			jsonEncoder(4, func(c *ServeConfig, v int) { c.Version = v })),
-		5: jsonEncoder(5, func(c *ServeConfig, v int) { c.Version = v }),
+		5: onlyIf(func(c *ServeConfig) bool { return c.minVersion() <= 5 },
+			jsonEncoder(5, func(c *ServeConfig, v int) { c.Version = v })),
+		6: jsonEncoder(6, func(c *ServeConfig, v int) { c.Version = v }),
 	},
 	decode: map[int]func([]byte) (*ServeConfig, error){
 		1: jsonDecoder(1, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
@@ -305,6 +398,7 @@ var ServeConfigs = codec[ServeConfig]{
 		3: jsonDecoder(3, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 		4: jsonDecoder(4, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 		5: jsonDecoder(5, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
+		6: jsonDecoder(6, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 	},
 }
 

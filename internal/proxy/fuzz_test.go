@@ -1,8 +1,11 @@
 package proxy
 
 import (
+	"cmp"
 	"encoding/json"
+	"net/http"
 	"net/netip"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -65,7 +68,7 @@ func FuzzGroupDocuments(f *testing.F) {
 			for name, ws := range doc.Services {
 				rt := web.NewRouter(ws.Routes)
 				for _, r := range ws.Routes {
-					if _, ok := rt.Match(web.HostOf(r.Host), r.Path); !ok && !contract.IsWildcard(r.Host) {
+					if _, ok := rt.Match(requestFor(r)); !ok && !contract.IsWildcard(r.Host) {
 						t.Errorf("%s: route %+v does not serve its own path", name, r)
 					}
 				}
@@ -101,4 +104,18 @@ func FuzzGroupDocuments(f *testing.F) {
 			t.Fatalf("mappings out of order")
 		}
 	})
+}
+
+// requestFor is a request a route asks for: its host, path, method, headers and query.
+func requestFor(r contract.Route) *http.Request {
+	req := &http.Request{Method: cmp.Or(r.Method, http.MethodGet), Host: r.Host, URL: &url.URL{Path: r.Path}, Header: http.Header{}}
+	for _, h := range r.Headers {
+		req.Header.Add(h.Name, h.Value)
+	}
+	q := url.Values{}
+	for _, p := range r.Query {
+		q.Add(p.Name, p.Value)
+	}
+	req.URL.RawQuery = q.Encode()
+	return req
 }

@@ -55,7 +55,7 @@ func FuzzRouter(f *testing.F) {
 // host) with a matching route decides, and in it the longest match wins, Exact before Prefix.
 func checkMatch(t *testing.T, rt *Router, routes []contract.Route, host, reqPath string) int {
 	t.Helper()
-	got := rt.match(host, reqPath)
+	got := rt.match(request(host, reqPath))
 	p := cleanPath(reqPath)
 	groups := []func(contract.Route) bool{
 		func(r contract.Route) bool {

@@ -229,11 +229,7 @@ func setServerHeader(resp *http.Response) error {
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	host := r.Host
-	if host == "" && r.TLS != nil { // HTTP/1.0 sends no Host
-		host = r.TLS.ServerName
-	}
-	i := h.router.match(HostOf(host), r.URL.Path)
+	i := h.router.match(r)
 	if info := infoOf(r.Context()); info != nil && i >= 0 {
 		info.route = RouteLabel(h.router.routes[i])
 	}
@@ -242,9 +238,56 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	h.setIdentity(r)
+	rt := &h.router.routes[i]
+	editHeaders(r.Header, rt.RequestHeaders)
+	h.setIdentity(r) // after the edits, which cannot forge it then
+	if rt.ResponseHeaders != nil {
+		w = &editingWriter{ResponseWriter: w, edits: rt.ResponseHeaders}
+	}
 	h.proxies[i].ServeHTTP(w, r)
 }
+
+// editHeaders applies a route's header edits.
+func editHeaders(h http.Header, e *contract.HeaderEdits) {
+	if e == nil {
+		return
+	}
+	for _, nv := range e.Set {
+		h.Set(nv.Name, nv.Value)
+	}
+	for _, nv := range e.Add {
+		h.Add(nv.Name, nv.Value)
+	}
+	for _, name := range e.Remove {
+		h.Del(name)
+	}
+}
+
+// editingWriter applies a route's response header edits as the response's header is written
+// (an informational 1xx other than 101 is passed as it is). Unwrap keeps flushing and
+// hijacking (streams, WebSockets) working through http.ResponseController.
+type editingWriter struct {
+	http.ResponseWriter
+	edits   *contract.HeaderEdits
+	written bool
+}
+
+func (w *editingWriter) WriteHeader(code int) {
+	if !w.written && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.written = true
+		editHeaders(w.Header(), w.edits)
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *editingWriter) Write(b []byte) (int, error) {
+	if !w.written {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *editingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // setIdentity replaces any identity headers the client sent with the caller's tailnet identity.
 // Tagged devices have no user, so they get no user headers, but app capabilities as the policy

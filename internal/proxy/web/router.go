@@ -3,7 +3,10 @@
 package web
 
 import (
+	"cmp"
 	"net"
+	"net/http"
+	"net/url"
 	"path"
 	"slices"
 	"strings"
@@ -19,7 +22,9 @@ import (
 // the path only; Prefix matches whole path elements, so /foo matches /foo, /foo/ and /foo/bar
 // but not /foobar, and "/" matches everything. The longest match wins, and an Exact route beats
 // a Prefix route of the same length. Route paths are cleaned as request paths are, for
-// matching only.
+// matching only. A route may also ask for a method, headers and query parameters (an HTTPRoute's
+// matches); among routes of equal paths, one with a method goes first, then the one with more
+// header matches, then with more query matches, as the Gateway API's precedence orders them.
 type Router struct {
 	routes []contract.Route
 	clean  []contract.Route // routes with their paths cleaned, as they are matched
@@ -44,10 +49,13 @@ func NewRouter(routes []contract.Route) *Router {
 		}
 	}
 	bySpecificity := func(a, b int) int {
-		if la, lb := matchLen(r.clean[a]), matchLen(r.clean[b]); la != lb {
-			return lb - la
-		}
-		return exactRank(r.clean[a]) - exactRank(r.clean[b])
+		ra, rb := r.clean[a], r.clean[b]
+		return cmp.Or(
+			matchLen(rb)-matchLen(ra),
+			exactRank(ra)-exactRank(rb),
+			boolRank(rb.Method != "")-boolRank(ra.Method != ""),
+			len(rb.Headers)-len(ra.Headers),
+			len(rb.Query)-len(ra.Query))
 	}
 	slices.SortStableFunc(r.any, bySpecificity)
 	for _, m := range []map[string][]int{r.hosts, r.wild} {
@@ -67,6 +75,13 @@ func matchLen(r contract.Route) int {
 	return len(r.Path)
 }
 
+func boolRank(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 func exactRank(r contract.Route) int {
 	if r.PathType == contract.PathExact {
 		return 0
@@ -74,11 +89,12 @@ func exactRank(r contract.Route) int {
 	return 1
 }
 
-// Match returns the route for a request's host (as HostOf gives it) and path. The path is
-// cleaned (dot segments, doubled slashes) for matching only, so that the route chosen is the
-// one the backend will resolve the path to; the request itself is forwarded unchanged.
-func (r *Router) Match(host, reqPath string) (contract.Route, bool) {
-	i := r.match(host, reqPath)
+// Match returns the route for a request: its host (Host, else the TLS server name, as HostOf
+// normalizes it), path, method, headers and query. The path is cleaned (dot segments, doubled
+// slashes) for matching only, so that the route chosen is the one the backend will resolve the
+// path to; the request itself is forwarded unchanged.
+func (r *Router) Match(req *http.Request) (contract.Route, bool) {
+	i := r.match(req)
 	if i < 0 {
 		return contract.Route{}, false
 	}
@@ -86,20 +102,55 @@ func (r *Router) Match(host, reqPath string) (contract.Route, bool) {
 }
 
 // match returns the index of the matching route, or -1.
-func (r *Router) match(host, reqPath string) int {
-	p := cleanPath(reqPath)
+func (r *Router) match(req *http.Request) int {
+	hostport := req.Host
+	if hostport == "" && req.TLS != nil { // HTTP/1.0 sends no Host
+		hostport = req.TLS.ServerName
+	}
+	host := HostOf(hostport)
+	p := cleanPath(req.URL.Path)
 	var wild []int
 	if _, parent, ok := strings.Cut(host, "."); ok {
 		wild = r.wild[parent]
 	}
+	var query url.Values // parsed once, if a route asks
 	for _, routes := range [][]int{r.hosts[host], wild, r.any} {
 		for _, i := range routes {
-			if matches(r.clean[i], p) {
+			rt := &r.clean[i]
+			if !matches(*rt, p) || (rt.Method != "" && rt.Method != req.Method) || !headersMatch(rt.Headers, req.Header) {
+				continue
+			}
+			if len(rt.Query) > 0 && query == nil {
+				query = req.URL.Query()
+			}
+			if queryMatches(rt.Query, query) {
 				return i
 			}
 		}
 	}
 	return -1
+}
+
+// headersMatch reports whether the request has each header with exactly the value asked; of a
+// header sent several times, any value may match.
+func headersMatch(want []contract.NameValue, h http.Header) bool {
+	for _, m := range want {
+		if !slices.Contains(h.Values(m.Name), m.Value) {
+			return false
+		}
+	}
+	return true
+}
+
+// queryMatches reports whether the query has each parameter asked, its first value exactly the
+// value asked.
+func queryMatches(want []contract.NameValue, q url.Values) bool {
+	for _, m := range want {
+		if vs, ok := q[m.Name]; !ok || vs[0] != m.Value {
+			return false
+		}
+	}
+	return true
 }
 
 // HostOf normalizes a Host header or a TLS server name for matching: lower case, without a

@@ -1,6 +1,8 @@
 package web
 
 import (
+	"net/http"
+	"net/url"
 	"testing"
 
 	"github.com/tsingress/tsingress/internal/contract"
@@ -84,7 +86,7 @@ func TestRouter(t *testing.T) {
 			r := NewRouter(tc.routes)
 			for p, want := range tc.want {
 				got := ""
-				if rt, ok := r.Match("", p); ok {
+				if rt, ok := r.Match(request("", p)); ok {
 					got = rt.Backend.URL[len("http://"):]
 				}
 				if got != want {
@@ -115,7 +117,7 @@ func TestRouterHosts(t *testing.T) {
 		{"", "/", "any"},
 	} {
 		got := ""
-		if rt, ok := r.Match(HostOf(tc.hostport), tc.path); ok {
+		if rt, ok := r.Match(request(tc.hostport, tc.path)); ok {
 			got = rt.Backend.URL[len("http://"):]
 		}
 		if got != tc.want {
@@ -123,7 +125,7 @@ func TestRouterHosts(t *testing.T) {
 		}
 	}
 	// Only the routes without a host are left for other hosts: none matches here.
-	if rt, ok := NewRouter([]contract.Route{route("app.example.com", "/", "app")}).Match("other.example.com", "/"); ok {
+	if rt, ok := NewRouter([]contract.Route{route("app.example.com", "/", "app")}).Match(request("other.example.com", "/")); ok {
 		t.Errorf("a request for another host matched %+v", rt)
 	}
 }
@@ -149,11 +151,83 @@ func TestRouterWildcardHosts(t *testing.T) {
 		{"barfoo.com", "/", "any"},
 	} {
 		got := ""
-		if rt, ok := r.Match(HostOf(tc.host), tc.path); ok {
+		if rt, ok := r.Match(request(tc.host, tc.path)); ok {
 			got = rt.Backend.URL[len("http://"):]
 		}
 		if got != tc.want {
 			t.Errorf("Match(%q, %q) = %q, want %q", tc.host, tc.path, got, tc.want)
 		}
+	}
+}
+
+// request is a GET of path on hostport, as a server hands it to a handler.
+func request(hostport, path string) *http.Request {
+	return &http.Request{Method: http.MethodGet, Host: hostport, URL: &url.URL{Path: path}, Header: http.Header{}}
+}
+
+// Method, header and query matches narrow a route; among routes of one path the one with a
+// method goes first, then the one with more header matches, then more query matches, whatever
+// their order in the config; a request matching none of a path's narrowed routes falls through
+// to a shorter path.
+func TestRouterMatches(t *testing.T) {
+	route := func(backend string, edit func(*contract.Route)) contract.Route {
+		rt := contract.Route{Path: "/api", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + backend}}
+		edit(&rt)
+		return rt
+	}
+	hdr := func(kv ...string) []contract.NameValue {
+		var out []contract.NameValue
+		for i := 0; i < len(kv); i += 2 {
+			out = append(out, contract.NameValue{Name: kv[i], Value: kv[i+1]})
+		}
+		return out
+	}
+	r := NewRouter([]contract.Route{
+		{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://root"}},
+		route("plain", func(*contract.Route) {}),
+		route("query", func(rt *contract.Route) { rt.Query = hdr("v", "2") }),
+		route("one-header", func(rt *contract.Route) { rt.Headers = hdr("X-Env", "canary") }),
+		route("two-headers", func(rt *contract.Route) { rt.Headers = hdr("X-Env", "canary", "X-Team", "a") }),
+		route("post", func(rt *contract.Route) { rt.Method = http.MethodPost }),
+		route("post-header", func(rt *contract.Route) { rt.Method, rt.Headers = http.MethodPost, hdr("X-Env", "canary") }),
+		{Path: "/exact", PathType: contract.PathExact, Method: http.MethodDelete, Backend: contract.Backend{URL: "http://delete-only"}},
+	})
+	for _, tc := range []struct {
+		name, method, target string
+		header               http.Header
+		want                 string
+	}{
+		{"no narrowing asked", "GET", "/api/x", nil, "plain"},
+		{"query", "GET", "/api/x?v=2", nil, "query"},
+		{"query, first value", "GET", "/api/x?v=1&v=2", nil, "plain"},
+		{"query names are case-sensitive", "GET", "/api/x?V=2", nil, "plain"},
+		{"header, name in any case", "GET", "/api/x", http.Header{"X-Env": {"canary"}}, "one-header"},
+		{"header value exact", "GET", "/api/x", http.Header{"X-Env": {"Canary"}}, "plain"},
+		{"more headers first", "GET", "/api/x?v=2", http.Header{"X-Env": {"canary"}, "X-Team": {"a"}}, "two-headers"},
+		{"headers before query", "GET", "/api/x?v=2", http.Header{"X-Env": {"canary"}}, "one-header"},
+		{"method first", "POST", "/api/x", http.Header{"X-Env": {"canary"}, "X-Team": {"a"}}, "post-header"},
+		{"method alone", "POST", "/api/x?v=2", nil, "post"},
+		{"a longer path still wins", "POST", "/api", nil, "post"},
+		{"none of the path's routes: a shorter path", "DELETE", "/exact", nil, "delete-only"},
+		{"the method does not match: a shorter path", "GET", "/exact", nil, "root"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u, err := url.Parse(tc.target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := request("web.tailnet.test", u.Path)
+			req.Method, req.URL.RawQuery = tc.method, u.RawQuery
+			if tc.header != nil {
+				req.Header = tc.header
+			}
+			got := ""
+			if rt, ok := r.Match(req); ok {
+				got = rt.Backend.URL[len("http://"):]
+			}
+			if got != tc.want {
+				t.Errorf("%s %s %v: %q, want %q", tc.method, tc.target, tc.header, got, tc.want)
+			}
+		})
 	}
 }
