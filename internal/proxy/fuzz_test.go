@@ -1,11 +1,8 @@
 package proxy
 
 import (
-	"cmp"
 	"encoding/json"
-	"net/http"
 	"net/netip"
-	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +10,7 @@ import (
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/proxy/l3"
 	"github.com/tsingress/tsingress/internal/proxy/web"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // FuzzGroupDocuments reads a ProxyGroup ConfigMap's data as a replica does (any keys, any
@@ -68,7 +66,7 @@ func FuzzGroupDocuments(f *testing.F) {
 			for name, ws := range doc.Services {
 				rt := web.NewRouter(ws.Routes)
 				for _, r := range ws.Routes {
-					if _, ok := rt.Match(requestFor(r)); !ok && !contract.IsWildcard(r.Host) {
+					if _, ok := rt.Match(proxytest.RequestFor(r.Host, r)); !ok && !contract.IsWildcard(r.Host) {
 						t.Errorf("%s: route %+v does not serve its own path", name, r)
 					}
 				}
@@ -104,18 +102,4 @@ func FuzzGroupDocuments(f *testing.F) {
 			t.Fatalf("mappings out of order")
 		}
 	})
-}
-
-// requestFor is a request a route asks for: its host, path, method, headers and query.
-func requestFor(r contract.Route) *http.Request {
-	req := &http.Request{Method: cmp.Or(r.Method, http.MethodGet), Host: r.Host, URL: &url.URL{Path: r.Path}, Header: http.Header{}}
-	for _, h := range r.Headers {
-		req.Header.Add(h.Name, h.Value)
-	}
-	q := url.Values{}
-	for _, p := range r.Query {
-		q.Add(p.Name, p.Value)
-	}
-	req.URL.RawQuery = q.Encode()
-	return req
 }

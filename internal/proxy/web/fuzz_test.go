@@ -2,10 +2,13 @@ package web
 
 import (
 	"encoding/json"
+	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // FuzzRouter reads routes as the proxy gets them (a web service of a Serve document, validated
@@ -26,14 +29,16 @@ func FuzzRouter(f *testing.F) {
 	seed(contract.WebService{Routes: []contract.Route{r("app.example.com", "/a/", contract.PathPrefix), r("*.example.com", "/a/b", contract.PathPrefix)}}, "app.example.com", "/a/b/c")
 	seed(contract.WebService{Routes: []contract.Route{r("", "/a//b", contract.PathPrefix), r("", "/x/../y", contract.PathExact)}}, "h", "/a/./b")
 	seed(contract.WebService{Routes: []contract.Route{r("", "/%2e%2e/", contract.PathPrefix)}}, "", "")
+	narrowed := r("", "/api", contract.PathPrefix)
+	narrowed.Method, narrowed.Headers = "POST", []contract.NameValue{{Name: "X-Env", Value: "canary"}}
+	seed(contract.WebService{Routes: []contract.Route{r("", "/", contract.PathPrefix), narrowed}}, "h", "/api")
 	f.Fuzz(func(t *testing.T, doc []byte, host, reqPath string) {
 		var ws contract.WebService
 		if json.Unmarshal(doc, &ws) != nil || ws.Validate() != nil {
 			return
 		}
 		rt := NewRouter(ws.Routes)
-		host = HostOf(host)
-		checkMatch(t, rt, ws.Routes, host, reqPath)
+		checkMatch(t, rt, ws.Routes, request(HostOf(host), reqPath))
 		for _, route := range ws.Routes {
 			h := strings.ToLower(route.Host)
 			switch {
@@ -42,8 +47,7 @@ func FuzzRouter(f *testing.F) {
 			case contract.IsWildcard(h):
 				h = "x" + h[1:]
 			}
-			got := checkMatch(t, rt, ws.Routes, h, route.Path)
-			if got < 0 {
+			if got := checkMatch(t, rt, ws.Routes, proxytest.RequestFor(h, route)); got < 0 {
 				t.Fatalf("route %+v is unreachable: a request for %s%s matches nothing", route, h, route.Path)
 			}
 		}
@@ -52,11 +56,29 @@ func FuzzRouter(f *testing.F) {
 
 // checkMatch matches a request and compares the result with a plain reading of the rules: the
 // first host group (the host's own routes, those of the wildcard covering it, those for every
-// host) with a matching route decides, and in it the longest match wins, Exact before Prefix.
-func checkMatch(t *testing.T, rt *Router, routes []contract.Route, host, reqPath string) int {
+// host) with a matching route decides, and in it the longest match wins, Exact before Prefix,
+// then a route with a method, then the one with more header matches, then more query matches.
+func checkMatch(t *testing.T, rt *Router, routes []contract.Route, req *http.Request) int {
 	t.Helper()
-	got := rt.match(request(host, reqPath))
+	got := rt.match(req)
+	host, reqPath := req.Host, req.URL.Path
 	p := cleanPath(reqPath)
+	asked := func(r contract.Route) bool {
+		if r.Method != "" && r.Method != req.Method {
+			return false
+		}
+		for _, h := range r.Headers {
+			if !slices.Contains(req.Header.Values(h.Name), h.Value) {
+				return false
+			}
+		}
+		for _, q := range r.Query {
+			if vs := req.URL.Query()[q.Name]; len(vs) == 0 || vs[0] != q.Value {
+				return false
+			}
+		}
+		return true
+	}
 	groups := []func(contract.Route) bool{
 		func(r contract.Route) bool {
 			return r.Host != "" && !contract.IsWildcard(r.Host) && strings.EqualFold(r.Host, host)
@@ -70,7 +92,7 @@ func checkMatch(t *testing.T, rt *Router, routes []contract.Route, host, reqPath
 	for _, inGroup := range groups {
 		best := -1
 		for i, r := range routes {
-			if !inGroup(r) || !matches(cleanRoute(r), p) {
+			if !inGroup(r) || !matches(cleanRoute(r), p) || !asked(r) {
 				continue
 			}
 			if best < 0 || rank(r) > rank(routes[best]) {
@@ -83,7 +105,7 @@ func checkMatch(t *testing.T, rt *Router, routes []contract.Route, host, reqPath
 		if got < 0 {
 			t.Fatalf("request %s%s matched nothing; route %+v matches it", host, reqPath, routes[best])
 		}
-		if !inGroup(routes[got]) || !matches(cleanRoute(routes[got]), p) || rank(routes[got]) != rank(routes[best]) {
+		if !inGroup(routes[got]) || !matches(cleanRoute(routes[got]), p) || !asked(routes[got]) || rank(routes[got]) != rank(routes[best]) {
 			t.Fatalf("request %s%s matched %+v; the most specific match is %+v", host, reqPath, routes[got], routes[best])
 		}
 		return got
@@ -94,4 +116,8 @@ func checkMatch(t *testing.T, rt *Router, routes []contract.Route, host, reqPath
 	return got
 }
 
-func rank(r contract.Route) int { return 2*matchLen(cleanRoute(r)) + 1 - exactRank(r) }
+// rank orders routes by path length, Exact, method, header matches and query matches, each
+// deciding only where those before it are equal (a route has far fewer than 1000 of each).
+func rank(r contract.Route) int {
+	return (((2*matchLen(cleanRoute(r))+1-exactRank(r))*2+boolRank(r.Method != ""))*1000+len(r.Headers))*1000 + len(r.Query)
+}
