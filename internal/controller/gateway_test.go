@@ -531,21 +531,57 @@ var _ = Describe("Gateway API", Ordered, func() {
 			Backend: contract.Backend{URL: "http://" + db.Spec.ClusterIP + ":80"}}}))
 	})
 
-	It("does not serve a route with a filter, and says so", func() {
+	It("does not serve a route with a filter it cannot honour, and says so", func() {
 		class("gw-filter", gateway.ControllerName, nil)
 		ns := newNamespace()
 		newBackendService(ns, "web")
 		edge := kubeobj.Gateway(ns, "edge", "gw-filter", https)
 		rule := kubeobj.HTTPRule(prefix, "/", "", "web", 80)
-		rule.Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestHeaderModifier,
-			RequestHeaderModifier: &gatewayv1.HTTPHeaderFilter{Set: []gatewayv1.HTTPHeader{{Name: "X-Env", Value: "prod"}}}}}
+		rule.Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestMirror,
+			RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{BackendRef: gatewayv1.BackendObjectReference{Name: "web", Port: ptr.To[gatewayv1.PortNumber](80)}}}}
 		route := kubeobj.HTTPRoute(ns, "filtered", "edge", rule)
 		create(edge, route)
 		Eventually(routeCondition(route, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse),
-			HaveField("Reason", kit.ReasonUnsupportedValue), HaveField("Message", ContainSubstring("filters (RequestHeaderModifier)"))))
+			HaveField("Reason", kit.ReasonUnsupportedValue), HaveField("Message", ContainSubstring("filters (RequestMirror)"))))
 		warned("HTTPRoute", "filtered", kit.ReasonUnsupportedValue)
 		Eventually(servedRoutes(edge)).Should(Equal(noRoutes))
 		Eventually(listenerStatus(edge, "https")).Should(HaveField("AttachedRoutes", int32(0)))
+		quiet()
+	})
+
+	It("serves method, header and query matches and header modifiers, and refuses a modifier of an identity header", func() {
+		class("gw-matches", gateway.ControllerName, nil)
+		ns := newNamespace()
+		web := newBackendService(ns, "web")
+		edge := kubeobj.Gateway(ns, "edge", "gw-matches", https)
+		rule := kubeobj.HTTPRule(prefix, "/api", "", "web", 80)
+		rule.Matches[0].Method = ptr.To(gatewayv1.HTTPMethodPost)
+		rule.Matches[0].Headers = []gatewayv1.HTTPHeaderMatch{{Name: "X-Env", Value: "canary"}}
+		rule.Matches[0].QueryParams = []gatewayv1.HTTPQueryParamMatch{{Name: "v", Value: "2"}}
+		rule.Filters = []gatewayv1.HTTPRouteFilter{
+			{Type: gatewayv1.HTTPRouteFilterRequestHeaderModifier, RequestHeaderModifier: &gatewayv1.HTTPHeaderFilter{
+				Set: []gatewayv1.HTTPHeader{{Name: "X-Env", Value: "prod"}}}},
+			{Type: gatewayv1.HTTPRouteFilterResponseHeaderModifier, ResponseHeaderModifier: &gatewayv1.HTTPHeaderFilter{
+				Remove: []string{"X-Backend-Version"}}},
+		}
+		route := kubeobj.HTTPRoute(ns, "narrow", "edge", rule)
+		create(edge, route)
+		Eventually(routeCondition(route, "Accepted")).Should(HaveField("Status", metav1.ConditionTrue))
+		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{{Path: "/api", PathType: contract.PathPrefix,
+			Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"}, Method: "POST",
+			Headers:         []contract.NameValue{{Name: "X-Env", Value: "canary"}},
+			Query:           []contract.NameValue{{Name: "v", Value: "2"}},
+			RequestHeaders:  &contract.HeaderEdits{Set: []contract.NameValue{{Name: "X-Env", Value: "prod"}}},
+			ResponseHeaders: &contract.HeaderEdits{Remove: []string{"X-Backend-Version"}},
+		}}))
+
+		before := route.DeepCopy()
+		route.Spec.Rules[0].Filters[0].RequestHeaderModifier.Set = []gatewayv1.HTTPHeader{{Name: "Tailscale-User-Login", Value: "mallory@example.com"}}
+		Expect(k8s.Patch(ctx, route, client.MergeFrom(before))).To(Succeed())
+		Eventually(routeCondition(route, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse),
+			HaveField("Reason", kit.ReasonUnsupportedValue), HaveField("Message", ContainSubstring("Tailscale-User-Login"))))
+		warned("HTTPRoute", "narrow", kit.ReasonUnsupportedValue)
+		Eventually(servedRoutes(edge)).Should(Equal(noRoutes))
 		quiet()
 	})
 

@@ -311,7 +311,7 @@ func (r *GatewayReconciler) attachedRoutes(ctx context.Context, gw *gatewayv1.Ga
 			continue
 		}
 		for _, rt := range d.Routes {
-			if key := string(rt.PathType) + " " + rt.Path; !seen[key] {
+			if key := rt.MatchKey(); !seen[key] {
 				seen[key] = true
 				routes = append(routes, rt)
 			}

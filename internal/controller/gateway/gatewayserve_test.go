@@ -246,16 +246,39 @@ func TestBuildRules(t *testing.T) {
 			{Path: "/api", PathType: contract.PathPrefix, Backend: contract.Backend{URL: unreachableBackend}},
 			{Path: "/", PathType: contract.PathPrefix, Backend: web},
 		}, "", "rule 0: Service app/gone does not exist"},
-		{"a filter", []gatewayv1.HTTPRouteRule{{Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestHeaderModifier}},
-			BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, nil, "rule 0: filters (RequestHeaderModifier) not served yet", ""},
+		{"header modifiers", []gatewayv1.HTTPRouteRule{{Filters: []gatewayv1.HTTPRouteFilter{
+			{Type: gatewayv1.HTTPRouteFilterRequestHeaderModifier, RequestHeaderModifier: &gatewayv1.HTTPHeaderFilter{
+				Set: []gatewayv1.HTTPHeader{{Name: "X-Env", Value: "prod"}}, Add: []gatewayv1.HTTPHeader{{Name: "X-Via", Value: "gw"}}, Remove: []string{"X-Debug"}}},
+			{Type: gatewayv1.HTTPRouteFilterResponseHeaderModifier, ResponseHeaderModifier: &gatewayv1.HTTPHeaderFilter{Remove: []string{"Server"}}},
+		}, BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: web,
+			RequestHeaders: &contract.HeaderEdits{Set: []contract.NameValue{{Name: "X-Env", Value: "prod"}}, Add: []contract.NameValue{{Name: "X-Via", Value: "gw"}},
+				Remove: []string{"X-Debug"}},
+			ResponseHeaders: &contract.HeaderEdits{Remove: []string{"Server"}}}}, "", ""},
+		{"a filter of an identity header", []gatewayv1.HTTPRouteRule{{Filters: []gatewayv1.HTTPRouteFilter{
+			{Type: gatewayv1.HTTPRouteFilterRequestHeaderModifier, RequestHeaderModifier: &gatewayv1.HTTPHeaderFilter{
+				Set: []gatewayv1.HTTPHeader{{Name: "tailscale-user-login", Value: "mallory@example.com"}}}},
+		}, BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, nil,
+			"rule 0: a RequestHeaderModifier of tailscale-user-login, which the proxy sets from the caller's tailnet identity not served yet", ""},
+		{"another filter", []gatewayv1.HTTPRouteRule{{Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestMirror}},
+			BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, nil, "rule 0: filters (RequestMirror) not served yet", ""},
+		{"method, header and query matches; the first of a name counts", []gatewayv1.HTTPRouteRule{{Matches: []gatewayv1.HTTPRouteMatch{{
+			Path:        &gatewayv1.HTTPPathMatch{Type: ptr.To(gatewayv1.PathMatchPathPrefix), Value: ptr.To("/api")},
+			Headers:     []gatewayv1.HTTPHeaderMatch{{Name: "X-Env", Value: "canary"}, {Name: "x-env", Value: "other"}},
+			QueryParams: []gatewayv1.HTTPQueryParamMatch{{Type: ptr.To(gatewayv1.QueryParamMatchExact), Name: "v", Value: "2"}},
+			Method:      ptr.To(gatewayv1.HTTPMethodPost),
+		}, {Method: ptr.To(gatewayv1.HTTPMethodPost)}}, BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, []contract.Route{
+			{Path: "/api", PathType: contract.PathPrefix, Backend: web, Method: "POST",
+				Headers: []contract.NameValue{{Name: "X-Env", Value: "canary"}}, Query: []contract.NameValue{{Name: "v", Value: "2"}}},
+			{Path: "/", PathType: contract.PathPrefix, Backend: web, Method: "POST"},
+		}, "", ""},
 		{"weights", []gatewayv1.HTTPRouteRule{{Name: ptr.To[gatewayv1.SectionName]("split"),
 			BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80), backendRef("web", 8080)}}}, nil, `rule "split": 2 backendRefs`, ""},
-		{"matches beyond the path", []gatewayv1.HTTPRouteRule{{Matches: []gatewayv1.HTTPRouteMatch{{
-			Path:    &gatewayv1.HTTPPathMatch{Type: ptr.To(gatewayv1.PathMatchRegularExpression), Value: ptr.To("/a.*")},
-			Headers: []gatewayv1.HTTPHeaderMatch{{Name: "x", Value: "y"}}, QueryParams: []gatewayv1.HTTPQueryParamMatch{{Name: "q", Value: "1"}},
-			Method: ptr.To(gatewayv1.HTTPMethodGet),
+		{"regular expressions", []gatewayv1.HTTPRouteRule{{Matches: []gatewayv1.HTTPRouteMatch{{
+			Path:        &gatewayv1.HTTPPathMatch{Type: ptr.To(gatewayv1.PathMatchRegularExpression), Value: ptr.To("/a.*")},
+			Headers:     []gatewayv1.HTTPHeaderMatch{{Type: ptr.To(gatewayv1.HeaderMatchRegularExpression), Name: "x", Value: "y.*"}},
+			QueryParams: []gatewayv1.HTTPQueryParamMatch{{Type: ptr.To(gatewayv1.QueryParamMatchRegularExpression), Name: "q", Value: "1+"}},
 		}}, BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, nil,
-			"rule 0: RegularExpression path matches, header matches, query parameter matches, method matches not served yet", ""},
+			"rule 0: RegularExpression path matches, RegularExpression header matches, RegularExpression query parameter matches not served yet", ""},
 		{"no backendRefs", []gatewayv1.HTTPRouteRule{{}}, nil, "a rule without backendRefs", ""},
 	}
 	for _, tt := range tests {

@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"net"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -216,40 +217,118 @@ func buildRules(r *gatewayv1.HTTPRoute, in backendInputs) (routes []contract.Rou
 			unresolved = append(unresolved, *problem)
 			backend = contract.Backend{URL: unreachableBackend}
 		}
+		requestEdits, responseEdits := headerEdits(rule.Filters)
 		matches := rule.Matches
 		if len(matches) == 0 {
 			matches = []gatewayv1.HTTPRouteMatch{{}}
 		}
 		for _, m := range matches {
-			path, pathType := "/", contract.PathPrefix
-			if m.Path != nil {
-				if m.Path.Value != nil {
-					path = *m.Path.Value
-				}
-				if m.Path.Type != nil && *m.Path.Type == gatewayv1.PathMatchExact {
-					pathType = contract.PathExact
-				}
-			}
-			// The first rule of a path wins, as the spec's precedence orders rules of one route.
-			if key := string(pathType) + " " + path; !seen[key] {
+			rt := matchRoute(m)
+			rt.Backend, rt.RequestHeaders, rt.ResponseHeaders = backend, requestEdits, responseEdits
+			// The first rule of a match wins, as the spec's precedence orders rules of one route.
+			if key := rt.MatchKey(); !seen[key] {
 				seen[key] = true
-				routes = append(routes, contract.Route{Path: path, PathType: pathType, Backend: backend})
+				routes = append(routes, rt)
 			}
 		}
 	}
 	return routes, unsupported, unresolved
 }
 
+// matchRoute is a contract route of one HTTPRoute match, without its backend. Of a header or
+// query parameter named twice only the first counts, as the spec says.
+func matchRoute(m gatewayv1.HTTPRouteMatch) contract.Route {
+	rt := contract.Route{Path: "/", PathType: contract.PathPrefix}
+	if m.Path != nil {
+		if m.Path.Value != nil {
+			rt.Path = *m.Path.Value
+		}
+		if m.Path.Type != nil && *m.Path.Type == gatewayv1.PathMatchExact {
+			rt.PathType = contract.PathExact
+		}
+	}
+	if m.Method != nil {
+		rt.Method = string(*m.Method)
+	}
+	for _, h := range m.Headers {
+		if !slices.ContainsFunc(rt.Headers, func(nv contract.NameValue) bool { return strings.EqualFold(nv.Name, string(h.Name)) }) {
+			rt.Headers = append(rt.Headers, contract.NameValue{Name: string(h.Name), Value: h.Value})
+		}
+	}
+	for _, q := range m.QueryParams {
+		if !slices.ContainsFunc(rt.Query, func(nv contract.NameValue) bool { return nv.Name == string(q.Name) }) {
+			rt.Query = append(rt.Query, contract.NameValue{Name: string(q.Name), Value: q.Value})
+		}
+	}
+	return rt
+}
+
+// headerEdits are a rule's header modifier filters as contract edits.
+func headerEdits(filters []gatewayv1.HTTPRouteFilter) (request, response *contract.HeaderEdits) {
+	for _, f := range filters {
+		switch {
+		case f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
+			request = toEdits(f.RequestHeaderModifier)
+		case f.Type == gatewayv1.HTTPRouteFilterResponseHeaderModifier && f.ResponseHeaderModifier != nil:
+			response = toEdits(f.ResponseHeaderModifier)
+		}
+	}
+	return request, response
+}
+
+func toEdits(f *gatewayv1.HTTPHeaderFilter) *contract.HeaderEdits {
+	e := &contract.HeaderEdits{Remove: f.Remove}
+	for _, h := range f.Set {
+		e.Set = append(e.Set, contract.NameValue{Name: string(h.Name), Value: h.Value})
+	}
+	for _, h := range f.Add {
+		e.Add = append(e.Add, contract.NameValue{Name: string(h.Name), Value: h.Value})
+	}
+	return e
+}
+
+// servedFilters are the filter types the proxy serves.
+var servedFilters = []gatewayv1.HTTPRouteFilterType{gatewayv1.HTTPRouteFilterRequestHeaderModifier, gatewayv1.HTTPRouteFilterResponseHeaderModifier}
+
+// identityHeader reports whether a request header is one the proxy sets from the caller's
+// tailnet identity: no filter may touch it.
+func identityHeader(name string) bool {
+	n := http.CanonicalHeaderKey(name)
+	return strings.HasPrefix(n, "Tailscale-User-") || n == "Tailscale-App-Capabilities" || n == "Tailscale-Funnel-Request"
+}
+
+// filterUnsupported lists what a rule's filters ask that the proxy does not serve.
+func filterUnsupported(filters []gatewayv1.HTTPRouteFilter) []string {
+	var why, other []string
+	for _, f := range filters {
+		if !slices.Contains(servedFilters, f.Type) {
+			other = append(other, string(f.Type))
+			continue
+		}
+		if m := f.RequestHeaderModifier; m != nil {
+			names := slices.Concat(m.Remove, headerNames(m.Set), headerNames(m.Add))
+			if i := slices.IndexFunc(names, identityHeader); i >= 0 {
+				why = append(why, fmt.Sprintf("a RequestHeaderModifier of %s, which the proxy sets from the caller's tailnet identity", names[i]))
+			}
+		}
+	}
+	if len(other) > 0 {
+		why = append(why, "filters ("+strings.Join(other, ", ")+")")
+	}
+	return why
+}
+
+func headerNames(hs []gatewayv1.HTTPHeader) []string {
+	var out []string
+	for _, h := range hs {
+		out = append(out, string(h.Name))
+	}
+	return out
+}
+
 // ruleUnsupported lists what a rule asks that the proxy cannot serve yet.
 func ruleUnsupported(rule gatewayv1.HTTPRouteRule) []string {
-	var why []string
-	if len(rule.Filters) > 0 {
-		var types []string
-		for _, f := range rule.Filters {
-			types = append(types, string(f.Type))
-		}
-		why = append(why, "filters ("+strings.Join(types, ", ")+")")
-	}
+	why := filterUnsupported(rule.Filters)
 	if rule.Timeouts != nil {
 		why = append(why, "timeouts")
 	}
@@ -277,14 +356,15 @@ func ruleUnsupported(rule gatewayv1.HTTPRouteRule) []string {
 		if m.Path != nil && m.Path.Type != nil && *m.Path.Type == gatewayv1.PathMatchRegularExpression {
 			why = append(why, "RegularExpression path matches")
 		}
-		if len(m.Headers) > 0 {
-			why = append(why, "header matches")
+		if slices.ContainsFunc(m.Headers, func(h gatewayv1.HTTPHeaderMatch) bool {
+			return h.Type != nil && *h.Type != gatewayv1.HeaderMatchExact
+		}) {
+			why = append(why, "RegularExpression header matches")
 		}
-		if len(m.QueryParams) > 0 {
-			why = append(why, "query parameter matches")
-		}
-		if m.Method != nil {
-			why = append(why, "method matches")
+		if slices.ContainsFunc(m.QueryParams, func(q gatewayv1.HTTPQueryParamMatch) bool {
+			return q.Type != nil && *q.Type != gatewayv1.QueryParamMatchExact
+		}) {
+			why = append(why, "RegularExpression query parameter matches")
 		}
 	}
 	return slices.Compact(why)
