@@ -419,7 +419,9 @@ func TestProxyConfigValidation(t *testing.T) {
 		{"header match twice", func(c *ProxyConfig) {
 			c.Serve.Routes[0].Headers = []NameValue{{Name: "X-Env", Value: "a"}, {Name: "x-env", Value: "b"}}
 		}, "twice"},
-		{"query match twice", func(c *ProxyConfig) { c.Serve.Routes[0].Query = []NameValue{{Name: "v", Value: "1"}, {Name: "v", Value: "2"}} }, "twice"},
+		{"query match twice", func(c *ProxyConfig) {
+			c.Serve.Routes[0].Query = []NameValue{{Name: "v", Value: "1"}, {Name: "v", Value: "2"}}
+		}, "twice"},
 		{"query match without a name", func(c *ProxyConfig) { c.Serve.Routes[0].Query = []NameValue{{Value: "2"}} }, "query match"},
 		{"header edit", func(c *ProxyConfig) {
 			c.Serve.Routes[0].ResponseHeaders = &HeaderEdits{Set: []NameValue{{Name: "X-A:", Value: "1"}}}
