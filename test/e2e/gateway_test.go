@@ -4,15 +4,20 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"maps"
+	"net/http"
 	"path/filepath"
 	"runtime"
 	"sync"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -134,5 +139,81 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 		if refused {
 			Skip(`Funnel: the tailnet's policy does not grant the proxies' tag Funnel: add {"target": ["tag:k8s"], "attr": ["funnel"]} to its nodeAttrs to run this part`)
 		}
+	})
+
+	It("routes by method, header and query, and edits headers both ways", func(ctx SpecContext) {
+		class := gatewayClass(ctx)
+		ns := suite.NewNamespace(ctx, "e2e")
+		newBackend(ctx, ns)
+		backend := &corev1.Service{}
+		Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: framework.BackendName}, backend)).To(Succeed())
+		port := int(backend.Spec.Ports[0].Port)
+		edge := kubeobj.Gateway(ns, "edge", class, kubeobj.Listener("https", gatewayv1.HTTPSProtocolType, 443))
+		edge.Annotations = map[string]string{kit.AnnotationHostname: "e2e-gwm-" + framework.Token()}
+		// Each rule tells the backend which it is in a request header; the backend's /header
+		// answers with it.
+		rule := func(name string, narrow func(*gatewayv1.HTTPRouteMatch)) gatewayv1.HTTPRouteRule {
+			r := kubeobj.HTTPRule(gatewayv1.PathMatchPathPrefix, "/", "", framework.BackendName, port)
+			narrow(&r.Matches[0])
+			r.Filters = []gatewayv1.HTTPRouteFilter{
+				{Type: gatewayv1.HTTPRouteFilterRequestHeaderModifier, RequestHeaderModifier: &gatewayv1.HTTPHeaderFilter{
+					Set: []gatewayv1.HTTPHeader{{Name: "X-Rule", Value: name}}, Remove: []string{"X-Debug"}}},
+				{Type: gatewayv1.HTTPRouteFilterResponseHeaderModifier, ResponseHeaderModifier: &gatewayv1.HTTPHeaderFilter{
+					Add: []gatewayv1.HTTPHeader{{Name: "X-Served-By-Rule", Value: name}}}},
+			}
+			return r
+		}
+		route := kubeobj.HTTPRoute(ns, "narrow", edge.Name,
+			rule("default", func(*gatewayv1.HTTPRouteMatch) {}),
+			rule("canary", func(m *gatewayv1.HTTPRouteMatch) {
+				m.Headers = []gatewayv1.HTTPHeaderMatch{{Name: "X-Track", Value: "canary"}}
+			}),
+			rule("v2", func(m *gatewayv1.HTTPRouteMatch) {
+				m.QueryParams = []gatewayv1.HTTPQueryParamMatch{{Name: "api", Value: "v2"}}
+			}),
+			rule("post", func(m *gatewayv1.HTTPRouteMatch) { m.Method = ptr.To(gatewayv1.HTTPMethodPost) }))
+		suite.Create(ctx, edge)
+		suite.Create(ctx, route)
+
+		var fqdn string
+		Eventually(ctx, func(g Gomega) {
+			got := &gatewayv1.Gateway{}
+			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(edge), got)).To(Succeed())
+			c := meta.FindStatusCondition(got.Status.Conditions, string(gatewayv1.GatewayConditionProgrammed))
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "Programmed: %s", c.Message)
+			fqdn = got.Status.Addresses[0].Value
+		}).Should(Succeed())
+		expectHTTPSEcho(ctx, fqdn)
+		deviceID := proxyDevice(ctx, proxies.ParentTypeGateway, edge)
+
+		hc := tailnetHTTPClient(15 * time.Second)
+		defer hc.CloseIdleConnections()
+		for _, tc := range []struct {
+			method, query string
+			header        http.Header
+			want          string
+		}{
+			{http.MethodGet, "", nil, "default"},
+			{http.MethodGet, "", http.Header{"X-Track": {"canary"}}, "canary"},
+			{http.MethodGet, "", http.Header{"X-Track": {"stable"}}, "default"},
+			{http.MethodGet, "&api=v2", nil, "v2"},
+			{http.MethodGet, "&api=v2", http.Header{"X-Track": {"canary"}}, "canary"}, // headers before query
+			{http.MethodPost, "&api=v2", http.Header{"X-Track": {"canary"}}, "post"},  // the method first
+		} {
+			By(fmt.Sprintf("%s with %v%s: rule %s", tc.method, tc.header, tc.query, tc.want))
+			header := http.Header{"X-Debug": {"client"}}
+			maps.Copy(header, tc.header)
+			body, respHeader, err := do(ctx, hc, tc.method, "https://"+fqdn+"/header?key=X-Rule"+tc.query, header)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(body).To(Equal(tc.want), "the rule named in the request")
+			Expect(respHeader.Values("X-Served-By-Rule")).To(Equal([]string{tc.want}), "the rule named in the response")
+			body, _, err = do(ctx, hc, tc.method, "https://"+fqdn+"/header?key=X-Debug"+tc.query, header)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(body).To(BeEmpty(), "the header the rule removes")
+		}
+
+		Expect(suite.K8s.Delete(ctx, edge)).To(Succeed())
+		expectProxyGone(ctx, proxies.ParentTypeGateway, edge, deviceID)
 	})
 })

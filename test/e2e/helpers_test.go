@@ -91,23 +91,29 @@ func echoOnce(ctx context.Context, hc *http.Client, base string) error {
 
 // get returns the body of a 200 answer to a GET of url with the given request headers.
 func get(ctx context.Context, hc *http.Client, url string, header http.Header) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	body, _, err := do(ctx, hc, http.MethodGet, url, header)
+	return body, err
+}
+
+// do returns the body and headers of a 200 answer to a request of url with the given headers.
+func do(ctx context.Context, hc *http.Client, method, url string, header http.Header) (string, http.Header, error) {
+	req, err := http.NewRequestWithContext(ctx, method, url, nil)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	for k, v := range header {
 		req.Header[k] = v
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("%s: %s", resp.Status, b)
+		return "", nil, fmt.Errorf("%s: %s", resp.Status, b)
 	}
-	return string(b), err
+	return string(b), resp.Header, err
 }
 
 // expectUDPEcho waits until a datagram to dst comes back echoed.
