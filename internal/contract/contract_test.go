@@ -222,6 +222,13 @@ func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
 		"request header edits": {func(w *WebService) {
 			w.Routes[0].RequestHeaders = &HeaderEdits{Set: []NameValue{{Name: "X-A", Value: "1"}}, Remove: []string{"X-B"}}
 		}, 8},
+		"redirect": {func(w *WebService) {
+			w.Routes[0] = Route{Path: "/old", PathType: PathPrefix, Redirect: &Redirect{Scheme: "https", Port: 8443, StatusCode: 301,
+				Path: &PathChange{Type: PathChangePrefix, Value: "/new"}}}
+		}, 8},
+		"rewrite": {func(w *WebService) {
+			w.Routes[0].Rewrite = &Rewrite{Hostname: "internal.example.com", Path: &PathChange{Type: PathChangeFull, Value: "/"}}
+		}, 8},
 		"response header edits": {func(w *WebService) {
 			w.Routes[0].ResponseHeaders = &HeaderEdits{Add: []NameValue{{Name: "X-C", Value: "2"}}}
 		}, 8},
@@ -427,6 +434,26 @@ func TestProxyConfigValidation(t *testing.T) {
 			c.Serve.Routes[0].ResponseHeaders = &HeaderEdits{Set: []NameValue{{Name: "X-A:", Value: "1"}}}
 		}, "header edit"},
 		{"header removal", func(c *ProxyConfig) { c.Serve.Routes[0].RequestHeaders = &HeaderEdits{Remove: []string{""}} }, "header edit"},
+		{"redirect with a backend", func(c *ProxyConfig) {
+			c.Serve.Routes[0].Redirect = &Redirect{Scheme: "https", StatusCode: 301}
+		}, "no backend"},
+		{"redirect status", func(c *ProxyConfig) {
+			c.Serve.Routes[0] = Route{Path: "/", PathType: PathPrefix, Redirect: &Redirect{StatusCode: 308}}
+		}, "301 or 302"},
+		{"redirect scheme", func(c *ProxyConfig) {
+			c.Serve.Routes[0] = Route{Path: "/", PathType: PathPrefix, Redirect: &Redirect{Scheme: "ftp", StatusCode: 302}}
+		}, "http or https"},
+		{"redirect hostname", func(c *ProxyConfig) {
+			c.Serve.Routes[0] = Route{Path: "/", PathType: PathPrefix, Redirect: &Redirect{Hostname: "a..b", StatusCode: 302}}
+		}, "not a DNS name"},
+		{"prefix change of an Exact route", func(c *ProxyConfig) {
+			c.Serve.Routes[0].PathType = PathExact
+			c.Serve.Routes[0].Rewrite = &Rewrite{Path: &PathChange{Type: PathChangePrefix, Value: "/v2"}}
+		}, "Prefix on a Prefix route"},
+		{"relative rewrite", func(c *ProxyConfig) {
+			c.Serve.Routes[0].Rewrite = &Rewrite{Path: &PathChange{Type: PathChangeFull, Value: "v2"}}
+		}, "must start with /"},
+		{"rewrite hostname", func(c *ProxyConfig) { c.Serve.Routes[0].Rewrite = &Rewrite{Hostname: "-bad-"} }, "not a DNS name"},
 		{"same matches twice", func(c *ProxyConfig) {
 			c.Serve.Routes[1] = c.Serve.Routes[0]
 			c.Serve.Routes[0].Headers = []NameValue{{Name: "X-Env", Value: "a"}}

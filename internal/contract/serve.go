@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -139,7 +140,48 @@ type Route struct {
 	// are set after the request's edits, so that no edit can forge them. Schema v6.
 	RequestHeaders  *HeaderEdits `json:"requestHeaders,omitempty"`
 	ResponseHeaders *HeaderEdits `json:"responseHeaders,omitempty"`
+	// Redirect answers the route's requests with a redirect, and the route has no backend.
+	// Schema v6.
+	Redirect *Redirect `json:"redirect,omitempty"`
+	// Rewrite changes the Host and the path a request reaches the backend with. Schema v6.
+	Rewrite *Rewrite `json:"rewrite,omitempty"`
 }
+
+// Redirect is a redirect's target: what it does not name is the request's own.
+type Redirect struct {
+	// Scheme is http or https; "" keeps the request's.
+	Scheme string `json:"scheme,omitempty"`
+	// Hostname replaces the request's host.
+	Hostname string `json:"hostname,omitempty"`
+	// Port is the target's port; 0 is the scheme's well-known port, or the request's port when
+	// the scheme is kept. A scheme's well-known port is left out of the Location.
+	Port int `json:"port,omitempty"`
+	// Path replaces the request's path, or the part of it the route's Prefix path matched.
+	Path *PathChange `json:"path,omitempty"`
+	// StatusCode is 301 or 302.
+	StatusCode int `json:"statusCode"`
+}
+
+// Rewrite is how a request's Host and path change on the way to the backend.
+type Rewrite struct {
+	Hostname string      `json:"hostname,omitempty"`
+	Path     *PathChange `json:"path,omitempty"`
+}
+
+// PathChange replaces a request's path: the whole of it (Full), or the part the route's
+// Prefix path matched (Prefix).
+type PathChange struct {
+	Type  PathChangeType `json:"type"`
+	Value string         `json:"value"`
+}
+
+// PathChangeType says which part of the path a PathChange replaces.
+type PathChangeType string
+
+const (
+	PathChangeFull   PathChangeType = "Full"
+	PathChangePrefix PathChangeType = "Prefix"
+)
 
 // NameValue is a header or query parameter and its value.
 type NameValue struct {
@@ -157,7 +199,8 @@ type HeaderEdits struct {
 
 // narrowed reports whether a route uses what schema v6 added.
 func (r Route) narrowed() bool {
-	return r.Method != "" || len(r.Headers) > 0 || len(r.Query) > 0 || r.RequestHeaders != nil || r.ResponseHeaders != nil
+	return r.Method != "" || len(r.Headers) > 0 || len(r.Query) > 0 || r.RequestHeaders != nil || r.ResponseHeaders != nil ||
+		r.Redirect != nil || r.Rewrite != nil
 }
 
 // MatchKey identifies what a route matches: two routes of one key in a web service would be
@@ -254,6 +297,9 @@ func (r *Route) Validate() error {
 	if r.PathType != PathExact && r.PathType != PathPrefix {
 		return fmt.Errorf("route %s: path type %q must be Exact or Prefix", r.Path, r.PathType)
 	}
+	if r.Redirect != nil {
+		return r.validateRedirect()
+	}
 	u, err := url.Parse(r.Backend.URL)
 	if err != nil {
 		return fmt.Errorf("route %s: backend URL: %w", r.Path, err)
@@ -278,7 +324,60 @@ func (r *Route) Validate() error {
 			return fmt.Errorf("route %s: endpoint %q must be ip:port: %w", r.Path, ep, err)
 		}
 	}
+	if err := r.validatePathChange(r.Rewrite.pathChange()); err != nil {
+		return err
+	}
+	if r.Rewrite != nil && r.Rewrite.Hostname != "" && !ValidDNSName(r.Rewrite.Hostname) {
+		return fmt.Errorf("route %s: rewrite hostname %q is not a DNS name", r.Path, r.Rewrite.Hostname)
+	}
 	return r.validateNarrowing()
+}
+
+// validateRedirect checks a redirecting route: a redirect, and no backend or rewrite.
+func (r *Route) validateRedirect() error {
+	rd := r.Redirect
+	var errs []error
+	if !reflect.ValueOf(r.Backend).IsZero() || r.Rewrite != nil {
+		errs = append(errs, errors.New("a redirect has no backend or rewrite"))
+	}
+	if rd.Scheme != "" && rd.Scheme != "http" && rd.Scheme != "https" {
+		errs = append(errs, fmt.Errorf("redirect scheme %q must be http or https", rd.Scheme))
+	}
+	if rd.Hostname != "" && !ValidDNSName(rd.Hostname) {
+		errs = append(errs, fmt.Errorf("redirect hostname %q is not a DNS name", rd.Hostname))
+	}
+	if rd.Port < 0 || rd.Port > 65535 {
+		errs = append(errs, fmt.Errorf("redirect port %d is not a port", rd.Port))
+	}
+	if rd.StatusCode != 301 && rd.StatusCode != 302 {
+		errs = append(errs, fmt.Errorf("redirect status %d must be 301 or 302", rd.StatusCode))
+	}
+	if err := errors.Join(errs...); err != nil {
+		errs = []error{fmt.Errorf("route %s: %w", r.Path, err)}
+	}
+	return errors.Join(append(errs, r.validatePathChange(rd.Path), r.validateNarrowing())...)
+}
+
+func (rw *Rewrite) pathChange() *PathChange {
+	if rw == nil {
+		return nil
+	}
+	return rw.Path
+}
+
+// validatePathChange checks a redirect's or rewrite's path: a Prefix change needs a Prefix route.
+func (r *Route) validatePathChange(pc *PathChange) error {
+	switch {
+	case pc == nil:
+		return nil
+	case !strings.HasPrefix(pc.Value, "/"):
+		return fmt.Errorf("route %s: path %q must start with /", r.Path, pc.Value)
+	case pc.Type == PathChangeFull:
+		return nil
+	case pc.Type == PathChangePrefix && r.PathType == PathPrefix:
+		return nil
+	}
+	return fmt.Errorf("route %s: path change %q must be Full, or Prefix on a Prefix route", r.Path, pc.Type)
 }
 
 // validateNarrowing checks a route's method, header and query matches and its header edits.

@@ -259,6 +259,35 @@ func TestBuildRules(t *testing.T) {
 				Set: []gatewayv1.HTTPHeader{{Name: "tailscale-user-login", Value: "mallory@example.com"}}}},
 		}, BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, nil,
 			"rule 0: a RequestHeaderModifier of tailscale-user-login, which the proxy sets from the caller's tailnet identity not served yet", ""},
+		{"a redirect: no backend", []gatewayv1.HTTPRouteRule{{
+			Matches: []gatewayv1.HTTPRouteMatch{pathMatch(gatewayv1.PathMatchPathPrefix, "/old")},
+			Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestRedirect, RequestRedirect: &gatewayv1.HTTPRequestRedirectFilter{
+				Scheme: ptr.To("https"), Hostname: ptr.To[gatewayv1.PreciseHostname]("new.example.com"), Port: ptr.To[gatewayv1.PortNumber](8443),
+				Path: &gatewayv1.HTTPPathModifier{Type: gatewayv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr.To("/new")}}}},
+		}, {
+			Matches: []gatewayv1.HTTPRouteMatch{pathMatch(gatewayv1.PathMatchExact, "/moved")},
+			Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestRedirect, RequestRedirect: &gatewayv1.HTTPRequestRedirectFilter{
+				StatusCode: ptr.To(301), Path: &gatewayv1.HTTPPathModifier{Type: gatewayv1.FullPathHTTPPathModifier, ReplaceFullPath: ptr.To("/here")}}}},
+		}}, []contract.Route{
+			{Path: "/old", PathType: contract.PathPrefix, Redirect: &contract.Redirect{Scheme: "https", Hostname: "new.example.com", Port: 8443,
+				Path: &contract.PathChange{Type: contract.PathChangePrefix, Value: "/new"}, StatusCode: 302}},
+			{Path: "/moved", PathType: contract.PathExact, Redirect: &contract.Redirect{
+				Path: &contract.PathChange{Type: contract.PathChangeFull, Value: "/here"}, StatusCode: 301}},
+		}, "", ""},
+		{"a rewrite", []gatewayv1.HTTPRouteRule{{
+			Matches: []gatewayv1.HTTPRouteMatch{pathMatch(gatewayv1.PathMatchPathPrefix, "/api")},
+			Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterURLRewrite, URLRewrite: &gatewayv1.HTTPURLRewriteFilter{
+				Hostname: ptr.To[gatewayv1.PreciseHostname]("internal.example.com"),
+				Path:     &gatewayv1.HTTPPathModifier{Type: gatewayv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr.To("/")}}}},
+			BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)},
+		}}, []contract.Route{{Path: "/api", PathType: contract.PathPrefix, Backend: web, Rewrite: &contract.Rewrite{Hostname: "internal.example.com",
+			Path: &contract.PathChange{Type: contract.PathChangePrefix, Value: "/"}}}}, "", ""},
+		{"a prefix rewrite of an Exact match", []gatewayv1.HTTPRouteRule{{
+			Matches: []gatewayv1.HTTPRouteMatch{pathMatch(gatewayv1.PathMatchExact, "/api"), pathMatch(gatewayv1.PathMatchPathPrefix, "/v1")},
+			Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterURLRewrite, URLRewrite: &gatewayv1.HTTPURLRewriteFilter{
+				Path: &gatewayv1.HTTPPathModifier{Type: gatewayv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr.To("/")}}}},
+			BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)},
+		}}, nil, "ReplacePrefixMatch with a match other than PathPrefix", ""},
 		{"another filter", []gatewayv1.HTTPRouteRule{{Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestMirror}},
 			BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, nil, "rule 0: filters (RequestMirror) not served yet", ""},
 		{"method, header and query matches; the first of a name counts", []gatewayv1.HTTPRouteRule{{Matches: []gatewayv1.HTTPRouteMatch{{
@@ -347,7 +376,7 @@ func TestDecideRoute(t *testing.T) {
 		{"another hostname", func(r *gatewayv1.HTTPRoute) { r.Spec.Hostnames = []gatewayv1.Hostname{"shop.example.com"} },
 			view(https), []string{kit.ReasonNoMatchingListenerHostname}, false},
 		{"a filter", func(r *gatewayv1.HTTPRoute) {
-			r.Spec.Rules[0].Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestRedirect}}
+			r.Spec.Rules[0].Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestMirror}}
 		}, view(https), []string{kit.ReasonUnsupportedValue}, false},
 		{"a Gateway not accepted", nil, map[types.NamespacedName]*gatewayView{key: {Key: key, Rejected: kit.ReasonGatewayInvalid, Why: "HA"}},
 			[]string{kit.ReasonNoMatchingParent}, false},

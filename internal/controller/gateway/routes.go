@@ -211,20 +211,23 @@ func buildRules(r *gatewayv1.HTTPRoute, in backendInputs) (routes []contract.Rou
 			unsupported = append(unsupported, where+": "+strings.Join(why, ", ")+" not served yet")
 			continue
 		}
-		backend, problem := resolveBackendRef(r.Namespace, rule.BackendRefs[0].BackendObjectReference, in)
-		if problem != nil {
-			problem.Message = where + ": " + problem.Message
-			unresolved = append(unresolved, *problem)
-			backend = contract.Backend{URL: unreachableBackend}
+		f := ruleFilters(rule.Filters)
+		var backend contract.Backend
+		if f.redirect == nil { // a redirecting rule has no backendRefs
+			var problem *refProblem
+			if backend, problem = resolveBackendRef(r.Namespace, rule.BackendRefs[0].BackendObjectReference, in); problem != nil {
+				problem.Message = where + ": " + problem.Message
+				unresolved = append(unresolved, *problem)
+				backend = contract.Backend{URL: unreachableBackend}
+			}
 		}
-		requestEdits, responseEdits := headerEdits(rule.Filters)
 		matches := rule.Matches
 		if len(matches) == 0 {
 			matches = []gatewayv1.HTTPRouteMatch{{}}
 		}
 		for _, m := range matches {
 			rt := matchRoute(m)
-			rt.Backend, rt.RequestHeaders, rt.ResponseHeaders = backend, requestEdits, responseEdits
+			rt.Backend, rt.RequestHeaders, rt.ResponseHeaders, rt.Redirect, rt.Rewrite = backend, f.request, f.response, f.redirect, f.rewrite
 			// The first rule of a match wins, as the spec's precedence orders rules of one route.
 			if key := rt.MatchKey(); !seen[key] {
 				seen[key] = true
@@ -263,17 +266,49 @@ func matchRoute(m gatewayv1.HTTPRouteMatch) contract.Route {
 	return rt
 }
 
-// headerEdits are a rule's header modifier filters as contract edits.
-func headerEdits(filters []gatewayv1.HTTPRouteFilter) (request, response *contract.HeaderEdits) {
-	for _, f := range filters {
+// filters are a rule's filters as the contract says them.
+type filters struct {
+	request, response *contract.HeaderEdits
+	redirect          *contract.Redirect
+	rewrite           *contract.Rewrite
+}
+
+func ruleFilters(fs []gatewayv1.HTTPRouteFilter) filters {
+	var out filters
+	for _, f := range fs {
 		switch {
 		case f.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && f.RequestHeaderModifier != nil:
-			request = toEdits(f.RequestHeaderModifier)
+			out.request = toEdits(f.RequestHeaderModifier)
 		case f.Type == gatewayv1.HTTPRouteFilterResponseHeaderModifier && f.ResponseHeaderModifier != nil:
-			response = toEdits(f.ResponseHeaderModifier)
+			out.response = toEdits(f.ResponseHeaderModifier)
+		case f.Type == gatewayv1.HTTPRouteFilterRequestRedirect && f.RequestRedirect != nil:
+			rd := f.RequestRedirect
+			out.redirect = &contract.Redirect{Scheme: ptr.Deref(rd.Scheme, ""), Hostname: string(ptr.Deref(rd.Hostname, "")),
+				Port: int(ptr.Deref(rd.Port, 0)), Path: pathChange(rd.Path), StatusCode: ptr.Deref(rd.StatusCode, http.StatusFound)}
+		case f.Type == gatewayv1.HTTPRouteFilterURLRewrite && f.URLRewrite != nil:
+			out.rewrite = &contract.Rewrite{Hostname: string(ptr.Deref(f.URLRewrite.Hostname, "")), Path: pathChange(f.URLRewrite.Path)}
 		}
 	}
-	return request, response
+	return out
+}
+
+func pathChange(m *gatewayv1.HTTPPathModifier) *contract.PathChange {
+	switch {
+	case m == nil:
+		return nil
+	case m.Type == gatewayv1.FullPathHTTPPathModifier:
+		return &contract.PathChange{Type: contract.PathChangeFull, Value: ptr.Deref(m.ReplaceFullPath, "/")}
+	default:
+		return &contract.PathChange{Type: contract.PathChangePrefix, Value: ptr.Deref(m.ReplacePrefixMatch, "/")}
+	}
+}
+
+// replacesPrefix reports whether a filter replaces the prefix a match matched.
+func replacesPrefix(f gatewayv1.HTTPRouteFilter) bool {
+	isPrefix := func(m *gatewayv1.HTTPPathModifier) bool {
+		return m != nil && m.Type == gatewayv1.PrefixMatchHTTPPathModifier
+	}
+	return (f.RequestRedirect != nil && isPrefix(f.RequestRedirect.Path)) || (f.URLRewrite != nil && isPrefix(f.URLRewrite.Path))
 }
 
 func toEdits(f *gatewayv1.HTTPHeaderFilter) *contract.HeaderEdits {
@@ -288,7 +323,8 @@ func toEdits(f *gatewayv1.HTTPHeaderFilter) *contract.HeaderEdits {
 }
 
 // servedFilters are the filter types the proxy serves.
-var servedFilters = []gatewayv1.HTTPRouteFilterType{gatewayv1.HTTPRouteFilterRequestHeaderModifier, gatewayv1.HTTPRouteFilterResponseHeaderModifier}
+var servedFilters = []gatewayv1.HTTPRouteFilterType{gatewayv1.HTTPRouteFilterRequestHeaderModifier, gatewayv1.HTTPRouteFilterResponseHeaderModifier,
+	gatewayv1.HTTPRouteFilterRequestRedirect, gatewayv1.HTTPRouteFilterURLRewrite}
 
 // identityHeader reports whether a request header is one the proxy sets from the caller's
 // tailnet identity: no filter may touch it.
@@ -329,6 +365,12 @@ func headerNames(hs []gatewayv1.HTTPHeader) []string {
 // ruleUnsupported lists what a rule asks that the proxy cannot serve yet.
 func ruleUnsupported(rule gatewayv1.HTTPRouteRule) []string {
 	why := filterUnsupported(rule.Filters)
+	if slices.ContainsFunc(rule.Filters, replacesPrefix) && slices.ContainsFunc(rule.Matches, func(m gatewayv1.HTTPRouteMatch) bool {
+		return m.Path != nil && m.Path.Type != nil && *m.Path.Type != gatewayv1.PathMatchPathPrefix
+	}) {
+		why = append(why, "ReplacePrefixMatch with a match other than PathPrefix")
+	}
+	redirects := slices.ContainsFunc(rule.Filters, func(f gatewayv1.HTTPRouteFilter) bool { return f.Type == gatewayv1.HTTPRouteFilterRequestRedirect })
 	if rule.Timeouts != nil {
 		why = append(why, "timeouts")
 	}
@@ -340,7 +382,9 @@ func ruleUnsupported(rule gatewayv1.HTTPRouteRule) []string {
 	}
 	switch n := len(rule.BackendRefs); {
 	case n == 0:
-		why = append(why, "a rule without backendRefs")
+		if !redirects {
+			why = append(why, "a rule without backendRefs")
+		}
 	case n > 1:
 		why = append(why, fmt.Sprintf("%d backendRefs (one per rule is served)", n))
 	default:

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -168,6 +169,9 @@ func newHandler(ws contract.WebService, tr *transports, callers *identities, log
 	}
 	byBackend := map[string]*httputil.ReverseProxy{} // routes to one backend share its balancing
 	for i, rt := range ws.Routes {
+		if rt.Redirect != nil {
+			continue // answered by the handler itself
+		}
 		key := fmt.Sprint(rt.Backend.URL, rt.Backend.InsecureSkipVerify, rt.Backend.Endpoints, rt.Backend.Protocol, rt.Backend.ServerName, rt.Backend.CABundle)
 		if p, ok := byBackend[key]; ok {
 			h.proxies[i] = p
@@ -194,6 +198,14 @@ func newHandler(ws contract.WebService, tr *transports, callers *identities, log
 				pr.SetURL(target)
 				pr.Out.Host = pr.In.Host
 				pr.SetXForwarded()
+				if rw, ok := pr.In.Context().Value(rewriteKey{}).(rewrite); ok {
+					if rw.host != "" {
+						pr.Out.Host = rw.host
+					}
+					if rw.path != "" {
+						pr.Out.URL.Path, pr.Out.URL.RawPath = rw.path, ""
+					}
+				}
 			},
 			Transport:      transport,
 			BufferPool:     copyBuffers,
@@ -239,13 +251,80 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rt := &h.router.routes[i]
-	editHeaders(r.Header, rt.RequestHeaders)
-	h.setIdentity(r) // after the edits, which cannot forge it then
 	if rt.ResponseHeaders != nil {
 		w = &editingWriter{ResponseWriter: w, edits: rt.ResponseHeaders}
 	}
+	if rt.Redirect != nil {
+		w.Header().Set("Location", redirectLocation(rt.Redirect, r, changedPath(h.router.clean[i], rt.Redirect.Path, r.URL.Path)))
+		w.Header().Set("Server", ServerHeader)
+		w.WriteHeader(rt.Redirect.StatusCode)
+		return
+	}
+	editHeaders(r.Header, rt.RequestHeaders)
+	h.setIdentity(r) // after the edits, which cannot forge it then
+	if rw := rt.Rewrite; rw != nil {
+		r = r.WithContext(context.WithValue(r.Context(), rewriteKey{}, rewrite{host: rw.Hostname, path: changedPath(h.router.clean[i], rw.Path, r.URL.Path)}))
+	}
 	h.proxies[i].ServeHTTP(w, r)
 }
+
+// rewrite is the Host and path a request reaches its backend with, where they change.
+type rewrite struct{ host, path string }
+
+type rewriteKey struct{}
+
+// changedPath is a request path as a redirect or rewrite of the route (as the router matched
+// it) changes it; "" when it does not. A Prefix change replaces the whole path elements the
+// route matched: /old matched in /old/a, replaced by /new, gives /new/a; by /, gives /a.
+func changedPath(route contract.Route, pc *contract.PathChange, reqPath string) string {
+	switch {
+	case pc == nil:
+		return ""
+	case pc.Type == contract.PathChangeFull:
+		return pc.Value
+	}
+	rest := strings.TrimPrefix(cleanPath(reqPath), strings.TrimSuffix(route.Path, "/"))
+	if p := strings.TrimSuffix(pc.Value, "/") + rest; p != "" {
+		return p
+	}
+	return "/"
+}
+
+// redirectLocation is the target of a redirect of r: what the redirect does not name is the
+// request's own; a port is the scheme's well-known one when a scheme is named, else the
+// listener's, and is left out where it is the scheme's well-known one.
+func redirectLocation(rd *contract.Redirect, r *http.Request, path string) string {
+	scheme, port := "http", 80 // the listener's
+	if r.TLS != nil {
+		scheme, port = "https", 443
+	}
+	if rd.Scheme != "" {
+		scheme, port = rd.Scheme, wellKnownPorts[rd.Scheme]
+	}
+	if rd.Port != 0 {
+		port = rd.Port
+	}
+	host := rd.Hostname
+	if host == "" {
+		host = r.Host
+		if host == "" && r.TLS != nil {
+			host = r.TLS.ServerName
+		}
+		host = HostOf(host)
+	}
+	if port != wellKnownPorts[scheme] {
+		host = net.JoinHostPort(host, strconv.Itoa(port))
+	} else if strings.Contains(host, ":") {
+		host = "[" + host + "]" // an IPv6 literal
+	}
+	u := url.URL{Scheme: scheme, Host: host, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
+	if path != "" {
+		u.Path, u.RawPath = path, ""
+	}
+	return u.String()
+}
+
+var wellKnownPorts = map[string]int{"http": 80, "https": 443}
 
 // editHeaders applies a route's header edits.
 func editHeaders(h http.Header, e *contract.HeaderEdits) {

@@ -154,11 +154,13 @@ func queryMatches(want []contract.NameValue, q url.Values) bool {
 }
 
 // HostOf normalizes a Host header or a TLS server name for matching: lower case, without a
-// port or a trailing dot.
+// port, the brackets of an IPv6 literal or a trailing dot.
 func HostOf(hostport string) string {
 	h := hostport
 	if host, _, err := net.SplitHostPort(hostport); err == nil {
 		h = host
+	} else if strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]") {
+		h = h[1 : len(h)-1]
 	}
 	return strings.ToLower(strings.TrimSuffix(h, "."))
 }

@@ -1,0 +1,108 @@
+package web
+
+import (
+	"context"
+	"crypto/tls"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"tailscale.com/client/tailscale/apitype"
+
+	"github.com/tsingress/tsingress/internal/contract"
+)
+
+// A redirecting route answers with the target its redirect names, the rest of it the request's
+// own; a scheme's well-known port is left out.
+func TestRedirect(t *testing.T) {
+	full := func(v string) *contract.PathChange { return &contract.PathChange{Type: contract.PathChangeFull, Value: v} }
+	prefix := func(v string) *contract.PathChange { return &contract.PathChange{Type: contract.PathChangePrefix, Value: v} }
+	for _, tc := range []struct {
+		name      string
+		routePath string
+		redirect  contract.Redirect
+		tls       bool
+		target    string
+		want      string
+	}{
+		{"to https", "/", contract.Redirect{Scheme: "https", StatusCode: 301}, false, "http://web.tailnet.test/a?b=c", "https://web.tailnet.test/a?b=c"},
+		{"to http, the listener's port dropped", "/", contract.Redirect{Scheme: "http", StatusCode: 302}, true, "https://web.tailnet.test:443/a", "http://web.tailnet.test/a"},
+		{"a port of its own", "/", contract.Redirect{Scheme: "https", Port: 8443, StatusCode: 302}, false, "http://web.tailnet.test/a", "https://web.tailnet.test:8443/a"},
+		{"scheme kept, port named", "/", contract.Redirect{Port: 8080, StatusCode: 302}, false, "http://web.tailnet.test/a", "http://web.tailnet.test:8080/a"},
+		{"scheme kept, listener port", "/", contract.Redirect{Hostname: "other.example.com", StatusCode: 302}, true, "https://web.tailnet.test/a", "https://other.example.com/a"},
+		{"full path", "/old", contract.Redirect{Path: full("/new"), StatusCode: 302}, true, "https://web.tailnet.test/old/x?q=1", "https://web.tailnet.test/new?q=1"},
+		{"prefix", "/old", contract.Redirect{Path: prefix("/new"), StatusCode: 302}, true, "https://web.tailnet.test/old/x", "https://web.tailnet.test/new/x"},
+		{"prefix by /", "/old/", contract.Redirect{Path: prefix("/"), StatusCode: 302}, true, "https://web.tailnet.test/old/x", "https://web.tailnet.test/x"},
+		{"prefix, the path itself", "/old", contract.Redirect{Path: prefix("/"), StatusCode: 302}, true, "https://web.tailnet.test/old", "https://web.tailnet.test/"},
+		{"an escaped path kept", "/", contract.Redirect{Scheme: "https", StatusCode: 302}, false, "http://web.tailnet.test/a%2Fb", "https://web.tailnet.test/a%2Fb"},
+		{"IPv6 host", "/", contract.Redirect{Scheme: "https", StatusCode: 302}, false, "http://[fd7a:115c:a1e0::1]/a", "https://[fd7a:115c:a1e0::1]/a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rd := tc.redirect
+			ws := contract.WebService{Routes: []contract.Route{{Path: tc.routePath, PathType: contract.PathPrefix, Redirect: &rd,
+				ResponseHeaders: &contract.HeaderEdits{Set: []contract.NameValue{{Name: "X-Redirected-By", Value: "route"}}}}}}
+			if err := ws.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			h, err := newHandler(ws, newTransports(), newIdentities(noWhoIs), slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := httptest.NewRequest(http.MethodGet, tc.target, nil)
+			if tc.tls {
+				req.TLS = &tls.ConnectionState{ServerName: "web.tailnet.test"}
+			} else {
+				req.TLS = nil
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != rd.StatusCode || rec.Header().Get("Location") != tc.want {
+				t.Errorf("%d Location %q, want %d %q", rec.Code, rec.Header().Get("Location"), rd.StatusCode, tc.want)
+			}
+			if got := rec.Header().Get("X-Redirected-By"); got != "route" {
+				t.Errorf("response edits not applied to the redirect: X-Redirected-By %q", got)
+			}
+		})
+	}
+}
+
+// A rewrite changes the Host and path the backend sees, and nothing the client sees; another
+// route of the same backend is not rewritten.
+func TestRewrite(t *testing.T) {
+	type seen struct{ host, path, forwardedHost string }
+	var got seen
+	backend := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		got = seen{r.Host, r.URL.RequestURI(), r.Header.Get("X-Forwarded-Host")}
+	}))
+	defer backend.Close()
+	b := contract.Backend{URL: backend.URL}
+	ws := contract.WebService{Routes: []contract.Route{
+		{Path: "/", PathType: contract.PathPrefix, Backend: b},
+		{Path: "/api/v1", PathType: contract.PathPrefix, Backend: b,
+			Rewrite: &contract.Rewrite{Hostname: "internal.example.com", Path: &contract.PathChange{Type: contract.PathChangePrefix, Value: "/v1"}}},
+		{Path: "/status", PathType: contract.PathExact, Backend: b, Rewrite: &contract.Rewrite{Path: &contract.PathChange{Type: contract.PathChangeFull, Value: "/healthz"}}},
+	}}
+	h, err := newHandler(ws, newTransports(), newIdentities(noWhoIs), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		target string
+		want   seen
+	}{
+		{"https://web.tailnet.test/api/v1/users?page=2", seen{"internal.example.com", "/v1/users?page=2", "web.tailnet.test"}},
+		{"https://web.tailnet.test/api/v1", seen{"internal.example.com", "/v1", "web.tailnet.test"}},
+		{"https://web.tailnet.test/status", seen{"web.tailnet.test", "/healthz", "web.tailnet.test"}},
+		{"https://web.tailnet.test/api/v10", seen{"web.tailnet.test", "/api/v10", "web.tailnet.test"}},
+	} {
+		got = seen{}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, tc.target, nil))
+		if rec.Code != http.StatusOK || got != tc.want {
+			t.Errorf("%s: %d, backend saw %+v; want %+v", tc.target, rec.Code, got, tc.want)
+		}
+	}
+}
+
+func noWhoIs(context.Context, string) (*apitype.WhoIsResponse, error) { return &apitype.WhoIsResponse{}, nil }
