@@ -16,8 +16,12 @@ import (
 // A redirecting route answers with the target its redirect names, the rest of it the request's
 // own; a scheme's well-known port is left out.
 func TestRedirect(t *testing.T) {
-	full := func(v string) *contract.PathChange { return &contract.PathChange{Type: contract.PathChangeFull, Value: v} }
-	prefix := func(v string) *contract.PathChange { return &contract.PathChange{Type: contract.PathChangePrefix, Value: v} }
+	full := func(v string) *contract.PathChange {
+		return &contract.PathChange{Type: contract.PathChangeFull, Value: v}
+	}
+	prefix := func(v string) *contract.PathChange {
+		return &contract.PathChange{Type: contract.PathChangePrefix, Value: v}
+	}
 	for _, tc := range []struct {
 		name      string
 		routePath string
@@ -105,4 +109,6 @@ func TestRewrite(t *testing.T) {
 	}
 }
 
-func noWhoIs(context.Context, string) (*apitype.WhoIsResponse, error) { return &apitype.WhoIsResponse{}, nil }
+func noWhoIs(context.Context, string) (*apitype.WhoIsResponse, error) {
+	return &apitype.WhoIsResponse{}, nil
+}
