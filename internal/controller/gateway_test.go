@@ -549,7 +549,7 @@ var _ = Describe("Gateway API", Ordered, func() {
 		quiet()
 	})
 
-	It("serves method, header and query matches and header modifiers, and refuses a modifier of an identity header", func() {
+	It("serves method, header and query matches, header modifiers and redirects, and refuses a modifier of an identity header", func() {
 		class("gw-matches", gateway.ControllerName, nil)
 		ns := newNamespace()
 		web := newBackendService(ns, "web")
@@ -565,9 +565,17 @@ var _ = Describe("Gateway API", Ordered, func() {
 				Remove: []string{"X-Backend-Version"}}},
 		}
 		route := kubeobj.HTTPRoute(ns, "narrow", "edge", rule)
-		create(edge, route)
+		moved := kubeobj.HTTPRoute(ns, "moved", "edge", gatewayv1.HTTPRouteRule{
+			Matches: []gatewayv1.HTTPRouteMatch{{Path: &gatewayv1.HTTPPathMatch{Type: ptr.To(prefix), Value: ptr.To("/old")}}},
+			Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestRedirect, RequestRedirect: &gatewayv1.HTTPRequestRedirectFilter{
+				Scheme: ptr.To("https"), Path: &gatewayv1.HTTPPathModifier{Type: gatewayv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr.To("/new")}}}},
+		})
+		create(edge, moved, route) // moved first: the older route's rules come first
 		Eventually(routeCondition(route, "Accepted")).Should(HaveField("Status", metav1.ConditionTrue))
-		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{{Path: "/api", PathType: contract.PathPrefix,
+		Eventually(routeCondition(moved, "Accepted")).Should(HaveField("Status", metav1.ConditionTrue))
+		movedRoute := contract.Route{Path: "/old", PathType: contract.PathPrefix, Redirect: &contract.Redirect{Scheme: "https", StatusCode: 302,
+			Path: &contract.PathChange{Type: contract.PathChangePrefix, Value: "/new"}}}
+		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{movedRoute, {Path: "/api", PathType: contract.PathPrefix,
 			Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"}, Method: "POST",
 			Headers:         []contract.NameValue{{Name: "X-Env", Value: "canary"}},
 			Query:           []contract.NameValue{{Name: "v", Value: "2"}},
@@ -581,7 +589,7 @@ var _ = Describe("Gateway API", Ordered, func() {
 		Eventually(routeCondition(route, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse),
 			HaveField("Reason", kit.ReasonUnsupportedValue), HaveField("Message", ContainSubstring("Tailscale-User-Login"))))
 		warned("HTTPRoute", "narrow", kit.ReasonUnsupportedValue)
-		Eventually(servedRoutes(edge)).Should(Equal(noRoutes))
+		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{movedRoute}))
 		quiet()
 	})
 

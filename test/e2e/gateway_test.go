@@ -141,7 +141,7 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 		}
 	})
 
-	It("routes by method, header and query, and edits headers both ways", func(ctx SpecContext) {
+	It("routes by method, header and query, edits headers both ways, redirects and rewrites", func(ctx SpecContext) {
 		class := gatewayClass(ctx)
 		ns := suite.NewNamespace(ctx, "e2e")
 		newBackend(ctx, ns)
@@ -171,7 +171,18 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 			rule("v2", func(m *gatewayv1.HTTPRouteMatch) {
 				m.QueryParams = []gatewayv1.HTTPQueryParamMatch{{Name: "api", Value: "v2"}}
 			}),
-			rule("post", func(m *gatewayv1.HTTPRouteMatch) { m.Method = ptr.To(gatewayv1.HTTPMethodPost) }))
+			rule("post", func(m *gatewayv1.HTTPRouteMatch) { m.Method = ptr.To(gatewayv1.HTTPMethodPost) }),
+			rule("rewritten", func(m *gatewayv1.HTTPRouteMatch) { m.Path.Value = ptr.To("/rewritten") }))
+		rewritten := &route.Spec.Rules[len(route.Spec.Rules)-1]
+		rewritten.Filters = append(rewritten.Filters, gatewayv1.HTTPRouteFilter{Type: gatewayv1.HTTPRouteFilterURLRewrite,
+			URLRewrite: &gatewayv1.HTTPURLRewriteFilter{Path: &gatewayv1.HTTPPathModifier{
+				Type: gatewayv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr.To("/")}}})
+		route.Spec.Rules = append(route.Spec.Rules, gatewayv1.HTTPRouteRule{
+			Matches: []gatewayv1.HTTPRouteMatch{{Path: &gatewayv1.HTTPPathMatch{Type: ptr.To(gatewayv1.PathMatchPathPrefix), Value: ptr.To("/old")}}},
+			Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestRedirect, RequestRedirect: &gatewayv1.HTTPRequestRedirectFilter{
+				StatusCode: ptr.To(http.StatusMovedPermanently),
+				Path:       &gatewayv1.HTTPPathModifier{Type: gatewayv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr.To("/new")}}}},
+		})
 		suite.Create(ctx, edge)
 		suite.Create(ctx, route)
 
@@ -212,6 +223,24 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 			Expect(err).NotTo(HaveOccurred())
 			Expect(body).To(BeEmpty(), "the header the rule removes")
 		}
+
+		By("reaching the backend at a rewritten path")
+		body, respHeader, err := do(ctx, hc, http.MethodGet, "https://"+fqdn+"/rewritten/header?key=X-Rule", nil)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(body).To(Equal("rewritten"), "/rewritten/header reached the backend as /header")
+		Expect(respHeader.Values("X-Served-By-Rule")).To(Equal([]string{"rewritten"}))
+
+		By("redirecting with the prefix replaced")
+		noFollow := tailnetHTTPClient(15 * time.Second)
+		noFollow.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+		defer noFollow.CloseIdleConnections()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+fqdn+"/old/page?x=1", nil)
+		Expect(err).NotTo(HaveOccurred())
+		resp, err := noFollow.Do(req)
+		Expect(err).NotTo(HaveOccurred())
+		resp.Body.Close()
+		Expect(resp.StatusCode).To(Equal(http.StatusMovedPermanently))
+		Expect(resp.Header.Get("Location")).To(Equal("https://" + fqdn + "/new/page?x=1"))
 
 		Expect(suite.K8s.Delete(ctx, edge)).To(Succeed())
 		expectProxyGone(ctx, proxies.ParentTypeGateway, edge, deviceID)
