@@ -85,11 +85,11 @@ type CertificateRef struct {
 }
 
 // minVersion is the oldest schema version that can express the web service: v6 for method,
-// header and query matches and header edits, v5 for backend CAs and server names, v4 for app capabilities and backend protocols, v3 for wildcard hosts, v2 for certificate settings and route hosts. Endpoints
+// header and query matches, header edits, redirects and rewrites, v5 for backend CAs and server names, v4 for app capabilities and backend protocols, v3 for wildcard hosts, v2 for certificate settings and route hosts. Endpoints
 // are an optional addition that older readers ignore (they reach the Service's ClusterIP
 // instead), so they need no version.
 func (w *WebService) minVersion() int {
-	if slices.ContainsFunc(w.Routes, Route.narrowed) {
+	if slices.ContainsFunc(w.Routes, Route.needsV6) {
 		return 6
 	}
 	if slices.ContainsFunc(w.Routes, func(r Route) bool { return r.Backend.verifiesTLS() }) {
@@ -197,8 +197,8 @@ type HeaderEdits struct {
 	Remove []string    `json:"remove,omitempty"`
 }
 
-// narrowed reports whether a route uses what schema v6 added.
-func (r Route) narrowed() bool {
+// needsV6 reports whether a route uses what schema v6 added.
+func (r Route) needsV6() bool {
 	return r.Method != "" || len(r.Headers) > 0 || len(r.Query) > 0 || r.RequestHeaders != nil || r.ResponseHeaders != nil ||
 		r.Redirect != nil || r.Rewrite != nil
 }
@@ -474,7 +474,7 @@ func (s *ServeConfig) Validate() error {
 // ServeConfigs stores ServeConfig documents.
 // Version 2 added certificate settings and route hosts, version 3 wildcard hosts, version 4
 // app capabilities and backend protocols, version 5 backend CAs and server names, version 6
-// method, header and query matches and header edits; an older version is written only while no service needs a newer one, so
+// method, header and query matches, header edits, redirects and rewrites; an older version is written only while no service needs a newer one, so
 // that an older replica fails clearly instead of serving without them.
 var ServeConfigs = codec[ServeConfig]{
 	name: "serve-config",
