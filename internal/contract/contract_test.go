@@ -229,6 +229,10 @@ func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
 		"rewrite": {func(w *WebService) {
 			w.Routes[0].Rewrite = &Rewrite{Hostname: "internal.example.com", Path: &PathChange{Type: PathChangeFull, Value: "/"}}
 		}, 8},
+		"split": {func(w *WebService) {
+			w.Routes[0].Backends = []WeightedBackend{{Backend: w.Routes[0].Backend, Weight: 90}, {Backend: w.Routes[1].Backend, Weight: 10}}
+			w.Routes[0].Backend = Backend{}
+		}, 8},
 		"response header edits": {func(w *WebService) {
 			w.Routes[0].ResponseHeaders = &HeaderEdits{Add: []NameValue{{Name: "X-C", Value: "2"}}}
 		}, 8},
@@ -454,6 +458,21 @@ func TestProxyConfigValidation(t *testing.T) {
 			c.Serve.Routes[0].Rewrite = &Rewrite{Path: &PathChange{Type: PathChangeFull, Value: "v2"}}
 		}, "must start with /"},
 		{"rewrite hostname", func(c *ProxyConfig) { c.Serve.Routes[0].Rewrite = &Rewrite{Hostname: "-bad-"} }, "not a DNS name"},
+		{"split with a backend of its own", func(c *ProxyConfig) {
+			c.Serve.Routes[0].Backends = []WeightedBackend{{Backend: c.Serve.Routes[0].Backend, Weight: 1}, {Backend: c.Serve.Routes[1].Backend, Weight: 1}}
+		}, "a split"},
+		{"split of one", func(c *ProxyConfig) {
+			c.Serve.Routes[0].Backends = []WeightedBackend{{Backend: c.Serve.Routes[0].Backend, Weight: 1}}
+			c.Serve.Routes[0].Backend = Backend{}
+		}, "a split"},
+		{"split weight", func(c *ProxyConfig) {
+			c.Serve.Routes[0].Backends = []WeightedBackend{{Backend: c.Serve.Routes[0].Backend, Weight: 0}, {Backend: c.Serve.Routes[1].Backend, Weight: 1}}
+			c.Serve.Routes[0].Backend = Backend{}
+		}, "weight 0"},
+		{"split backend", func(c *ProxyConfig) {
+			c.Serve.Routes[0].Backends = []WeightedBackend{{Backend: Backend{URL: "ftp://x"}, Weight: 1}, {Backend: c.Serve.Routes[1].Backend, Weight: 1}}
+			c.Serve.Routes[0].Backend = Backend{}
+		}, "backend 0: backend URL"},
 		{"same matches twice", func(c *ProxyConfig) {
 			c.Serve.Routes[1] = c.Serve.Routes[0]
 			c.Serve.Routes[0].Headers = []NameValue{{Name: "X-Env", Value: "a"}}

@@ -145,6 +145,30 @@ type Route struct {
 	Redirect *Redirect `json:"redirect,omitempty"`
 	// Rewrite changes the Host and the path a request reaches the backend with. Schema v6.
 	Rewrite *Rewrite `json:"rewrite,omitempty"`
+	// Backends, in place of Backend, split the route's requests across several backends, each
+	// its weight's share of them. Schema v6.
+	Backends []WeightedBackend `json:"backends,omitempty"`
+}
+
+// WeightedBackend is a backend and its share of a route's requests, weight/(sum of weights).
+type WeightedBackend struct {
+	Backend Backend `json:"backend"`
+	Weight  int     `json:"weight"`
+}
+
+// BackendsOf lists a route's backends: its one Backend, or those it splits requests across.
+func (r Route) BackendsOf() []Backend {
+	if len(r.Backends) == 0 {
+		if r.Redirect != nil {
+			return nil
+		}
+		return []Backend{r.Backend}
+	}
+	out := make([]Backend, len(r.Backends))
+	for i, b := range r.Backends {
+		out[i] = b.Backend
+	}
+	return out
 }
 
 // Redirect is a redirect's target: what it does not name is the request's own.
@@ -200,7 +224,7 @@ type HeaderEdits struct {
 // needsV6 reports whether a route uses what schema v6 added.
 func (r Route) needsV6() bool {
 	return r.Method != "" || len(r.Headers) > 0 || len(r.Query) > 0 || r.RequestHeaders != nil || r.ResponseHeaders != nil ||
-		r.Redirect != nil || r.Rewrite != nil
+		r.Redirect != nil || r.Rewrite != nil || len(r.Backends) > 0
 }
 
 // MatchKey identifies what a route matches: two routes of one key in a web service would be
@@ -300,29 +324,12 @@ func (r *Route) Validate() error {
 	if r.Redirect != nil {
 		return r.validateRedirect()
 	}
-	u, err := url.Parse(r.Backend.URL)
-	if err != nil {
-		return fmt.Errorf("route %s: backend URL: %w", r.Path, err)
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
-		return fmt.Errorf("route %s: backend URL %q must be http(s)://host:port", r.Path, r.Backend.URL)
-	}
-	if r.Backend.Protocol != "" && (r.Backend.Protocol != BackendH2C || u.Scheme != "http") {
-		return fmt.Errorf("route %s: backend protocol %q must be empty, or %s for an http backend", r.Path, r.Backend.Protocol, BackendH2C)
-	}
-	if r.Backend.verifiesTLS() && (u.Scheme != "https" || r.Backend.InsecureSkipVerify) {
-		return fmt.Errorf("route %s: a backend CA or server name needs a verified https backend", r.Path)
-	}
-	if r.Backend.CABundle != "" && !ValidCABundle(r.Backend.CABundle) {
-		return fmt.Errorf("route %s: backend CA bundle holds no PEM certificate", r.Path)
-	}
-	if r.Backend.ServerName != "" && !ValidDNSName(r.Backend.ServerName) {
-		return fmt.Errorf("route %s: backend server name %q is not a DNS name", r.Path, r.Backend.ServerName)
-	}
-	for _, ep := range r.Backend.Endpoints {
-		if _, err := netip.ParseAddrPort(ep); err != nil {
-			return fmt.Errorf("route %s: endpoint %q must be ip:port: %w", r.Path, ep, err)
+	if len(r.Backends) > 0 {
+		if err := r.validateSplit(); err != nil {
+			return err
 		}
+	} else if err := r.Backend.validate(); err != nil {
+		return fmt.Errorf("route %s: %w", r.Path, err)
 	}
 	if err := r.validatePathChange(r.Rewrite.pathChange()); err != nil {
 		return err
@@ -333,11 +340,62 @@ func (r *Route) Validate() error {
 	return r.validateNarrowing()
 }
 
+// validateSplit checks a route that splits requests across backends by weight.
+func (r *Route) validateSplit() error {
+	var errs []error
+	if !reflect.ValueOf(r.Backend).IsZero() || len(r.Backends) < 2 {
+		errs = append(errs, errors.New("a split has no backend of its own and two backends or more"))
+	}
+	total := 0
+	for i, b := range r.Backends {
+		if b.Weight <= 0 || b.Weight > 1_000_000 {
+			errs = append(errs, fmt.Errorf("backend %d: weight %d must be 1 to 1000000", i, b.Weight))
+		}
+		total += b.Weight
+		if err := b.Backend.validate(); err != nil {
+			errs = append(errs, fmt.Errorf("backend %d: %w", i, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("route %s: %w", r.Path, err)
+	}
+	return nil
+}
+
+// validate checks a backend.
+func (b *Backend) validate() error {
+	u, err := url.Parse(b.URL)
+	if err != nil {
+		return fmt.Errorf("backend URL: %w", err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return fmt.Errorf("backend URL %q must be http(s)://host:port", b.URL)
+	}
+	if b.Protocol != "" && (b.Protocol != BackendH2C || u.Scheme != "http") {
+		return fmt.Errorf("backend protocol %q must be empty, or %s for an http backend", b.Protocol, BackendH2C)
+	}
+	if b.verifiesTLS() && (u.Scheme != "https" || b.InsecureSkipVerify) {
+		return errors.New("a backend CA or server name needs a verified https backend")
+	}
+	if b.CABundle != "" && !ValidCABundle(b.CABundle) {
+		return errors.New("backend CA bundle holds no PEM certificate")
+	}
+	if b.ServerName != "" && !ValidDNSName(b.ServerName) {
+		return fmt.Errorf("backend server name %q is not a DNS name", b.ServerName)
+	}
+	for _, ep := range b.Endpoints {
+		if _, err := netip.ParseAddrPort(ep); err != nil {
+			return fmt.Errorf("endpoint %q must be ip:port: %w", ep, err)
+		}
+	}
+	return nil
+}
+
 // validateRedirect checks a redirecting route: a redirect, and no backend or rewrite.
 func (r *Route) validateRedirect() error {
 	rd := r.Redirect
 	var errs []error
-	if !reflect.ValueOf(r.Backend).IsZero() || r.Rewrite != nil {
+	if !reflect.ValueOf(r.Backend).IsZero() || len(r.Backends) > 0 || r.Rewrite != nil {
 		errs = append(errs, errors.New("a redirect has no backend or rewrite"))
 	}
 	if rd.Scheme != "" && rd.Scheme != "http" && rd.Scheme != "https" {

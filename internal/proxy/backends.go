@@ -23,19 +23,21 @@ const (
 func backendAddrs(ws contract.WebService) []string {
 	var addrs []string
 	for _, rt := range ws.Routes {
-		u, err := url.Parse(rt.Backend.URL)
-		if err != nil || u.Host == "" {
-			continue
-		}
-		host := u.Host
-		if u.Port() == "" {
-			port := "80"
-			if u.Scheme == "https" {
-				port = "443"
+		for _, b := range rt.BackendsOf() {
+			u, err := url.Parse(b.URL)
+			if err != nil || u.Host == "" {
+				continue
 			}
-			host = net.JoinHostPort(u.Hostname(), port)
+			host := u.Host
+			if u.Port() == "" {
+				port := "80"
+				if u.Scheme == "https" {
+					port = "443"
+				}
+				host = net.JoinHostPort(u.Hostname(), port)
+			}
+			addrs = append(addrs, host)
 		}
-		addrs = append(addrs, host)
 	}
 	slices.Sort(addrs)
 	return slices.Compact(addrs)

@@ -201,6 +201,11 @@ func pathMatch(typ gatewayv1.PathMatchType, v string) gatewayv1.HTTPRouteMatch {
 	return gatewayv1.HTTPRouteMatch{Path: &gatewayv1.HTTPPathMatch{Type: ptr.To(typ), Value: ptr.To(v)}}
 }
 
+func weighted(b gatewayv1.HTTPBackendRef, w int32) gatewayv1.HTTPBackendRef {
+	b.Weight = &w
+	return b
+}
+
 func httpRoute(ns string, rules ...gatewayv1.HTTPRouteRule) *gatewayv1.HTTPRoute {
 	return &gatewayv1.HTTPRoute{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "r", Generation: 3},
@@ -300,8 +305,16 @@ func TestBuildRules(t *testing.T) {
 				Headers: []contract.NameValue{{Name: "X-Env", Value: "canary"}}, Query: []contract.NameValue{{Name: "v", Value: "2"}}},
 			{Path: "/", PathType: contract.PathPrefix, Backend: web, Method: "POST"},
 		}, "", ""},
-		{"weights", []gatewayv1.HTTPRouteRule{{Name: ptr.To[gatewayv1.SectionName]("split"),
-			BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80), backendRef("web", 8080)}}}, nil, `rule "split": 2 backendRefs`, ""},
+		{"weights: a missing Service keeps its share, weight 0 gets none", []gatewayv1.HTTPRouteRule{{Name: ptr.To[gatewayv1.SectionName]("split"),
+			BackendRefs: []gatewayv1.HTTPBackendRef{weighted(backendRef("web", 80), 90), backendRef("web", 8080), weighted(backendRef("gone", 80), 9),
+				weighted(backendRef("web", 80), 0)}}},
+			[]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backends: []contract.WeightedBackend{
+				{Backend: web, Weight: 90}, {Backend: admin, Weight: 1}, {Backend: contract.Backend{URL: unreachableBackend}, Weight: 9}}}},
+			"", `rule "split": Service app/gone does not exist`},
+		{"weights: one left", []gatewayv1.HTTPRouteRule{{BackendRefs: []gatewayv1.HTTPBackendRef{weighted(backendRef("web", 80), 0), backendRef("web", 8080)}}},
+			[]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: admin}}, "", ""},
+		{"weights: all 0", []gatewayv1.HTTPRouteRule{{BackendRefs: []gatewayv1.HTTPBackendRef{weighted(backendRef("web", 80), 0)}}},
+			[]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: unreachableBackend}}}, "", ""},
 		{"regular expressions", []gatewayv1.HTTPRouteRule{{Matches: []gatewayv1.HTTPRouteMatch{{
 			Path:        &gatewayv1.HTTPPathMatch{Type: ptr.To(gatewayv1.PathMatchRegularExpression), Value: ptr.To("/a.*")},
 			Headers:     []gatewayv1.HTTPHeaderMatch{{Type: ptr.To(gatewayv1.HeaderMatchRegularExpression), Name: "x", Value: "y.*"}},

@@ -213,12 +213,13 @@ func buildRules(r *gatewayv1.HTTPRoute, in backendInputs) (routes []contract.Rou
 		}
 		f := ruleFilters(rule.Filters)
 		var backend contract.Backend
+		var split []contract.WeightedBackend
 		if f.redirect == nil { // a redirecting rule has no backendRefs
-			var problem *refProblem
-			if backend, problem = resolveBackendRef(r.Namespace, rule.BackendRefs[0].BackendObjectReference, in); problem != nil {
-				problem.Message = where + ": " + problem.Message
-				unresolved = append(unresolved, *problem)
-				backend = contract.Backend{URL: unreachableBackend}
+			var problems []refProblem
+			backend, split, problems = ruleBackends(r.Namespace, rule.BackendRefs, in)
+			for _, p := range problems {
+				p.Message = where + ": " + p.Message
+				unresolved = append(unresolved, p)
 			}
 		}
 		matches := rule.Matches
@@ -227,7 +228,8 @@ func buildRules(r *gatewayv1.HTTPRoute, in backendInputs) (routes []contract.Rou
 		}
 		for _, m := range matches {
 			rt := matchRoute(m)
-			rt.Backend, rt.RequestHeaders, rt.ResponseHeaders, rt.Redirect, rt.Rewrite = backend, f.request, f.response, f.redirect, f.rewrite
+			rt.Backend, rt.Backends = backend, split
+			rt.RequestHeaders, rt.ResponseHeaders, rt.Redirect, rt.Rewrite = f.request, f.response, f.redirect, f.rewrite
 			// The first rule of a match wins, as the spec's precedence orders rules of one route.
 			if key := rt.MatchKey(); !seen[key] {
 				seen[key] = true
@@ -236,6 +238,32 @@ func buildRules(r *gatewayv1.HTTPRoute, in backendInputs) (routes []contract.Rou
 		}
 	}
 	return routes, unsupported, unresolved
+}
+
+// ruleBackends resolves a rule's backendRefs into its one backend, or the split of its
+// requests across several by weight. A backendRef that does not resolve keeps its share, sent
+// to unreachableBackend, as the spec asks; one of weight 0 gets none, and a rule whose weights
+// are all 0 answers every request as one that does not resolve.
+func ruleBackends(routeNS string, refs []gatewayv1.HTTPBackendRef, in backendInputs) (contract.Backend, []contract.WeightedBackend, []refProblem) {
+	var split []contract.WeightedBackend
+	var problems []refProblem
+	for _, ref := range refs {
+		b, problem := resolveBackendRef(routeNS, ref.BackendObjectReference, in)
+		if problem != nil {
+			problems = append(problems, *problem)
+			b = contract.Backend{URL: unreachableBackend}
+		}
+		if w := int(ptr.Deref(ref.Weight, 1)); w > 0 {
+			split = append(split, contract.WeightedBackend{Backend: b, Weight: w})
+		}
+	}
+	switch len(split) {
+	case 0:
+		return contract.Backend{URL: unreachableBackend}, nil, problems
+	case 1:
+		return split[0].Backend, nil, problems
+	}
+	return contract.Backend{}, split, problems
 }
 
 // matchRoute is a contract route of one HTTPRoute match, without its backend. Of a header or
@@ -380,21 +408,11 @@ func ruleUnsupported(rule gatewayv1.HTTPRouteRule) []string {
 	if rule.SessionPersistence != nil {
 		why = append(why, "sessionPersistence")
 	}
-	switch n := len(rule.BackendRefs); {
-	case n == 0:
-		if !redirects {
-			why = append(why, "a rule without backendRefs")
-		}
-	case n > 1:
-		why = append(why, fmt.Sprintf("%d backendRefs (one per rule is served)", n))
-	default:
-		b := rule.BackendRefs[0]
-		if b.Weight != nil && *b.Weight == 0 {
-			why = append(why, "a backendRef of weight 0")
-		}
-		if len(b.Filters) > 0 {
-			why = append(why, "backendRef filters")
-		}
+	if len(rule.BackendRefs) == 0 && !redirects {
+		why = append(why, "a rule without backendRefs")
+	}
+	if slices.ContainsFunc(rule.BackendRefs, func(b gatewayv1.HTTPBackendRef) bool { return len(b.Filters) > 0 }) {
+		why = append(why, "backendRef filters")
 	}
 	for _, m := range rule.Matches {
 		if m.Path != nil && m.Path.Type != nil && *m.Path.Type == gatewayv1.PathMatchRegularExpression {

@@ -8,11 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"mime"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -146,7 +148,7 @@ func (t *transports) CloseIdleConnections() {
 // handler serves a WebService's routes by reverse proxying to their backends.
 type handler struct {
 	router  *Router
-	proxies []*httputil.ReverseProxy // by route index
+	proxies []http.Handler // by route index
 	callers *identities
 	appCaps []tailcfg.PeerCapability // passed on to backends; none: no header
 	log     *slog.Logger
@@ -159,7 +161,7 @@ type handler struct {
 func newHandler(ws contract.WebService, tr *transports, callers *identities, log *slog.Logger) (*handler, error) {
 	h := &handler{
 		router:    NewRouter(ws.Routes),
-		proxies:   make([]*httputil.ReverseProxy, len(ws.Routes)),
+		proxies:   make([]http.Handler, len(ws.Routes)),
 		callers:   callers,
 		log:       log,
 		verifying: map[string]bool{},
@@ -169,53 +171,94 @@ func newHandler(ws contract.WebService, tr *transports, callers *identities, log
 	}
 	byBackend := map[string]*httputil.ReverseProxy{} // routes to one backend share its balancing
 	for i, rt := range ws.Routes {
-		if rt.Redirect != nil {
-			continue // answered by the handler itself
-		}
-		key := fmt.Sprint(rt.Backend.URL, rt.Backend.InsecureSkipVerify, rt.Backend.Endpoints, rt.Backend.Protocol, rt.Backend.ServerName, rt.Backend.CABundle)
-		if p, ok := byBackend[key]; ok {
-			h.proxies[i] = p
-			continue
-		}
-		target, err := url.Parse(rt.Backend.URL)
-		if err != nil {
-			return nil, fmt.Errorf("route %s: backend URL: %w", rt.Path, err)
-		}
-		backendTransport, verifyingKey, err := tr.forBackend(rt.Backend, target)
-		if err != nil {
-			return nil, fmt.Errorf("route %s: %w", rt.Path, err)
-		}
-		if verifyingKey != "" {
-			h.verifying[verifyingKey] = true
-		}
-		var transport http.RoundTripper = backendTransport
-		if len(rt.Backend.Endpoints) > 0 {
-			transport = &balancer{transport: transport, endpoints: rt.Backend.Endpoints, clusterIP: target.Host,
-				health: tr.health, log: log.With("backend", target.Host)}
-		}
-		p := &httputil.ReverseProxy{
-			Rewrite: func(pr *httputil.ProxyRequest) {
-				pr.SetURL(target)
-				pr.Out.Host = pr.In.Host
-				pr.SetXForwarded()
-				if rw, ok := pr.In.Context().Value(rewriteKey{}).(rewrite); ok {
-					if rw.host != "" {
-						pr.Out.Host = rw.host
-					}
-					if rw.path != "" {
-						pr.Out.URL.Path, pr.Out.URL.RawPath = rw.path, ""
-					}
+		switch {
+		case rt.Redirect != nil: // answered by the handler itself
+		case len(rt.Backends) > 0:
+			s := &split{}
+			for _, wb := range rt.Backends {
+				p, err := h.proxyTo(wb.Backend, tr, byBackend)
+				if err != nil {
+					return nil, fmt.Errorf("route %s: %w", rt.Path, err)
 				}
-			},
-			Transport:      transport,
-			BufferPool:     copyBuffers,
-			ModifyResponse: setServerHeader,
-			ErrorHandler:   h.backendError(target.Host),
-			ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+				s.add(p, wb.Weight)
+			}
+			h.proxies[i] = s
+		default:
+			p, err := h.proxyTo(rt.Backend, tr, byBackend)
+			if err != nil {
+				return nil, fmt.Errorf("route %s: %w", rt.Path, err)
+			}
+			h.proxies[i] = p
 		}
-		byBackend[key], h.proxies[i] = p, p
 	}
 	return h, nil
+}
+
+// proxyTo returns the reverse proxy to a backend, made once per handler.
+func (h *handler) proxyTo(b contract.Backend, tr *transports, made map[string]*httputil.ReverseProxy) (*httputil.ReverseProxy, error) {
+	key := fmt.Sprint(b.URL, b.InsecureSkipVerify, b.Endpoints, b.Protocol, b.ServerName, b.CABundle)
+	if p, ok := made[key]; ok {
+		return p, nil
+	}
+	target, err := url.Parse(b.URL)
+	if err != nil {
+		return nil, fmt.Errorf("backend URL: %w", err)
+	}
+	backendTransport, verifyingKey, err := tr.forBackend(b, target)
+	if err != nil {
+		return nil, err
+	}
+	if verifyingKey != "" {
+		h.verifying[verifyingKey] = true
+	}
+	var transport http.RoundTripper = backendTransport
+	if len(b.Endpoints) > 0 {
+		transport = &balancer{transport: transport, endpoints: b.Endpoints, clusterIP: target.Host,
+			health: tr.health, log: h.log.With("backend", target.Host)}
+	}
+	p := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.Host = pr.In.Host
+			pr.SetXForwarded()
+			if rw, ok := pr.In.Context().Value(rewriteKey{}).(rewrite); ok {
+				if rw.host != "" {
+					pr.Out.Host = rw.host
+				}
+				if rw.path != "" {
+					pr.Out.URL.Path, pr.Out.URL.RawPath = rw.path, ""
+				}
+			}
+		},
+		Transport:      transport,
+		BufferPool:     copyBuffers,
+		ModifyResponse: setServerHeader,
+		ErrorHandler:   h.backendError(target.Host),
+		ErrorLog:       slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
+	}
+	made[key] = p
+	return p, nil
+}
+
+// split sends each request to one of its backends, at random, each backend's weight's share
+// of them.
+type split struct {
+	proxies []http.Handler
+	upTo    []int // the cumulative weights
+}
+
+func (s *split) add(p http.Handler, weight int) {
+	total := 0
+	if n := len(s.upTo); n > 0 {
+		total = s.upTo[n-1]
+	}
+	s.proxies, s.upTo = append(s.proxies, p), append(s.upTo, total+weight)
+}
+
+func (s *split) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := rand.IntN(s.upTo[len(s.upTo)-1])
+	i, _ := slices.BinarySearch(s.upTo, n+1)
+	s.proxies[i].ServeHTTP(w, r)
 }
 
 // copyBuffers are the buffers bodies are copied through: ReverseProxy otherwise allocates and

@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 
 	"tailscale.com/client/tailscale/apitype"
@@ -111,4 +113,44 @@ func TestRewrite(t *testing.T) {
 
 func noWhoIs(context.Context, string) (*apitype.WhoIsResponse, error) {
 	return &apitype.WhoIsResponse{}, nil
+}
+
+// A split sends each backend its weight's share of the route's requests.
+func TestSplit(t *testing.T) {
+	var mu sync.Mutex
+	counts := map[string]int{}
+	backend := func(name string) contract.Backend {
+		srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+			mu.Lock()
+			counts[name]++
+			mu.Unlock()
+		}))
+		t.Cleanup(srv.Close)
+		return contract.Backend{URL: srv.URL}
+	}
+	ws := contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backends: []contract.WeightedBackend{
+		{Backend: backend("stable"), Weight: 80}, {Backend: backend("canary"), Weight: 15}, {Backend: backend("next"), Weight: 5},
+	}}}}
+	if err := ws.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	h, err := newHandler(ws, newTransports(), newIdentities(noWhoIs), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 4000
+	for range n {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "https://web.tailnet.test/", nil))
+		if rec.Code != http.StatusOK {
+			t.Fatalf("status %d", rec.Code)
+		}
+	}
+	// Each share within 5 standard deviations of its weight (binomial: sqrt(n p (1-p))).
+	for name, weight := range map[string]float64{"stable": 0.80, "canary": 0.15, "next": 0.05} {
+		want, sd := n*weight, math.Sqrt(n*weight*(1-weight))
+		if got := float64(counts[name]); math.Abs(got-want) > 5*sd {
+			t.Errorf("%s got %v of %d requests, want %v ± %.0f", name, got, n, want, 5*sd)
+		}
+	}
 }
