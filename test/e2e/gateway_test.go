@@ -141,7 +141,7 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 		}
 	})
 
-	It("routes by method, header and query, edits headers both ways, redirects and rewrites", func(ctx SpecContext) {
+	It("routes by method, header and query, edits headers both ways, redirects, rewrites and splits by weight", func(ctx SpecContext) {
 		class := gatewayClass(ctx)
 		ns := suite.NewNamespace(ctx, "e2e")
 		newBackend(ctx, ns)
@@ -172,8 +172,15 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 				m.QueryParams = []gatewayv1.HTTPQueryParamMatch{{Name: "api", Value: "v2"}}
 			}),
 			rule("post", func(m *gatewayv1.HTTPRouteMatch) { m.Method = ptr.To(gatewayv1.HTTPMethodPost) }),
-			rule("rewritten", func(m *gatewayv1.HTTPRouteMatch) { m.Path.Value = ptr.To("/rewritten") }))
-		rewritten := &route.Spec.Rules[len(route.Spec.Rules)-1]
+			rule("rewritten", func(m *gatewayv1.HTTPRouteMatch) { m.Path.Value = ptr.To("/rewritten") }),
+			rule("split", func(m *gatewayv1.HTTPRouteMatch) { m.Path.Value = ptr.To("/split") }))
+		// Half of /split goes to a Service that does not exist, and fails.
+		splitRule := &route.Spec.Rules[len(route.Spec.Rules)-1]
+		splitRule.BackendRefs = append(splitRule.BackendRefs, kubeobj.HTTPRule(gatewayv1.PathMatchPathPrefix, "/", "", "missing", port).BackendRefs...)
+		splitRule.Filters = append(splitRule.Filters, gatewayv1.HTTPRouteFilter{Type: gatewayv1.HTTPRouteFilterURLRewrite,
+			URLRewrite: &gatewayv1.HTTPURLRewriteFilter{Path: &gatewayv1.HTTPPathModifier{
+				Type: gatewayv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr.To("/")}}})
+		rewritten := &route.Spec.Rules[len(route.Spec.Rules)-2]
 		rewritten.Filters = append(rewritten.Filters, gatewayv1.HTTPRouteFilter{Type: gatewayv1.HTTPRouteFilterURLRewrite,
 			URLRewrite: &gatewayv1.HTTPURLRewriteFilter{Path: &gatewayv1.HTTPPathModifier{
 				Type: gatewayv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr.To("/")}}})
@@ -229,6 +236,26 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(body).To(Equal("rewritten"), "/rewritten/header reached the backend as /header")
 		Expect(respHeader.Values("X-Served-By-Rule")).To(Equal([]string{"rewritten"}))
+
+		By("splitting /split between the backend and a missing Service, half each")
+		served, failed := 0, 0
+		for range 40 {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+fqdn+"/split/echo?msg=x", nil)
+			Expect(err).NotTo(HaveOccurred())
+			resp, err := hc.Do(req)
+			Expect(err).NotTo(HaveOccurred())
+			resp.Body.Close()
+			switch resp.StatusCode {
+			case http.StatusOK:
+				served++
+			case http.StatusBadGateway:
+				failed++
+			}
+		}
+		GinkgoWriter.Printf("split: %d served, %d failed of 40\n", served, failed)
+		Expect(served+failed).To(Equal(40), "every answer from one of the two")
+		Expect(served).To(BeNumerically(">=", 5), "the backend's share")
+		Expect(failed).To(BeNumerically(">=", 5), "the missing Service's share")
 
 		By("redirecting with the prefix replaced")
 		noFollow := tailnetHTTPClient(15 * time.Second)
