@@ -242,7 +242,7 @@ func (d *Destination) validateProxyProtocol() []error {
 // hosts (see ServeConfigs), version 4 a replica advertising its group's documents, version 5
 // app capabilities and backend protocols (ServeConfigs v4), version 6 backend CAs and server
 // names (ServeConfigs v5), version 7 a service proxy's PROXY protocol relay, version 8 method,
-// header and query matches, header edits, redirects and rewrites (ServeConfigs v6).
+// header and query matches, header edits, redirects, rewrites, splits and timeouts (ServeConfigs v6).
 var ProxyConfigs = codec[ProxyConfig]{
 	name: "proxy-config",
 	encode: map[int]func(*ProxyConfig) ([]byte, error){

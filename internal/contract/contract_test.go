@@ -233,6 +233,7 @@ func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
 			w.Routes[0].Backends = []WeightedBackend{{Backend: w.Routes[0].Backend, Weight: 90}, {Backend: w.Routes[1].Backend, Weight: 10}}
 			w.Routes[0].Backend = Backend{}
 		}, 8},
+		"timeout": {func(w *WebService) { w.Routes[0].TimeoutMillis = 1500 }, 8},
 		"response header edits": {func(w *WebService) {
 			w.Routes[0].ResponseHeaders = &HeaderEdits{Add: []NameValue{{Name: "X-C", Value: "2"}}}
 		}, 8},
@@ -473,6 +474,7 @@ func TestProxyConfigValidation(t *testing.T) {
 			c.Serve.Routes[0].Backends = []WeightedBackend{{Backend: Backend{URL: "ftp://x"}, Weight: 1}, {Backend: c.Serve.Routes[1].Backend, Weight: 1}}
 			c.Serve.Routes[0].Backend = Backend{}
 		}, "backend 0: backend URL"},
+		{"negative timeout", func(c *ProxyConfig) { c.Serve.Routes[0].TimeoutMillis = -1 }, "negative"},
 		{"same matches twice", func(c *ProxyConfig) {
 			c.Serve.Routes[1] = c.Serve.Routes[0]
 			c.Serve.Routes[0].Headers = []NameValue{{Name: "X-Env", Value: "a"}}

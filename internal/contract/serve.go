@@ -85,7 +85,7 @@ type CertificateRef struct {
 }
 
 // minVersion is the oldest schema version that can express the web service: v6 for method,
-// header and query matches, header edits, redirects and rewrites, v5 for backend CAs and server names, v4 for app capabilities and backend protocols, v3 for wildcard hosts, v2 for certificate settings and route hosts. Endpoints
+// header and query matches, header edits, redirects, rewrites, splits and timeouts, v5 for backend CAs and server names, v4 for app capabilities and backend protocols, v3 for wildcard hosts, v2 for certificate settings and route hosts. Endpoints
 // are an optional addition that older readers ignore (they reach the Service's ClusterIP
 // instead), so they need no version.
 func (w *WebService) minVersion() int {
@@ -148,6 +148,9 @@ type Route struct {
 	// Backends, in place of Backend, split the route's requests across several backends, each
 	// its weight's share of them. Schema v6.
 	Backends []WeightedBackend `json:"backends,omitempty"`
+	// TimeoutMillis bounds the time from a request to its response's header: past it the
+	// proxy gives up and answers 504. 0 is no bound. Schema v6.
+	TimeoutMillis int64 `json:"timeoutMillis,omitempty"`
 }
 
 // WeightedBackend is a backend and its share of a route's requests, weight/(sum of weights).
@@ -224,7 +227,7 @@ type HeaderEdits struct {
 // needsV6 reports whether a route uses what schema v6 added.
 func (r Route) needsV6() bool {
 	return r.Method != "" || len(r.Headers) > 0 || len(r.Query) > 0 || r.RequestHeaders != nil || r.ResponseHeaders != nil ||
-		r.Redirect != nil || r.Rewrite != nil || len(r.Backends) > 0
+		r.Redirect != nil || r.Rewrite != nil || len(r.Backends) > 0 || r.TimeoutMillis != 0
 }
 
 // MatchKey identifies what a route matches: two routes of one key in a web service would be
@@ -320,6 +323,9 @@ func (r *Route) Validate() error {
 	}
 	if r.PathType != PathExact && r.PathType != PathPrefix {
 		return fmt.Errorf("route %s: path type %q must be Exact or Prefix", r.Path, r.PathType)
+	}
+	if r.TimeoutMillis < 0 {
+		return fmt.Errorf("route %s: timeout %d ms is negative", r.Path, r.TimeoutMillis)
 	}
 	if r.Redirect != nil {
 		return r.validateRedirect()
@@ -532,7 +538,7 @@ func (s *ServeConfig) Validate() error {
 // ServeConfigs stores ServeConfig documents.
 // Version 2 added certificate settings and route hosts, version 3 wildcard hosts, version 4
 // app capabilities and backend protocols, version 5 backend CAs and server names, version 6
-// method, header and query matches, header edits, redirects and rewrites; an older version is written only while no service needs a newer one, so
+// method, header and query matches, header edits, redirects, rewrites, splits and timeouts; an older version is written only while no service needs a newer one, so
 // that an older replica fails clearly instead of serving without them.
 var ServeConfigs = codec[ServeConfig]{
 	name: "serve-config",

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -229,6 +230,7 @@ func buildRules(r *gatewayv1.HTTPRoute, in backendInputs) (routes []contract.Rou
 		for _, m := range matches {
 			rt := matchRoute(m)
 			rt.Backend, rt.Backends = backend, split
+			rt.TimeoutMillis, _ = ruleTimeout(rule.Timeouts) // checked by ruleUnsupported
 			rt.RequestHeaders, rt.ResponseHeaders, rt.Redirect, rt.Rewrite = f.request, f.response, f.redirect, f.rewrite
 			// The first rule of a match wins, as the spec's precedence orders rules of one route.
 			if key := rt.MatchKey(); !seen[key] {
@@ -238,6 +240,29 @@ func buildRules(r *gatewayv1.HTTPRoute, in backendInputs) (routes []contract.Rou
 		}
 	}
 	return routes, unsupported, unresolved
+}
+
+// ruleTimeout is a rule's timeout in milliseconds: the shorter of its request and backend
+// request timeouts (the proxy does not retry, so one backend request is the whole request);
+// 0 is none, as is a timeout of 0s.
+func ruleTimeout(t *gatewayv1.HTTPRouteTimeouts) (int64, error) {
+	if t == nil {
+		return 0, nil
+	}
+	var shortest time.Duration
+	for _, d := range []*gatewayv1.Duration{t.Request, t.BackendRequest} {
+		if d == nil {
+			continue
+		}
+		v, err := time.ParseDuration(string(*d))
+		if err != nil || v < 0 {
+			return 0, fmt.Errorf("timeout %q (not a duration)", *d)
+		}
+		if v > 0 && (shortest == 0 || v < shortest) {
+			shortest = v
+		}
+	}
+	return shortest.Milliseconds(), nil
 }
 
 // ruleBackends resolves a rule's backendRefs into its one backend, or the split of its
@@ -399,8 +424,8 @@ func ruleUnsupported(rule gatewayv1.HTTPRouteRule) []string {
 		why = append(why, "ReplacePrefixMatch with a match other than PathPrefix")
 	}
 	redirects := slices.ContainsFunc(rule.Filters, func(f gatewayv1.HTTPRouteFilter) bool { return f.Type == gatewayv1.HTTPRouteFilterRequestRedirect })
-	if rule.Timeouts != nil {
-		why = append(why, "timeouts")
+	if _, err := ruleTimeout(rule.Timeouts); err != nil {
+		why = append(why, err.Error())
 	}
 	if rule.Retry != nil {
 		why = append(why, "retry")

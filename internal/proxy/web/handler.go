@@ -305,6 +305,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	editHeaders(r.Header, rt.RequestHeaders)
 	h.setIdentity(r) // after the edits, which cannot forge it then
+	if rt.TimeoutMillis > 0 {
+		ctx, cancel := context.WithTimeout(r.Context(), time.Duration(rt.TimeoutMillis)*time.Millisecond)
+		defer cancel()
+		r = r.WithContext(ctx)
+	}
 	if rw := rt.Rewrite; rw != nil {
 		r = r.WithContext(context.WithValue(r.Context(), rewriteKey{}, rewrite{host: rw.Hostname, path: changedPath(h.router.clean[i], rw.Path, r.URL.Path)}))
 	}
@@ -468,13 +473,18 @@ func (h *handler) grantedCaps(caps tailcfg.PeerCapMap) string {
 
 func (h *handler) backendError(backend string) func(http.ResponseWriter, *http.Request, error) {
 	return func(w http.ResponseWriter, r *http.Request, err error) {
-		if r.Context().Err() == nil { // not just a client that went away
-			h.log.Warn("backend request failed", "backend", backend, "path", r.URL.Path, "err", err)
+		status := http.StatusBadGateway
+		timedOut := errors.Is(r.Context().Err(), context.DeadlineExceeded) // the route's timeout
+		if timedOut {
+			status = http.StatusGatewayTimeout
+		}
+		if r.Context().Err() == nil || timedOut { // not just a client that went away
+			h.log.Warn("backend request failed", "backend", backend, "path", r.URL.Path, "status", status, "err", err)
 			if info := infoOf(r.Context()); info != nil {
 				info.upstreamError = true
 			}
 		}
 		w.Header().Set("Server", ServerHeader)
-		w.WriteHeader(http.StatusBadGateway)
+		w.WriteHeader(status)
 	}
 }

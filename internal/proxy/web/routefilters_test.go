@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
+	"time"
 
 	"tailscale.com/client/tailscale/apitype"
 
@@ -152,5 +153,50 @@ func TestSplit(t *testing.T) {
 		if got := float64(counts[name]); math.Abs(got-want) > 5*sd {
 			t.Errorf("%s got %v of %d requests, want %v ± %.0f", name, got, n, want, 5*sd)
 		}
+	}
+}
+
+// A route's timeout answers 504 once the backend has not answered in time; a route without one
+// waits.
+func TestRouteTimeout(t *testing.T) {
+	release := make(chan struct{})
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer backend.Close()
+	defer close(release)
+	b := contract.Backend{URL: backend.URL}
+	ws := contract.WebService{Routes: []contract.Route{
+		{Path: "/", PathType: contract.PathPrefix, Backend: b},
+		{Path: "/bounded", PathType: contract.PathPrefix, Backend: b, TimeoutMillis: 200},
+	}}
+	h, err := newHandler(ws, newTransports(), newIdentities(noWhoIs), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "https://web.tailnet.test/bounded", nil))
+	if took := time.Since(start); rec.Code != http.StatusGatewayTimeout || took < 200*time.Millisecond {
+		t.Errorf("bounded: %d after %v, want 504 after 200ms", rec.Code, took)
+	}
+
+	done := make(chan int)
+	go func() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "https://web.tailnet.test/unbounded", nil))
+		done <- rec.Code
+	}()
+	select {
+	case code := <-done:
+		t.Fatalf("unbounded: answered %d before the backend", code)
+	case <-time.After(500 * time.Millisecond):
+	}
+	release <- struct{}{}
+	if code := <-done; code != http.StatusOK {
+		t.Errorf("unbounded: %d, want 200", code)
 	}
 }
