@@ -74,17 +74,25 @@ func patchAnnotation(ctx context.Context, obj client.Object, key, value string) 
 	Expect(suite.K8s.Patch(ctx, obj, client.MergeFrom(before))).To(Succeed())
 }
 
+// newEdgeGateway makes a namespace with the echo backend and, for it, a Gateway "edge" of a
+// class of this operator with one HTTPS listener, named prefix-<token> on the tailnet, not
+// created yet; port is the backend's HTTP port.
+func newEdgeGateway(ctx context.Context, prefix string) (string, int, *gatewayv1.Gateway) {
+	GinkgoHelper()
+	class := gatewayClass(ctx)
+	ns := suite.NewNamespace(ctx, "e2e")
+	newBackend(ctx, ns)
+	backend := &corev1.Service{}
+	Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: framework.BackendName}, backend)).To(Succeed())
+	edge := kubeobj.Gateway(ns, "edge", class, kubeobj.Listener("https", gatewayv1.HTTPSProtocolType, 443))
+	edge.Annotations = map[string]string{kit.AnnotationHostname: prefix + "-" + framework.Token()}
+	return ns, int(backend.Spec.Ports[0].Port), edge
+}
+
 var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 	It("serves an HTTPRoute over HTTPS on its tailnet name, through Funnel when annotated, and leaves nothing behind", func(ctx SpecContext) {
-		class := gatewayClass(ctx)
-		ns := suite.NewNamespace(ctx, "e2e")
-		newBackend(ctx, ns)
-		backend := &corev1.Service{}
-		Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: framework.BackendName}, backend)).To(Succeed())
-		edge := kubeobj.Gateway(ns, "edge", class, kubeobj.Listener("https", gatewayv1.HTTPSProtocolType, 443))
-		edge.Annotations = map[string]string{kit.AnnotationHostname: "e2e-gw-" + framework.Token()}
-		route := kubeobj.HTTPRoute(ns, "web", edge.Name,
-			kubeobj.HTTPRule(gatewayv1.PathMatchPathPrefix, "/", "", framework.BackendName, int(backend.Spec.Ports[0].Port)))
+		ns, port, edge := newEdgeGateway(ctx, "e2e-gw")
+		route := kubeobj.HTTPRoute(ns, "web", edge.Name, kubeobj.HTTPRule(gatewayv1.PathMatchPathPrefix, "/", "", framework.BackendName, port))
 		suite.Create(ctx, edge)
 		suite.Create(ctx, route)
 
@@ -142,14 +150,7 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 	})
 
 	It("routes by method, header and query, edits headers both ways, redirects, rewrites and splits by weight", func(ctx SpecContext) {
-		class := gatewayClass(ctx)
-		ns := suite.NewNamespace(ctx, "e2e")
-		newBackend(ctx, ns)
-		backend := &corev1.Service{}
-		Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: framework.BackendName}, backend)).To(Succeed())
-		port := int(backend.Spec.Ports[0].Port)
-		edge := kubeobj.Gateway(ns, "edge", class, kubeobj.Listener("https", gatewayv1.HTTPSProtocolType, 443))
-		edge.Annotations = map[string]string{kit.AnnotationHostname: "e2e-gwm-" + framework.Token()}
+		ns, port, edge := newEdgeGateway(ctx, "e2e-gwm")
 		// Each rule tells the backend which it is in a request header; the backend's /header
 		// answers with it.
 		rule := func(name string, narrow func(*gatewayv1.HTTPRouteMatch)) gatewayv1.HTTPRouteRule {
