@@ -329,7 +329,8 @@ func TestBuildRules(t *testing.T) {
 			QueryParams: []gatewayv1.HTTPQueryParamMatch{{Type: ptr.To(gatewayv1.QueryParamMatchRegularExpression), Name: "q", Value: "1+"}},
 		}}, BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, nil,
 			"rule 0: RegularExpression path matches, RegularExpression header matches, RegularExpression query parameter matches not served yet", ""},
-		{"no backendRefs", []gatewayv1.HTTPRouteRule{{}}, nil, "a rule without backendRefs", ""},
+		{"no backendRefs: every request fails", []gatewayv1.HTTPRouteRule{{}},
+			[]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: unreachableBackend}}}, "", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -267,8 +267,8 @@ func ruleTimeout(t *gatewayv1.HTTPRouteTimeouts) (int64, error) {
 
 // ruleBackends resolves a rule's backendRefs into its one backend, or the split of its
 // requests across several by weight. A backendRef that does not resolve keeps its share, sent
-// to unreachableBackend, as the spec asks; one of weight 0 gets none, and a rule whose weights
-// are all 0 answers every request as one that does not resolve.
+// to unreachableBackend, as the spec asks; one of weight 0 gets none, and a rule without
+// backendRefs, or whose weights are all 0, answers every request as one that does not resolve.
 func ruleBackends(routeNS string, refs []gatewayv1.HTTPBackendRef, in backendInputs) (contract.Backend, []contract.WeightedBackend, []refProblem) {
 	var split []contract.WeightedBackend
 	var problems []refProblem
@@ -423,7 +423,6 @@ func ruleUnsupported(rule gatewayv1.HTTPRouteRule) []string {
 	}) {
 		why = append(why, "ReplacePrefixMatch with a match other than PathPrefix")
 	}
-	redirects := slices.ContainsFunc(rule.Filters, func(f gatewayv1.HTTPRouteFilter) bool { return f.Type == gatewayv1.HTTPRouteFilterRequestRedirect })
 	if _, err := ruleTimeout(rule.Timeouts); err != nil {
 		why = append(why, err.Error())
 	}
@@ -432,9 +431,6 @@ func ruleUnsupported(rule gatewayv1.HTTPRouteRule) []string {
 	}
 	if rule.SessionPersistence != nil {
 		why = append(why, "sessionPersistence")
-	}
-	if len(rule.BackendRefs) == 0 && !redirects {
-		why = append(why, "a rule without backendRefs")
 	}
 	if slices.ContainsFunc(rule.BackendRefs, func(b gatewayv1.HTTPBackendRef) bool { return len(b.Filters) > 0 }) {
 		why = append(why, "backendRef filters")
