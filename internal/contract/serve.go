@@ -577,3 +577,17 @@ func (s *ServeConfig) minVersion() int {
 // ProxyGroup's issuing replica (ordinal 0) stores the certificate of a tailnet name, and from
 // which the other replicas read it. The operator creates it (empty) and grants access to it.
 func GroupCertSecret(fqdn string) string { return strings.ToLower(strings.TrimSuffix(fqdn, ".")) }
+
+// Headers the proxy sets from the caller's tailnet identity, as Tailscale Serve sets them, after
+// removing whatever the client sent: backends may trust them, and no route may edit them.
+const (
+	IdentityHeaderPrefix  = "Tailscale-User-"            // the user's login, name and picture
+	HeaderFunnelRequest   = "Tailscale-Funnel-Request"   // "?1": a request from the internet
+	HeaderAppCapabilities = "Tailscale-App-Capabilities" // the caller's granted app capabilities
+)
+
+// IsIdentityHeader reports whether a header is one the proxy sets from the caller's identity.
+func IsIdentityHeader(name string) bool {
+	n := http.CanonicalHeaderKey(name)
+	return strings.HasPrefix(n, IdentityHeaderPrefix) || n == HeaderFunnelRequest || n == HeaderAppCapabilities
+}

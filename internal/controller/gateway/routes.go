@@ -379,13 +379,6 @@ func toEdits(f *gatewayv1.HTTPHeaderFilter) *contract.HeaderEdits {
 var servedFilters = []gatewayv1.HTTPRouteFilterType{gatewayv1.HTTPRouteFilterRequestHeaderModifier, gatewayv1.HTTPRouteFilterResponseHeaderModifier,
 	gatewayv1.HTTPRouteFilterRequestRedirect, gatewayv1.HTTPRouteFilterURLRewrite}
 
-// identityHeader reports whether a request header is one the proxy sets from the caller's
-// tailnet identity: no filter may touch it.
-func identityHeader(name string) bool {
-	n := http.CanonicalHeaderKey(name)
-	return strings.HasPrefix(n, "Tailscale-User-") || n == "Tailscale-App-Capabilities" || n == "Tailscale-Funnel-Request"
-}
-
 // filterUnsupported lists what a rule's filters ask that the proxy does not serve.
 func filterUnsupported(filters []gatewayv1.HTTPRouteFilter) []string {
 	var why, other []string
@@ -396,7 +389,7 @@ func filterUnsupported(filters []gatewayv1.HTTPRouteFilter) []string {
 		}
 		if m := f.RequestHeaderModifier; m != nil {
 			names := slices.Concat(m.Remove, headerNames(m.Set), headerNames(m.Add))
-			if i := slices.IndexFunc(names, identityHeader); i >= 0 {
+			if i := slices.IndexFunc(names, contract.IsIdentityHeader); i >= 0 {
 				why = append(why, fmt.Sprintf("a RequestHeaderModifier of %s, which the proxy sets from the caller's tailnet identity", names[i]))
 			}
 		}

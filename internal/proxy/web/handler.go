@@ -29,18 +29,16 @@ import (
 // Identity headers set for a tailnet caller that is a user's device, as Tailscale Serve sets
 // them. Backends may trust them because the proxy removes whatever the client sent.
 const (
-	HeaderUserLogin      = "Tailscale-User-Login"
-	HeaderUserName       = "Tailscale-User-Name"
-	HeaderUserProfilePic = "Tailscale-User-Profile-Pic"
+	HeaderUserLogin      = contract.IdentityHeaderPrefix + "Login"
+	HeaderUserName       = contract.IdentityHeaderPrefix + "Name"
+	HeaderUserProfilePic = contract.IdentityHeaderPrefix + "Profile-Pic"
 	// HeaderFunnelRequest ("?1") marks a request from the internet, through Tailscale Funnel:
 	// it has no tailnet identity.
-	HeaderFunnelRequest = "Tailscale-Funnel-Request"
+	HeaderFunnelRequest = contract.HeaderFunnelRequest
 	// HeaderAppCapabilities carries, as a JSON object, the app capabilities the tailnet policy
 	// grants the caller, of those the web service accepts (WebService.AcceptAppCaps), each with
 	// its values, as Tailscale Serve sends it.
-	HeaderAppCapabilities = "Tailscale-App-Capabilities"
-
-	identityHeaderPrefix = "Tailscale-User-"
+	HeaderAppCapabilities = contract.HeaderAppCapabilities
 )
 
 // WhoIsFunc identifies the tailnet caller at remoteAddr (ip:port), like tsnet's LocalClient.WhoIs.
@@ -421,12 +419,10 @@ func (w *editingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // grants them; a caller from the internet is marked as such, and has neither.
 func (h *handler) setIdentity(r *http.Request) {
 	for name := range r.Header {
-		if strings.HasPrefix(name, identityHeaderPrefix) {
+		if contract.IsIdentityHeader(name) {
 			delete(r.Header, name)
 		}
 	}
-	r.Header.Del(HeaderFunnelRequest)
-	r.Header.Del(HeaderAppCapabilities)
 	if isFunnel(r) {
 		r.Header.Set(HeaderFunnelRequest, "?1")
 		return
