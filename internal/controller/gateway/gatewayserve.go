@@ -3,6 +3,7 @@ package gateway
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller/certs"
+	"github.com/tsingress/tsingress/internal/controller/groupstore"
 	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/controller/proxies"
 	"github.com/tsingress/tsingress/internal/tailnet"
@@ -34,10 +36,12 @@ import (
 const noRoutesPath = "/.well-known/tsingress/no-routes"
 
 // Serving is what the Gateway and HTTPRoute reconcilers share with the Ingress reconcilers:
-// the standalone proxies and the certificate guard, whose ledger is the operator's.
+// the standalone proxies, the ProxyGroups' documents and the certificate guard, whose ledger is
+// the operator's.
 type Serving struct {
 	Settings kit.Settings
 	Proxies  *proxies.Proxies
+	Groups   groupstore.Store
 	Guard    *certs.CertGuard
 	// Gateways and Routes report for the two reconcilers.
 	Gateways, Routes kit.Reporter
@@ -49,8 +53,9 @@ type common struct {
 	*Serving
 }
 
-// GatewayReconciler serves the Gateways of a class of this operator through a standalone
-// proxy each, with the routes of the HTTPRoutes attached to them. The HTTPRoute reconciler
+// GatewayReconciler serves the Gateways of a class of this operator, with the routes of the
+// HTTPRoutes attached to them, through a standalone proxy each or, annotated
+// tailscale.com/proxy-group, as a Tailscale Service of a ProxyGroup. The HTTPRoute reconciler
 // decides the same attachments (the same pure functions) for the routes' status: one writer
 // per object, as a route may name several Gateways.
 type GatewayReconciler struct {
@@ -69,7 +74,8 @@ type GatewayReconciler struct {
 
 func (r *GatewayReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	return kit.Served[*gatewayv1.Gateway]{
-		Client: r.Client, Reporter: r.Reporter, Kind: "Gateway", Finalizer: kit.FinalizerName,
+		// The finalizer is the standalone proxy's or the group entry's, added by each path.
+		Client: r.Client, Reporter: r.Reporter, Kind: "Gateway",
 		New: func() *gatewayv1.Gateway { return &gatewayv1.Gateway{} },
 		// A class that cannot be read is taken as ours: only its absence unserves a Gateway.
 		Serves: func(gw *gatewayv1.Gateway) bool {
@@ -99,18 +105,40 @@ type gatewayInputs struct {
 	classNotReady string
 	domain        string
 	// certsOff: the tailnet has HTTPS (or MagicDNS) off, so no certificate can be issued.
-	certsOff   bool
+	certsOff bool
+	// state is what a standalone proxy reports.
 	state      *contract.ProxyState
 	unreadable *kit.Finding
+	// onGroup: the Gateway names a ProxyGroup. group is it, or nil with groupFinding saying why
+	// it cannot serve; states are what its replicas report, by ordinal.
+	onGroup      bool
+	group        *tsv1alpha1.ProxyGroup
+	groupFinding *kit.Finding
+	states       []*contract.ProxyState
+	// takenBy is another object ("Kind namespace/name") that serves the hostname on a group.
+	takenBy string
+	// classIgnored says why the GatewayClass's ProxyClass does not apply ("": it does).
+	classIgnored string
 }
 
-// gatherGateway reads what a Gateway's view is decided from: its ProxyClass (its class's
-// parametersRef, else the operator's default), the tailnet's domain and what its proxy reports.
+// gatherGateway reads what a Gateway's view is decided from: the tailnet's domain and, for a
+// standalone proxy, its ProxyClass (its class's parametersRef, else the operator's default) and
+// what it reports; for a Gateway on a ProxyGroup, the group, what its replicas report and who
+// else serves the hostname.
 func (c common) gatherGateway(ctx context.Context, gw *gatewayv1.Gateway) (gatewayInputs, error) {
 	var in gatewayInputs
 	gc := &gatewayv1.GatewayClass{}
 	if err := c.Get(ctx, client.ObjectKey{Name: string(gw.Spec.GatewayClassName)}, gc); err != nil {
 		return in, fmt.Errorf("reading GatewayClass %s: %w", gw.Spec.GatewayClassName, err)
+	}
+	info := c.Proxies.TailnetInfo(ctx)
+	in.domain, in.certsOff = info.Domain, !info.CertsAvailable()
+	if pg := gw.Annotations[kit.AnnotationProxyGroup]; pg != "" {
+		in.onGroup = true
+		if gc.Spec.ParametersRef != nil {
+			in.classIgnored = fmt.Sprintf("the parametersRef of GatewayClass %s does not apply to a Gateway on ProxyGroup %s: its replicas run with the group's ProxyClass", gc.Name, pg)
+		}
+		return in, c.gatherGroup(ctx, gw, pg, &in)
 	}
 	name := c.Settings.DefaultProxyClass
 	if ref := gc.Spec.ParametersRef; ref != nil {
@@ -126,15 +154,47 @@ func (c common) gatherGateway(ctx context.Context, gw *gatewayv1.Gateway) (gatew
 		}
 		in.class, in.classNotReady = class.Ready(), class.NotReady
 	}
-	info := c.Proxies.TailnetInfo(ctx)
-	in.domain, in.certsOff = info.Domain, !info.CertsAvailable()
 	var err error
 	in.state, _, in.unreadable, err = c.Proxies.State(ctx, proxies.ParentOf(proxies.ParentTypeGateway, gw))
 	return in, err
 }
 
-// GatewayAnnotations are the tailscale.com/ annotations read on a Gateway (a ProxyGroup is
-// refused with a reason of its own while not served).
+// gatherGroup reads the ProxyGroup a Gateway names, what its replicas report, and whether
+// another Gateway, or an object of another kind, serves the Gateway's hostname on a group.
+func (c common) gatherGroup(ctx context.Context, gw *gatewayv1.Gateway, name string, in *gatewayInputs) error {
+	var err error
+	if in.group, in.groupFinding, err = groupstore.ResolveGroup(ctx, c.Client, gw.Namespace, name); err != nil || in.group == nil {
+		return err
+	}
+	if in.states, err = c.Groups.States(ctx, in.group); err != nil {
+		return err
+	}
+	hostname := gatewayHostname(gw)
+	if !contract.ValidHostname(hostname) {
+		return nil // decideGateway's finding
+	}
+	list := &gatewayv1.GatewayList{}
+	if err := c.List(ctx, list, client.MatchingFields{indexGatewayGroupHostname: hostname}); err != nil {
+		return fmt.Errorf("listing the Gateways that ask for hostname %s: %w", hostname, err)
+	}
+	others := make([]*gatewayv1.Gateway, len(list.Items))
+	for i := range list.Items {
+		others[i] = &list.Items[i]
+	}
+	if in.takenBy = groupstore.TakenBy(gw, others, func(o *gatewayv1.Gateway) bool {
+		return o.DeletionTimestamp == nil && o.Annotations[kit.AnnotationProxyGroup] != "" && gatewayHostname(o) == hostname
+	}, groupstore.FinalizerGatewayPG); in.takenBy != "" {
+		in.takenBy = "Gateway " + in.takenBy
+		return nil
+	}
+	in.takenBy, err = groupstore.TakenByOtherKind(ctx, c.Groups, "Gateway", groupServiceName(gw))
+	return err
+}
+
+// groupServiceName is the Tailscale Service a Gateway on a ProxyGroup is served as.
+func groupServiceName(gw *gatewayv1.Gateway) string { return "svc:" + gatewayHostname(gw) }
+
+// GatewayAnnotations are the tailscale.com/ annotations read on a Gateway.
 var GatewayAnnotations = []string{kit.AnnotationAcceptAppCaps, kit.AnnotationFunnel, kit.AnnotationHostname,
 	kit.AnnotationProxyGroup, kit.AnnotationTags}
 
@@ -166,8 +226,10 @@ func decideGateway(gw *gatewayv1.Gateway, in gatewayInputs, defaultTags []string
 	v.Listeners = decideListeners(gw.Spec.Listeners, v.Names)
 	tags, tagsFinding := proxies.ParseTags(gw, defaultTags)
 	switch {
-	case gw.Annotations[kit.AnnotationProxyGroup] != "":
-		v.Rejected, v.Why = kit.ReasonGatewayInvalid, fmt.Sprintf("Gateways on a ProxyGroup (annotation %s) are not served yet: remove the annotation for a standalone proxy", kit.AnnotationProxyGroup)
+	case in.groupFinding != nil:
+		v.Rejected, v.Why = in.groupFinding.Reason, in.groupFinding.Message
+	case in.takenBy != "":
+		v.Rejected, v.Why = kit.ReasonDuplicateHostname, fmt.Sprintf("%s already serves %s on a ProxyGroup; hostnames must be unique", in.takenBy, hostname)
 	case in.classNotReady != "":
 		v.Rejected, v.Why = kit.ReasonInvalidParameters, in.classNotReady
 	case len(gw.Spec.Addresses) > 0:
@@ -210,7 +272,10 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 		r.Findings(gw, []kit.Finding{*s.in.unreadable})
 	}
 	view, tags := decideGateway(gw, s.in, r.Settings.DefaultTags)
-	s.facts = gatewayFacts{View: view, State: s.in.state, Attached: map[gatewayv1.SectionName]int32{}}
+	s.facts = gatewayFacts{View: view, Attached: map[gatewayv1.SectionName]int32{}}
+	if !s.in.onGroup {
+		s.facts.standalone(s.in.state)
+	}
 	s.decided = true
 	for _, l := range view.Listeners {
 		if !l.served() {
@@ -219,10 +284,10 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 	}
 	if view.Rejected != "" {
 		r.Warning(gw, view.Rejected, "%s", view.Why)
-		if gw.Annotations[kit.AnnotationProxyGroup] != "" {
-			return r.removeProxy(ctx, gw) // a standalone proxy of its own must not keep serving
-		}
-		return ctrl.Result{}, nil // an existing proxy is left as it was rather than torn down over a typo
+		return ctrl.Result{}, nil // what serves it is left as it was rather than torn down over a typo
+	}
+	if s.in.classIgnored != "" {
+		r.Warning(gw, kit.ReasonProxyClassIgnored, "%s", s.in.classIgnored)
 	}
 	if !slices.ContainsFunc(view.Listeners, listenerDecision.served) {
 		return ctrl.Result{}, nil
@@ -252,8 +317,19 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 	if f := kit.UnsupportedAnnotations("Gateway", gw.Annotations, GatewayAnnotations...); f != nil {
 		r.Findings(gw, []kit.Finding{*f})
 	}
-	p := r.proxy(gw, view, tags, routes, appCaps, s.in.class)
-	p.Config.Serve.Funnel = s.facts.Funnel.On
+	ws := webService(view, routes, appCaps)
+	ws.Funnel = s.facts.Funnel.On
+	if s.in.onGroup {
+		s.facts.Funnel.Tags = groupstore.Tags(s.in.group, r.Settings.DefaultTags)
+		return r.serveOnGroup(ctx, s, ws, tags)
+	}
+	if res, err := r.leaveGroup(ctx, gw); err != nil || res.RequeueAfter > 0 {
+		return res, err
+	}
+	if err := kit.AddFinalizer(ctx, r.Client, gw, kit.FinalizerName); err != nil {
+		return ctrl.Result{}, err
+	}
+	p := r.proxy(gw, ws, tags, s.in.class)
 	cert, err := r.certificate(ctx, gw, p, s.in)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -268,13 +344,78 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 	if st := s.in.state; st != nil && st.FQDN != "" {
 		r.Progress(gw, "joined", kit.ReasonDeviceJoined, "the proxy joined the tailnet as %s", st.FQDN)
 	}
-	if s.facts.serving() {
-		r.Progress(gw, "serving", kit.ReasonServing, "serving https://%s", s.in.state.HTTPSEndpoint)
-		if s.facts.Funnel.On {
-			kit.ReportFunnel(r.Reporter, gw, s.in.state.HTTPSEndpoint, tags, []*contract.ProxyState{s.in.state})
+	r.reportServing(gw, s.facts)
+	return ctrl.Result{RequeueAfter: cert.Recheck(0, r.Guard.Now())}, nil
+}
+
+// reportServing reports that the Gateway's tailnet name is served, and what became of Funnel.
+func (r *GatewayReconciler) reportServing(gw *gatewayv1.Gateway, f gatewayFacts) {
+	if !f.serving() {
+		return
+	}
+	r.Progress(gw, "serving", kit.ReasonServing, "serving https://%s%s", f.Served, f.ServedBy)
+	if f.Funnel.On {
+		kit.ReportFunnel(r.Reporter, gw, f.Served, f.Funnel.Tags, f.States)
+	}
+}
+
+// serveOnGroup serves a Gateway as a Tailscale Service of its ProxyGroup: the standalone proxy
+// it may have had goes first (the two would ask for one name), then the service is claimed,
+// its certificate decided and its entry written on the group.
+func (r *GatewayReconciler) serveOnGroup(ctx context.Context, s *gatewayScope, ws contract.WebService, tags []string) (ctrl.Result, error) {
+	gw, pg := s.gw, s.in.group
+	if controllerutil.ContainsFinalizer(gw, kit.FinalizerName) {
+		if res, err := r.removeProxy(ctx, gw); err != nil || res.RequeueAfter > 0 {
+			return res, err
+		}
+		if err := kit.RemoveFinalizer(ctx, r.Client, gw, kit.FinalizerName); err != nil {
+			return ctrl.Result{}, err
 		}
 	}
-	return ctrl.Result{RequeueAfter: cert.Recheck(0, r.Guard.Now())}, nil
+	if err := kit.AddFinalizer(ctx, r.Client, gw, groupstore.FinalizerGatewayPG); err != nil {
+		return ctrl.Result{}, err
+	}
+	svcName := groupServiceName(gw)
+	ports := []string{"tcp:443"}
+	if ws.HTTP != contract.HTTPOff {
+		ports = append(ports, "tcp:80")
+	}
+	ts, err := r.Groups.ClaimService(ctx, "Gateway", gw, svcName, ports, tags)
+	if err != nil {
+		var notOurs groupstore.ErrNotOurs
+		if errors.As(err, &notOurs) {
+			r.Warning(gw, kit.ReasonInvalidTailscaleSvc, "%v", err)
+			return ctrl.Result{}, nil
+		}
+		return r.TailnetFailure(gw, err)
+	}
+	if ts.Created {
+		r.Created(gw, kit.ReasonTailscaleServiceCreated, "created Tailscale Service %s (%s) for ProxyGroup %s", svcName, groupstore.AddrList(ts.Addrs), pg.Name)
+	}
+	gc := groupstore.GroupCert{Client: r.Client, Guard: r.Guard, Namespace: r.Settings.Namespace, DefaultProxyClass: r.Settings.DefaultProxyClass}
+	cert, err := gc.Certificate(ctx, r.Reporter, gw, pg, gatewayHostname(gw), s.in.domain, s.in.states)
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("deciding the certificate of Gateway %s/%s: %w", gw.Namespace, gw.Name, err)
+	}
+	certs.CertificateIssued(r.Reporter, gw, cert, r.Guard.Now())
+	ws.TLS.Hold = cert.Hold
+	if err := r.Groups.Put(ctx, groupstore.Entry{Kind: "Gateway", Object: gw, Group: pg.Name, Service: svcName, Web: &ws}); err != nil {
+		return groupstore.PutFailure(r.Reporter, gw, err)
+	}
+	s.facts.onGroup(pg.Name, svcName, ts.Addrs, cert, s.in.states, r.Guard.Now())
+	r.reportServing(gw, s.facts)
+	return ctrl.Result{RequeueAfter: groupstore.Sooner(cert.Recheck(0, r.Guard.Now()), ts.Recheck)}, nil
+}
+
+// leaveGroup takes a Gateway that left its ProxyGroup off every group.
+func (r *GatewayReconciler) leaveGroup(ctx context.Context, gw *gatewayv1.Gateway) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(gw, groupstore.FinalizerGatewayPG) {
+		return ctrl.Result{}, nil
+	}
+	if err := r.Groups.Withdraw(ctx, "Gateway", gw, groupServiceName(gw)); err != nil {
+		return r.TailnetFailure(gw, err)
+	}
+	return ctrl.Result{}, kit.RemoveFinalizer(ctx, r.Client, gw, groupstore.FinalizerGatewayPG)
 }
 
 // attachedRoutes decides every HTTPRoute that names the Gateway, counts those attached to
@@ -320,9 +461,8 @@ func (r *GatewayReconciler) attachedRoutes(ctx context.Context, gw *gatewayv1.Ga
 	return routes, nil
 }
 
-// proxy builds the standalone proxy that serves a Gateway's routes.
-func (r *GatewayReconciler) proxy(gw *gatewayv1.Gateway, view gatewayView, tags []string, routes []contract.Route, appCaps []string,
-	class *tsv1alpha1.ProxyClass) *proxies.StandaloneProxy {
+// webService is what serves a Gateway's routes, on a standalone proxy or a ProxyGroup.
+func webService(view gatewayView, routes []contract.Route, appCaps []string) contract.WebService {
 	// No Ingress label: the proxy's request metrics name Ingresses only, until the contract can
 	// name a Gateway.
 	ws := contract.WebService{Routes: routes, AcceptAppCaps: appCaps}
@@ -332,6 +472,11 @@ func (r *GatewayReconciler) proxy(gw *gatewayv1.Gateway, view gatewayView, tags 
 	if slices.ContainsFunc(view.Listeners, func(l listenerDecision) bool { return l.served() && l.Protocol == gatewayv1.HTTPProtocolType }) {
 		ws.HTTP = contract.HTTPServe
 	}
+	return ws
+}
+
+// proxy builds the standalone proxy that serves a Gateway's web service.
+func (r *GatewayReconciler) proxy(gw *gatewayv1.Gateway, ws contract.WebService, tags []string, class *tsv1alpha1.ProxyClass) *proxies.StandaloneProxy {
 	return &proxies.StandaloneProxy{
 		Parent: proxies.ParentOf(proxies.ParentTypeGateway, gw),
 		Class:  class,
@@ -391,15 +536,21 @@ func (r *GatewayReconciler) removeProxy(ctx context.Context, gw *gatewayv1.Gatew
 	return ctrl.Result{}, nil
 }
 
-// unserve removes the proxy of a Gateway that is deleted or no longer of a class of ours.
+// unserve removes what serves a Gateway that is deleted or no longer of a class of ours: its
+// standalone proxy or its group entry and Tailscale Service.
 func (r *GatewayReconciler) unserve(ctx context.Context, gw *gatewayv1.Gateway) (ctrl.Result, error) {
-	if !controllerutil.ContainsFinalizer(gw, kit.FinalizerName) {
-		r.Forget(client.ObjectKeyFromObject(gw))
+	standalone := controllerutil.ContainsFinalizer(gw, kit.FinalizerName)
+	if !standalone && !controllerutil.ContainsFinalizer(gw, groupstore.FinalizerGatewayPG) {
+		r.Forget(client.ObjectKeyFromObject(gw)) // never served: its status is not ours
 		return ctrl.Result{}, nil
 	}
-	res, err := r.removeProxy(ctx, gw)
-	if err != nil || res.RequeueAfter > 0 {
+	if res, err := r.leaveGroup(ctx, gw); err != nil || res.RequeueAfter > 0 {
 		return res, err
+	}
+	if standalone {
+		if res, err := r.removeProxy(ctx, gw); err != nil || res.RequeueAfter > 0 {
+			return res, err
+		}
 	}
 	return kit.Unserved(ctx, r.Client, r.Reporter, gw, kit.FinalizerName, func(ctx context.Context) error {
 		before := gw.DeepCopy()
@@ -408,16 +559,24 @@ func (r *GatewayReconciler) unserve(ctx context.Context, gw *gatewayv1.Gateway) 
 	})
 }
 
-// SetupWithManager watches Gateways, their proxies' children, the HTTPRoutes that name them,
-// the Services and ReferenceGrants those resolve through, and ProxyClasses and GatewayClasses.
+// SetupWithManager watches Gateways, their proxies' children, their ProxyGroups and the
+// groups' objects, the HTTPRoutes that name them, the Services and ReferenceGrants those resolve
+// through, and ProxyClasses, ProxyGroupPolicies and GatewayClasses.
 func (r *GatewayReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	children := handler.EnqueueRequestsFromMapFunc(kit.ParentRequests(proxies.ParentTypeGateway))
+	group := r.Groups.Events("Gateway", r.onGroup)
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&gatewayv1.Gateway{}).
 		Named("gateway").
 		Watches(&appsv1.StatefulSet{}, children).
 		Watches(&corev1.Secret{}, children).
 		Watches(&corev1.Pod{}, children).
+		Watches(&tsv1alpha1.ProxyGroup{}, group).
+		Watches(&corev1.Secret{}, group).
+		Watches(&corev1.ConfigMap{}, group).
+		Watches(&tsv1alpha1.ProxyGroupPolicy{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return r.gateways(ctx, client.InNamespace(o.GetNamespace()))
+		})).
 		// Not a route's status, which the HTTPRoute reconciler writes from the same decision.
 		Watches(&gatewayv1.HTTPRoute{}, handler.EnqueueRequestsFromMapFunc(routeParents), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.gatewaysForService)).
@@ -450,11 +609,21 @@ func (r *GatewayReconciler) gatewaysForService(ctx context.Context, o client.Obj
 	return out
 }
 
+// onGroup lists the Gateways on ProxyGroup pg.
+func (r *GatewayReconciler) onGroup(ctx context.Context, pg string) []reconcile.Request {
+	return r.gateways(ctx, client.MatchingFields{indexGatewayGroup: pg})
+}
+
 // allGateways maps a change that may concern any Gateway (a grant, a class) to every Gateway.
 // They are few, and such changes rare.
 func (r *GatewayReconciler) allGateways(ctx context.Context, _ client.Object) []reconcile.Request {
+	return r.gateways(ctx)
+}
+
+// gateways lists the Gateways opts select.
+func (r *GatewayReconciler) gateways(ctx context.Context, opts ...client.ListOption) []reconcile.Request {
 	list := &gatewayv1.GatewayList{}
-	if err := r.List(ctx, list); err != nil {
+	if err := r.List(ctx, list, opts...); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "listing Gateways")
 		return nil
 	}

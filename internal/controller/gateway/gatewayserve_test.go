@@ -1,12 +1,14 @@
 package gateway
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -16,7 +18,9 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
 
+	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/certs"
 	"github.com/tsingress/tsingress/internal/controller/kit"
 )
 
@@ -453,7 +457,11 @@ func TestDecideGateway(t *testing.T) {
 		reason string
 	}{
 		{"served", gw(nil), gatewayInputs{}, ""},
-		{"on a ProxyGroup", gw(annotate(kit.AnnotationProxyGroup, "pg")), gatewayInputs{}, kit.ReasonGatewayInvalid},
+		{"on a ProxyGroup", gw(annotate(kit.AnnotationProxyGroup, "pg")), gatewayInputs{onGroup: true, group: &tsv1alpha1.ProxyGroup{}}, ""},
+		{"on a missing ProxyGroup", gw(annotate(kit.AnnotationProxyGroup, "pg")),
+			gatewayInputs{onGroup: true, groupFinding: ptr.To(kit.Blockf(kit.ReasonProxyGroupNotFound, "ProxyGroup %q does not exist", "pg"))}, kit.ReasonProxyGroupNotFound},
+		{"hostname taken on a ProxyGroup", gw(annotate(kit.AnnotationProxyGroup, "pg")),
+			gatewayInputs{onGroup: true, group: &tsv1alpha1.ProxyGroup{}, takenBy: "Ingress app/web"}, kit.ReasonDuplicateHostname},
 		{"ProxyClass not ready", gw(nil), gatewayInputs{classNotReady: `ProxyClass "x" does not exist`}, kit.ReasonInvalidParameters},
 		{"addresses", gw(func(g *gatewayv1.Gateway) { g.Spec.Addresses = []gatewayv1.GatewaySpecAddress{{Value: "10.0.0.1"}} }), gatewayInputs{}, kit.ReasonUnsupportedAddress},
 		{"infrastructure", gw(func(g *gatewayv1.Gateway) { g.Spec.Infrastructure = &gatewayv1.GatewayInfrastructure{} }), gatewayInputs{}, kit.ReasonGatewayInvalid},
@@ -488,6 +496,20 @@ func condition(t *testing.T, conds []metav1.Condition, typ string) metav1.Condit
 func TestGatewayStatus(t *testing.T) {
 	listeners := decideListeners([]gatewayv1.Listener{listener("https", "HTTPS", 443), listener("tls", "TLS", 8443)}, tailnetNames)
 	serving := &contract.ProxyState{FQDN: "gw.tailnet.ts.net", TailnetIPs: []string{"100.64.0.1", "fd7a::1", "junk"}, HTTPSEndpoint: "gw.tailnet.ts.net"}
+	standalone := func(f gatewayFacts, st *contract.ProxyState) gatewayFacts {
+		f.standalone(st)
+		return f
+	}
+	now := time.Now()
+	vips := []netip.Addr{netip.MustParseAddr("100.100.0.5"), netip.MustParseAddr("fd7a::5")}
+	cert := certs.TailnetCert{FQDN: "gw.tailnet.ts.net"}
+	advertising := []*contract.ProxyState{nil, {Advertised: []string{"svc:gw"}}}
+	onGroup := func(f gatewayFacts, cert certs.TailnetCert, states []*contract.ProxyState) gatewayFacts {
+		f.onGroup("pg", "svc:gw", vips, cert, states, now)
+		return f
+	}
+	held := cert
+	held.Hold = &contract.IssuanceHold{Reason: kit.ReasonCertificateIssueFailed}
 	tests := []struct {
 		name  string
 		facts gatewayFacts
@@ -497,13 +519,21 @@ func TestGatewayStatus(t *testing.T) {
 		addresses int
 		attached  []int32
 	}{
-		{"served, one listener not", gatewayFacts{View: gatewayView{Listeners: listeners}, State: serving, Attached: map[gatewayv1.SectionName]int32{"https": 2}},
+		{"served, one listener not", standalone(gatewayFacts{View: gatewayView{Listeners: listeners}, Attached: map[gatewayv1.SectionName]int32{"https": 2}}, serving),
 			[]string{kit.ReasonListenersNotValid, kit.ReasonProgrammed, kit.ReasonGatewayClassAccepted, kit.ReasonProgrammed, kit.ReasonUnsupportedProtocol, kit.ReasonGatewayInvalid},
 			3, []int32{2, 0}},
 		{"waiting for the proxy", gatewayFacts{View: gatewayView{Listeners: listeners[:1]}},
 			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonPending, kit.ReasonGatewayClassAccepted, kit.ReasonPending}, 0, []int32{0}},
-		{"on a ProxyGroup", gatewayFacts{View: gatewayView{Rejected: kit.ReasonGatewayInvalid, Why: "HA", Listeners: listeners[:1]}, State: serving},
+		{"rejected", standalone(gatewayFacts{View: gatewayView{Rejected: kit.ReasonGatewayInvalid, Why: "bad", Listeners: listeners[:1]}}, serving),
 			[]string{kit.ReasonGatewayInvalid, kit.ReasonGatewayInvalid, kit.ReasonGatewayClassAccepted, kit.ReasonGatewayInvalid}, 3, []int32{0}},
+		{"on a ProxyGroup, advertised", onGroup(gatewayFacts{View: gatewayView{Listeners: listeners[:1]}, Attached: map[gatewayv1.SectionName]int32{"https": 1}}, cert, advertising),
+			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonProgrammed, kit.ReasonGatewayClassAccepted, kit.ReasonProgrammed}, 3, []int32{1}},
+		{"on a ProxyGroup, no replica advertises yet", onGroup(gatewayFacts{View: gatewayView{Listeners: listeners[:1]}}, cert, []*contract.ProxyState{{}, nil}),
+			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonPending, kit.ReasonGatewayClassAccepted, kit.ReasonPending}, 3, []int32{0}},
+		{"on a ProxyGroup, certificate held", onGroup(gatewayFacts{View: gatewayView{Listeners: listeners[:1]}}, held, advertising),
+			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonPending, kit.ReasonGatewayClassAccepted, kit.ReasonPending}, 3, []int32{0}},
+		{"on a ProxyGroup, tailnet domain unknown", onGroup(gatewayFacts{View: gatewayView{Listeners: listeners[:1]}}, certs.TailnetCert{}, advertising),
+			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonPending, kit.ReasonGatewayClassAccepted, kit.ReasonPending}, 0, []int32{0}},
 		{"no listener served", gatewayFacts{View: gatewayView{Listeners: listeners[1:]}},
 			[]string{kit.ReasonListenersNotValid, kit.ReasonGatewayInvalid, kit.ReasonUnsupportedProtocol, kit.ReasonGatewayInvalid}, 0, []int32{0}},
 	}
@@ -535,9 +565,16 @@ func TestGatewayStatus(t *testing.T) {
 			}
 		})
 	}
-	st := gatewayStatus(gatewayv1.GatewayStatus{}, gatewayFacts{View: gatewayView{Listeners: listeners}, State: serving}, 1)
+	st := gatewayStatus(gatewayv1.GatewayStatus{}, standalone(gatewayFacts{View: gatewayView{Listeners: listeners}}, serving), 1)
 	if a := st.Addresses[0]; *a.Type != gatewayv1.HostnameAddressType || a.Value != "gw.tailnet.ts.net" {
 		t.Errorf("first address %+v, want the MagicDNS name", a)
+	}
+	grouped := gatewayStatus(gatewayv1.GatewayStatus{}, onGroup(gatewayFacts{View: gatewayView{Listeners: listeners}}, cert, advertising), 1)
+	if a := grouped.Addresses; a[0].Value != "gw.tailnet.ts.net" || a[1].Value != "100.100.0.5" || a[2].Value != "fd7a::5" || *a[2].Type != gatewayv1.IPAddressType {
+		t.Errorf("addresses on a ProxyGroup %+v, want the MagicDNS name and the VIPs", a)
+	}
+	if c := condition(t, grouped.Conditions, conditionProgrammed); !strings.Contains(c.Message, "Tailscale Service svc:gw on ProxyGroup pg") {
+		t.Errorf("Programmed message %q does not name the Tailscale Service and group", c.Message)
 	}
 	if k := st.Listeners[0].SupportedKinds; len(k) != 1 || k[0].Kind != kindHTTPRoute {
 		t.Errorf("HTTPS supportedKinds %+v", k)
@@ -657,7 +694,9 @@ func TestGatewayFunnelCondition(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			// Each starts from a Gateway that had Funnel on, so "not asked" must remove it.
 			before := gatewayv1.GatewayStatus{Conditions: []metav1.Condition{{Type: conditionFunnel, Status: metav1.ConditionTrue, Reason: kit.ReasonFunnelEnabled}}}
-			st := gatewayStatus(before, gatewayFacts{View: gatewayView{Listeners: listeners}, State: tt.state, Funnel: tt.funnel}, 2)
+			f := gatewayFacts{View: gatewayView{Listeners: listeners}, Funnel: tt.funnel}
+			f.standalone(tt.state)
+			st := gatewayStatus(before, f, 2)
 			c := meta.FindStatusCondition(st.Conditions, conditionFunnel)
 			if tt.want == "" {
 				if c != nil {

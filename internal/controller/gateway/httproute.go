@@ -20,10 +20,13 @@ import (
 )
 
 // Indexes of HTTPRoutes: by the Gateways they name and the Services their backendRefs name,
-// each as "namespace/name".
+// each as "namespace/name"; of Gateways on ProxyGroups: by group, and by the hostname they
+// claim there.
 const (
-	indexRouteParents  = "tsingress.httproute.parents"
-	indexRouteBackends = "tsingress.httproute.backends"
+	indexRouteParents         = "tsingress.httproute.parents"
+	indexRouteBackends        = "tsingress.httproute.backends"
+	indexGatewayGroup         = "tsingress.gateway.proxygroup"
+	indexGatewayGroupHostname = "tsingress.gateway.proxygroup-hostname"
 )
 
 // HTTPRouteReconciler writes this controller's entries of an HTTPRoute's status.parents: one
@@ -160,6 +163,23 @@ func indexRoutes(ctx context.Context, mgr ctrl.Manager) error {
 	}
 	if err := idx.IndexField(ctx, &gatewayv1.HTTPRoute{}, indexRouteBackends, keys(backendKeys)); err != nil {
 		return fmt.Errorf("adding the %s index: %w", indexRouteBackends, err)
+	}
+	onGroup := func(f func(*gatewayv1.Gateway) string) client.IndexerFunc {
+		return func(o client.Object) []string {
+			gw := o.(*gatewayv1.Gateway)
+			if gw.Annotations[kit.AnnotationProxyGroup] == "" {
+				return nil
+			}
+			return []string{f(gw)}
+		}
+	}
+	if err := idx.IndexField(ctx, &gatewayv1.Gateway{}, indexGatewayGroup, onGroup(func(gw *gatewayv1.Gateway) string {
+		return gw.Annotations[kit.AnnotationProxyGroup]
+	})); err != nil {
+		return fmt.Errorf("adding the %s index: %w", indexGatewayGroup, err)
+	}
+	if err := idx.IndexField(ctx, &gatewayv1.Gateway{}, indexGatewayGroupHostname, onGroup(gatewayHostname)); err != nil {
+		return fmt.Errorf("adding the %s index: %w", indexGatewayGroupHostname, err)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -12,6 +13,8 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/certs"
+	"github.com/tsingress/tsingress/internal/controller/groupstore"
 	"github.com/tsingress/tsingress/internal/controller/kit"
 )
 
@@ -31,8 +34,14 @@ type gatewayFacts struct {
 	View gatewayView
 	// Attached counts, per listener, the routes attached to it.
 	Attached map[gatewayv1.SectionName]int32
-	// State is what its proxy reports (nil: nothing yet).
-	State *contract.ProxyState
+	// Served is the tailnet name served over HTTPS ("": not yet), and ServedBy says by what
+	// when it is not the Gateway's own proxy.
+	Served, ServedBy string
+	// Addresses are its MagicDNS name and its tailnet IPs: its proxy's, or its Tailscale
+	// Service's on a ProxyGroup.
+	Addresses []gatewayv1.GatewayStatusAddress
+	// States are what the proxies that serve it report.
+	States []*contract.ProxyState
 	// Funnel is what became of the Gateway's Funnel annotation (zero: none).
 	Funnel funnelFacts
 }
@@ -47,8 +56,33 @@ type funnelFacts struct {
 	Tags []string
 }
 
-// serving reports whether the proxy serves the Gateway's tailnet name.
-func (f gatewayFacts) serving() bool { return f.State != nil && f.State.HTTPSEndpoint != "" }
+// serving reports whether the Gateway's tailnet name is served.
+func (f gatewayFacts) serving() bool { return f.Served != "" }
+
+// standalone records what the Gateway's own proxy reports (st nil: nothing yet).
+func (f *gatewayFacts) standalone(st *contract.ProxyState) {
+	if st == nil {
+		return
+	}
+	f.Served, f.Addresses, f.States = st.HTTPSEndpoint, addresses(st.FQDN, st.TailnetIPs), []*contract.ProxyState{st}
+}
+
+// onGroup records how ProxyGroup pg serves the Gateway as Tailscale Service svcName with VIPs
+// vips: served once a replica advertises it and its certificate is not held or missing.
+func (f *gatewayFacts) onGroup(pg, svcName string, vips []netip.Addr, cert certs.TailnetCert, states []*contract.ProxyState, now time.Time) {
+	f.States = states
+	if cert.FQDN == "" {
+		return
+	}
+	ips := make([]string, len(vips))
+	for i, a := range vips {
+		ips[i] = a.String()
+	}
+	f.Addresses = addresses(cert.FQDN, ips)
+	if groupstore.FirstAdvertising(states, svcName) != nil && certs.CertPortError(cert.Hold, cert.Cur, now) == "" {
+		f.Served, f.ServedBy = cert.FQDN, fmt.Sprintf(" through Tailscale Service %s on ProxyGroup %s", svcName, pg)
+	}
+}
 
 // gatewayStatus computes a Gateway's status from a pass's facts; conditions of other types
 // are kept.
@@ -78,12 +112,12 @@ func gatewayStatus(status gatewayv1.GatewayStatus, f gatewayFacts, gen int64) ga
 	case !accepted:
 		kit.SetCondition(&status.Conditions, conditionProgrammed, false, kit.ReasonGatewayInvalid, "the Gateway is not accepted", gen)
 	case f.serving():
-		kit.SetCondition(&status.Conditions, conditionProgrammed, true, kit.ReasonProgrammed, "the proxy serves https://"+f.State.HTTPSEndpoint, gen)
+		kit.SetCondition(&status.Conditions, conditionProgrammed, true, kit.ReasonProgrammed, "serving https://"+f.Served+f.ServedBy, gen)
 	default:
 		kit.SetCondition(&status.Conditions, conditionProgrammed, false, kit.ReasonPending, "waiting for the proxy to join the tailnet and serve its name", gen)
 	}
 	funnelCondition(&status.Conditions, f, gen)
-	status.Addresses = addresses(f.State)
+	status.Addresses = f.Addresses
 	listeners := make([]gatewayv1.ListenerStatus, 0, len(v.Listeners))
 	for _, l := range v.Listeners {
 		ls := gatewayv1.ListenerStatus{Name: l.Name, SupportedKinds: []gatewayv1.RouteGroupKind{}}
@@ -114,8 +148,8 @@ func funnelCondition(conds *[]metav1.Condition, f gatewayFacts, gen int64) {
 	case !f.serving():
 		kit.SetCondition(conds, conditionFunnel, false, kit.ReasonPending, "waiting for the proxy to serve the Gateway's tailnet name", gen)
 	default:
-		fqdn := f.State.HTTPSEndpoint
-		public, problem := kit.FunnelOutcome(fqdn, []*contract.ProxyState{f.State})
+		fqdn := f.Served
+		public, problem := kit.FunnelOutcome(fqdn, f.States)
 		reason, msg := kit.FunnelProblem(fqdn, f.Funnel.Tags, problem)
 		switch {
 		case public:
@@ -156,13 +190,13 @@ func listenerConditions(conds *[]metav1.Condition, l listenerDecision, serving, 
 	}
 }
 
-// addresses are the proxy's MagicDNS name and tailnet IPs, as it reports them.
-func addresses(st *contract.ProxyState) []gatewayv1.GatewayStatusAddress {
-	if st == nil || st.FQDN == "" {
+// addresses are a MagicDNS name and tailnet IPs.
+func addresses(fqdn string, ips []string) []gatewayv1.GatewayStatusAddress {
+	if fqdn == "" {
 		return nil
 	}
-	out := []gatewayv1.GatewayStatusAddress{{Type: ptr.To(gatewayv1.HostnameAddressType), Value: st.FQDN}}
-	for _, ip := range st.TailnetIPs {
+	out := []gatewayv1.GatewayStatusAddress{{Type: ptr.To(gatewayv1.HostnameAddressType), Value: fqdn}}
+	for _, ip := range ips {
 		if _, err := netip.ParseAddr(ip); err == nil {
 			out = append(out, gatewayv1.GatewayStatusAddress{Type: ptr.To(gatewayv1.IPAddressType), Value: ip})
 		}

@@ -33,6 +33,7 @@ import (
 const (
 	FinalizerIngressPG = "tailscale.com/ingress-pg-finalizer"
 	FinalizerServicePG = "tailscale.com/service-pg-finalizer"
+	FinalizerGatewayPG = "tailscale.com/gateway-pg-finalizer"
 )
 
 const (

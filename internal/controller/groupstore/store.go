@@ -35,6 +35,9 @@ type Store interface {
 	// Withdraw takes the entries of obj (of kind) off every group and releases their
 	// Tailscale Services, svcName among them.
 	Withdraw(ctx context.Context, kind string, obj client.Object, svcName string) error
+	// Holder names the object whose entry serves svcName on a group, as "Kind/namespace/name"
+	// ("": none). Objects of different kinds that ask for one name check it: the first keeps it.
+	Holder(ctx context.Context, svcName string) (string, error)
 	// Layout reads the shard count of group g's documents and, when asked, the services they
 	// hold.
 	Layout(ctx context.Context, g proxies.Group, listServices bool) (Layout, error)
@@ -129,6 +132,35 @@ func (s *store) Withdraw(ctx context.Context, kind string, obj client.Object, sv
 		return err
 	}
 	return s.releaseOwned(ctx, owner, "")
+}
+
+func (s *store) Holder(ctx context.Context, svcName string) (string, error) {
+	cms, err := s.docs.groupConfigMaps(ctx)
+	if err != nil {
+		return "", err
+	}
+	for i := range cms {
+		if owner := s.docs.W.content(&cms[i]).owners[svcName]; owner != "" {
+			return owner, nil
+		}
+	}
+	return "", nil
+}
+
+// TakenByOtherKind names the object of another kind than kind whose entry serves svcName on a
+// group, as "Kind namespace/name" ("": none). Objects of one kind settle who keeps a name among
+// themselves (TakenBy); across kinds the first entry written keeps it. HA Services are left out
+// of an Ingress's check, as they were before Gateways.
+func TakenByOtherKind(ctx context.Context, s Store, kind, svcName string) (string, error) {
+	holder, err := s.Holder(ctx, svcName)
+	if err != nil {
+		return "", fmt.Errorf("reading which object serves %s: %w", svcName, err)
+	}
+	other, key, _ := strings.Cut(holder, "/")
+	if holder == "" || other == kind || (kind == "Ingress" && other == "Service") {
+		return "", nil
+	}
+	return other + " " + key, nil
 }
 
 // releaseOwned removes the group entries owner has under any name but keep, and releases their

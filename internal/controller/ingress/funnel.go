@@ -3,7 +3,6 @@ package ingress
 import (
 	networkingv1 "k8s.io/api/networking/v1"
 
-	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
 	"github.com/tsingress/tsingress/internal/controller/kit"
 )
@@ -35,16 +34,4 @@ func setPortError(lb []networkingv1.IngressLoadBalancerIngress, hostname, reason
 			}
 		}
 	}
-}
-
-// groupTags are the tags of a ProxyGroup's replicas.
-func groupTags(pg *tsv1alpha1.ProxyGroup, defaults []string) []string {
-	if len(pg.Spec.Tags) == 0 {
-		return defaults
-	}
-	tags := make([]string, len(pg.Spec.Tags))
-	for i, t := range pg.Spec.Tags {
-		tags[i] = string(t)
-	}
-	return tags
 }

@@ -4,14 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -124,7 +121,7 @@ func (r *HAIngressReconciler) serve(ctx context.Context, ing *networkingv1.Ingre
 	if _, served := haIngressLoadBalancer(s.svcName, ws, s.cert, s.States, r.Guard.Now()); served {
 		r.Progress(ing, "serving", kit.ReasonServing, "serving https://%s through Tailscale Service %s", s.cert.FQDN, s.svcName)
 		if ws.Funnel {
-			kit.ReportFunnel(r.Reporter, ing, s.cert.FQDN, groupTags(pg, r.Settings.DefaultTags), s.States)
+			kit.ReportFunnel(r.Reporter, ing, s.cert.FQDN, groupstore.Tags(pg, r.Settings.DefaultTags), s.States)
 		}
 	}
 	return ctrl.Result{RequeueAfter: groupstore.Sooner(s.cert.Recheck(s.byo.Recheck, r.Guard.Now()), ts.Recheck)}, nil
@@ -137,7 +134,8 @@ type HAIngressScope struct {
 	// Group is the ProxyGroup named, or nil with groupFinding saying why it cannot serve.
 	Group        *tsv1alpha1.ProxyGroup
 	groupFinding *kit.Finding
-	// takenBy is another Ingress that already serves the hostname on a ProxyGroup.
+	// takenBy is another object ("Kind namespace/name") that already serves the hostname on a
+	// ProxyGroup.
 	takenBy string
 	domain  string
 	routes  RouteInputs
@@ -158,6 +156,11 @@ func (r *HAIngressReconciler) gather(ctx context.Context, s *HAIngressScope) err
 	// An invalid hostname is decideIngress's finding; a valid one may be taken.
 	if contract.ValidHostname(s.Hostname) {
 		if s.takenBy, err = r.hostnameTakenBy(ctx, s.Ing, s.Hostname); err != nil {
+			return err
+		}
+		if s.takenBy != "" {
+			s.takenBy = "Ingress " + s.takenBy
+		} else if s.takenBy, err = groupstore.TakenByOtherKind(ctx, r.store, "Ingress", s.svcName); err != nil {
 			return err
 		}
 	}
@@ -183,7 +186,7 @@ func decideHAIngress(s *HAIngressScope, defaultTags []string) ingressDecision {
 		findings = append(findings, *s.groupFinding)
 	}
 	if s.takenBy != "" {
-		findings = append(findings, kit.Blockf(kit.ReasonDuplicateHostname, "Ingress %s already serves %s on a ProxyGroup; hostnames must be unique", s.takenBy, s.Hostname))
+		findings = append(findings, kit.Blockf(kit.ReasonDuplicateHostname, "%s already serves %s on a ProxyGroup; hostnames must be unique", s.takenBy, s.Hostname))
 	}
 	d := DecideIngress(s.Ing, s.routes, s.byo, defaultTags)
 	d.Findings = append(findings, d.Findings...)
@@ -214,65 +217,10 @@ func byoLabels(pg *tsv1alpha1.ProxyGroup, ing *networkingv1.Ingress) map[string]
 	return l
 }
 
-// Certificate prepares the group's certificate Secret of the Ingress's tailnet name, records
-// what the replicas obtained and decides whether the issuing replica may ask the CA.
+// Certificate decides the certificate of the Ingress's tailnet name on its group.
 func (r *HAIngressReconciler) Certificate(ctx context.Context, s *HAIngressScope) (certs.TailnetCert, error) {
-	c := certs.TailnetCert{}
-	pg := s.Group
-	class, err := proxies.ResolveProxyClass(ctx, r.Client, pg, r.Settings.DefaultProxyClass)
-	if err != nil {
-		return c, err
-	}
-	// The class the replicas are configured with: staging's limits are for testing, no guard then.
-	staging := class.Staging()
-	domain := s.domain
-	for _, st := range s.States {
-		if st == nil {
-			continue
-		}
-		if _, d, ok := strings.Cut(st.FQDN, "."); ok {
-			domain = d
-		}
-		if err := r.Guard.ObserveReport(ctx, st, staging); err != nil {
-			return c, err
-		}
-	}
-	if domain != "" {
-		c.FQDN = s.Hostname + "." + domain
-		if err := r.ensureGroupCertSecret(ctx, pg, c.FQDN); err != nil {
-			return c, err
-		}
-	}
-	if st := s.States[0]; st != nil {
-		c.Cur = st.Certificates[c.FQDN]
-	}
-	return c, r.Guard.Decide(ctx, r.Reporter, s.Ing, &c, staging)
-}
-
-// ensureGroupCertSecret creates the empty kubernetes.io/tls Secret that the group's issuing
-// replica fills. It belongs to the ProxyGroup, not the Ingress: an Ingress deleted and created
-// again reuses the certificate instead of spending the CA's limits.
-func (r *HAIngressReconciler) ensureGroupCertSecret(ctx context.Context, pg *tsv1alpha1.ProxyGroup, fqdn string) error {
-	name := contract.GroupCertSecret(fqdn)
-	s := &corev1.Secret{}
-	// Whether it exists: the cache's object, not a copy of a certificate per pass.
-	switch err := r.Get(ctx, client.ObjectKey{Namespace: r.Settings.Namespace, Name: name}, s, client.UnsafeDisableDeepCopy); {
-	case err == nil:
-		return nil
-	case !apierrors.IsNotFound(err):
-		return fmt.Errorf("reading the group certificate Secret %s/%s: %w", r.Settings.Namespace, name, err)
-	}
-	labels := proxies.Group{Name: pg.Name}.Labels()
-	labels[kit.LabelSecretType] = certs.SecretTypeGroupCert
-	s = &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: r.Settings.Namespace, Labels: labels},
-		Type:       corev1.SecretTypeTLS,
-		Data:       map[string][]byte{corev1.TLSCertKey: nil, corev1.TLSPrivateKeyKey: nil},
-	}
-	if err := controllerutil.SetControllerReference(pg, s, r.Scheme()); err != nil {
-		return fmt.Errorf("setting ProxyGroup %s as the owner of the certificate Secret %s/%s: %w", pg.Name, r.Settings.Namespace, name, err)
-	}
-	return client.IgnoreAlreadyExists(kit.Create(ctx, r.Client, s))
+	g := groupstore.GroupCert{Client: r.Client, Guard: r.Guard, Namespace: r.Settings.Namespace, DefaultProxyClass: r.Settings.DefaultProxyClass}
+	return g.Certificate(ctx, r.Reporter, s.Ing, s.Group, s.Hostname, s.domain, s.States)
 }
 
 // hostnameTakenBy returns another HA Ingress that serves hostname and came first.
@@ -293,7 +241,7 @@ func (r *HAIngressReconciler) hostnameTakenBy(ctx context.Context, ing *networki
 // with a port error, why its certificate is missing) and the bring-your-own hosts served.
 // served says whether the tailnet name is served.
 func haIngressLoadBalancer(svcName string, ws *contract.WebService, cert certs.TailnetCert, states []*contract.ProxyState, now time.Time) (lb []networkingv1.IngressLoadBalancerIngress, served bool) {
-	advertising := firstAdvertising(states, svcName)
+	advertising := groupstore.FirstAdvertising(states, svcName)
 	if errReason := certs.CertPortError(cert.Hold, cert.Cur, now); errReason != "" && cert.FQDN != "" {
 		lb = append(lb, networkingv1.IngressLoadBalancerIngress{Hostname: cert.FQDN,
 			Ports: []networkingv1.IngressPortStatus{{Port: 443, Protocol: corev1.ProtocolTCP, Error: &errReason}}})
@@ -305,15 +253,6 @@ func haIngressLoadBalancer(svcName string, ws *contract.WebService, cert certs.T
 		lb = append(lb, byoStatus(ws.TLS.Certificates, advertising.Certificates, now)...)
 	}
 	return lb, served
-}
-
-func firstAdvertising(states []*contract.ProxyState, svcName string) *contract.ProxyState {
-	for _, st := range states {
-		if st != nil && groupstore.Advertises(st, svcName) {
-			return st
-		}
-	}
-	return nil
 }
 
 // unserve removes an Ingress's entry from every group and releases its Tailscale Service.

@@ -46,8 +46,11 @@ const (
 	// A ProxyClass field that this object's proxy does not have (tailscaleInitContainer on an
 	// Ingress's L7 proxy); the rest of the class applies.
 	ReasonProxyClassFieldIgnored = "ProxyClassFieldIgnored"
-	ReasonTailnetAPIFailed       = "TailnetAPIFailed" // the message carries the control plane's reason
-	ReasonCleanupFailed          = "CleanupFailed"
+	// A ProxyClass named for an object that does not run with it (a GatewayClass's, for a
+	// Gateway on a ProxyGroup, whose replicas run with the group's).
+	ReasonProxyClassIgnored = "ProxyClassIgnored"
+	ReasonTailnetAPIFailed  = "TailnetAPIFailed" // the message carries the control plane's reason
+	ReasonCleanupFailed     = "CleanupFailed"
 	// The proxy's state Secret holds what the proxy cannot have written (a hand edit).
 	ReasonProxyStateInvalid = "ProxyStateInvalid"
 	// The device a proxy's state names is not, by the tailnet API, the one its key was minted
