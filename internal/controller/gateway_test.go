@@ -35,6 +35,7 @@ import (
 	"github.com/tsingress/tsingress/internal/controller/gateway"
 	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/controller/proxies"
+	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/kubeobj"
 )
 
@@ -349,6 +350,9 @@ var _ = Describe("Gateway API", Ordered, func() {
 		if value == "" {
 			delete(got.Annotations, key)
 		} else {
+			if got.Annotations == nil {
+				got.Annotations = map[string]string{}
+			}
 			got.Annotations[key] = value
 		}
 		Expect(gw.Patch(ctx, got, client.MergeFrom(before))).To(Succeed())
@@ -610,22 +614,100 @@ var _ = Describe("Gateway API", Ordered, func() {
 		quiet()
 	})
 
-	It("does not serve a Gateway on a ProxyGroup yet, and says so on it and its routes", func() {
+	It("serves a Gateway on a ProxyGroup as a Tailscale Service, refuses a missing group and a taken hostname, and moves it to a standalone proxy", func() {
 		class("gw-ha", gateway.ControllerName, nil)
+		pg := newProxyGroup("gw-pg", nil)
+		DeferCleanup(k8s.Delete, ctx, pg)
+		Eventually(func(g Gomega) { replicaConfig(g, "gw-pg", 1) }).Should(Succeed())
 		ns := newNamespace()
-		newBackendService(ns, "web")
-		edge := kubeobj.Gateway(ns, "edge", "gw-ha", https)
-		edge.Annotations = map[string]string{kit.AnnotationProxyGroup: "pg"}
+		web := newBackendService(ns, "web")
+		edge := kubeobj.Gateway(ns, "edge", "gw-ha", https, http)
+		edge.Annotations = map[string]string{kit.AnnotationProxyGroup: "gw-pg"}
 		route := kubeobj.HTTPRoute(ns, "shop", "edge", kubeobj.HTTPRule(prefix, "/", "", "web", 80))
 		create(edge, route)
-		Eventually(gatewayCondition(edge, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse),
-			HaveField("Reason", kit.ReasonGatewayInvalid), HaveField("Message", ContainSubstring("Gateways on a ProxyGroup"))))
-		Expect(gatewayCondition(edge, "Programmed")(Default)).To(HaveField("Status", metav1.ConditionFalse))
-		warned("Gateway", "edge", kit.ReasonGatewayInvalid)
-		Eventually(routeCondition(route, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonNoMatchingParent)))
-		warned("HTTPRoute", "shop", kit.ReasonNoMatchingParent)
-		quiet()
+		svcName := "svc:" + ns + "-edge-gateway"
+
+		By("writing its routes into the group's Serve config, served on HTTPS and HTTP")
+		Eventually(func(g Gomega) map[string]contract.WebService {
+			serve, _ := groupDocuments(g, "gw-pg")
+			return serve.Services
+		}).Should(HaveKeyWithValue(svcName, And(HaveField("HTTP", contract.HTTPServe), HaveField("Routes", Equal([]contract.Route{
+			{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"}}})))))
+		ts, err := tailscaleService(svcName)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ts.Ports).To(Equal([]string{"tcp:443", "tcp:80"}))
+		Expect(ts.Addrs).NotTo(BeEmpty())
 		Expect(apierrors.IsNotFound(k8s.Get(ctx, proxyKey(proxies.ParentTypeGateway, edge), &appsv1.StatefulSet{}))).To(BeTrue(), "no standalone proxy")
+		Eventually(gatewayCondition(edge, "Accepted")).Should(HaveField("Reason", kit.ReasonGatewayClassAccepted))
+		Eventually(gatewayCondition(edge, "Programmed")).Should(HaveField("Reason", kit.ReasonPending))
+		Eventually(routeCondition(route, "Accepted")).Should(HaveField("Status", metav1.ConditionTrue))
+
+		By("reporting the Tailscale Service's name and VIPs once a replica advertises it")
+		reportReplica("gw-pg", 1, contract.ProxyState{FQDN: "gw-pg-1.tailnet.test", Advertised: []string{svcName}})
+		Eventually(gatewayCondition(edge, "Programmed")).Should(And(HaveField("Status", metav1.ConditionTrue),
+			HaveField("Message", ContainSubstring("Tailscale Service "+svcName+" on ProxyGroup gw-pg"))))
+		want := []gatewayv1.GatewayStatusAddress{{Type: ptr.To(gatewayv1.HostnameAddressType), Value: ns + "-edge-gateway.tailnet.test"}}
+		for _, a := range ts.Addrs {
+			want = append(want, gatewayv1.GatewayStatusAddress{Type: ptr.To(gatewayv1.IPAddressType), Value: a.String()})
+		}
+		Eventually(func(g Gomega) []gatewayv1.GatewayStatusAddress {
+			got := &gatewayv1.Gateway{}
+			g.Expect(gw.Get(ctx, client.ObjectKeyFromObject(edge), got)).To(Succeed())
+			return got.Status.Addresses
+		}).Should(Equal(want))
+		Eventually(listenerCondition(edge, "https", "Programmed")).Should(HaveField("Status", metav1.ConditionTrue))
+
+		By("refusing a second Gateway that asks for the same name on a group, and one on a missing group")
+		twin := kubeobj.Gateway(ns, "twin", "gw-ha", https)
+		twin.Annotations = map[string]string{kit.AnnotationProxyGroup: "gw-pg", kit.AnnotationHostname: ns + "-edge-gateway"}
+		lost := kubeobj.Gateway(ns, "lost", "gw-ha", https)
+		lost.Annotations = map[string]string{kit.AnnotationProxyGroup: "no-such-group"}
+		lostRoute := kubeobj.HTTPRoute(ns, "lost", "lost", kubeobj.HTTPRule(prefix, "/", "", "web", 80))
+		create(twin, lost, lostRoute)
+		Eventually(gatewayCondition(twin, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonDuplicateHostname),
+			HaveField("Message", ContainSubstring("Gateway "+ns+"/edge"))))
+		warned("Gateway", "twin", kit.ReasonDuplicateHostname)
+		Eventually(gatewayCondition(lost, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonProxyGroupNotFound)))
+		warned("Gateway", "lost", kit.ReasonProxyGroupNotFound)
+		Eventually(routeCondition(lostRoute, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonNoMatchingParent)))
+		Expect(gw.Delete(ctx, twin)).To(Succeed())
+		Expect(gw.Delete(ctx, lost)).To(Succeed())
+		quiet()
+		serve, _ := groupDocuments(Default, "gw-pg")
+		Expect(serve.Services).To(HaveKey(svcName), "the first Gateway keeps its entry")
+
+		By("moving it to a standalone proxy when the annotation goes: the group entry and Tailscale Service released")
+		annotate(edge, kit.AnnotationProxyGroup, "")
+		Eventually(func() error { return k8s.Get(ctx, proxyKey(proxies.ParentTypeGateway, edge), &appsv1.StatefulSet{}) }).Should(Succeed())
+		Eventually(func(g Gomega) map[string]contract.WebService {
+			serve, _ := groupDocuments(g, "gw-pg")
+			return serve.Services
+		}).ShouldNot(HaveKey(svcName))
+		_, err = tailscaleService(svcName)
+		Expect(tailnet.IsNotFound(err)).To(BeTrue(), "Tailscale Service still there: %v", err)
+		Eventually(func(g Gomega) []string {
+			got := &gatewayv1.Gateway{}
+			g.Expect(gw.Get(ctx, client.ObjectKeyFromObject(edge), got)).To(Succeed())
+			return got.Finalizers
+		}).Should(Equal([]string{kit.FinalizerName}))
+
+		By("and back onto the group: the standalone proxy removed first")
+		annotate(edge, kit.AnnotationProxyGroup, "gw-pg")
+		expectGone(&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: testSetup.Namespace, Name: proxyKey(proxies.ParentTypeGateway, edge).Name}})
+		Eventually(func(g Gomega) map[string]contract.WebService {
+			serve, _ := groupDocuments(g, "gw-pg")
+			return serve.Services
+		}).Should(HaveKey(svcName))
+
+		By("removing its entry and Tailscale Service with the Gateway")
+		Expect(gw.Delete(ctx, edge)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(gw.Get(ctx, client.ObjectKeyFromObject(edge), &gatewayv1.Gateway{}))
+		}).Should(BeTrue())
+		serve, _ = groupDocuments(Default, "gw-pg")
+		Expect(serve.Services).NotTo(HaveKey(svcName))
+		_, err = tailscaleService(svcName)
+		Expect(tailnet.IsNotFound(err)).To(BeTrue(), "Tailscale Service still there: %v", err)
 	})
 
 	It("leaves a Gateway of another controller's class, and the routes to it, alone", func() {
