@@ -56,6 +56,23 @@ func gatewayCondition(ctx context.Context, g Gomega, gw *gatewayv1.Gateway, typ 
 	return meta.FindStatusCondition(got.Status.Conditions, typ)
 }
 
+// programmedAddresses waits for a Gateway to be Programmed with its listeners' routes attached
+// (attached each), and returns its addresses: the MagicDNS name first, then the tailnet IPs.
+func programmedAddresses(ctx context.Context, gw *gatewayv1.Gateway, attached int32) []gatewayv1.GatewayStatusAddress {
+	GinkgoHelper()
+	got := &gatewayv1.Gateway{}
+	Eventually(ctx, func(g Gomega) {
+		g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(gw), got)).To(Succeed())
+		c := meta.FindStatusCondition(got.Status.Conditions, string(gatewayv1.GatewayConditionProgrammed))
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "Programmed: %s", c.Message)
+		g.Expect(got.Status.Addresses).NotTo(BeEmpty())
+		g.Expect(*got.Status.Addresses[0].Type).To(Equal(gatewayv1.HostnameAddressType))
+		g.Expect(got.Status.Listeners).To(HaveEach(HaveField("AttachedRoutes", attached)))
+	}).Should(Succeed())
+	return got.Status.Addresses
+}
+
 // patchAnnotation sets (or, with value "", removes) an annotation of obj.
 func patchAnnotation(ctx context.Context, obj client.Object, key, value string) {
 	GinkgoHelper()
@@ -97,18 +114,7 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 		suite.Create(ctx, route)
 
 		By("programming the Gateway with its MagicDNS name first in its addresses")
-		var fqdn string
-		Eventually(ctx, func(g Gomega) {
-			c := gatewayCondition(ctx, g, edge, string(gatewayv1.GatewayConditionProgrammed))
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "Programmed: %s", c.Message)
-			got := &gatewayv1.Gateway{}
-			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(edge), got)).To(Succeed())
-			g.Expect(got.Status.Addresses).NotTo(BeEmpty())
-			g.Expect(*got.Status.Addresses[0].Type).To(Equal(gatewayv1.HostnameAddressType))
-			fqdn = got.Status.Addresses[0].Value
-			g.Expect(got.Status.Listeners).To(ConsistOf(HaveField("AttachedRoutes", int32(1))))
-		}).Should(Succeed())
+		fqdn := programmedAddresses(ctx, edge, 1)[0].Value
 		Eventually(ctx, func(g Gomega) []gatewayv1.RouteParentStatus {
 			got := &gatewayv1.HTTPRoute{}
 			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(route), got)).To(Succeed())
@@ -194,15 +200,7 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 		suite.Create(ctx, edge)
 		suite.Create(ctx, route)
 
-		var fqdn string
-		Eventually(ctx, func(g Gomega) {
-			got := &gatewayv1.Gateway{}
-			g.Expect(suite.K8s.Get(ctx, client.ObjectKeyFromObject(edge), got)).To(Succeed())
-			c := meta.FindStatusCondition(got.Status.Conditions, string(gatewayv1.GatewayConditionProgrammed))
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "Programmed: %s", c.Message)
-			fqdn = got.Status.Addresses[0].Value
-		}).Should(Succeed())
+		fqdn := programmedAddresses(ctx, edge, 1)[0].Value
 		expectHTTPSEcho(ctx, fqdn)
 		deviceID := proxyDevice(ctx, proxies.ParentTypeGateway, edge)
 

@@ -19,10 +19,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/tailnet"
+	"github.com/tsingress/tsingress/internal/testing/kubeobj"
 	"github.com/tsingress/tsingress/test/framework"
 )
 
@@ -57,6 +59,44 @@ var _ = Describe("A ProxyGroup under a replica restart", Ordered, func() {
 		Expect(loss).To(BeNumerically("<=", maxFailoverLoss), "share of HTTPS requests lost while %s-0 restarted", pg.Name)
 
 		Expect(suite.K8s.Delete(ctx, ing)).To(Succeed())
+		Eventually(ctx, func() error {
+			_, err := suite.API.Service(ctx, "svc:"+host)
+			return err
+		}).Should(Satisfy(tailnet.IsNotFound), "the Tailscale Service svc:%s released", host)
+	})
+
+	It("serves a Gateway's HTTPRoute over HTTPS through its Tailscale Service while replica 0 restarts, and releases the Service once deleted", func(ctx SpecContext) {
+		host := "e2e-hagw-" + framework.Token()
+		backend := &corev1.Service{}
+		Expect(suite.K8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: framework.BackendName}, backend)).To(Succeed())
+		edge := kubeobj.Gateway(ns, "edge", gatewayClass(ctx), kubeobj.Listener("https", gatewayv1.HTTPSProtocolType, 443))
+		edge.Annotations = map[string]string{kit.AnnotationHostname: host, kit.AnnotationProxyGroup: pg.Name}
+		suite.Create(ctx, edge)
+		suite.Create(ctx, kubeobj.HTTPRoute(ns, "edge", edge.Name,
+			kubeobj.HTTPRule(gatewayv1.PathMatchPathPrefix, "/", "", framework.BackendName, int(backend.Spec.Ports[0].Port))))
+
+		By("reporting the Tailscale Service's MagicDNS name and VIPs as its addresses")
+		addrs := programmedAddresses(ctx, edge, 1)
+		svc, err := suite.API.Service(ctx, "svc:"+host)
+		Expect(err).NotTo(HaveOccurred())
+		var vips []string
+		for _, a := range svc.Addrs {
+			vips = append(vips, a.String())
+		}
+		Expect(addrs[1:]).To(HaveEach(HaveField("Value", BeElementOf(vips))))
+		Expect(addrs[1:]).NotTo(BeEmpty())
+		fqdn := addrs[0].Value
+		Expect(fqdn).To(HavePrefix(host + "."))
+		expectHTTPSEcho(ctx, fqdn)
+
+		hc := tailnetHTTPClient(5 * time.Second)
+		defer hc.CloseIdleConnections()
+		loss := underReplicaRestart(ctx, pg.Name+"-0", func(ctx context.Context) error {
+			return echoOnce(ctx, hc, "https://"+fqdn)
+		})
+		Expect(loss).To(BeNumerically("<=", maxFailoverLoss), "share of HTTPS requests to the Gateway lost while %s-0 restarted", pg.Name)
+
+		Expect(suite.K8s.Delete(ctx, edge)).To(Succeed())
 		Eventually(ctx, func() error {
 			_, err := suite.API.Service(ctx, "svc:"+host)
 			return err
