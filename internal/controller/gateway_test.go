@@ -657,6 +657,19 @@ var _ = Describe("Gateway API", Ordered, func() {
 		}).Should(Equal(want))
 		Eventually(listenerCondition(edge, "https", "Programmed")).Should(HaveField("Status", metav1.ConditionTrue))
 
+		By("writing Funnel into its group entry once annotated, its condition waiting for the replicas to report it")
+		annotate(edge, kit.AnnotationFunnel, "true")
+		Eventually(func(g Gomega) map[string]contract.WebService {
+			serve, _ := groupDocuments(g, "gw-pg")
+			return serve.Services
+		}).Should(HaveKeyWithValue(svcName, HaveField("Funnel", true)))
+		Eventually(gatewayCondition(edge, "tailscale.com/Funnel")).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonPending)))
+		annotate(edge, kit.AnnotationFunnel, "")
+		Eventually(func(g Gomega) map[string]contract.WebService {
+			serve, _ := groupDocuments(g, "gw-pg")
+			return serve.Services
+		}).Should(HaveKeyWithValue(svcName, HaveField("Funnel", false)))
+
 		By("refusing a second Gateway that asks for the same name on a group, and one on a missing group")
 		twin := kubeobj.Gateway(ns, "twin", "gw-ha", https)
 		twin.Annotations = map[string]string{kit.AnnotationProxyGroup: "gw-pg", kit.AnnotationHostname: ns + "-edge-gateway"}

@@ -134,7 +134,8 @@ var _ = Describe("ProxyGroup reconciler", func() {
 		Expect(cfg0.AuthKey).NotTo(Equal(cfg1.AuthKey), "one single-use key per replica")
 		Expect(cfg0.StateSecret).To(Equal("edge-0"))
 		Expect(k8s.Get(ctx, nsKey("edge-0"), &corev1.Secret{})).To(Succeed())
-		Expect(k8s.Get(ctx, nsKey("edge"+proxies.GroupConfigMapSuffix), &corev1.ConfigMap{})).To(Succeed())
+		// Written in the same pass as the Secrets, after them.
+		Eventually(func() error { return k8s.Get(ctx, nsKey("edge"+proxies.GroupConfigMapSuffix), &corev1.ConfigMap{}) }).Should(Succeed())
 
 		sts := &appsv1.StatefulSet{}
 		Eventually(func() error { return k8s.Get(ctx, nsKey("edge"), sts) }).Should(Succeed())
