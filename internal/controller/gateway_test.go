@@ -301,18 +301,27 @@ var _ = Describe("Gateway API", Ordered, func() {
 			return c
 		}
 	}
-	// routeCondition is a condition of this controller's entry for the route's first parentRef.
-	routeCondition := func(route *gatewayv1.HTTPRoute, typ string) func(g Gomega) *metav1.Condition {
+	// routeCondition is a condition of this controller's entry for the first parentRef of an
+	// HTTPRoute or GRPCRoute.
+	routeCondition := func(route client.Object, typ string) func(g Gomega) *metav1.Condition {
 		return func(g Gomega) *metav1.Condition {
-			got := &gatewayv1.HTTPRoute{}
+			got := route.DeepCopyObject().(client.Object)
 			g.Expect(gw.Get(ctx, client.ObjectKeyFromObject(route), got)).To(Succeed())
-			i := slices.IndexFunc(got.Status.Parents, func(p gatewayv1.RouteParentStatus) bool {
-				return p.ControllerName == gateway.ControllerName && reflect.DeepEqual(p.ParentRef, got.Spec.ParentRefs[0])
+			var spec gatewayv1.CommonRouteSpec
+			var status gatewayv1.RouteStatus
+			switch r := got.(type) {
+			case *gatewayv1.HTTPRoute:
+				spec, status = r.Spec.CommonRouteSpec, r.Status.RouteStatus
+			case *gatewayv1.GRPCRoute:
+				spec, status = r.Spec.CommonRouteSpec, r.Status.RouteStatus
+			}
+			i := slices.IndexFunc(status.Parents, func(p gatewayv1.RouteParentStatus) bool {
+				return p.ControllerName == gateway.ControllerName && reflect.DeepEqual(p.ParentRef, spec.ParentRefs[0])
 			})
 			g.Expect(i).To(BeNumerically(">=", 0), "an entry of this controller in the route's status")
-			c := meta.FindStatusCondition(got.Status.Parents[i].Conditions, typ)
+			c := meta.FindStatusCondition(status.Parents[i].Conditions, typ)
 			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.ObservedGeneration).To(Equal(got.Generation))
+			g.Expect(c.ObservedGeneration).To(Equal(got.GetGeneration()))
 			return c
 		}
 	}
@@ -328,7 +337,9 @@ var _ = Describe("Gateway API", Ordered, func() {
 	// quiet checks that nothing is reconciled again while nothing changes: no hot loop. The
 	// passes the spec's changes cause (the proxy's children appearing) end first.
 	quiet := func() {
-		passes := func() []float64 { return []float64{reconciles("gateway"), reconciles("httproute")} }
+		passes := func() []float64 {
+			return []float64{reconciles("gateway"), reconciles("httproute"), reconciles("grpcroute")}
+		}
 		var last []float64
 		Eventually(func() bool {
 			p := passes()
@@ -386,7 +397,7 @@ var _ = Describe("Gateway API", Ordered, func() {
 		Eventually(gatewayCondition(edge, "Programmed")).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonPending)))
 		for _, l := range []string{"https", "http"} {
 			Eventually(listenerStatus(edge, l)).Should(And(HaveField("AttachedRoutes", int32(1)),
-				HaveField("SupportedKinds", ConsistOf(HaveField("Kind", gatewayv1.Kind("HTTPRoute"))))))
+				HaveField("SupportedKinds", ConsistOf(HaveField("Kind", gatewayv1.Kind("HTTPRoute")), HaveField("Kind", gatewayv1.Kind("GRPCRoute"))))))
 			Expect(listenerCondition(edge, l, "Accepted")(Default)).To(HaveField("Status", metav1.ConditionTrue))
 			Expect(listenerCondition(edge, l, "ResolvedRefs")(Default)).To(HaveField("Status", metav1.ConditionTrue))
 			Expect(listenerCondition(edge, l, "Conflicted")(Default)).To(HaveField("Status", metav1.ConditionFalse))
@@ -721,6 +732,40 @@ var _ = Describe("Gateway API", Ordered, func() {
 		Expect(serve.Services).NotTo(HaveKey(svcName))
 		_, err = tailscaleService(svcName)
 		Expect(tailnet.IsNotFound(err)).To(BeTrue(), "Tailscale Service still there: %v", err)
+	})
+
+	It("serves a GRPCRoute's calls over h2c, refuses an HTTPRoute on its Gateway and a method without a service", func() {
+		class("gw-grpc", gateway.ControllerName, nil)
+		ns := newNamespace()
+		grpcSvc := newBackendService(ns, "grpc")
+		edge := kubeobj.Gateway(ns, "edge", "gw-grpc", https)
+		route := kubeobj.GRPCRoute(ns, "health", "edge", "grpc.health.v1.Health", "Check", "grpc", 80)
+		create(edge, route)
+
+		By("writing the call's path, reached over h2c, into the proxy config")
+		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{{Path: "/grpc.health.v1.Health/Check", PathType: contract.PathExact,
+			Backend: contract.Backend{URL: "http://" + grpcSvc.Spec.ClusterIP + ":80", Protocol: contract.BackendH2C}}}))
+		Eventually(routeCondition(route, "Accepted")).Should(And(HaveField("Status", metav1.ConditionTrue), HaveField("Reason", kit.ReasonGatewayClassAccepted)))
+		Eventually(routeCondition(route, "ResolvedRefs")).Should(HaveField("Status", metav1.ConditionTrue))
+		Eventually(listenerStatus(edge, "https")).Should(And(HaveField("AttachedRoutes", int32(1)),
+			HaveField("SupportedKinds", ConsistOf(HaveField("Kind", gatewayv1.Kind("HTTPRoute")), HaveField("Kind", gatewayv1.Kind("GRPCRoute"))))))
+
+		By("refusing an HTTPRoute on the same Gateway: the two kinds are not merged, the oldest route's kind is served")
+		web := kubeobj.HTTPRoute(ns, "web", "edge", kubeobj.HTTPRule(prefix, "/", "", "grpc", 80))
+		create(web)
+		Eventually(routeCondition(web, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonUnsupportedValue),
+			HaveField("Message", ContainSubstring("GRPCRoute "+ns+"/health"))))
+		warned("HTTPRoute", "web", kit.ReasonUnsupportedValue)
+		Consistently(servedRoutes(edge), "1s").Should(HaveLen(1))
+
+		By("refusing a method match without a service, which has no path to serve it by")
+		anyService := kubeobj.GRPCRoute(ns, "any", "edge", "", "Check", "grpc", 80)
+		anyService.Spec.Rules[0].Matches[0].Method.Service = nil
+		create(anyService)
+		Eventually(routeCondition(anyService, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonUnsupportedValue),
+			HaveField("Message", ContainSubstring("RegularExpression"))))
+		warned("GRPCRoute", "any", kit.ReasonUnsupportedValue)
+		quiet()
 	})
 
 	It("leaves a Gateway of another controller's class, and the routes to it, alone", func() {

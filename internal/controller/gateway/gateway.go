@@ -1,7 +1,8 @@
 // Package gateway holds the operator's Gateway API controllers: the GatewayClass reconciler,
 // which accepts the classes whose controllerName is ControllerName; the Gateway reconciler, which
-// serves their Gateways on standalone proxies with the routes of their HTTPRoutes; the HTTPRoute
-// reconciler, which writes this controller's entries of the routes' status; and the start of
+// serves their Gateways on standalone proxies or ProxyGroups with the routes of their HTTPRoutes
+// and GRPCRoutes; the route reconcilers, which write this controller's entries of the routes'
+// status; and the start of
 // those controllers, now when the Gateway API CRDs are served or later, once they are installed,
 // without a restart. It must not touch a class, Gateway or status entry of another controller,
 // nor install or change the Gateway API CRDs (users install them).
@@ -43,6 +44,7 @@ var gatewayClassKind = schema.GroupKind{Group: gatewayv1.GroupName, Kind: "Gatew
 var servingKinds = []schema.GroupKind{
 	{Group: gatewayv1.GroupName, Kind: "Gateway"},
 	{Group: gatewayv1.GroupName, Kind: "HTTPRoute"},
+	{Group: gatewayv1.GroupName, Kind: "GRPCRoute"},
 	{Group: gatewayv1.GroupName, Kind: "ReferenceGrant"},
 }
 
@@ -177,8 +179,13 @@ func (s *starter) start(ctx context.Context) (bool, error) {
 			}
 			return nil
 		}, func() error {
-			if err := (&HTTPRouteReconciler{common: c, Reporter: s.serving.Routes}).SetupWithManager(s.mgr); err != nil {
+			if err := (&RouteReconciler{common: c, Reporter: s.serving.Routes, Kind: kindHTTPRoute}).SetupWithManager(s.mgr); err != nil {
 				return fmt.Errorf("setting up the HTTPRoute controller: %w", err)
+			}
+			return nil
+		}, func() error {
+			if err := (&RouteReconciler{common: c, Reporter: s.serving.GRPCRoutes, Kind: kindGRPCRoute}).SetupWithManager(s.mgr); err != nil {
+				return fmt.Errorf("setting up the GRPCRoute controller: %w", err)
 			}
 			return nil
 		})

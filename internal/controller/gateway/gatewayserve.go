@@ -43,8 +43,9 @@ type Serving struct {
 	Proxies  *proxies.Proxies
 	Groups   groupstore.Store
 	Guard    *certs.CertGuard
-	// Gateways and Routes report for the two reconcilers.
-	Gateways, Routes kit.Reporter
+	// Gateways, Routes and GRPCRoutes report for the reconcilers of Gateways, HTTPRoutes and
+	// GRPCRoutes.
+	Gateways, Routes, GRPCRoutes kit.Reporter
 }
 
 // common is what both reconcilers read Gateways with.
@@ -66,9 +67,9 @@ type GatewayReconciler struct {
 // Gateways are served (a finalizer, so their proxy is removed first) and their status written.
 // +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=gateways,verbs=list;watch;patch
 // +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=gateways/status,verbs=patch
-// The routes attached to them, read; the HTTPRoute reconciler writes their status.
-// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes,verbs=list;watch
-// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes/status,verbs=patch
+// The routes attached to them, read; the route reconcilers write their status.
+// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes;grpcroutes,verbs=list;watch
+// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes/status;grpcroutes/status,verbs=patch
 // The grants that let a route refer to a Service of another namespace.
 // +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=referencegrants,verbs=list;watch
 
@@ -119,6 +120,9 @@ type gatewayInputs struct {
 	takenBy string
 	// classIgnored says why the GatewayClass's ProxyClass does not apply ("": it does).
 	classIgnored string
+	// routeKind is the kind of the oldest route naming the Gateway, routeKindOf that route.
+	routeKind   gatewayv1.Kind
+	routeKindOf string
 }
 
 // gatherGateway reads what a Gateway's view is decided from: the tailnet's domain and, for a
@@ -133,6 +137,14 @@ func (c common) gatherGateway(ctx context.Context, gw *gatewayv1.Gateway) (gatew
 	}
 	info := c.Proxies.TailnetInfo(ctx)
 	in.domain, in.certsOff = info.Domain, !info.CertsAvailable()
+	routes, err := listRoutes(ctx, c.Client, client.MatchingFields{indexRouteParents: client.ObjectKeyFromObject(gw).String()})
+	if err != nil {
+		return in, fmt.Errorf("listing the routes of Gateway %s/%s: %w", gw.Namespace, gw.Name, err)
+	}
+	if len(routes) > 0 {
+		oldest := slices.MinFunc(routes, olderRoute)
+		in.routeKind, in.routeKindOf = routeKind(&oldest), oldest.Namespace+"/"+oldest.Name
+	}
 	if pg := gw.Annotations[kit.AnnotationProxyGroup]; pg != "" {
 		in.onGroup = true
 		if gc.Spec.ParametersRef != nil {
@@ -154,7 +166,6 @@ func (c common) gatherGateway(ctx context.Context, gw *gatewayv1.Gateway) (gatew
 		}
 		in.class, in.classNotReady = class.Ready(), class.NotReady
 	}
-	var err error
 	in.state, _, in.unreadable, err = c.Proxies.State(ctx, proxies.ParentOf(proxies.ParentTypeGateway, gw))
 	return in, err
 }
@@ -210,7 +221,7 @@ func gatewayHostname(gw *gatewayv1.Gateway) string {
 // decideGateway decides whether a Gateway can be served, and its listeners. Its names are its
 // hostname and MagicDNS name, and those the proxy reports (the tailnet may have renamed it).
 func decideGateway(gw *gatewayv1.Gateway, in gatewayInputs, defaultTags []string) (gatewayView, []string) {
-	v := gatewayView{Key: types.NamespacedName{Namespace: gw.Namespace, Name: gw.Name}}
+	v := gatewayView{Key: types.NamespacedName{Namespace: gw.Namespace, Name: gw.Name}, RouteKind: in.routeKind, RouteKindOf: in.routeKindOf}
 	hostname := gatewayHostname(gw)
 	for _, n := range []string{hostname, hostname + "." + strings.TrimSuffix(in.domain, ".")} {
 		if !strings.HasSuffix(n, ".") {
@@ -422,21 +433,19 @@ func (r *GatewayReconciler) leaveGroup(ctx context.Context, gw *gatewayv1.Gatewa
 // each listener, and returns the routes of the accepted ones: oldest route first, the spec's
 // precedence between routes, and the first of a path wins.
 func (r *GatewayReconciler) attachedRoutes(ctx context.Context, gw *gatewayv1.Gateway, view *gatewayView, attached map[gatewayv1.SectionName]int32) ([]contract.Route, error) {
-	list := &gatewayv1.HTTPRouteList{}
-	if err := r.List(ctx, list, client.MatchingFields{indexRouteParents: view.Key.String()}); err != nil {
-		return nil, fmt.Errorf("listing the HTTPRoutes of Gateway %s: %w", view.Key, err)
+	list, err := listRoutes(ctx, r.Client, client.MatchingFields{indexRouteParents: view.Key.String()})
+	if err != nil {
+		return nil, fmt.Errorf("listing the routes of Gateway %s: %w", view.Key, err)
 	}
-	slices.SortFunc(list.Items, func(a, b gatewayv1.HTTPRoute) int {
-		return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name))
-	})
-	in, err := gatherBackends(ctx, r.Client, list.Items)
+	slices.SortFunc(list, olderRoute)
+	in, err := gatherBackends(ctx, r.Client, list)
 	if err != nil {
 		return nil, err
 	}
 	var routes []contract.Route
 	seen := map[string]bool{}
-	for i := range list.Items {
-		d := decideRoute(&list.Items[i], map[types.NamespacedName]*gatewayView{view.Key: view}, in)
+	for i := range list {
+		d := decideRoute(&list[i], map[types.NamespacedName]*gatewayView{view.Key: view}, in)
 		listeners := map[gatewayv1.SectionName]bool{}
 		for _, p := range d.Parents {
 			for _, l := range p.Listeners {
@@ -577,8 +586,9 @@ func (r *GatewayReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&tsv1alpha1.ProxyGroupPolicy{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return r.gateways(ctx, client.InNamespace(o.GetNamespace()))
 		})).
-		// Not a route's status, which the HTTPRoute reconciler writes from the same decision.
+		// Not a route's status, which the route reconcilers write from the same decision.
 		Watches(&gatewayv1.HTTPRoute{}, handler.EnqueueRequestsFromMapFunc(routeParents), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&gatewayv1.GRPCRoute{}, handler.EnqueueRequestsFromMapFunc(routeParents), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.gatewaysForService)).
 		Watches(&gatewayv1.ReferenceGrant{}, handler.EnqueueRequestsFromMapFunc(r.allGateways)).
 		Watches(&tsv1alpha1.ProxyClass{}, handler.EnqueueRequestsFromMapFunc(r.allGateways)).
@@ -586,10 +596,16 @@ func (r *GatewayReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// routeParents maps an HTTPRoute to the Gateways it names.
+// olderRoute orders routes oldest first, then by namespace and name: the spec's precedence
+// between routes.
+func olderRoute(a, b gatewayv1.HTTPRoute) int {
+	return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name))
+}
+
+// routeParents maps a route to the Gateways it names.
 func routeParents(_ context.Context, o client.Object) []reconcile.Request {
 	var out []reconcile.Request
-	for _, key := range parentKeys(o.(*gatewayv1.HTTPRoute)) {
+	for _, key := range parentKeys(asHTTPRoute(o)) {
 		out = append(out, reconcile.Request{NamespacedName: key})
 	}
 	return out
@@ -597,14 +613,14 @@ func routeParents(_ context.Context, o client.Object) []reconcile.Request {
 
 // gatewaysForService maps a Service to the Gateways of the routes that name it.
 func (r *GatewayReconciler) gatewaysForService(ctx context.Context, o client.Object) []reconcile.Request {
-	list := &gatewayv1.HTTPRouteList{}
-	if err := r.List(ctx, list, client.MatchingFields{indexRouteBackends: client.ObjectKeyFromObject(o).String()}); err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "listing the HTTPRoutes of a Service", "service", client.ObjectKeyFromObject(o))
+	list, err := listRoutes(ctx, r.Client, client.MatchingFields{indexRouteBackends: client.ObjectKeyFromObject(o).String()})
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing the routes of a Service", "service", client.ObjectKeyFromObject(o))
 		return nil
 	}
 	var out []reconcile.Request
-	for i := range list.Items {
-		out = append(out, routeParents(ctx, &list.Items[i])...)
+	for i := range list {
+		out = append(out, routeParents(ctx, &list[i])...)
 	}
 	return out
 }

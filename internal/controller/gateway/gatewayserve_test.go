@@ -92,12 +92,16 @@ func TestDecideListeners(t *testing.T) {
 		})
 	}
 	got := decideListeners([]gatewayv1.Listener{listener("https", "HTTPS", 443, kinds("TCPRoute", "HTTPRoute"))}, tailnetNames)[0]
-	if !got.HTTPRoutes || !reflect.DeepEqual(got.InvalidKinds, []string{"gateway.networking.k8s.io/TCPRoute"}) {
-		t.Errorf("kinds TCPRoute and HTTPRoute: HTTPRoutes %v, InvalidKinds %v", got.HTTPRoutes, got.InvalidKinds)
+	if !reflect.DeepEqual(got.Kinds, []gatewayv1.Kind{kindHTTPRoute}) || !reflect.DeepEqual(got.InvalidKinds, []string{"gateway.networking.k8s.io/TCPRoute"}) {
+		t.Errorf("kinds TCPRoute and HTTPRoute: Kinds %v, InvalidKinds %v", got.Kinds, got.InvalidKinds)
 	}
 	got = decideListeners([]gatewayv1.Listener{listener("https", "HTTPS", 443, kinds("TCPRoute"))}, tailnetNames)[0]
-	if got.HTTPRoutes {
-		t.Error("kinds TCPRoute alone: HTTPRoutes may attach")
+	if len(got.Kinds) > 0 {
+		t.Errorf("kinds TCPRoute alone: %v may attach", got.Kinds)
+	}
+	got = decideListeners([]gatewayv1.Listener{listener("https", "HTTPS", 443)}, tailnetNames)[0]
+	if !reflect.DeepEqual(got.Kinds, []gatewayv1.Kind{kindHTTPRoute, kindGRPCRoute}) {
+		t.Errorf("no kinds: %v may attach, want HTTPRoute and GRPCRoute", got.Kinds)
 	}
 }
 
@@ -161,22 +165,32 @@ func TestResolveBackendRef(t *testing.T) {
 		ref     gatewayv1.HTTPBackendRef
 		wantURL string
 		reason  string
+		// grpc: of a GRPCRoute, whose backends are reached over h2c.
+		grpc bool
 	}{
-		{"a Service port", backendRef("web", 80), "http://10.0.0.1:80", ""},
-		{"a missing Service", backendRef("gone", 80), "", kit.ReasonBackendNotFound},
-		{"a missing port", backendRef("web", 8080), "", kit.ReasonBackendNotFound},
-		{"a headless Service", backendRef("headless", 80), "", kit.ReasonBackendNotFound},
-		{"h2c", backendRef("web", 81), "http://10.0.0.1:81", ""},
-		{"another appProtocol", backendRef("web", 82), "", kit.ReasonUnsupportedProtocol},
-		{"an ExternalName Service", backendRef("ext", 5000), "http://db.example.com:5000", ""},
-		{"another kind", backendRef("web", 80, func(b *gatewayv1.HTTPBackendRef) { b.Kind = ptr.To[gatewayv1.Kind]("ConfigMap") }), "", kit.ReasonInvalidKind},
-		{"another namespace, granted", backendRef("api", 8080, inNamespace("other")), "http://[fd00::1]:8080", ""},
-		{"another namespace, granted for another name", backendRef("db", 80, inNamespace("third")), "", kit.ReasonRefNotPermitted},
-		{"another namespace, no grant", backendRef("web", 80, inNamespace("app2")), "", kit.ReasonRefNotPermitted},
+		{"a Service port", backendRef("web", 80), "http://10.0.0.1:80", "", false},
+		{"a missing Service", backendRef("gone", 80), "", kit.ReasonBackendNotFound, false},
+		{"a missing port", backendRef("web", 8080), "", kit.ReasonBackendNotFound, false},
+		{"a headless Service", backendRef("headless", 80), "", kit.ReasonBackendNotFound, false},
+		{"h2c", backendRef("web", 81), "http://10.0.0.1:81", "", false},
+		{"another appProtocol", backendRef("web", 82), "", kit.ReasonUnsupportedProtocol, false},
+		{"an ExternalName Service", backendRef("ext", 5000), "http://db.example.com:5000", "", false},
+		{"another kind", backendRef("web", 80, func(b *gatewayv1.HTTPBackendRef) { b.Kind = ptr.To[gatewayv1.Kind]("ConfigMap") }), "", kit.ReasonInvalidKind, false},
+		{"another namespace, granted", backendRef("api", 8080, inNamespace("other")), "http://[fd00::1]:8080", "", false},
+		{"another namespace, granted for another name", backendRef("db", 80, inNamespace("third")), "", kit.ReasonRefNotPermitted, false},
+		{"another namespace, no grant", backendRef("web", 80, inNamespace("app2")), "", kit.ReasonRefNotPermitted, false},
+		{"gRPC, no appProtocol", backendRef("web", 80), "http://10.0.0.1:80", "", true},
+		{"gRPC, h2c", backendRef("web", 81), "http://10.0.0.1:81", "", true},
+		{"gRPC, another appProtocol", backendRef("web", 82), "", kit.ReasonUnsupportedProtocol, true},
+		{"gRPC, another namespace granted to HTTPRoutes only", backendRef("api", 8080, inNamespace("other")), "", kit.ReasonRefNotPermitted, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b, p := resolveBackendRef("app", tt.ref.BackendObjectReference, in)
+			kind := kindHTTPRoute
+			if tt.grpc {
+				kind = kindGRPCRoute
+			}
+			b, p := resolveBackendRef("app", kind, tt.ref.BackendObjectReference, in)
 			if reason := ""; p != nil {
 				reason = p.Reason
 				if reason != tt.reason {
@@ -188,7 +202,7 @@ func TestResolveBackendRef(t *testing.T) {
 			if b.URL != tt.wantURL {
 				t.Errorf("URL %q, want %q", b.URL, tt.wantURL)
 			}
-			if wantH2C := tt.name == "h2c"; (b.Protocol == contract.BackendH2C) != wantH2C {
+			if wantH2C := tt.name == "h2c" || (tt.grpc && tt.reason == ""); (b.Protocol == contract.BackendH2C) != wantH2C {
 				t.Errorf("protocol %q", b.Protocol)
 			}
 		})
@@ -196,7 +210,7 @@ func TestResolveBackendRef(t *testing.T) {
 	// A grant from another kind or namespace grants nothing.
 	other := grant("other", "app", nil)
 	other.Spec.From[0].Kind = "GRPCRoute"
-	if granted([]gatewayv1.ReferenceGrant{other}, "app", types.NamespacedName{Namespace: "other", Name: "api"}) {
+	if granted([]gatewayv1.ReferenceGrant{other}, kindHTTPRoute, "app", types.NamespacedName{Namespace: "other", Name: "api"}) {
 		t.Error("a grant to GRPCRoutes lets an HTTPRoute refer")
 	}
 }
@@ -576,7 +590,7 @@ func TestGatewayStatus(t *testing.T) {
 	if c := condition(t, grouped.Conditions, conditionProgrammed); !strings.Contains(c.Message, "Tailscale Service svc:gw on ProxyGroup pg") {
 		t.Errorf("Programmed message %q does not name the Tailscale Service and group", c.Message)
 	}
-	if k := st.Listeners[0].SupportedKinds; len(k) != 1 || k[0].Kind != kindHTTPRoute {
+	if k := st.Listeners[0].SupportedKinds; len(k) != 2 || k[0].Kind != kindHTTPRoute || k[1].Kind != kindGRPCRoute {
 		t.Errorf("HTTPS supportedKinds %+v", k)
 	}
 	if k := st.Listeners[1].SupportedKinds; len(k) != 0 {
@@ -594,7 +608,7 @@ func TestRouteStatus(t *testing.T) {
 		Conditions: []metav1.Condition{{Type: conditionAccepted, Status: metav1.ConditionTrue, Reason: "Accepted"}}}
 	gone := gatewayv1.RouteParentStatus{ParentRef: gatewayv1.ParentReference{Name: "gone"}, ControllerName: ControllerName,
 		Conditions: []metav1.Condition{{Type: conditionAccepted, Status: metav1.ConditionTrue, Reason: "Accepted", ObservedGeneration: 1}}}
-	cur := gatewayv1.HTTPRouteStatus{RouteStatus: gatewayv1.RouteStatus{Parents: []gatewayv1.RouteParentStatus{other, gone}}}
+	cur := gatewayv1.RouteStatus{Parents: []gatewayv1.RouteParentStatus{other, gone}}
 	d := routeDecision{
 		Parents: []parentResult{
 			{Ref: gatewayv1.ParentReference{Name: "gw"}, Listeners: []gatewayv1.SectionName{"https"}},
@@ -622,10 +636,10 @@ func TestRouteStatus(t *testing.T) {
 	if st := routeStatus(cur, routeDecision{}, 2); !reflect.DeepEqual(st.Parents, []gatewayv1.RouteParentStatus{other}) {
 		t.Errorf("parents %+v, want the other controller's alone", st.Parents)
 	}
-	if st := routeStatus(gatewayv1.HTTPRouteStatus{RouteStatus: gatewayv1.RouteStatus{Parents: []gatewayv1.RouteParentStatus{gone}}}, routeDecision{}, 2); st.Parents == nil || len(st.Parents) != 0 {
+	if st := routeStatus(gatewayv1.RouteStatus{Parents: []gatewayv1.RouteParentStatus{gone}}, routeDecision{}, 2); st.Parents == nil || len(st.Parents) != 0 {
 		t.Errorf("parents %#v, want an empty list (the API requires one)", st.Parents)
 	}
-	if st := routeStatus(gatewayv1.HTTPRouteStatus{}, routeDecision{}, 2); st.Parents != nil {
+	if st := routeStatus(gatewayv1.RouteStatus{}, routeDecision{}, 2); st.Parents != nil {
 		t.Errorf("parents %#v of a route that never had one of ours, want it left alone", st.Parents)
 	}
 	// A stale read (our entry at a newer generation) changes nothing.

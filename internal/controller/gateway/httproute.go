@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -29,24 +30,24 @@ const (
 	indexGatewayGroupHostname = "tsingress.gateway.proxygroup-hostname"
 )
 
-// HTTPRouteReconciler writes this controller's entries of an HTTPRoute's status.parents: one
-// per parentRef to a Gateway of a class of this operator. It decides as the Gateway reconciler
-// does, which serves the routes; it writes nothing else.
-type HTTPRouteReconciler struct {
+// RouteReconciler writes this controller's entries of a route's status.parents, for HTTPRoutes
+// or (Kind GRPCRoute) GRPCRoutes: one per parentRef to a Gateway of a class of this operator. It
+// decides as the Gateway reconciler does, which serves the routes; it writes nothing else.
+type RouteReconciler struct {
 	common
 	kit.Reporter
+	Kind gatewayv1.Kind
 }
 
-func (r *HTTPRouteReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
-	route := &gatewayv1.HTTPRoute{}
-	if err := r.Get(ctx, req.NamespacedName, route); err != nil {
-		if apierrors.IsNotFound(err) {
+func (r *RouteReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
+	obj, route, status, err := r.read(ctx, req.NamespacedName)
+	if err != nil || obj == nil {
+		if obj == nil && err == nil {
 			r.Forget(req.NamespacedName)
-			return ctrl.Result{}, nil
 		}
-		return ctrl.Result{}, fmt.Errorf("reading HTTPRoute %s: %w", req.NamespacedName, err)
+		return ctrl.Result{}, err
 	}
-	defer func() { r.Settle(route, err == nil) }()
+	defer func() { r.Settle(obj, err == nil) }()
 	gateways, err := r.gateways(ctx, route)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -57,27 +58,48 @@ func (r *HTTPRouteReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	d := decideRoute(route, gateways, in)
 	defer func() {
-		before := route.DeepCopy()
-		route.Status = routeStatus(route.Status, d, route.Generation)
-		if perr := kit.PatchStatus(ctx, r.Client, before, route); perr != nil && err == nil {
-			err = fmt.Errorf("writing the status of HTTPRoute %s: %w", req.NamespacedName, perr)
+		before := obj.DeepCopyObject().(client.Object)
+		*status = routeStatus(*status, d, obj.GetGeneration())
+		if perr := kit.PatchStatus(ctx, r.Client, before, obj); perr != nil && err == nil {
+			err = fmt.Errorf("writing the status of %s %s: %w", r.Kind, req.NamespacedName, perr)
 		}
 	}()
 	for _, p := range d.Parents {
 		if !p.accepted() {
-			r.Warning(route, p.NotAccepted, "Gateway %s: %s", p.Gateway, p.Why)
+			r.Warning(obj, p.NotAccepted, "Gateway %s: %s", p.Gateway, p.Why)
 		}
 	}
 	if len(d.Parents) > 0 {
 		for _, u := range d.Unresolved {
-			r.Warning(route, u.Reason, "%s", u.Message)
+			r.Warning(obj, u.Reason, "%s", u.Message)
 		}
 	}
 	return ctrl.Result{}, nil
 }
 
+// read reads the route of the reconciler's kind, as itself, as the HTTPRoute it is served as,
+// and its status to write; nil when it does not exist.
+func (r *RouteReconciler) read(ctx context.Context, key types.NamespacedName) (client.Object, *gatewayv1.HTTPRoute, *gatewayv1.RouteStatus, error) {
+	if r.Kind == kindGRPCRoute {
+		g := &gatewayv1.GRPCRoute{}
+		if err := r.Get(ctx, key, g); err != nil {
+			return nil, nil, nil, client.IgnoreNotFound(fmtRead(r.Kind, key, err))
+		}
+		return g, grpcAsHTTP(g), &g.Status.RouteStatus, nil
+	}
+	h := &gatewayv1.HTTPRoute{}
+	if err := r.Get(ctx, key, h); err != nil {
+		return nil, nil, nil, client.IgnoreNotFound(fmtRead(r.Kind, key, err))
+	}
+	return h, h, &h.Status.RouteStatus, nil
+}
+
+func fmtRead(kind gatewayv1.Kind, key types.NamespacedName, err error) error {
+	return fmt.Errorf("reading %s %s: %w", kind, key, err)
+}
+
 // gateways reads and decides the Gateways of a class of this operator that the route names.
-func (r *HTTPRouteReconciler) gateways(ctx context.Context, route *gatewayv1.HTTPRoute) (map[types.NamespacedName]*gatewayView, error) {
+func (r *RouteReconciler) gateways(ctx context.Context, route *gatewayv1.HTTPRoute) (map[types.NamespacedName]*gatewayView, error) {
 	out := map[types.NamespacedName]*gatewayView{}
 	for _, key := range parentKeys(route) {
 		gw := &gatewayv1.Gateway{}
@@ -101,6 +123,32 @@ func (r *HTTPRouteReconciler) gateways(ctx context.Context, route *gatewayv1.HTT
 		out[key] = &view
 	}
 	return out, nil
+}
+
+// listRoutes lists the HTTPRoutes and GRPCRoutes that opts select, each as the HTTPRoute it is
+// served as.
+func listRoutes(ctx context.Context, c client.Reader, opts ...client.ListOption) ([]gatewayv1.HTTPRoute, error) {
+	hl := &gatewayv1.HTTPRouteList{}
+	if err := c.List(ctx, hl, opts...); err != nil {
+		return nil, fmt.Errorf("listing HTTPRoutes: %w", err)
+	}
+	gl := &gatewayv1.GRPCRouteList{}
+	if err := c.List(ctx, gl, opts...); err != nil {
+		return nil, fmt.Errorf("listing GRPCRoutes: %w", err)
+	}
+	out := hl.Items
+	for i := range gl.Items {
+		out = append(out, *grpcAsHTTP(&gl.Items[i]))
+	}
+	return out, nil
+}
+
+// asHTTPRoute is an HTTPRoute or GRPCRoute as the HTTPRoute it is served as.
+func asHTTPRoute(o client.Object) *gatewayv1.HTTPRoute {
+	if g, ok := o.(*gatewayv1.GRPCRoute); ok {
+		return grpcAsHTTP(g)
+	}
+	return o.(*gatewayv1.HTTPRoute)
 }
 
 // gatherBackends reads the Services the routes name and the ReferenceGrants of the namespaces
@@ -146,23 +194,25 @@ func parentKeys(route *gatewayv1.HTTPRoute) []types.NamespacedName {
 	return out
 }
 
-// indexRoutes registers the indexes of HTTPRoutes both reconcilers watch through.
+// indexRoutes registers the indexes of routes and Gateways the reconcilers watch through.
 func indexRoutes(ctx context.Context, mgr ctrl.Manager) error {
 	idx := mgr.GetFieldIndexer()
 	keys := func(f func(*gatewayv1.HTTPRoute) []types.NamespacedName) client.IndexerFunc {
 		return func(o client.Object) []string {
 			var out []string
-			for _, k := range f(o.(*gatewayv1.HTTPRoute)) {
+			for _, k := range f(asHTTPRoute(o)) {
 				out = append(out, k.String())
 			}
 			return out
 		}
 	}
-	if err := idx.IndexField(ctx, &gatewayv1.HTTPRoute{}, indexRouteParents, keys(parentKeys)); err != nil {
-		return fmt.Errorf("adding the %s index: %w", indexRouteParents, err)
-	}
-	if err := idx.IndexField(ctx, &gatewayv1.HTTPRoute{}, indexRouteBackends, keys(backendKeys)); err != nil {
-		return fmt.Errorf("adding the %s index: %w", indexRouteBackends, err)
+	for _, obj := range []client.Object{&gatewayv1.HTTPRoute{}, &gatewayv1.GRPCRoute{}} {
+		if err := idx.IndexField(ctx, obj, indexRouteParents, keys(parentKeys)); err != nil {
+			return fmt.Errorf("adding the %s index: %w", indexRouteParents, err)
+		}
+		if err := idx.IndexField(ctx, obj, indexRouteBackends, keys(backendKeys)); err != nil {
+			return fmt.Errorf("adding the %s index: %w", indexRouteBackends, err)
+		}
 	}
 	onGroup := func(f func(*gatewayv1.Gateway) string) client.IndexerFunc {
 		return func(o client.Object) []string {
@@ -184,48 +234,55 @@ func indexRoutes(ctx context.Context, mgr ctrl.Manager) error {
 	return nil
 }
 
-// SetupWithManager watches HTTPRoutes (not their status), the Gateways they name, and the
-// Services and ReferenceGrants their backendRefs resolve through.
-func (r *HTTPRouteReconciler) SetupWithManager(mgr ctrl.Manager) error {
+// SetupWithManager watches routes of the reconciler's kind (not their status), the Gateways
+// they name, and the Services and ReferenceGrants their backendRefs resolve through.
+func (r *RouteReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	var obj client.Object = &gatewayv1.HTTPRoute{}
+	if r.Kind == kindGRPCRoute {
+		obj = &gatewayv1.GRPCRoute{}
+	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&gatewayv1.HTTPRoute{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Named("httproute").
+		For(obj, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Named(strings.ToLower(string(r.Kind))).
 		Watches(&gatewayv1.Gateway{}, handler.EnqueueRequestsFromMapFunc(r.routesOf(indexRouteParents))).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.routesOf(indexRouteBackends))).
 		Watches(&gatewayv1.ReferenceGrant{}, handler.EnqueueRequestsFromMapFunc(r.routesFrom)).
 		Complete(r)
 }
 
-// routesOf maps an object to the routes that name it through an index.
-func (r *HTTPRouteReconciler) routesOf(index string) handler.MapFunc {
+// routesOf maps an object to the routes of the reconciler's kind that name it through an index.
+func (r *RouteReconciler) routesOf(index string) handler.MapFunc {
 	return func(ctx context.Context, o client.Object) []reconcile.Request {
-		list := &gatewayv1.HTTPRouteList{}
-		if err := r.List(ctx, list, client.MatchingFields{index: client.ObjectKeyFromObject(o).String()}); err != nil {
-			ctrl.LoggerFrom(ctx).Error(err, "listing HTTPRoutes", "index", index)
+		routes, err := listRoutes(ctx, r.Client, client.MatchingFields{index: client.ObjectKeyFromObject(o).String()})
+		if err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "listing routes", "index", index)
 			return nil
 		}
-		return routeRequests(list.Items)
+		return r.requests(routes)
 	}
 }
 
 // routesFrom maps a ReferenceGrant to the routes of the namespaces it grants.
-func (r *HTTPRouteReconciler) routesFrom(ctx context.Context, o client.Object) []reconcile.Request {
+func (r *RouteReconciler) routesFrom(ctx context.Context, o client.Object) []reconcile.Request {
 	var out []reconcile.Request
 	for _, f := range o.(*gatewayv1.ReferenceGrant).Spec.From {
-		list := &gatewayv1.HTTPRouteList{}
-		if err := r.List(ctx, list, client.InNamespace(string(f.Namespace))); err != nil {
-			ctrl.LoggerFrom(ctx).Error(err, "listing HTTPRoutes", "namespace", f.Namespace)
+		routes, err := listRoutes(ctx, r.Client, client.InNamespace(string(f.Namespace)))
+		if err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "listing routes", "namespace", f.Namespace)
 			return nil
 		}
-		out = append(out, routeRequests(list.Items)...)
+		out = append(out, r.requests(routes)...)
 	}
 	return out
 }
 
-func routeRequests(items []gatewayv1.HTTPRoute) []reconcile.Request {
-	out := make([]reconcile.Request, 0, len(items))
-	for i := range items {
-		out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&items[i])})
+// requests are the requests of the routes of the reconciler's kind.
+func (r *RouteReconciler) requests(routes []gatewayv1.HTTPRoute) []reconcile.Request {
+	var out []reconcile.Request
+	for i := range routes {
+		if routeKind(&routes[i]) == r.Kind {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&routes[i])})
+		}
 	}
 	return out
 }

@@ -19,6 +19,9 @@ const (
 
 const kindHTTPRoute gatewayv1.Kind = "HTTPRoute"
 
+// routeKinds are the route kinds served, on HTTPS and HTTP listeners alike.
+var routeKinds = []gatewayv1.Kind{kindHTTPRoute, kindGRPCRoute}
+
 // listenerDecision is what a Gateway's listener is served as: NotAccepted is "" when it is
 // served, else the spec's reason it is not (Why says more).
 type listenerDecision struct {
@@ -32,8 +35,9 @@ type listenerDecision struct {
 	Conflicted bool
 	// InvalidKinds are the route kinds allowedRoutes names that this operator does not serve.
 	InvalidKinds []string
-	// HTTPRoutes may attach (allowedRoutes.kinds is unset or names HTTPRoute).
-	HTTPRoutes bool
+	// Kinds are the route kinds that may attach: HTTPRoute and GRPCRoute, or those of them
+	// allowedRoutes.kinds names.
+	Kinds []gatewayv1.Kind
 	// AllNamespaces: routes of every namespace may attach, not only the Gateway's.
 	AllNamespaces bool
 }
@@ -46,7 +50,7 @@ func (l listenerDecision) served() bool { return l.NotAccepted == "" }
 func decideListeners(listeners []gatewayv1.Listener, names []string) []listenerDecision {
 	out := make([]listenerDecision, 0, len(listeners))
 	for _, l := range listeners {
-		d := listenerDecision{Name: l.Name, Port: l.Port, Protocol: l.Protocol, HTTPRoutes: true}
+		d := listenerDecision{Name: l.Name, Port: l.Port, Protocol: l.Protocol, Kinds: routeKinds}
 		if l.Hostname != nil {
 			d.Hostname = string(*l.Hostname)
 		}
@@ -60,10 +64,10 @@ func decideListeners(listeners []gatewayv1.Listener, names []string) []listenerD
 		if ar := l.AllowedRoutes; ar != nil {
 			d.AllNamespaces = ar.Namespaces != nil && ar.Namespaces.From != nil && *ar.Namespaces.From == gatewayv1.NamespacesFromAll
 			if len(ar.Kinds) > 0 {
-				d.HTTPRoutes = false
+				d.Kinds = nil
 				for _, k := range ar.Kinds {
-					if isHTTPRouteKind(k) {
-						d.HTTPRoutes = true
+					if (k.Group == nil || *k.Group == gatewayv1.GroupName) && slices.Contains(routeKinds, k.Kind) {
+						d.Kinds = append(d.Kinds, k.Kind)
 					} else {
 						d.InvalidKinds = append(d.InvalidKinds, kindString(k))
 					}
@@ -101,10 +105,6 @@ func listenerProblem(l gatewayv1.Listener, names []string) (reason, why string) 
 		return kit.ReasonUnsupportedValue, "allowedRoutes.namespaces.from: Selector is not served yet (Same and All are)"
 	}
 	return "", ""
-}
-
-func isHTTPRouteKind(k gatewayv1.RouteGroupKind) bool {
-	return (k.Group == nil || *k.Group == gatewayv1.GroupName) && k.Kind == kindHTTPRoute
 }
 
 func kindString(k gatewayv1.RouteGroupKind) string {

@@ -32,6 +32,11 @@ type gatewayView struct {
 	Listeners     []listenerDecision
 	// Names are the Gateway's tailnet names, lower-case: its hostname and its MagicDNS name.
 	Names []string
+	// RouteKind is the kind of route it serves, HTTPRoute or GRPCRoute: that of the oldest
+	// route naming it (RouteKindOf, "namespace/name"), as the two kinds are not merged on one
+	// name. "" while no route names it.
+	RouteKind   gatewayv1.Kind
+	RouteKindOf string
 }
 
 // backendInputs is what backendRefs resolve against.
@@ -119,8 +124,13 @@ func gatewayRef(routeNS string, ref gatewayv1.ParentReference) (types.Namespaced
 // attach finds the listeners of gv that a route attaches to through ref, or the spec's reason
 // it attaches to none.
 func attach(r *gatewayv1.HTTPRoute, ref gatewayv1.ParentReference, gv *gatewayView) ([]gatewayv1.SectionName, string, string) {
+	kind := routeKind(r)
 	if gv.Rejected != "" {
 		return nil, kit.ReasonNoMatchingParent, fmt.Sprintf("Gateway %s is not accepted: %s", gv.Key, gv.Why)
+	}
+	if gv.RouteKind != "" && gv.RouteKind != kind {
+		return nil, kit.ReasonUnsupportedValue, fmt.Sprintf("Gateway %s serves %ss (the oldest route naming it is %s %s): "+
+			"HTTPRoutes and GRPCRoutes are not merged on one name, as the spec says", gv.Key, gv.RouteKind, gv.RouteKind, gv.RouteKindOf)
 	}
 	var named, allowed, attached []gatewayv1.SectionName
 	for _, l := range gv.Listeners {
@@ -128,7 +138,7 @@ func attach(r *gatewayv1.HTTPRoute, ref gatewayv1.ParentReference, gv *gatewayVi
 			continue
 		}
 		named = append(named, l.Name)
-		if !l.HTTPRoutes || (!l.AllNamespaces && r.Namespace != gv.Key.Namespace) {
+		if !slices.Contains(l.Kinds, kind) || (!l.AllNamespaces && r.Namespace != gv.Key.Namespace) {
 			continue
 		}
 		allowed = append(allowed, l.Name)
@@ -144,7 +154,7 @@ func attach(r *gatewayv1.HTTPRoute, ref gatewayv1.ParentReference, gv *gatewayVi
 	case len(named) == 0:
 		return nil, kit.ReasonNoMatchingParent, fmt.Sprintf("Gateway %s has no accepted listener of that sectionName and port", gv.Key)
 	case len(allowed) == 0:
-		return nil, kit.ReasonNotAllowedByListeners, fmt.Sprintf("no listener of Gateway %s allows HTTPRoutes from namespace %s", gv.Key, r.Namespace)
+		return nil, kit.ReasonNotAllowedByListeners, fmt.Sprintf("no listener of Gateway %s allows %ss from namespace %s", gv.Key, kind, r.Namespace)
 	case len(attached) == 0:
 		return nil, kit.ReasonNoMatchingListenerHostname, fmt.Sprintf("no hostname of the route matches a listener of Gateway %s, which serves %s",
 			gv.Key, strings.Join(gv.Names, ", "))
@@ -217,7 +227,7 @@ func buildRules(r *gatewayv1.HTTPRoute, in backendInputs) (routes []contract.Rou
 		var split []contract.WeightedBackend
 		if f.redirect == nil { // a redirecting rule has no backendRefs
 			var problems []refProblem
-			backend, split, problems = ruleBackends(r.Namespace, rule.BackendRefs, in)
+			backend, split, problems = ruleBackends(r.Namespace, routeKind(r), rule.BackendRefs, in)
 			for _, p := range problems {
 				p.Message = where + ": " + p.Message
 				unresolved = append(unresolved, p)
@@ -269,11 +279,11 @@ func ruleTimeout(t *gatewayv1.HTTPRouteTimeouts) (int64, error) {
 // requests across several by weight. A backendRef that does not resolve keeps its share, sent
 // to unreachableBackend, as the spec asks; one of weight 0 gets none, and a rule without
 // backendRefs, or whose weights are all 0, answers every request as one that does not resolve.
-func ruleBackends(routeNS string, refs []gatewayv1.HTTPBackendRef, in backendInputs) (contract.Backend, []contract.WeightedBackend, []refProblem) {
+func ruleBackends(routeNS string, kind gatewayv1.Kind, refs []gatewayv1.HTTPBackendRef, in backendInputs) (contract.Backend, []contract.WeightedBackend, []refProblem) {
 	var split []contract.WeightedBackend
 	var problems []refProblem
 	for _, ref := range refs {
-		b, problem := resolveBackendRef(routeNS, ref.BackendObjectReference, in)
+		b, problem := resolveBackendRef(routeNS, kind, ref.BackendObjectReference, in)
 		if problem != nil {
 			problems = append(problems, *problem)
 			b = contract.Backend{URL: unreachableBackend}
@@ -446,13 +456,19 @@ func ruleUnsupported(rule gatewayv1.HTTPRouteRule) []string {
 	return slices.Compact(why)
 }
 
-// appProtocols are the backend Service port appProtocols the proxy serves, and how it speaks to
-// them: plain HTTP/1.1, WebSockets (passed through as HTTP/1.1 Upgrades), and HTTP/2 without TLS.
-var appProtocols = map[string]string{"": "", "http": "", "kubernetes.io/ws": "", "kubernetes.io/h2c": contract.BackendH2C}
+// appProtocols are the backend Service port appProtocols the proxy serves to each route kind,
+// and how it speaks to them: plain HTTP/1.1, WebSockets (passed through as HTTP/1.1 Upgrades),
+// and HTTP/2 without TLS, which a GRPCRoute's backends are reached over unless their port says
+// otherwise.
+var appProtocols = map[gatewayv1.Kind]map[string]string{
+	kindHTTPRoute: {"": "", "http": "", "kubernetes.io/ws": "", "kubernetes.io/h2c": contract.BackendH2C},
+	kindGRPCRoute: {"": contract.BackendH2C, "kubernetes.io/h2c": contract.BackendH2C},
+}
 
-// resolveBackendRef finds the backend a backendRef names: a Service port, reached through the
-// Service's ClusterIP (its ready endpoints are not listed yet: kube-proxy balances).
-func resolveBackendRef(routeNS string, b gatewayv1.BackendObjectReference, in backendInputs) (contract.Backend, *refProblem) {
+// resolveBackendRef finds the backend a route of kind's backendRef names: a Service port,
+// reached through the Service's ClusterIP (its ready endpoints are not listed yet: kube-proxy
+// balances).
+func resolveBackendRef(routeNS string, kind gatewayv1.Kind, b gatewayv1.BackendObjectReference, in backendInputs) (contract.Backend, *refProblem) {
 	fail := func(reason, format string, a ...any) (contract.Backend, *refProblem) {
 		return contract.Backend{}, &refProblem{Reason: reason, Message: fmt.Sprintf(format, a...)}
 	}
@@ -462,9 +478,9 @@ func resolveBackendRef(routeNS string, b gatewayv1.BackendObjectReference, in ba
 	key := types.NamespacedName{Namespace: routeNS, Name: string(b.Name)}
 	if b.Namespace != nil && string(*b.Namespace) != routeNS {
 		key.Namespace = string(*b.Namespace)
-		if !granted(in.Grants, routeNS, key) {
-			return fail(kit.ReasonRefNotPermitted, "backendRef to Service %s: no ReferenceGrant in namespace %s lets HTTPRoutes of namespace %s refer to it",
-				key, key.Namespace, routeNS)
+		if !granted(in.Grants, kind, routeNS, key) {
+			return fail(kit.ReasonRefNotPermitted, "backendRef to Service %s: no ReferenceGrant in namespace %s lets %ss of namespace %s refer to it",
+				key, key.Namespace, kind, routeNS)
 		}
 	}
 	svc := in.Services[key]
@@ -486,10 +502,14 @@ func resolveBackendRef(routeNS string, b gatewayv1.BackendObjectReference, in ba
 	if i < 0 {
 		return fail(kit.ReasonBackendNotFound, "Service %s has no port %d", key, *b.Port)
 	}
-	protocol, ok := appProtocols[ptr.Deref(svc.Spec.Ports[i].AppProtocol, "")]
+	protocol, ok := appProtocols[kind][ptr.Deref(svc.Spec.Ports[i].AppProtocol, "")]
 	if !ok {
-		return fail(kit.ReasonUnsupportedProtocol, "Service %s port %d has appProtocol %s; served: http, kubernetes.io/ws, kubernetes.io/h2c",
-			key, *b.Port, *svc.Spec.Ports[i].AppProtocol)
+		served := "http, kubernetes.io/ws, kubernetes.io/h2c"
+		if kind == kindGRPCRoute {
+			served = "none (h2c) or kubernetes.io/h2c"
+		}
+		return fail(kit.ReasonUnsupportedProtocol, "Service %s port %d has appProtocol %s; served to %ss: %s",
+			key, *b.Port, *svc.Spec.Ports[i].AppProtocol, kind, served)
 	}
 	return contract.Backend{URL: "http://" + net.JoinHostPort(host, strconv.Itoa(int(*b.Port))), Protocol: protocol}, nil
 }
@@ -505,15 +525,15 @@ func kindOf(b gatewayv1.BackendObjectReference) string {
 	return kind
 }
 
-// granted reports whether a ReferenceGrant in svc's namespace lets HTTPRoutes of routeNS refer
-// to the Service svc.
-func granted(grants []gatewayv1.ReferenceGrant, routeNS string, svc types.NamespacedName) bool {
+// granted reports whether a ReferenceGrant in svc's namespace lets routes of kind in routeNS
+// refer to the Service svc.
+func granted(grants []gatewayv1.ReferenceGrant, kind gatewayv1.Kind, routeNS string, svc types.NamespacedName) bool {
 	for _, g := range grants {
 		if g.Namespace != svc.Namespace {
 			continue
 		}
 		from := slices.ContainsFunc(g.Spec.From, func(f gatewayv1.ReferenceGrantFrom) bool {
-			return f.Group == gatewayv1.GroupName && f.Kind == kindHTTPRoute && string(f.Namespace) == routeNS
+			return f.Group == gatewayv1.GroupName && f.Kind == kind && string(f.Namespace) == routeNS
 		})
 		to := slices.ContainsFunc(g.Spec.To, func(t gatewayv1.ReferenceGrantTo) bool {
 			return t.Group == "" && t.Kind == "Service" && (t.Name == nil || string(*t.Name) == svc.Name)

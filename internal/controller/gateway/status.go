@@ -125,8 +125,10 @@ func gatewayStatus(status gatewayv1.GatewayStatus, f gatewayFacts, gen int64) ga
 			ls.Conditions = status.Listeners[i].Conditions
 		}
 		listenerConditions(&ls.Conditions, l, accepted && f.serving(), accepted, gen)
-		if l.HTTPRoutes && (l.Protocol == gatewayv1.HTTPSProtocolType || l.Protocol == gatewayv1.HTTPProtocolType) {
-			ls.SupportedKinds = append(ls.SupportedKinds, gatewayv1.RouteGroupKind{Group: ptr.To(gatewayv1.Group(gatewayv1.GroupName)), Kind: kindHTTPRoute})
+		if l.Protocol == gatewayv1.HTTPSProtocolType || l.Protocol == gatewayv1.HTTPProtocolType {
+			for _, k := range l.Kinds {
+				ls.SupportedKinds = append(ls.SupportedKinds, gatewayv1.RouteGroupKind{Group: ptr.To(gatewayv1.Group(gatewayv1.GroupName)), Kind: k})
+			}
 		}
 		if accepted && l.served() {
 			ls.AttachedRoutes = f.Attached[l.Name]
@@ -179,7 +181,7 @@ func listenerConditions(conds *[]metav1.Condition, l listenerDecision, serving, 
 	}
 	if len(l.InvalidKinds) > 0 {
 		kit.SetCondition(conds, conditionResolvedRefs, false, kit.ReasonInvalidRouteKinds,
-			fmt.Sprintf("allowedRoutes.kinds names %v; served: HTTPRoute", l.InvalidKinds), gen)
+			fmt.Sprintf("allowedRoutes.kinds names %v; served: HTTPRoute, GRPCRoute", l.InvalidKinds), gen)
 	} else {
 		kit.SetCondition(conds, conditionResolvedRefs, true, kit.ReasonResolvedRefs, "every reference resolves", gen)
 	}
@@ -206,7 +208,7 @@ func addresses(fqdn string, ips []string) []gatewayv1.GatewayStatusAddress {
 
 // routeStatus computes a route's status from its decision: this controller's entry for each
 // parentRef to a Gateway of this operator, others' entries kept as they are.
-func routeStatus(status gatewayv1.HTTPRouteStatus, d routeDecision, gen int64) gatewayv1.HTTPRouteStatus {
+func routeStatus(status gatewayv1.RouteStatus, d routeDecision, gen int64) gatewayv1.RouteStatus {
 	status = *status.DeepCopy()
 	var parents []gatewayv1.RouteParentStatus
 	mine := map[int]bool{}

@@ -38,3 +38,21 @@ func HTTPRule(typ gatewayv1.PathMatchType, path, namespace, service string, port
 		BackendRefs: []gatewayv1.HTTPBackendRef{ref},
 	}
 }
+
+// GRPCRoute routes the calls of a gRPC service (and method, unless "") to port of Service
+// service, attached to Gateway gateway.
+func GRPCRoute(ns, name, gateway, grpcService, method, service string, port int) *gatewayv1.GRPCRoute {
+	m := &gatewayv1.GRPCMethodMatch{Service: &grpcService}
+	if method != "" {
+		m.Method = &method
+	}
+	return &gatewayv1.GRPCRoute{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: gatewayv1.GRPCRouteSpec{
+			CommonRouteSpec: gatewayv1.CommonRouteSpec{ParentRefs: []gatewayv1.ParentReference{{Name: gatewayv1.ObjectName(gateway)}}},
+			Rules: []gatewayv1.GRPCRouteRule{{
+				Matches: []gatewayv1.GRPCRouteMatch{{Method: m}},
+				BackendRefs: []gatewayv1.GRPCBackendRef{{BackendRef: gatewayv1.BackendRef{BackendObjectReference: gatewayv1.BackendObjectReference{
+					Name: gatewayv1.ObjectName(service), Port: ptr.To(gatewayv1.PortNumber(port))}}}},
+			}},
+		}}
+}
