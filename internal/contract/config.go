@@ -242,7 +242,8 @@ func (d *Destination) validateProxyProtocol() []error {
 // hosts (see ServeConfigs), version 4 a replica advertising its group's documents, version 5
 // app capabilities and backend protocols (ServeConfigs v4), version 6 backend CAs and server
 // names (ServeConfigs v5), version 7 a service proxy's PROXY protocol relay, version 8 method,
-// header and query matches, header edits, redirects, rewrites, splits and timeouts (ServeConfigs v6).
+// header and query matches, header edits, redirects, rewrites, splits and timeouts (ServeConfigs v6),
+// version 9 backends answering a fixed status (ServeConfigs v7).
 var ProxyConfigs = codec[ProxyConfig]{
 	name: "proxy-config",
 	encode: map[int]func(*ProxyConfig) ([]byte, error){
@@ -256,7 +257,8 @@ var ProxyConfigs = codec[ProxyConfig]{
 		5: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 5 }, advertisingDocuments(5)),
 		6: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 6 }, advertisingDocuments(6)),
 		7: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 7 }, advertisingDocuments(7)),
-		8: advertisingDocuments(8),
+		8: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 8 }, advertisingDocuments(8)),
+		9: advertisingDocuments(9),
 	},
 	decode: map[int]func([]byte) (*ProxyConfig, error){
 		1: jsonDecoder(1, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
@@ -267,6 +269,7 @@ var ProxyConfigs = codec[ProxyConfig]{
 		6: jsonDecoder(6, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 		7: jsonDecoder(7, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 		8: jsonDecoder(8, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		9: jsonDecoder(9, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 	},
 }
 
@@ -294,7 +297,7 @@ func (c *ProxyConfig) minVersion() int {
 	}
 	switch v := c.Serve.minVersion(); {
 	case v >= 6:
-		return v + 2 // the Serve config's v6 came with the proxy config's v8 (v7 is the relay's)
+		return v + 2 // the Serve config's v6 came with the proxy config's v8 (v7 is the relay's), v7 with v9
 	case v >= 4:
 		return v + 1 // the Serve config's v4 came with the proxy config's v5, v5 with v6
 	default:

@@ -15,7 +15,7 @@ import (
 )
 
 // newestProxyConfig is the newest proxy config version this build writes.
-const newestProxyConfig = 8
+const newestProxyConfig = 9
 
 func TestNewest(t *testing.T) {
 	if v := ProxyConfigs.Newest(); v != newestProxyConfig {
@@ -109,7 +109,7 @@ func TestOlderReaderTakesNewestVersionItUnderstands(t *testing.T) {
 		t.Fatal(err)
 	}
 	data[ProxyConfigs.key(newestProxyConfig+1)] = []byte(`{"version":6,"listeners":[{"totally":"different"}]}`)
-	data["proxy-config.v10.json"] = []byte(`not even json`)
+	data["proxy-config.v11.json"] = []byte(`not even json`)
 	got, v, err := ProxyConfigs.Decode(data)
 	if err != nil {
 		t.Fatalf("older reader failed on a newer writer's output: %v", err)
@@ -152,8 +152,8 @@ func TestGroupConfigV4AdvertisesDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(keys(from4), []string{"proxy-config.v4.json", "proxy-config.v8.json"}) {
-		t.Errorf("EncodeFrom(4) wrote %v, want v4 and v8", keys(from4))
+	if !reflect.DeepEqual(keys(from4), []string{"proxy-config.v4.json", "proxy-config.v9.json"}) {
+		t.Errorf("EncodeFrom(4) wrote %v, want v4 and v9", keys(from4))
 	}
 	if got, v, err := ProxyConfigs.Decode(map[string][]byte{"proxy-config.v4.json": from4["proxy-config.v4.json"]}); err != nil ||
 		v != 4 || got.AdvertiseServices != nil || !got.AdvertisesDocuments() {
@@ -163,8 +163,8 @@ func TestGroupConfigV4AdvertisesDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(keys(from3), []string{"proxy-config.v3.json", "proxy-config.v8.json"}) {
-		t.Errorf("EncodeFrom(3) wrote %v, want v3 and v8", keys(from3))
+	if !reflect.DeepEqual(keys(from3), []string{"proxy-config.v3.json", "proxy-config.v9.json"}) {
+		t.Errorf("EncodeFrom(3) wrote %v, want v3 and v9", keys(from3))
 	}
 	listed := []byte(`{"version":4,"kind":"proxygroup","hostname":"pg-1","stateSecret":"pg-1","tls":{"certShareMode":"reader"},"advertiseServices":["svc:web"]}`)
 	if _, _, err := ProxyConfigs.Decode(map[string][]byte{"proxy-config.v4.json": listed}); err == nil || !strings.Contains(err.Error(), "advertiseServices") {
@@ -233,7 +233,12 @@ func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
 			w.Routes[0].Backends = []WeightedBackend{{Backend: w.Routes[0].Backend, Weight: 90}, {Backend: w.Routes[1].Backend, Weight: 10}}
 			w.Routes[0].Backend = Backend{}
 		}, 8},
-		"timeout": {func(w *WebService) { w.Routes[0].TimeoutMillis = 1500 }, 8},
+		"timeout":      {func(w *WebService) { w.Routes[0].TimeoutMillis = 1500 }, 8},
+		"fixed status": {func(w *WebService) { w.Routes[0].Backend = Backend{Status: 500} }, 9},
+		"fixed status in a split": {func(w *WebService) {
+			w.Routes[0].Backends = []WeightedBackend{{Backend: w.Routes[0].Backend, Weight: 1}, {Backend: Backend{Status: 503}, Weight: 1}}
+			w.Routes[0].Backend = Backend{}
+		}, 9},
 		"response header edits": {func(w *WebService) {
 			w.Routes[0].ResponseHeaders = &HeaderEdits{Add: []NameValue{{Name: "X-C", Value: "2"}}}
 		}, 8},
@@ -303,7 +308,7 @@ func TestUnknownFieldsInKnownVersionAreIgnored(t *testing.T) {
 
 func TestNoSupportedVersion(t *testing.T) {
 	cases := map[string]map[string][]byte{
-		"only newer":   {"proxy-config.v9.json": []byte(`{"version":9}`)},
+		"only newer":   {"proxy-config.v10.json": []byte(`{"version":10}`)},
 		"nothing":      {"unrelated": []byte("x")},
 		"wrong prefix": {"proxy-config.v1.yaml": []byte("x")},
 	}
@@ -313,7 +318,7 @@ func TestNoSupportedVersion(t *testing.T) {
 			if !errors.Is(err, ErrNoSupportedVersion) {
 				t.Fatalf("err = %v, want ErrNoSupportedVersion", err)
 			}
-			if !strings.Contains(err.Error(), "this build reads v8, v7, v6, v5, v4, v3, v2, v1") {
+			if !strings.Contains(err.Error(), "this build reads v9, v8, v7, v6, v5, v4, v3, v2, v1") {
 				t.Errorf("error %q does not say which versions this build reads", err)
 			}
 			// Absent, it may be written yet; only a version this build cannot read is final.
@@ -459,6 +464,12 @@ func TestProxyConfigValidation(t *testing.T) {
 			c.Serve.Routes[0].Rewrite = &Rewrite{Path: &PathChange{Type: PathChangeFull, Value: "v2"}}
 		}, "must start with /"},
 		{"rewrite hostname", func(c *ProxyConfig) { c.Serve.Routes[0].Rewrite = &Rewrite{Hostname: "-bad-"} }, "not a DNS name"},
+		{"fixed status not an error", func(c *ProxyConfig) { c.Serve.Routes[0].Backend = Backend{Status: 200} }, "400 to 599"},
+		{"fixed status with a URL", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.Status = 500 }, "nothing else"},
+		{"fixed status in a split, with endpoints", func(c *ProxyConfig) {
+			c.Serve.Routes[0].Backends = []WeightedBackend{{Backend: Backend{Status: 500, Endpoints: []string{"10.0.0.1:80"}}, Weight: 1}, {Backend: c.Serve.Routes[1].Backend, Weight: 1}}
+			c.Serve.Routes[0].Backend = Backend{}
+		}, "nothing else"},
 		{"split with a backend of its own", func(c *ProxyConfig) {
 			c.Serve.Routes[0].Backends = []WeightedBackend{{Backend: c.Serve.Routes[0].Backend, Weight: 1}, {Backend: c.Serve.Routes[1].Backend, Weight: 1}}
 		}, "a split"},

@@ -84,11 +84,17 @@ type CertificateRef struct {
 	Hosts      []string `json:"hosts"`
 }
 
-// minVersion is the oldest schema version that can express the web service: v6 for method,
+// minVersion is the oldest schema version that can express the web service: v7 for backends
+// answering a fixed status, v6 for method,
 // header and query matches, header edits, redirects, rewrites, splits and timeouts, v5 for backend CAs and server names, v4 for app capabilities and backend protocols, v3 for wildcard hosts, v2 for certificate settings and route hosts. Endpoints
 // are an optional addition that older readers ignore (they reach the Service's ClusterIP
 // instead), so they need no version.
 func (w *WebService) minVersion() int {
+	if slices.ContainsFunc(w.Routes, func(r Route) bool {
+		return slices.ContainsFunc(r.BackendsOf(), func(b Backend) bool { return b.Status != 0 })
+	}) {
+		return 7
+	}
 	if slices.ContainsFunc(w.Routes, Route.needsV6) {
 		return 6
 	}
@@ -259,6 +265,11 @@ type Backend struct {
 	// ServerName is the name an https backend's certificate is verified for, in place of
 	// URL's host (a ClusterIP, which certificates rarely name). Schema v5.
 	ServerName string `json:"serverName,omitempty"`
+	// Status, in place of every other field, answers each request the backend gets with this
+	// status (400 to 599) and reaches no server: what a Gateway API rule whose backendRef does
+	// not resolve is served with (500, or 503 for gRPC's UNAVAILABLE), and a Gateway without
+	// routes (404). Schema v7: an older proxy would try to reach a server.
+	Status int `json:"status,omitempty"`
 }
 
 // ValidCABundle reports whether bundle holds at least one PEM certificate.
@@ -370,6 +381,15 @@ func (r *Route) validateSplit() error {
 
 // validate checks a backend.
 func (b *Backend) validate() error {
+	if b.Status != 0 {
+		if !reflect.DeepEqual(*b, Backend{Status: b.Status}) {
+			return errors.New("a backend with a fixed status has nothing else")
+		}
+		if b.Status < 400 || b.Status > 599 {
+			return fmt.Errorf("backend status %d must be 400 to 599", b.Status)
+		}
+		return nil
+	}
 	u, err := url.Parse(b.URL)
 	if err != nil {
 		return fmt.Errorf("backend URL: %w", err)
@@ -553,7 +573,9 @@ var ServeConfigs = codec[ServeConfig]{
 			jsonEncoder(4, func(c *ServeConfig, v int) { c.Version = v })),
 		5: onlyIf(func(c *ServeConfig) bool { return c.minVersion() <= 5 },
 			jsonEncoder(5, func(c *ServeConfig, v int) { c.Version = v })),
-		6: jsonEncoder(6, func(c *ServeConfig, v int) { c.Version = v }),
+		6: onlyIf(func(c *ServeConfig) bool { return c.minVersion() <= 6 },
+			jsonEncoder(6, func(c *ServeConfig, v int) { c.Version = v })),
+		7: jsonEncoder(7, func(c *ServeConfig, v int) { c.Version = v }),
 	},
 	decode: map[int]func([]byte) (*ServeConfig, error){
 		1: jsonDecoder(1, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
@@ -562,6 +584,7 @@ var ServeConfigs = codec[ServeConfig]{
 		4: jsonDecoder(4, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 		5: jsonDecoder(5, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 		6: jsonDecoder(6, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
+		7: jsonDecoder(7, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 	},
 }
 

@@ -370,7 +370,7 @@ var _ = Describe("Gateway API", Ordered, func() {
 	}
 	https, http := kubeobj.Listener("https", gatewayv1.HTTPSProtocolType, 443), kubeobj.Listener("http", gatewayv1.HTTPProtocolType, 80)
 	prefix, exact := gatewayv1.PathMatchPathPrefix, gatewayv1.PathMatchExact
-	noRoutes := []contract.Route{{Path: "/.well-known/tsingress/no-routes", PathType: contract.PathExact, Backend: contract.Backend{URL: "http://127.0.0.1:1"}}}
+	noRoutes := []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{Status: 404}}}
 
 	It("serves a Gateway with an HTTPRoute on a standalone proxy, reports its addresses, and removes the proxy with the Gateway", func() {
 		class("gw-serve", gateway.ControllerName, nil)
@@ -514,7 +514,7 @@ var _ = Describe("Gateway API", Ordered, func() {
 		Expect(routeCondition(route, "Accepted")(Default)).To(HaveField("Status", metav1.ConditionTrue))
 		// /api fails rather than fall through to /, another backend.
 		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{
-			{Path: "/api", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://127.0.0.1:1"}},
+			{Path: "/api", PathType: contract.PathPrefix, Backend: contract.Backend{Status: 500}},
 			{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"}},
 		}))
 		warned("HTTPRoute", "api", kit.ReasonBackendNotFound)
@@ -534,7 +534,7 @@ var _ = Describe("Gateway API", Ordered, func() {
 		create(edge, route)
 		Eventually(routeCondition(route, "ResolvedRefs")).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonRefNotPermitted)))
 		warned("HTTPRoute", "cross", kit.ReasonRefNotPermitted)
-		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://127.0.0.1:1"}}}))
+		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{Status: 500}}}))
 		quiet()
 
 		create(&gatewayv1.ReferenceGrant{ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: "routes-to-db"}, Spec: gatewayv1.ReferenceGrantSpec{

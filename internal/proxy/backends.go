@@ -81,7 +81,7 @@ func (r *replica) checkBackends(ctx context.Context) {
 	go func() {
 		verdicts := make(map[string]bool, len(targets))
 		for name, addrs := range targets {
-			verdicts[name] = len(addrs) == 0 || anyReachable(ctx, addrs) // a service that only redirects needs none
+			verdicts[name] = len(addrs) == 0 || anyReachable(ctx, addrs) // a service that only redirects, or answers a fixed status, needs none
 		}
 		r.sendFunc(ctx, func() {
 			r.checking = false

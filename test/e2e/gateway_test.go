@@ -247,7 +247,7 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 			switch resp.StatusCode {
 			case http.StatusOK:
 				served++
-			case http.StatusBadGateway:
+			case http.StatusInternalServerError:
 				failed++
 			}
 		}

@@ -110,8 +110,8 @@ func TestGatewayWholeFlow(t *testing.T) {
 		}
 	}
 	// The rule whose Service is missing fails rather than reach the / rule's backend.
-	if code, body := get("https://" + fqdn + "/gone/x"); code != http.StatusBadGateway {
-		t.Errorf("GET /gone/x = %d %q, want 502", code, body)
+	if code, body := get("https://" + fqdn + "/gone/x"); code != http.StatusInternalServerError {
+		t.Errorf("GET /gone/x = %d %q, want 500", code, body)
 	}
 	if h := api.lastHeaders(); h.Get("Tailscale-User-Login") != "alice@example.com" {
 		t.Errorf("identity headers at the backend: %v", h)

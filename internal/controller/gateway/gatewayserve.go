@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 
@@ -29,11 +30,6 @@ import (
 	"github.com/tsingress/tsingress/internal/controller/proxies"
 	"github.com/tsingress/tsingress/internal/tailnet"
 )
-
-// noRoutesPath is the one route of a Gateway to which no route is attached: a proxy's web
-// service needs a route, and every other path answers 404, as the spec asks of a Gateway
-// without routes.
-const noRoutesPath = "/.well-known/tsingress/no-routes"
 
 // Serving is what the Gateway and HTTPRoute reconcilers share with the Ingress reconcilers:
 // the standalone proxies, the ProxyGroups' documents and the certificate guard, whose ledger is
@@ -475,8 +471,10 @@ func webService(view gatewayView, routes []contract.Route, appCaps []string) con
 	// No Ingress label: the proxy's request metrics name Ingresses only, until the contract can
 	// name a Gateway.
 	ws := contract.WebService{Routes: routes, AcceptAppCaps: appCaps}
+	// A web service has a route: without any attached, one answers every request 404, as the
+	// spec asks of a Gateway without routes.
 	if len(ws.Routes) == 0 {
-		ws.Routes = []contract.Route{{Path: noRoutesPath, PathType: contract.PathExact, Backend: contract.Backend{URL: unreachableBackend}}}
+		ws.Routes = []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{Status: http.StatusNotFound}}}
 	}
 	if slices.ContainsFunc(view.Listeners, func(l listenerDecision) bool { return l.served() && l.Protocol == gatewayv1.HTTPProtocolType }) {
 		ws.HTTP = contract.HTTPServe

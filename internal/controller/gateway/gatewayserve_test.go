@@ -266,7 +266,7 @@ func TestBuildRules(t *testing.T) {
 			{Matches: []gatewayv1.HTTPRouteMatch{pathMatch(gatewayv1.PathMatchPathPrefix, "/api")}, BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("gone", 80)}},
 			{BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}},
 		}, []contract.Route{
-			{Path: "/api", PathType: contract.PathPrefix, Backend: contract.Backend{URL: unreachableBackend}},
+			{Path: "/api", PathType: contract.PathPrefix, Backend: contract.Backend{Status: 500}},
 			{Path: "/", PathType: contract.PathPrefix, Backend: web},
 		}, "", "rule 0: Service app/gone does not exist"},
 		{"header modifiers", []gatewayv1.HTTPRouteRule{{Filters: []gatewayv1.HTTPRouteFilter{
@@ -335,12 +335,12 @@ func TestBuildRules(t *testing.T) {
 			BackendRefs: []gatewayv1.HTTPBackendRef{weighted(backendRef("web", 80), 90), backendRef("web", 8080), weighted(backendRef("gone", 80), 9),
 				weighted(backendRef("web", 80), 0)}}},
 			[]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backends: []contract.WeightedBackend{
-				{Backend: web, Weight: 90}, {Backend: admin, Weight: 1}, {Backend: contract.Backend{URL: unreachableBackend}, Weight: 9}}}},
+				{Backend: web, Weight: 90}, {Backend: admin, Weight: 1}, {Backend: contract.Backend{Status: 500}, Weight: 9}}}},
 			"", `rule "split": Service app/gone does not exist`},
 		{"weights: one left", []gatewayv1.HTTPRouteRule{{BackendRefs: []gatewayv1.HTTPBackendRef{weighted(backendRef("web", 80), 0), backendRef("web", 8080)}}},
 			[]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: admin}}, "", ""},
 		{"weights: all 0", []gatewayv1.HTTPRouteRule{{BackendRefs: []gatewayv1.HTTPBackendRef{weighted(backendRef("web", 80), 0)}}},
-			[]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: unreachableBackend}}}, "", ""},
+			[]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{Status: 500}}}, "", ""},
 		{"regular expressions", []gatewayv1.HTTPRouteRule{{Matches: []gatewayv1.HTTPRouteMatch{{
 			Path:        &gatewayv1.HTTPPathMatch{Type: ptr.To(gatewayv1.PathMatchRegularExpression), Value: ptr.To("/a.*")},
 			Headers:     []gatewayv1.HTTPHeaderMatch{{Type: ptr.To(gatewayv1.HeaderMatchRegularExpression), Name: "x", Value: "y.*"}},
@@ -348,7 +348,7 @@ func TestBuildRules(t *testing.T) {
 		}}, BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, nil,
 			"rule 0: RegularExpression path matches, RegularExpression header matches, RegularExpression query parameter matches not served yet", ""},
 		{"no backendRefs: every request fails", []gatewayv1.HTTPRouteRule{{}},
-			[]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: unreachableBackend}}}, "", ""},
+			[]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{Status: 500}}}, "", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -628,7 +628,7 @@ func TestRouteStatus(t *testing.T) {
 		if c := condition(t, p.Conditions, conditionAccepted); c.Reason != want || c.ObservedGeneration != 2 {
 			t.Errorf("entry %d Accepted %+v, want %s at generation 2", i+1, c, want)
 		}
-		if c := condition(t, p.Conditions, conditionResolvedRefs); c.Reason != kit.ReasonBackendNotFound || !strings.Contains(c.Message, "502") {
+		if c := condition(t, p.Conditions, conditionResolvedRefs); c.Reason != kit.ReasonBackendNotFound || !strings.Contains(c.Message, "500") {
 			t.Errorf("entry %d ResolvedRefs %+v", i+1, c)
 		}
 	}

@@ -18,11 +18,15 @@ import (
 	"github.com/tsingress/tsingress/internal/controller/kit"
 )
 
-// unreachableBackend is the backend of a rule whose backendRef does not resolve. The spec asks
-// such requests to fail (500) rather than fall through to a shorter route of another backend;
-// the contract has no route answering a fixed status yet, and nothing listens on port 1 of the
-// proxy's loopback, so the proxy answers 502 at once.
-const unreachableBackend = "http://127.0.0.1:1"
+// failingBackend is the backend of a route of kind's rule whose backendRef does not resolve:
+// the spec asks such requests to fail rather than fall through to a shorter route of another
+// backend, with 500, and a gRPC call with UNAVAILABLE (503, which gRPC clients read so).
+func failingBackend(kind gatewayv1.Kind) contract.Backend {
+	if kind == kindGRPCRoute {
+		return contract.Backend{Status: http.StatusServiceUnavailable}
+	}
+	return contract.Backend{Status: http.StatusInternalServerError}
+}
 
 // gatewayView is a Gateway of this operator as its routes see it.
 type gatewayView struct {
@@ -210,7 +214,7 @@ func hostnamesMatch(hostnames []gatewayv1.Hostname, names []string) bool {
 
 // buildRules turns a route's rules into contract routes. A rule using what the proxy cannot
 // serve is listed in unsupported (the route is then not served at all rather than served
-// differently); a rule whose backendRef does not resolve is served by unreachableBackend.
+// differently); a rule whose backendRef does not resolve is served by failingBackend.
 func buildRules(r *gatewayv1.HTTPRoute, in backendInputs) (routes []contract.Route, unsupported []string, unresolved []refProblem) {
 	seen := map[string]bool{}
 	for i, rule := range r.Spec.Rules {
@@ -277,7 +281,7 @@ func ruleTimeout(t *gatewayv1.HTTPRouteTimeouts) (int64, error) {
 
 // ruleBackends resolves a rule's backendRefs into its one backend, or the split of its
 // requests across several by weight. A backendRef that does not resolve keeps its share, sent
-// to unreachableBackend, as the spec asks; one of weight 0 gets none, and a rule without
+// to failingBackend, as the spec asks; one of weight 0 gets none, and a rule without
 // backendRefs, or whose weights are all 0, answers every request as one that does not resolve.
 func ruleBackends(routeNS string, kind gatewayv1.Kind, refs []gatewayv1.HTTPBackendRef, in backendInputs) (contract.Backend, []contract.WeightedBackend, []refProblem) {
 	var split []contract.WeightedBackend
@@ -286,7 +290,7 @@ func ruleBackends(routeNS string, kind gatewayv1.Kind, refs []gatewayv1.HTTPBack
 		b, problem := resolveBackendRef(routeNS, kind, ref.BackendObjectReference, in)
 		if problem != nil {
 			problems = append(problems, *problem)
-			b = contract.Backend{URL: unreachableBackend}
+			b = failingBackend(kind)
 		}
 		if w := int(ptr.Deref(ref.Weight, 1)); w > 0 {
 			split = append(split, contract.WeightedBackend{Backend: b, Weight: w})
@@ -294,7 +298,7 @@ func ruleBackends(routeNS string, kind gatewayv1.Kind, refs []gatewayv1.HTTPBack
 	}
 	switch len(split) {
 	case 0:
-		return contract.Backend{URL: unreachableBackend}, nil, problems
+		return failingBackend(kind), nil, problems
 	case 1:
 		return split[0].Backend, nil, problems
 	}

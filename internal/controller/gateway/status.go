@@ -259,5 +259,5 @@ func unresolvedMessage(ps []refProblem) string {
 		}
 		msg += p.Message
 	}
-	return msg + " (requests to such a rule fail with 502)"
+	return msg + " (requests to such a rule fail with 500, or UNAVAILABLE for gRPC)"
 }

@@ -167,7 +167,7 @@ func newHandler(ws contract.WebService, tr *transports, callers *identities, log
 	for _, c := range ws.AcceptAppCaps {
 		h.appCaps = append(h.appCaps, tailcfg.PeerCapability(c))
 	}
-	byBackend := map[string]*httputil.ReverseProxy{} // routes to one backend share its balancing
+	byBackend := map[string]http.Handler{} // routes to one backend share its balancing
 	for i, rt := range ws.Routes {
 		switch {
 		case rt.Redirect != nil: // answered by the handler itself
@@ -192,8 +192,12 @@ func newHandler(ws contract.WebService, tr *transports, callers *identities, log
 	return h, nil
 }
 
-// proxyTo returns the reverse proxy to a backend, made once per handler.
-func (h *handler) proxyTo(b contract.Backend, tr *transports, made map[string]*httputil.ReverseProxy) (*httputil.ReverseProxy, error) {
+// proxyTo returns the reverse proxy to a backend, made once per handler, or what answers a
+// backend's fixed status.
+func (h *handler) proxyTo(b contract.Backend, tr *transports, made map[string]http.Handler) (http.Handler, error) {
+	if b.Status != 0 {
+		return fixedStatus(b.Status), nil
+	}
 	key := fmt.Sprint(b.URL, b.InsecureSkipVerify, b.Endpoints, b.Protocol, b.ServerName, b.CABundle)
 	if p, ok := made[key]; ok {
 		return p, nil
@@ -236,6 +240,14 @@ func (h *handler) proxyTo(b contract.Backend, tr *transports, made map[string]*h
 	}
 	made[key] = p
 	return p, nil
+}
+
+// fixedStatus answers every request with a status, as the proxy's own answer.
+type fixedStatus int
+
+func (s fixedStatus) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Server", ServerHeader)
+	http.Error(w, http.StatusText(int(s)), int(s))
 }
 
 // split sends each request to one of its backends, at random, each backend's weight's share

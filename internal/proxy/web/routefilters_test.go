@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -153,6 +154,41 @@ func TestSplit(t *testing.T) {
 		if got := float64(counts[name]); math.Abs(got-want) > 5*sd {
 			t.Errorf("%s got %v of %d requests, want %v ± %.0f", name, got, n, want, 5*sd)
 		}
+	}
+}
+
+// A backend with a fixed status answers it as the proxy, alone or as a share of a split, and
+// reaches no server.
+func TestFixedStatus(t *testing.T) {
+	var served atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served.Add(1) }))
+	t.Cleanup(srv.Close)
+	ws := contract.WebService{Routes: []contract.Route{
+		{Path: "/gone", PathType: contract.PathPrefix, Backend: contract.Backend{Status: http.StatusInternalServerError}},
+		{Path: "/half", PathType: contract.PathPrefix, Backends: []contract.WeightedBackend{
+			{Backend: contract.Backend{URL: srv.URL}, Weight: 1}, {Backend: contract.Backend{Status: http.StatusServiceUnavailable}, Weight: 1}}},
+	}}
+	if err := ws.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	h, err := newHandler(ws, newTransports(), newIdentities(noWhoIs), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "https://web.tailnet.test/gone/x", nil))
+	if rec.Code != http.StatusInternalServerError || rec.Header().Get("Server") != ServerHeader || served.Load() != 0 {
+		t.Fatalf("/gone: status %d, Server %q, %d requests at the server", rec.Code, rec.Header().Get("Server"), served.Load())
+	}
+	codes := map[int]int{}
+	for range 200 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "https://web.tailnet.test/half", nil))
+		codes[rec.Code]++
+	}
+	// Each half within 5 standard deviations (binomial: sqrt(200/4) ≈ 7).
+	if codes[http.StatusOK] < 65 || codes[http.StatusServiceUnavailable] < 65 || int(served.Load()) != codes[http.StatusOK] {
+		t.Errorf("a split of a server and a fixed 503: %v, %d at the server", codes, served.Load())
 	}
 }
 
