@@ -233,8 +233,12 @@ func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
 			w.Routes[0].Backends = []WeightedBackend{{Backend: w.Routes[0].Backend, Weight: 90}, {Backend: w.Routes[1].Backend, Weight: 10}}
 			w.Routes[0].Backend = Backend{}
 		}, 8},
-		"timeout":      {func(w *WebService) { w.Routes[0].TimeoutMillis = 1500 }, 8},
-		"fixed status": {func(w *WebService) { w.Routes[0].Backend = Backend{Status: 500} }, 9},
+		"timeout":                 {func(w *WebService) { w.Routes[0].TimeoutMillis = 1500 }, 8},
+		"fixed status":            {func(w *WebService) { w.Routes[0].Backend = Backend{Status: 500} }, 9},
+		"regular expression path": {func(w *WebService) { w.Routes[0].PathType, w.Routes[0].Path = PathRegularExpression, "/api/v[0-9]+" }, 9},
+		"regular expression query": {func(w *WebService) {
+			w.Routes[0].Query = []NameValue{{Name: "v", Value: "[0-9]+", Type: MatchRegularExpression}}
+		}, 9},
 		"fixed status in a split": {func(w *WebService) {
 			w.Routes[0].Backends = []WeightedBackend{{Backend: w.Routes[0].Backend, Weight: 1}, {Backend: Backend{Status: 503}, Weight: 1}}
 			w.Routes[0].Backend = Backend{}
@@ -407,7 +411,7 @@ func TestProxyConfigValidation(t *testing.T) {
 		{"no serve", func(c *ProxyConfig) { c.Serve = nil }, "needs serve"},
 		{"no routes", func(c *ProxyConfig) { c.Serve.Routes = nil }, "no routes"},
 		{"relative path", func(c *ProxyConfig) { c.Serve.Routes[0].Path = "api" }, "must start with /"},
-		{"path type", func(c *ProxyConfig) { c.Serve.Routes[0].PathType = "ImplementationSpecific" }, "Exact or Prefix"},
+		{"path type", func(c *ProxyConfig) { c.Serve.Routes[0].PathType = "ImplementationSpecific" }, "Exact, Prefix or RegularExpression"},
 		{"backend scheme", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.URL = "ftp://10.0.0.1" }, "backend URL"},
 		{"backend path", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.URL = "http://10.0.0.1/x" }, "backend URL"},
 		{"duplicate route", func(c *ProxyConfig) { c.Serve.Routes[1] = c.Serve.Routes[0] }, "twice"},
@@ -464,6 +468,16 @@ func TestProxyConfigValidation(t *testing.T) {
 			c.Serve.Routes[0].Rewrite = &Rewrite{Path: &PathChange{Type: PathChangeFull, Value: "v2"}}
 		}, "must start with /"},
 		{"rewrite hostname", func(c *ProxyConfig) { c.Serve.Routes[0].Rewrite = &Rewrite{Hostname: "-bad-"} }, "not a DNS name"},
+		{"regular expression path", func(c *ProxyConfig) {
+			c.Serve.Routes[0].PathType, c.Serve.Routes[0].Path = PathRegularExpression, "/api/(v1"
+		}, "missing closing )"},
+		{"regular expression header", func(c *ProxyConfig) {
+			c.Serve.Routes[0].Headers = []NameValue{{Name: "X-Env", Value: "[a-", Type: MatchRegularExpression}}
+		}, "error parsing regexp"},
+		{"match type", func(c *ProxyConfig) { c.Serve.Routes[0].Query = []NameValue{{Name: "v", Value: "2", Type: "Prefix"}} }, "must be empty or RegularExpression"},
+		{"typed header edit", func(c *ProxyConfig) {
+			c.Serve.Routes[0].RequestHeaders = &HeaderEdits{Set: []NameValue{{Name: "X-A", Value: "1", Type: MatchRegularExpression}}}
+		}, "header edit"},
 		{"fixed status not an error", func(c *ProxyConfig) { c.Serve.Routes[0].Backend = Backend{Status: 200} }, "400 to 599"},
 		{"fixed status with a URL", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.Status = 500 }, "nothing else"},
 		{"fixed status in a split, with endpoints", func(c *ProxyConfig) {

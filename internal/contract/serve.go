@@ -24,7 +24,27 @@ const (
 	PathExact PathType = "Exact"
 	// PathPrefix matches on whole path elements: /foo matches /foo and /foo/bar, not /foobar.
 	PathPrefix PathType = "Prefix"
+	// PathRegularExpression matches when the RE2 expression matches the whole path (a Gateway
+	// API RegularExpression match). Schema v7.
+	PathRegularExpression PathType = "RegularExpression"
 )
+
+// MatchType is how a header or query match compares values: exactly (""), or by an RE2
+// expression matching the whole value (schema v7).
+type MatchType string
+
+const MatchRegularExpression MatchType = "RegularExpression"
+
+// maxExpression bounds a regular expression's length, as the Gateway API bounds the values.
+const maxExpression = 1024
+
+// CompileMatch compiles a route's regular expression so that it matches whole values only.
+func CompileMatch(expr string) (*regexp.Regexp, error) {
+	if len(expr) > maxExpression {
+		return nil, fmt.Errorf("regular expression of %d bytes, more than %d", len(expr), maxExpression)
+	}
+	return regexp.Compile(`^(?:` + expr + `)$`)
+}
 
 // HTTPMode says what a web service does on plain HTTP (port 80).
 type HTTPMode string
@@ -84,15 +104,13 @@ type CertificateRef struct {
 	Hosts      []string `json:"hosts"`
 }
 
-// minVersion is the oldest schema version that can express the web service: v7 for backends
-// answering a fixed status, v6 for method,
+// minVersion is the oldest schema version that can express the web service: v7 for regular
+// expressions and backends answering a fixed status, v6 for method,
 // header and query matches, header edits, redirects, rewrites, splits and timeouts, v5 for backend CAs and server names, v4 for app capabilities and backend protocols, v3 for wildcard hosts, v2 for certificate settings and route hosts. Endpoints
 // are an optional addition that older readers ignore (they reach the Service's ClusterIP
 // instead), so they need no version.
 func (w *WebService) minVersion() int {
-	if slices.ContainsFunc(w.Routes, func(r Route) bool {
-		return slices.ContainsFunc(r.BackendsOf(), func(b Backend) bool { return b.Status != 0 })
-	}) {
+	if slices.ContainsFunc(w.Routes, Route.needsV7) {
 		return 7
 	}
 	if slices.ContainsFunc(w.Routes, Route.needsV6) {
@@ -216,10 +234,12 @@ const (
 	PathChangePrefix PathChangeType = "Prefix"
 )
 
-// NameValue is a header or query parameter and its value.
+// NameValue is a header or query parameter and its value; in a match, Type says how the value
+// compares (never in an edit).
 type NameValue struct {
-	Name  string `json:"name"`
-	Value string `json:"value"`
+	Name  string    `json:"name"`
+	Value string    `json:"value"`
+	Type  MatchType `json:"type,omitempty"`
 }
 
 // HeaderEdits are applied in order: Set replaces a header's values, Add appends a value, Remove
@@ -228,6 +248,14 @@ type HeaderEdits struct {
 	Set    []NameValue `json:"set,omitempty"`
 	Add    []NameValue `json:"add,omitempty"`
 	Remove []string    `json:"remove,omitempty"`
+}
+
+// needsV7 reports whether a route uses what schema v7 added: regular expressions, and backends
+// answering a fixed status.
+func (r Route) needsV7() bool {
+	regex := func(m NameValue) bool { return m.Type != "" }
+	return r.PathType == PathRegularExpression || slices.ContainsFunc(r.Headers, regex) || slices.ContainsFunc(r.Query, regex) ||
+		slices.ContainsFunc(r.BackendsOf(), func(b Backend) bool { return b.Status != 0 })
 }
 
 // needsV6 reports whether a route uses what schema v6 added.
@@ -329,11 +357,17 @@ func (r *Route) Validate() error {
 	if r.Host != "" && !ValidHost(r.Host) {
 		return fmt.Errorf("route %s: host %q is not a DNS name or a wildcard", r.Path, r.Host)
 	}
-	if !strings.HasPrefix(r.Path, "/") {
-		return fmt.Errorf("route path %q must start with /", r.Path)
-	}
-	if r.PathType != PathExact && r.PathType != PathPrefix {
-		return fmt.Errorf("route %s: path type %q must be Exact or Prefix", r.Path, r.PathType)
+	switch r.PathType {
+	case PathExact, PathPrefix:
+		if !strings.HasPrefix(r.Path, "/") {
+			return fmt.Errorf("route path %q must start with /", r.Path)
+		}
+	case PathRegularExpression:
+		if _, err := CompileMatch(r.Path); err != nil {
+			return fmt.Errorf("route path %q: %w", r.Path, err)
+		}
+	default:
+		return fmt.Errorf("route %s: path type %q must be Exact, Prefix or RegularExpression", r.Path, r.PathType)
 	}
 	if r.TimeoutMillis < 0 {
 		return fmt.Errorf("route %s: timeout %d ms is negative", r.Path, r.TimeoutMillis)
@@ -471,8 +505,19 @@ func (r *Route) validateNarrowing() error {
 		errs = append(errs, fmt.Errorf("method %q is not a token", r.Method))
 	}
 	headers, query := map[string]bool{}, map[string]bool{}
+	for _, m := range slices.Concat(r.Headers, r.Query) {
+		switch m.Type {
+		case "":
+		case MatchRegularExpression:
+			if _, err := CompileMatch(m.Value); err != nil {
+				errs = append(errs, fmt.Errorf("match of %q: %w", m.Name, err))
+			}
+		default:
+			errs = append(errs, fmt.Errorf("match of %q: type %q must be empty or RegularExpression", m.Name, m.Type))
+		}
+	}
 	for _, h := range r.Headers {
-		if !httpguts.ValidHeaderFieldName(h.Name) || !httpguts.ValidHeaderFieldValue(h.Value) {
+		if !httpguts.ValidHeaderFieldName(h.Name) || (h.Type == "" && !httpguts.ValidHeaderFieldValue(h.Value)) {
 			errs = append(errs, fmt.Errorf("header match %q: %q is not a valid header", h.Name, h.Value))
 		}
 		name := http.CanonicalHeaderKey(h.Name)
@@ -495,7 +540,7 @@ func (r *Route) validateNarrowing() error {
 			continue
 		}
 		for _, h := range slices.Concat(e.Set, e.Add) {
-			if !httpguts.ValidHeaderFieldName(h.Name) || !httpguts.ValidHeaderFieldValue(h.Value) {
+			if !httpguts.ValidHeaderFieldName(h.Name) || !httpguts.ValidHeaderFieldValue(h.Value) || h.Type != "" {
 				errs = append(errs, fmt.Errorf("header edit %q: %q is not a valid header", h.Name, h.Value))
 			}
 		}

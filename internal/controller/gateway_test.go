@@ -734,7 +734,7 @@ var _ = Describe("Gateway API", Ordered, func() {
 		Expect(tailnet.IsNotFound(err)).To(BeTrue(), "Tailscale Service still there: %v", err)
 	})
 
-	It("serves a GRPCRoute's calls over h2c, refuses an HTTPRoute on its Gateway and a method without a service", func() {
+	It("serves a GRPCRoute's calls over h2c, refuses an HTTPRoute on its Gateway and an expression that is not RE2", func() {
 		class("gw-grpc", gateway.ControllerName, nil)
 		ns := newNamespace()
 		grpcSvc := newBackendService(ns, "grpc")
@@ -758,13 +758,25 @@ var _ = Describe("Gateway API", Ordered, func() {
 		warned("HTTPRoute", "web", kit.ReasonUnsupportedValue)
 		Consistently(servedRoutes(edge), "1s").Should(HaveLen(1))
 
-		By("refusing a method match without a service, which has no path to serve it by")
-		anyService := kubeobj.GRPCRoute(ns, "any", "edge", "", "Check", "grpc", 80)
+		By("serving a method match without a service as a regular expression, after the exact call")
+		anyService := kubeobj.GRPCRoute(ns, "any", "edge", "", "Watch", "grpc", 80)
 		anyService.Spec.Rules[0].Matches[0].Method.Service = nil
 		create(anyService)
-		Eventually(routeCondition(anyService, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonUnsupportedValue),
-			HaveField("Message", ContainSubstring("RegularExpression"))))
-		warned("GRPCRoute", "any", kit.ReasonUnsupportedValue)
+		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{
+			{Path: "/grpc.health.v1.Health/Check", PathType: contract.PathExact, Backend: contract.Backend{URL: "http://" + grpcSvc.Spec.ClusterIP + ":80", Protocol: contract.BackendH2C}},
+			{Path: "/[^/]+/Watch", PathType: contract.PathRegularExpression, Backend: contract.Backend{URL: "http://" + grpcSvc.Spec.ClusterIP + ":80", Protocol: contract.BackendH2C}},
+		}))
+		Eventually(routeCondition(anyService, "Accepted")).Should(HaveField("Status", metav1.ConditionTrue))
+
+		By("refusing a regular expression the proxy cannot compile, serving nothing of its route")
+		bad := kubeobj.GRPCRoute(ns, "bad", "edge", "", "(?!Get)", "grpc", 80)
+		bad.Spec.Rules[0].Matches[0].Method.Service = nil
+		bad.Spec.Rules[0].Matches[0].Method.Type = ptr.To(gatewayv1.GRPCMethodMatchRegularExpression)
+		create(bad)
+		Eventually(routeCondition(bad, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonUnsupportedValue),
+			HaveField("Message", ContainSubstring("not RE2 syntax"))))
+		warned("GRPCRoute", "bad", kit.ReasonUnsupportedValue)
+		Expect(servedRoutes(edge)(Default)).To(HaveLen(2))
 		quiet()
 	})
 

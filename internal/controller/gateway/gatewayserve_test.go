@@ -345,8 +345,13 @@ func TestBuildRules(t *testing.T) {
 			Path:        &gatewayv1.HTTPPathMatch{Type: ptr.To(gatewayv1.PathMatchRegularExpression), Value: ptr.To("/a.*")},
 			Headers:     []gatewayv1.HTTPHeaderMatch{{Type: ptr.To(gatewayv1.HeaderMatchRegularExpression), Name: "x", Value: "y.*"}},
 			QueryParams: []gatewayv1.HTTPQueryParamMatch{{Type: ptr.To(gatewayv1.QueryParamMatchRegularExpression), Name: "q", Value: "1+"}},
+		}}, BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, []contract.Route{{Path: "/a.*", PathType: contract.PathRegularExpression,
+			Headers: []contract.NameValue{{Name: "x", Value: "y.*", Type: contract.MatchRegularExpression}},
+			Query:   []contract.NameValue{{Name: "q", Value: "1+", Type: contract.MatchRegularExpression}}, Backend: web}}, "", ""},
+		{"a regular expression that is not RE2", []gatewayv1.HTTPRouteRule{{Matches: []gatewayv1.HTTPRouteMatch{{
+			Headers: []gatewayv1.HTTPHeaderMatch{{Type: ptr.To(gatewayv1.HeaderMatchRegularExpression), Name: "x", Value: "(?<=a)b"}},
 		}}, BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, nil,
-			"rule 0: RegularExpression path matches, RegularExpression header matches, RegularExpression query parameter matches not served yet", ""},
+			`rule 0: regular expression "(?<=a)b" is not RE2 syntax`, ""},
 		{"no backendRefs: every request fails", []gatewayv1.HTTPRouteRule{{}},
 			[]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{Status: 500}}}, "", ""},
 	}

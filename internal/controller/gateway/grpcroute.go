@@ -23,9 +23,8 @@ func routeKind(r *gatewayv1.HTTPRoute) gatewayv1.Kind {
 // /<service>/<method>, so a method match is a path match (service and method: Exact
 // "/service/method"; service alone: PathPrefix "/service", whole path elements), its header
 // matches and filters are HTTPRoute ones, and its backends are reached over h2c (its kind,
-// set in TypeMeta, says so to buildRules). What has no such path (a method without a service,
-// RegularExpression matches) becomes a RegularExpression path match, which the rules refuse as
-// not served, naming it.
+// set in TypeMeta, says so to buildRules). A method without a service, and RegularExpression
+// method matches, are RegularExpression path matches.
 func grpcAsHTTP(g *gatewayv1.GRPCRoute) *gatewayv1.HTTPRoute {
 	r := &gatewayv1.HTTPRoute{
 		TypeMeta:   metav1.TypeMeta{APIVersion: gatewayv1.GroupVersion.String(), Kind: string(kindGRPCRoute)},

@@ -65,10 +65,13 @@ func TestGRPCRouteRules(t *testing.T) {
 			[]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: h2c}}, ""},
 		{"with a header", grpcRule(method(exact, "pkg.Svc", "Get"), gatewayv1.GRPCHeaderMatch{Name: "x-tenant", Value: "a"}),
 			[]contract.Route{{Path: "/pkg.Svc/Get", PathType: contract.PathExact, Headers: []contract.NameValue{{Name: "x-tenant", Value: "a"}}, Backend: h2c}}, ""},
-		{"a method without a service", grpcRule(method(exact, "", "Get")), nil, "RegularExpression path matches"},
-		{"a RegularExpression method", grpcRule(method(regex, "pkg\\..*", "")), nil, "RegularExpression path matches"},
+		{"a method without a service", grpcRule(method(exact, "", "Get")),
+			[]contract.Route{{Path: "/[^/]+/Get", PathType: contract.PathRegularExpression, Backend: h2c}}, ""},
+		{"a RegularExpression service", grpcRule(method(regex, "pkg\\..*", "")),
+			[]contract.Route{{Path: "/pkg\\..*/[^/]+", PathType: contract.PathRegularExpression, Backend: h2c}}, ""},
 		{"a RegularExpression header", grpcRule(nil, gatewayv1.GRPCHeaderMatch{Type: ptr.To(gatewayv1.GRPCHeaderMatchRegularExpression), Name: "x", Value: "a.*"}),
-			nil, "RegularExpression header matches"},
+			[]contract.Route{{Path: "/", PathType: contract.PathPrefix, Headers: []contract.NameValue{{Name: "x", Value: "a.*", Type: contract.MatchRegularExpression}}, Backend: h2c}}, ""},
+		{"a RegularExpression method that is not RE2", grpcRule(method(regex, "", "(?!Get)")), nil, "not RE2 syntax"},
 		{"a header modifier", func() gatewayv1.GRPCRouteRule {
 			r := grpcRule(method(exact, "pkg.Svc", ""))
 			r.Filters = []gatewayv1.GRPCRouteFilter{{Type: gatewayv1.GRPCRouteFilterRequestHeaderModifier,

@@ -226,6 +226,10 @@ func buildRules(r *gatewayv1.HTTPRoute, in backendInputs) (routes []contract.Rou
 			unsupported = append(unsupported, where+": "+strings.Join(why, ", ")+" not served yet")
 			continue
 		}
+		if bad := badExpressions(rule); len(bad) > 0 {
+			unsupported = append(unsupported, where+": "+strings.Join(bad, ", "))
+			continue
+		}
 		f := ruleFilters(rule.Filters)
 		var backend contract.Backend
 		var split []contract.WeightedBackend
@@ -313,8 +317,11 @@ func matchRoute(m gatewayv1.HTTPRouteMatch) contract.Route {
 		if m.Path.Value != nil {
 			rt.Path = *m.Path.Value
 		}
-		if m.Path.Type != nil && *m.Path.Type == gatewayv1.PathMatchExact {
+		switch ptr.Deref(m.Path.Type, gatewayv1.PathMatchPathPrefix) {
+		case gatewayv1.PathMatchExact:
 			rt.PathType = contract.PathExact
+		case gatewayv1.PathMatchRegularExpression:
+			rt.PathType = contract.PathRegularExpression
 		}
 	}
 	if m.Method != nil {
@@ -322,15 +329,25 @@ func matchRoute(m gatewayv1.HTTPRouteMatch) contract.Route {
 	}
 	for _, h := range m.Headers {
 		if !slices.ContainsFunc(rt.Headers, func(nv contract.NameValue) bool { return strings.EqualFold(nv.Name, string(h.Name)) }) {
-			rt.Headers = append(rt.Headers, contract.NameValue{Name: string(h.Name), Value: h.Value})
+			rt.Headers = append(rt.Headers, contract.NameValue{Name: string(h.Name), Value: h.Value,
+				Type: matchType(ptr.Deref(h.Type, gatewayv1.HeaderMatchExact) == gatewayv1.HeaderMatchRegularExpression)})
 		}
 	}
 	for _, q := range m.QueryParams {
 		if !slices.ContainsFunc(rt.Query, func(nv contract.NameValue) bool { return nv.Name == string(q.Name) }) {
-			rt.Query = append(rt.Query, contract.NameValue{Name: string(q.Name), Value: q.Value})
+			rt.Query = append(rt.Query, contract.NameValue{Name: string(q.Name), Value: q.Value,
+				Type: matchType(ptr.Deref(q.Type, gatewayv1.QueryParamMatchExact) == gatewayv1.QueryParamMatchRegularExpression)})
 		}
 	}
 	return rt
+}
+
+// matchType is a header or query match's contract type.
+func matchType(regex bool) contract.MatchType {
+	if regex {
+		return contract.MatchRegularExpression
+	}
+	return ""
 }
 
 // filters are a rule's filters as the contract says them.
@@ -442,22 +459,22 @@ func ruleUnsupported(rule gatewayv1.HTTPRouteRule) []string {
 	if slices.ContainsFunc(rule.BackendRefs, func(b gatewayv1.HTTPBackendRef) bool { return len(b.Filters) > 0 }) {
 		why = append(why, "backendRef filters")
 	}
+	return slices.Compact(why)
+}
+
+// badExpressions lists the regular expressions of a rule's matches that do not compile (RE2
+// syntax, as the proxy matches them).
+func badExpressions(rule gatewayv1.HTTPRouteRule) []string {
+	var bad []string
 	for _, m := range rule.Matches {
-		if m.Path != nil && m.Path.Type != nil && *m.Path.Type == gatewayv1.PathMatchRegularExpression {
-			why = append(why, "RegularExpression path matches")
-		}
-		if slices.ContainsFunc(m.Headers, func(h gatewayv1.HTTPHeaderMatch) bool {
-			return h.Type != nil && *h.Type != gatewayv1.HeaderMatchExact
-		}) {
-			why = append(why, "RegularExpression header matches")
-		}
-		if slices.ContainsFunc(m.QueryParams, func(q gatewayv1.HTTPQueryParamMatch) bool {
-			return q.Type != nil && *q.Type != gatewayv1.QueryParamMatchExact
-		}) {
-			why = append(why, "RegularExpression query parameter matches")
+		rt := matchRoute(m)
+		for _, nv := range slices.Concat([]contract.NameValue{{Value: rt.Path, Type: matchType(rt.PathType == contract.PathRegularExpression)}}, rt.Headers, rt.Query) {
+			if _, err := contract.CompileMatch(nv.Value); nv.Type != "" && err != nil {
+				bad = append(bad, fmt.Sprintf("regular expression %q is not RE2 syntax: %v", nv.Value, err))
+			}
 		}
 	}
-	return slices.Compact(why)
+	return bad
 }
 
 // appProtocols are the backend Service port appProtocols the proxy serves to each route kind,

@@ -92,7 +92,7 @@ func checkMatch(t *testing.T, rt *Router, routes []contract.Route, req *http.Req
 	for _, inGroup := range groups {
 		best := -1
 		for i, r := range routes {
-			if !inGroup(r) || !matches(cleanRoute(r), p) || !asked(r) {
+			if !inGroup(r) || !matches(cleanRoute(r), nil, p) || !asked(r) {
 				continue
 			}
 			if best < 0 || rank(r) > rank(routes[best]) {
@@ -105,7 +105,7 @@ func checkMatch(t *testing.T, rt *Router, routes []contract.Route, req *http.Req
 		if got < 0 {
 			t.Fatalf("request %s%s matched nothing; route %+v matches it", host, reqPath, routes[best])
 		}
-		if !inGroup(routes[got]) || !matches(cleanRoute(routes[got]), p) || !asked(routes[got]) || rank(routes[got]) != rank(routes[best]) {
+		if !inGroup(routes[got]) || !matches(cleanRoute(routes[got]), nil, p) || !asked(routes[got]) || rank(routes[got]) != rank(routes[best]) {
 			t.Fatalf("request %s%s matched %+v; the most specific match is %+v", host, reqPath, routes[got], routes[best])
 		}
 		return got
@@ -119,5 +119,5 @@ func checkMatch(t *testing.T, rt *Router, routes []contract.Route, req *http.Req
 // rank orders routes by path length, Exact, method, header matches and query matches, each
 // deciding only where those before it are equal (a route has far fewer than 1000 of each).
 func rank(r contract.Route) int {
-	return (((2*matchLen(cleanRoute(r))+1-exactRank(r))*2+boolRank(r.Method != ""))*1000+len(r.Headers))*1000 + len(r.Query)
+	return (((2*matchLen(cleanRoute(r))+1-pathRank(r))*2+boolRank(r.Method != ""))*1000+len(r.Headers))*1000 + len(r.Query)
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -25,19 +26,27 @@ import (
 // matching only. A route may also ask for a method, headers and query parameters (an HTTPRoute's
 // matches); among routes of equal paths, one with a method goes first, then the one with more
 // header matches, then with more query matches, as the Gateway API's precedence orders them.
+// A RegularExpression path must match the whole (cleaned) path; it ranks as a Prefix path of
+// its literal prefix would ("/api/v[0-9]+" as "/api/v"), after one of equal length. Header and
+// query values may be matched by regular expressions too, each matching the whole value.
 type Router struct {
 	routes []contract.Route
 	clean  []contract.Route // routes with their paths cleaned, as they are matched
+	exprs  []routeExprs     // their regular expressions, compiled
 	hosts  map[string][]int // route indexes by lower-case host, most specific first
 	wild   map[string][]int // by the lower-case suffix of a wildcard host ("example.com")
 	any    []int            // routes without a host, most specific first
 }
 
 // NewRouter orders the routes for matching. Routes of equal rank keep their order.
+// Routes are validated (contract.Route.Validate): an expression that does not compile matches
+// nothing.
 func NewRouter(routes []contract.Route) *Router {
-	r := &Router{routes: routes, clean: make([]contract.Route, len(routes)), hosts: map[string][]int{}, wild: map[string][]int{}}
+	r := &Router{routes: routes, clean: make([]contract.Route, len(routes)), exprs: make([]routeExprs, len(routes)),
+		hosts: map[string][]int{}, wild: map[string][]int{}}
 	for i, rt := range routes {
 		r.clean[i] = cleanRoute(rt)
+		r.exprs[i] = compileRoute(rt)
 		h := strings.ToLower(rt.Host)
 		switch {
 		case h == "":
@@ -51,8 +60,8 @@ func NewRouter(routes []contract.Route) *Router {
 	bySpecificity := func(a, b int) int {
 		ra, rb := r.clean[a], r.clean[b]
 		return cmp.Or(
-			matchLen(rb)-matchLen(ra),
-			exactRank(ra)-exactRank(rb),
+			r.matchLen(b)-r.matchLen(a),
+			pathRank(ra)-pathRank(rb),
 			boolRank(rb.Method != "")-boolRank(ra.Method != ""),
 			len(rb.Headers)-len(ra.Headers),
 			len(rb.Query)-len(ra.Query))
@@ -66,8 +75,61 @@ func NewRouter(routes []contract.Route) *Router {
 	return r
 }
 
-// matchLen is the length a route is ranked by: a Prefix route's trailing slash does not count,
-// since /foo/ and /foo match the same paths.
+// routeExprs are a route's regular expressions, compiled: its path's (nil: not one), and its
+// header and query matches' (nil where a match is exact).
+type routeExprs struct {
+	path *regexp.Regexp
+	// literal is the length of the literal every path the expression matches begins with.
+	literal        int
+	headers, query []*regexp.Regexp
+}
+
+// never matches nothing: what an expression that does not compile is replaced by.
+var never = regexp.MustCompile(`[^\x00-\x{10FFFF}]`)
+
+func compileRoute(rt contract.Route) routeExprs {
+	compile := func(expr string) *regexp.Regexp {
+		re, err := contract.CompileMatch(expr)
+		if err != nil {
+			return never
+		}
+		return re
+	}
+	var e routeExprs
+	if rt.PathType == contract.PathRegularExpression {
+		e.path = compile(rt.Path)
+		if unanchored, err := regexp.Compile(rt.Path); err == nil { // CompileMatch's anchor hides it
+			prefix, _ := unanchored.LiteralPrefix()
+			e.literal = len(prefix)
+		}
+	}
+	for _, m := range []struct {
+		nvs []contract.NameValue
+		to  *[]*regexp.Regexp
+	}{{rt.Headers, &e.headers}, {rt.Query, &e.query}} {
+		if !slices.ContainsFunc(m.nvs, func(nv contract.NameValue) bool { return nv.Type != "" }) {
+			continue
+		}
+		*m.to = make([]*regexp.Regexp, len(m.nvs))
+		for j, nv := range m.nvs {
+			if nv.Type != "" {
+				(*m.to)[j] = compile(nv.Value)
+			}
+		}
+	}
+	return e
+}
+
+// matchLen is the length route i is ranked by: a RegularExpression's is its literal prefix's.
+func (r *Router) matchLen(i int) int {
+	if e := r.exprs[i]; e.path != nil {
+		return e.literal
+	}
+	return matchLen(r.clean[i])
+}
+
+// matchLen is the length an Exact or Prefix route is ranked by: a Prefix route's trailing slash
+// does not count, since /foo/ and /foo match the same paths.
 func matchLen(r contract.Route) int {
 	if r.PathType == contract.PathPrefix {
 		return len(strings.TrimSuffix(r.Path, "/"))
@@ -82,11 +144,15 @@ func boolRank(b bool) int {
 	return 0
 }
 
-func exactRank(r contract.Route) int {
-	if r.PathType == contract.PathExact {
+// pathRank orders routes of equal match length: Exact, then Prefix, then RegularExpression.
+func pathRank(r contract.Route) int {
+	switch r.PathType {
+	case contract.PathExact:
 		return 0
+	case contract.PathPrefix:
+		return 1
 	}
-	return 1
+	return 2
 }
 
 // Match returns the route for a request: its host (Host, else the TLS server name, as HostOf
@@ -116,14 +182,14 @@ func (r *Router) match(req *http.Request) int {
 	var query url.Values // parsed once, if a route asks
 	for _, routes := range [][]int{r.hosts[host], wild, r.any} {
 		for _, i := range routes {
-			rt := &r.clean[i]
-			if !matches(*rt, p) || (rt.Method != "" && rt.Method != req.Method) || !headersMatch(rt.Headers, req.Header) {
+			rt, e := &r.clean[i], &r.exprs[i]
+			if !matches(*rt, e.path, p) || (rt.Method != "" && rt.Method != req.Method) || !headersMatch(rt.Headers, e.headers, req.Header) {
 				continue
 			}
 			if len(rt.Query) > 0 && query == nil {
 				query = req.URL.Query()
 			}
-			if queryMatches(rt.Query, query) {
+			if queryMatches(rt.Query, e.query, query) {
 				return i
 			}
 		}
@@ -131,26 +197,35 @@ func (r *Router) match(req *http.Request) int {
 	return -1
 }
 
-// headersMatch reports whether the request has each header with exactly the value asked; of a
-// header sent several times, any value may match.
-func headersMatch(want []contract.NameValue, h http.Header) bool {
-	for _, m := range want {
-		if !slices.Contains(h.Values(m.Name), m.Value) {
+// headersMatch reports whether the request has each header with exactly the value asked, or
+// one its expression (exprs[i], when there are any) matches; of a header sent several times,
+// any value may match.
+func headersMatch(want []contract.NameValue, exprs []*regexp.Regexp, h http.Header) bool {
+	for i, m := range want {
+		if !slices.ContainsFunc(h.Values(m.Name), func(v string) bool { return valueMatches(m, exprs, i, v) }) {
 			return false
 		}
 	}
 	return true
 }
 
-// queryMatches reports whether the query has each parameter asked, its first value exactly the
-// value asked.
-func queryMatches(want []contract.NameValue, q url.Values) bool {
-	for _, m := range want {
-		if vs, ok := q[m.Name]; !ok || vs[0] != m.Value {
+// queryMatches reports whether the query has each parameter asked, its first value the value
+// asked or one its expression matches.
+func queryMatches(want []contract.NameValue, exprs []*regexp.Regexp, q url.Values) bool {
+	for i, m := range want {
+		if vs, ok := q[m.Name]; !ok || !valueMatches(m, exprs, i, vs[0]) {
 			return false
 		}
 	}
 	return true
+}
+
+// valueMatches compares a value with match i of a route: by its expression where it has one.
+func valueMatches(m contract.NameValue, exprs []*regexp.Regexp, i int, v string) bool {
+	if exprs != nil && exprs[i] != nil {
+		return exprs[i].MatchString(v)
+	}
+	return v == m.Value
 }
 
 // HostOf normalizes a Host header or a TLS server name for matching: lower case, without a
@@ -165,9 +240,12 @@ func HostOf(hostport string) string {
 	return strings.ToLower(strings.TrimSuffix(h, "."))
 }
 
-func matches(rt contract.Route, p string) bool {
-	if rt.PathType == contract.PathExact {
+func matches(rt contract.Route, expr *regexp.Regexp, p string) bool {
+	switch rt.PathType {
+	case contract.PathExact:
 		return p == rt.Path
+	case contract.PathRegularExpression:
+		return expr.MatchString(p)
 	}
 	prefix := strings.TrimSuffix(rt.Path, "/")
 	return prefix == "" || p == prefix || strings.HasPrefix(p, prefix+"/")
@@ -193,6 +271,8 @@ func cleanPath(p string) string {
 // path written with doubled slashes or dot segments (ImplementationSpecific paths may have
 // them) matches the requests for it instead of none.
 func cleanRoute(r contract.Route) contract.Route {
-	r.Path = cleanPath(r.Path)
+	if r.PathType != contract.PathRegularExpression {
+		r.Path = cleanPath(r.Path)
+	}
 	return r
 }

@@ -231,3 +231,58 @@ func TestRouterMatches(t *testing.T) {
 		})
 	}
 }
+
+// Regular expressions match whole paths and values; a RegularExpression path ranks as a Prefix
+// path of its literal prefix, after one of the same length.
+func TestRouterRegularExpressions(t *testing.T) {
+	re := contract.MatchRegularExpression
+	r := NewRouter([]contract.Route{
+		{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://root"}},
+		{Path: "/api/v[0-9]+/.*", PathType: contract.PathRegularExpression, Backend: contract.Backend{URL: "http://versioned"}},
+		{Path: "/api/v2", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://v2"}},
+		{Path: "/api/v", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://v-prefix"}},
+		{Path: "/img/[^/]+\\.(png|jpg)", PathType: contract.PathRegularExpression, Backend: contract.Backend{URL: "http://images"}},
+		{Path: "/env", PathType: contract.PathPrefix, Headers: []contract.NameValue{{Name: "X-Env", Value: "canary|beta", Type: re}},
+			Backend: contract.Backend{URL: "http://env-re"}},
+		{Path: "/q", PathType: contract.PathPrefix, Query: []contract.NameValue{{Name: "id", Value: "[0-9]+", Type: re}},
+			Backend: contract.Backend{URL: "http://numeric"}},
+		{Path: "(", PathType: contract.PathRegularExpression, Backend: contract.Backend{URL: "http://broken"}},
+	})
+	for _, tc := range []struct {
+		target string
+		header http.Header
+		want   string
+	}{
+		{"/api/v1/users", nil, "versioned"},
+		{"/api/v2/users", nil, "v2"}, // Prefix /api/v2 is longer than the literal /api/v
+		{"/api/v/users", nil, "v-prefix"},
+		{"/api/vx/users", nil, "root"},
+		{"/api/v1", nil, "root"}, // the expression matches whole paths only
+		{"/img/cat.png", nil, "images"},
+		{"/img/cat.png/x", nil, "root"},
+		{"/img/a/cat.png", nil, "root"},
+		{"/env", http.Header{"X-Env": {"beta"}}, "env-re"},
+		{"/env", http.Header{"X-Env": {"prod", "canary"}}, "env-re"},
+		{"/env", http.Header{"X-Env": {"canary-2"}}, "root"},
+		{"/q?id=42", nil, "numeric"},
+		{"/q?id=4x", nil, "root"},
+		{"/q?id=x&id=42", nil, "root"}, // the first value counts
+	} {
+		u, err := url.Parse(tc.target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := request("web.tailnet.test", u.Path)
+		req.URL.RawQuery = u.RawQuery
+		if tc.header != nil {
+			req.Header = tc.header
+		}
+		got := ""
+		if rt, ok := r.Match(req); ok {
+			got = rt.Backend.URL[len("http://"):]
+		}
+		if got != tc.want {
+			t.Errorf("%s %v: %q, want %q", tc.target, tc.header, got, tc.want)
+		}
+	}
+}
