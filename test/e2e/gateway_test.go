@@ -155,7 +155,7 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 		}
 	})
 
-	It("routes by method, header and query, edits headers both ways, redirects, rewrites and splits by weight", func(ctx SpecContext) {
+	It("routes by method, header (exact and regular expression) and query, edits headers both ways, redirects, rewrites and splits by weight", func(ctx SpecContext) {
 		ns, port, edge := newEdgeGateway(ctx, "e2e-gwm")
 		// Each rule tells the backend which it is in a request header; the backend's /header
 		// answers with it.
@@ -179,6 +179,9 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 				m.QueryParams = []gatewayv1.HTTPQueryParamMatch{{Name: "api", Value: "v2"}}
 			}),
 			rule("post", func(m *gatewayv1.HTTPRouteMatch) { m.Method = ptr.To(gatewayv1.HTTPMethodPost) }),
+			rule("build", func(m *gatewayv1.HTTPRouteMatch) {
+				m.Headers = []gatewayv1.HTTPHeaderMatch{{Type: ptr.To(gatewayv1.HeaderMatchRegularExpression), Name: "X-Build", Value: "[0-9]+"}}
+			}),
 			rule("rewritten", func(m *gatewayv1.HTTPRouteMatch) { m.Path.Value = ptr.To("/rewritten") }),
 			rule("split", func(m *gatewayv1.HTTPRouteMatch) { m.Path.Value = ptr.To("/split") }))
 		// Half of /split goes to a Service that does not exist, and fails.
@@ -217,6 +220,8 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 			{http.MethodGet, "&api=v2", nil, "v2"},
 			{http.MethodGet, "&api=v2", http.Header{"X-Track": {"canary"}}, "canary"}, // headers before query
 			{http.MethodPost, "&api=v2", http.Header{"X-Track": {"canary"}}, "post"},  // the method first
+			{http.MethodGet, "", http.Header{"X-Build": {"1234"}}, "build"},           // a regular expression
+			{http.MethodGet, "", http.Header{"X-Build": {"12a"}}, "default"},          // matching whole values
 		} {
 			By(fmt.Sprintf("%s with %v%s: rule %s", tc.method, tc.header, tc.query, tc.want))
 			header := http.Header{"X-Debug": {"client"}}
