@@ -478,6 +478,12 @@ func TestProxyConfigValidation(t *testing.T) {
 		{"typed header edit", func(c *ProxyConfig) {
 			c.Serve.Routes[0].RequestHeaders = &HeaderEdits{Set: []NameValue{{Name: "X-A", Value: "1", Type: MatchRegularExpression}}}
 		}, "header edit"},
+		{"mirror share", func(c *ProxyConfig) {
+			c.Serve.Routes[0].Mirrors = []Mirror{{Backend: c.Serve.Routes[1].Backend, Numerator: 3, Denominator: 2}}
+		}, "a fraction of 1 or less"},
+		{"mirror with a fixed status", func(c *ProxyConfig) {
+			c.Serve.Routes[0].Mirrors = []Mirror{{Backend: Backend{Status: 500}, Numerator: 1, Denominator: 1}}
+		}, "a server's backend"},
 		{"fixed status not an error", func(c *ProxyConfig) { c.Serve.Routes[0].Backend = Backend{Status: 200} }, "400 to 599"},
 		{"fixed status with a URL", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.Status = 500 }, "nothing else"},
 		{"fixed status in a split, with endpoints", func(c *ProxyConfig) {

@@ -175,6 +175,16 @@ type Route struct {
 	// TimeoutMillis bounds the time from a request to its response's header: past it the
 	// proxy gives up and answers 504. 0 is no bound. Schema v6.
 	TimeoutMillis int64 `json:"timeoutMillis,omitempty"`
+	// Mirrors each get a copy of their share of the route's requests, as the route's backend
+	// gets them; their responses are dropped. Schema v7: an older proxy would send none.
+	Mirrors []Mirror `json:"mirrors,omitempty"`
+}
+
+// Mirror is a server that gets a copy of Numerator/Denominator of a route's requests.
+type Mirror struct {
+	Backend     Backend `json:"backend"`
+	Numerator   int     `json:"numerator"`
+	Denominator int     `json:"denominator"`
 }
 
 // WeightedBackend is a backend and its share of a route's requests, weight/(sum of weights).
@@ -254,7 +264,7 @@ type HeaderEdits struct {
 // answering a fixed status.
 func (r Route) needsV7() bool {
 	regex := func(m NameValue) bool { return m.Type != "" }
-	return r.PathType == PathRegularExpression || slices.ContainsFunc(r.Headers, regex) || slices.ContainsFunc(r.Query, regex) ||
+	return r.PathType == PathRegularExpression || slices.ContainsFunc(r.Headers, regex) || slices.ContainsFunc(r.Query, regex) || len(r.Mirrors) > 0 ||
 		slices.ContainsFunc(r.BackendsOf(), func(b Backend) bool { return b.Status != 0 })
 }
 
@@ -385,6 +395,17 @@ func (r *Route) Validate() error {
 	if err := r.validatePathChange(r.Rewrite.pathChange()); err != nil {
 		return err
 	}
+	for i, m := range r.Mirrors {
+		if m.Backend.Status != 0 {
+			return fmt.Errorf("route %s: mirror %d: a server's backend needed, not a fixed status", r.Path, i)
+		}
+		if err := m.Backend.validate(); err != nil {
+			return fmt.Errorf("route %s: mirror %d: %w", r.Path, i, err)
+		}
+		if m.Denominator < 1 || m.Denominator > 1_000_000 || m.Numerator < 0 || m.Numerator > m.Denominator {
+			return fmt.Errorf("route %s: mirror %d: share %d/%d must be a fraction of 1 or less, its denominator 1 to 1000000", r.Path, i, m.Numerator, m.Denominator)
+		}
+	}
 	if r.Rewrite != nil && r.Rewrite.Hostname != "" && !ValidDNSName(r.Rewrite.Hostname) {
 		return fmt.Errorf("route %s: rewrite hostname %q is not a DNS name", r.Path, r.Rewrite.Hostname)
 	}
@@ -455,8 +476,8 @@ func (b *Backend) validate() error {
 func (r *Route) validateRedirect() error {
 	rd := r.Redirect
 	var errs []error
-	if !reflect.ValueOf(r.Backend).IsZero() || len(r.Backends) > 0 || r.Rewrite != nil {
-		errs = append(errs, errors.New("a redirect has no backend or rewrite"))
+	if !reflect.ValueOf(r.Backend).IsZero() || len(r.Backends) > 0 || r.Rewrite != nil || len(r.Mirrors) > 0 {
+		errs = append(errs, errors.New("a redirect has no backend, rewrite or mirror"))
 	}
 	if rd.Scheme != "" && rd.Scheme != "http" && rd.Scheme != "https" {
 		errs = append(errs, fmt.Errorf("redirect scheme %q must be http or https", rd.Scheme))

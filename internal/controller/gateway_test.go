@@ -546,21 +546,35 @@ var _ = Describe("Gateway API", Ordered, func() {
 			Backend: contract.Backend{URL: "http://" + db.Spec.ClusterIP + ":80"}}}))
 	})
 
-	It("does not serve a route with a filter it cannot honour, and says so", func() {
+	It("does not serve a route with a filter it cannot honour, and says so; serves a mirror", func() {
 		class("gw-filter", gateway.ControllerName, nil)
 		ns := newNamespace()
-		newBackendService(ns, "web")
+		web := newBackendService(ns, "web")
 		edge := kubeobj.Gateway(ns, "edge", "gw-filter", https)
 		rule := kubeobj.HTTPRule(prefix, "/", "", "web", 80)
-		rule.Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestMirror,
-			RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{BackendRef: gatewayv1.BackendObjectReference{Name: "web", Port: ptr.To[gatewayv1.PortNumber](80)}}}}
+		rule.Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterExtensionRef,
+			ExtensionRef: &gatewayv1.LocalObjectReference{Group: "example.com", Kind: "Filter", Name: "x"}}}
 		route := kubeobj.HTTPRoute(ns, "filtered", "edge", rule)
 		create(edge, route)
 		Eventually(routeCondition(route, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse),
-			HaveField("Reason", kit.ReasonUnsupportedValue), HaveField("Message", ContainSubstring("filters (RequestMirror)"))))
+			HaveField("Reason", kit.ReasonUnsupportedValue), HaveField("Message", ContainSubstring("filters (ExtensionRef)"))))
 		warned("HTTPRoute", "filtered", kit.ReasonUnsupportedValue)
 		Eventually(servedRoutes(edge)).Should(Equal(noRoutes))
 		Eventually(listenerStatus(edge, "https")).Should(HaveField("AttachedRoutes", int32(0)))
+		quiet()
+
+		By("serving the route with a RequestMirror in its place: a tenth of its requests copied to port 8080")
+		got := &gatewayv1.HTTPRoute{}
+		Expect(gw.Get(ctx, client.ObjectKeyFromObject(route), got)).To(Succeed())
+		before := got.DeepCopy()
+		got.Spec.Rules[0].Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestMirror,
+			RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{BackendRef: gatewayv1.BackendObjectReference{Name: "web", Port: ptr.To[gatewayv1.PortNumber](8080)},
+				Percent: ptr.To[int32](10)}}}
+		Expect(gw.Patch(ctx, got, client.MergeFrom(before))).To(Succeed())
+		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{{Path: "/", PathType: contract.PathPrefix,
+			Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"},
+			Mirrors: []contract.Mirror{{Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":8080"}, Numerator: 10, Denominator: 100}}}}))
+		Eventually(routeCondition(route, "Accepted")).Should(HaveField("Status", metav1.ConditionTrue))
 		quiet()
 	})
 

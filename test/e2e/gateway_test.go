@@ -155,6 +155,37 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 		}
 	})
 
+	It("copies a route's requests to a RequestMirror's Service, answering from the route's backend", func(ctx SpecContext) {
+		if suite.localBackend != "" {
+			Skip("the local environment runs no workload Pods: the mirror's server is agnhost's, on kind")
+		}
+		ns, port, edge := newEdgeGateway(ctx, "e2e-gwmir")
+		// A second echo server, whose log shows what reached it.
+		suite.RunWorkload(ctx, ns, "shadow", suite.backendImage, "netexec", "--http-port=8080")
+		shadow := framework.BackendService(ns, "shadow", corev1.ServiceTypeClusterIP)
+		shadow.Spec.Selector = map[string]string{"app": "shadow"}
+		suite.Create(ctx, shadow)
+		rule := kubeobj.HTTPRule(gatewayv1.PathMatchPathPrefix, "/", "", framework.BackendName, port)
+		rule.Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{
+			BackendRef: gatewayv1.BackendObjectReference{Name: "shadow", Port: ptr.To(gatewayv1.PortNumber(shadow.Spec.Ports[0].Port))}}}}
+		suite.Create(ctx, edge)
+		suite.Create(ctx, kubeobj.HTTPRoute(ns, "mirrored", edge.Name, rule))
+		fqdn := programmedAddresses(ctx, edge, 1)[0].Value
+
+		hc := tailnetHTTPClient(15 * time.Second)
+		defer hc.CloseIdleConnections()
+		msg := "mirrored-" + framework.Token()
+		Eventually(ctx, func() (string, error) { return get(ctx, hc, "https://"+fqdn+"/echo?msg="+msg, nil) }).Should(Equal(msg),
+			"the route's backend answers")
+		pods := &corev1.PodList{}
+		Expect(suite.K8s.List(ctx, pods, client.InNamespace(ns), client.MatchingLabels{"app": "shadow"})).To(Succeed())
+		Expect(pods.Items).NotTo(BeEmpty())
+		Eventually(ctx, func() (string, error) {
+			b, err := suite.Clientset.CoreV1().Pods(ns).GetLogs(pods.Items[0].Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+			return string(b), err
+		}).Should(ContainSubstring("GET /echo?msg="+msg), "the mirror's server got the copy")
+	})
+
 	It("routes by method, header (exact and regular expression) and query, edits headers both ways, redirects, rewrites and splits by weight", func(ctx SpecContext) {
 		ns, port, edge := newEdgeGateway(ctx, "e2e-gwm")
 		// Each rule tells the backend which it is in a request header; the backend's /header

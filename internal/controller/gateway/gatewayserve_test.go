@@ -319,8 +319,17 @@ func TestBuildRules(t *testing.T) {
 			[]contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: web}}, "", ""},
 		{"timeouts: not a duration", []gatewayv1.HTTPRouteRule{{BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)},
 			Timeouts: &gatewayv1.HTTPRouteTimeouts{Request: ptr.To[gatewayv1.Duration]("soon")}}}, nil, `timeout "soon" (not a duration)`, ""},
-		{"another filter", []gatewayv1.HTTPRouteRule{{Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestMirror}},
-			BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, nil, "rule 0: filters (RequestMirror) not served yet", ""},
+		{"another filter", []gatewayv1.HTTPRouteRule{{Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterExtensionRef}},
+			BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, nil, "rule 0: filters (ExtensionRef) not served yet", ""},
+		{"mirrors: by percent, by fraction, all, and one whose Service is missing left out", []gatewayv1.HTTPRouteRule{{Filters: []gatewayv1.HTTPRouteFilter{
+			{Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{BackendRef: backendRef("web", 8080).BackendObjectReference, Percent: ptr.To[int32](25)}},
+			{Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{BackendRef: backendRef("web", 8080).BackendObjectReference,
+				Fraction: &gatewayv1.Fraction{Numerator: 1, Denominator: ptr.To[int32](3)}}},
+			{Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{BackendRef: backendRef("web", 80).BackendObjectReference}},
+			{Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{BackendRef: backendRef("shadow", 80).BackendObjectReference}},
+		}, BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}}, []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: web,
+			Mirrors: []contract.Mirror{{Backend: admin, Numerator: 25, Denominator: 100}, {Backend: admin, Numerator: 1, Denominator: 3}, {Backend: web, Numerator: 1, Denominator: 1}}}},
+			"", "rule 0: mirror: Service app/shadow does not exist"},
 		{"method, header and query matches; the first of a name counts", []gatewayv1.HTTPRouteRule{{Matches: []gatewayv1.HTTPRouteMatch{{
 			Path:        &gatewayv1.HTTPPathMatch{Type: ptr.To(gatewayv1.PathMatchPathPrefix), Value: ptr.To("/api")},
 			Headers:     []gatewayv1.HTTPHeaderMatch{{Name: "X-Env", Value: "canary"}, {Name: "x-env", Value: "other"}},
@@ -421,7 +430,7 @@ func TestDecideRoute(t *testing.T) {
 		{"another hostname", func(r *gatewayv1.HTTPRoute) { r.Spec.Hostnames = []gatewayv1.Hostname{"shop.example.com"} },
 			view(https), []string{kit.ReasonNoMatchingListenerHostname}, false},
 		{"a filter", func(r *gatewayv1.HTTPRoute) {
-			r.Spec.Rules[0].Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestMirror}}
+			r.Spec.Rules[0].Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterExtensionRef}}
 		}, view(https), []string{kit.ReasonUnsupportedValue}, false},
 		{"a Gateway not accepted", nil, map[types.NamespacedName]*gatewayView{key: {Key: key, Rejected: kit.ReasonGatewayInvalid, Why: "HA"}},
 			[]string{kit.ReasonNoMatchingParent}, false},

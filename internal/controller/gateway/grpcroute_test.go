@@ -79,11 +79,17 @@ func TestGRPCRouteRules(t *testing.T) {
 			return r
 		}(), []contract.Route{{Path: "/pkg.Svc", PathType: contract.PathPrefix, Backend: h2c,
 			RequestHeaders: &contract.HeaderEdits{Set: []contract.NameValue{{Name: "x-via", Value: "gw"}}}}}, ""},
-		{"a mirror", func() gatewayv1.GRPCRouteRule {
+		{"a mirror, over h2c", func() gatewayv1.GRPCRouteRule {
 			r := grpcRule(nil)
-			r.Filters = []gatewayv1.GRPCRouteFilter{{Type: gatewayv1.GRPCRouteFilterRequestMirror}}
+			r.Filters = []gatewayv1.GRPCRouteFilter{{Type: gatewayv1.GRPCRouteFilterRequestMirror, RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{
+				BackendRef: r.BackendRefs[0].BackendObjectReference, Percent: ptr.To[int32](10)}}}
 			return r
-		}(), nil, "RequestMirror"},
+		}(), []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: h2c, Mirrors: []contract.Mirror{{Backend: h2c, Numerator: 10, Denominator: 100}}}}, ""},
+		{"another filter", func() gatewayv1.GRPCRouteRule {
+			r := grpcRule(nil)
+			r.Filters = []gatewayv1.GRPCRouteFilter{{Type: gatewayv1.GRPCRouteFilterExtensionRef}}
+			return r
+		}(), nil, "ExtensionRef"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

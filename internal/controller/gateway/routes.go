@@ -245,9 +245,14 @@ func buildRules(r *gatewayv1.HTTPRoute, in backendInputs) (routes []contract.Rou
 		if len(matches) == 0 {
 			matches = []gatewayv1.HTTPRouteMatch{{}}
 		}
+		mirrors, problems := ruleMirrors(r.Namespace, routeKind(r), rule.Filters, in)
+		for _, p := range problems {
+			p.Message = where + ": mirror: " + p.Message
+			unresolved = append(unresolved, p)
+		}
 		for _, m := range matches {
 			rt := matchRoute(m)
-			rt.Backend, rt.Backends = backend, split
+			rt.Backend, rt.Backends, rt.Mirrors = backend, split, mirrors
 			rt.TimeoutMillis, _ = ruleTimeout(rule.Timeouts) // checked by ruleUnsupported
 			rt.RequestHeaders, rt.ResponseHeaders, rt.Redirect, rt.Rewrite = f.request, f.response, f.redirect, f.rewrite
 			// The first rule of a match wins, as the spec's precedence orders rules of one route.
@@ -342,6 +347,34 @@ func matchRoute(m gatewayv1.HTTPRouteMatch) contract.Route {
 	return rt
 }
 
+// ruleMirrors resolves a rule's RequestMirror filters: each mirror's backendRef, and its share
+// of the requests (percent, or fraction, else all). A mirror whose backendRef does not resolve
+// is left out, and the rule served without it.
+func ruleMirrors(routeNS string, kind gatewayv1.Kind, fs []gatewayv1.HTTPRouteFilter, in backendInputs) ([]contract.Mirror, []refProblem) {
+	var mirrors []contract.Mirror
+	var problems []refProblem
+	for _, f := range fs {
+		m := f.RequestMirror
+		if f.Type != gatewayv1.HTTPRouteFilterRequestMirror || m == nil {
+			continue
+		}
+		b, problem := resolveBackendRef(routeNS, kind, m.BackendRef, in)
+		if problem != nil {
+			problems = append(problems, *problem)
+			continue
+		}
+		mirror := contract.Mirror{Backend: b, Numerator: 1, Denominator: 1}
+		switch {
+		case m.Percent != nil:
+			mirror.Numerator, mirror.Denominator = int(*m.Percent), 100
+		case m.Fraction != nil:
+			mirror.Numerator, mirror.Denominator = int(m.Fraction.Numerator), int(ptr.Deref(m.Fraction.Denominator, 100))
+		}
+		mirrors = append(mirrors, mirror)
+	}
+	return mirrors, problems
+}
+
 // matchType is a header or query match's contract type.
 func matchType(regex bool) contract.MatchType {
 	if regex {
@@ -408,7 +441,7 @@ func toEdits(f *gatewayv1.HTTPHeaderFilter) *contract.HeaderEdits {
 
 // servedFilters are the filter types the proxy serves.
 var servedFilters = []gatewayv1.HTTPRouteFilterType{gatewayv1.HTTPRouteFilterRequestHeaderModifier, gatewayv1.HTTPRouteFilterResponseHeaderModifier,
-	gatewayv1.HTTPRouteFilterRequestRedirect, gatewayv1.HTTPRouteFilterURLRewrite}
+	gatewayv1.HTTPRouteFilterRequestRedirect, gatewayv1.HTTPRouteFilterURLRewrite, gatewayv1.HTTPRouteFilterRequestMirror}
 
 // filterUnsupported lists what a rule's filters ask that the proxy does not serve.
 func filterUnsupported(filters []gatewayv1.HTTPRouteFilter) []string {

@@ -147,6 +147,9 @@ func (t *transports) CloseIdleConnections() {
 type handler struct {
 	router  *Router
 	proxies []http.Handler // by route index
+	mirror  [][]mirror     // by route index
+	// mirroring holds a token per mirrored request in flight.
+	mirroring chan struct{}
 	callers *identities
 	appCaps []tailcfg.PeerCapability // passed on to backends; none: no header
 	log     *slog.Logger
@@ -160,6 +163,8 @@ func newHandler(ws contract.WebService, tr *transports, callers *identities, log
 	h := &handler{
 		router:    NewRouter(ws.Routes),
 		proxies:   make([]http.Handler, len(ws.Routes)),
+		mirror:    make([][]mirror, len(ws.Routes)),
+		mirroring: make(chan struct{}, maxMirrorsInFlight),
 		callers:   callers,
 		log:       log,
 		verifying: map[string]bool{},
@@ -169,6 +174,13 @@ func newHandler(ws contract.WebService, tr *transports, callers *identities, log
 	}
 	byBackend := map[string]http.Handler{} // routes to one backend share its balancing
 	for i, rt := range ws.Routes {
+		for _, m := range rt.Mirrors {
+			p, err := h.proxyTo(m.Backend, tr, byBackend)
+			if err != nil {
+				return nil, fmt.Errorf("route %s: mirror: %w", rt.Path, err)
+			}
+			h.mirror[i] = append(h.mirror[i], mirror{to: p, numerator: m.Numerator, denominator: m.Denominator})
+		}
 		switch {
 		case rt.Redirect != nil: // answered by the handler itself
 		case len(rt.Backends) > 0:
@@ -322,6 +334,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if rw := rt.Rewrite; rw != nil {
 		r = r.WithContext(context.WithValue(r.Context(), rewriteKey{}, rewrite{host: rw.Hostname, path: changedPath(h.router.clean[i], rw.Path, r.URL.Path)}))
+	}
+	if len(h.mirror[i]) > 0 {
+		r = h.mirrors(r, h.mirror[i])
 	}
 	h.proxies[i].ServeHTTP(w, r)
 }

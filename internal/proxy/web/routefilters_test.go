@@ -3,10 +3,12 @@ package web
 import (
 	"context"
 	"crypto/tls"
+	"io"
 	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -154,6 +156,65 @@ func TestSplit(t *testing.T) {
 		if got := float64(counts[name]); math.Abs(got-want) > 5*sd {
 			t.Errorf("%s got %v of %d requests, want %v ± %.0f", name, got, n, want, 5*sd)
 		}
+	}
+}
+
+// A mirror gets a copy of each request of its share, body included, while the backend's answer
+// is the client's; a body larger than mirrors take reaches the backend whole, unmirrored.
+func TestMirror(t *testing.T) {
+	type seen struct{ method, path, body string }
+	record := func(ch chan seen, status int) contract.Backend {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			ch <- seen{r.Method, r.URL.Path, string(b)}
+			w.WriteHeader(status)
+		}))
+		t.Cleanup(srv.Close)
+		return contract.Backend{URL: srv.URL}
+	}
+	primary, copies, never := make(chan seen, 10), make(chan seen, 10), make(chan seen, 10)
+	ws := contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: record(primary, http.StatusCreated),
+		Mirrors: []contract.Mirror{
+			{Backend: record(copies, http.StatusTeapot), Numerator: 1, Denominator: 1},
+			{Backend: record(never, http.StatusOK), Numerator: 0, Denominator: 1},
+		}}}}
+	if err := ws.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	h, err := newHandler(ws, newTransports(), newIdentities(noWhoIs), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "https://web.tailnet.test/orders", strings.NewReader("one order")))
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("status %d, want the backend's 201", rec.Code)
+	}
+	want := seen{http.MethodPost, "/orders", "one order"}
+	if got := <-primary; got != want {
+		t.Errorf("backend got %+v, want %+v", got, want)
+	}
+	select {
+	case got := <-copies:
+		if got != want {
+			t.Errorf("mirror got %+v, want %+v", got, want)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the mirror got no copy")
+	}
+
+	big := strings.Repeat("x", maxMirrorBody+10)
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "https://web.tailnet.test/bulk", strings.NewReader(big)))
+	if got := <-primary; got.body != big {
+		t.Errorf("backend got %d bytes of a body of %d", len(got.body), len(big))
+	}
+	select {
+	case got := <-copies:
+		t.Errorf("a body over the mirrors' limit was mirrored: %s %s", got.method, got.path)
+	case got := <-never:
+		t.Errorf("a mirror of share 0 got %s %s", got.method, got.path)
+	case <-time.After(200 * time.Millisecond):
 	}
 }
 
