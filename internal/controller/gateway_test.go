@@ -563,18 +563,24 @@ var _ = Describe("Gateway API", Ordered, func() {
 		Eventually(listenerStatus(edge, "https")).Should(HaveField("AttachedRoutes", int32(0)))
 		quiet()
 
-		By("serving the route with a RequestMirror in its place: a tenth of its requests copied to port 8080")
+		By("serving the route with a RequestMirror in its place, without it while its Service is missing")
 		got := &gatewayv1.HTTPRoute{}
 		Expect(gw.Get(ctx, client.ObjectKeyFromObject(route), got)).To(Succeed())
 		before := got.DeepCopy()
 		got.Spec.Rules[0].Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestMirror,
-			RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{BackendRef: gatewayv1.BackendObjectReference{Name: "web", Port: ptr.To[gatewayv1.PortNumber](8080)},
+			RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{BackendRef: gatewayv1.BackendObjectReference{Name: "shadow", Port: ptr.To[gatewayv1.PortNumber](80)},
 				Percent: ptr.To[int32](10)}}}
 		Expect(gw.Patch(ctx, got, client.MergeFrom(before))).To(Succeed())
-		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{{Path: "/", PathType: contract.PathPrefix,
-			Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"},
-			Mirrors: []contract.Mirror{{Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":8080"}, Numerator: 10, Denominator: 100}}}}))
-		Eventually(routeCondition(route, "Accepted")).Should(HaveField("Status", metav1.ConditionTrue))
+		served := contract.Route{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"}}
+		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{served}))
+		Eventually(routeCondition(route, "ResolvedRefs")).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonBackendNotFound)))
+		Expect(routeCondition(route, "Accepted")(Default)).To(HaveField("Status", metav1.ConditionTrue))
+
+		By("copying a tenth of its requests to the mirror's Service once it exists")
+		shadow := newBackendService(ns, "shadow")
+		served.Mirrors = []contract.Mirror{{Backend: contract.Backend{URL: "http://" + shadow.Spec.ClusterIP + ":80"}, Numerator: 10, Denominator: 100}}
+		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{served}))
+		Eventually(routeCondition(route, "ResolvedRefs")).Should(HaveField("Status", metav1.ConditionTrue))
 		quiet()
 	})
 

@@ -148,3 +148,15 @@ func TestGRPCAndHTTPRoutesNotMerged(t *testing.T) {
 		t.Errorf("on an HTTPRoute-only listener: %+v", d.Parents[0])
 	}
 }
+
+// TestBackendKeys checks that a route names the Services of its mirrors too: they are read and
+// watched as its backends are.
+func TestBackendKeys(t *testing.T) {
+	r := grpcAsHTTP(grpcRoute(grpcRule(nil)))
+	r.Spec.Rules[0].Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{
+		BackendRef: gatewayv1.BackendObjectReference{Name: "shadow", Namespace: ptr.To[gatewayv1.Namespace]("other"), Port: ptr.To[gatewayv1.PortNumber](80)}}}}
+	want := []types.NamespacedName{{Namespace: "app", Name: "grpc"}, {Namespace: "other", Name: "shadow"}}
+	if got := backendKeys(r); !reflect.DeepEqual(got, want) {
+		t.Errorf("backendKeys = %v, want %v", got, want)
+	}
+}

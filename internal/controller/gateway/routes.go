@@ -599,20 +599,30 @@ func granted(grants []gatewayv1.ReferenceGrant, kind gatewayv1.Kind, routeNS str
 	return false
 }
 
-// backendKeys lists the Services a route's backendRefs name, for lookups and watches.
+// backendKeys lists the Services a route's backendRefs and mirrors name, for lookups and
+// watches.
 func backendKeys(r *gatewayv1.HTTPRoute) []types.NamespacedName {
-	var out []types.NamespacedName
+	var refs []gatewayv1.BackendObjectReference
 	for _, rule := range r.Spec.Rules {
 		for _, b := range rule.BackendRefs {
-			if (b.Group != nil && *b.Group != "") || (b.Kind != nil && *b.Kind != "Service") {
-				continue
-			}
-			key := types.NamespacedName{Namespace: r.Namespace, Name: string(b.Name)}
-			if b.Namespace != nil {
-				key.Namespace = string(*b.Namespace)
-			}
-			out = append(out, key)
+			refs = append(refs, b.BackendObjectReference)
 		}
+		for _, f := range rule.Filters {
+			if f.RequestMirror != nil {
+				refs = append(refs, f.RequestMirror.BackendRef)
+			}
+		}
+	}
+	var out []types.NamespacedName
+	for _, b := range refs {
+		if (b.Group != nil && *b.Group != "") || (b.Kind != nil && *b.Kind != "Service") {
+			continue
+		}
+		key := types.NamespacedName{Namespace: r.Namespace, Name: string(b.Name)}
+		if b.Namespace != nil {
+			key.Namespace = string(*b.Namespace)
+		}
+		out = append(out, key)
 	}
 	return out
 }
