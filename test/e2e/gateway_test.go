@@ -167,7 +167,7 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 		suite.Create(ctx, shadow)
 		rule := kubeobj.HTTPRule(gatewayv1.PathMatchPathPrefix, "/", "", framework.BackendName, port)
 		rule.Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{
-			BackendRef: gatewayv1.BackendObjectReference{Name: "shadow", Port: ptr.To(gatewayv1.PortNumber(shadow.Spec.Ports[0].Port))}}}}
+			BackendRef: gatewayv1.BackendObjectReference{Name: "shadow", Port: ptr.To(shadow.Spec.Ports[0].Port)}}}}
 		suite.Create(ctx, edge)
 		suite.Create(ctx, kubeobj.HTTPRoute(ns, "mirrored", edge.Name, rule))
 		fqdn := programmedAddresses(ctx, edge, 1)[0].Value

@@ -150,9 +150,9 @@ type handler struct {
 	mirror  [][]mirror     // by route index
 	// mirroring holds a token per mirrored request in flight.
 	mirroring chan struct{}
-	callers *identities
-	appCaps []tailcfg.PeerCapability // passed on to backends; none: no header
-	log     *slog.Logger
+	callers   *identities
+	appCaps   []tailcfg.PeerCapability // passed on to backends; none: no header
+	log       *slog.Logger
 	// verifying are the keys of the verified transports its routes use.
 	verifying map[string]bool
 }
