@@ -50,19 +50,8 @@ var _ = Describe("A ProxyGroup under a replica restart", Ordered, func() {
 		suite.Create(ctx, ing)
 		fqdn := suite.ServedName(ctx, ing)
 		expectHTTPSEcho(ctx, fqdn)
-
-		hc := tailnetHTTPClient(5 * time.Second)
-		defer hc.CloseIdleConnections()
-		loss := underReplicaRestart(ctx, pg.Name+"-0", func(ctx context.Context) error {
-			return echoOnce(ctx, hc, "https://"+fqdn)
-		})
-		Expect(loss).To(BeNumerically("<=", maxFailoverLoss), "share of HTTPS requests lost while %s-0 restarted", pg.Name)
-
-		Expect(suite.K8s.Delete(ctx, ing)).To(Succeed())
-		Eventually(ctx, func() error {
-			_, err := suite.API.Service(ctx, "svc:"+host)
-			return err
-		}).Should(Satisfy(tailnet.IsNotFound), "the Tailscale Service svc:%s released", host)
+		expectHTTPSFailover(ctx, pg.Name+"-0", fqdn)
+		expectServiceReleased(ctx, ing, host)
 	})
 
 	It("serves a Gateway's HTTPRoute over HTTPS through its Tailscale Service while replica 0 restarts, and releases the Service once deleted", func(ctx SpecContext) {
@@ -88,19 +77,8 @@ var _ = Describe("A ProxyGroup under a replica restart", Ordered, func() {
 		fqdn := addrs[0].Value
 		Expect(fqdn).To(HavePrefix(host + "."))
 		expectHTTPSEcho(ctx, fqdn)
-
-		hc := tailnetHTTPClient(5 * time.Second)
-		defer hc.CloseIdleConnections()
-		loss := underReplicaRestart(ctx, pg.Name+"-0", func(ctx context.Context) error {
-			return echoOnce(ctx, hc, "https://"+fqdn)
-		})
-		Expect(loss).To(BeNumerically("<=", maxFailoverLoss), "share of HTTPS requests to the Gateway lost while %s-0 restarted", pg.Name)
-
-		Expect(suite.K8s.Delete(ctx, edge)).To(Succeed())
-		Eventually(ctx, func() error {
-			_, err := suite.API.Service(ctx, "svc:"+host)
-			return err
-		}).Should(Satisfy(tailnet.IsNotFound), "the Tailscale Service svc:%s released", host)
+		expectHTTPSFailover(ctx, pg.Name+"-0", fqdn)
+		expectServiceReleased(ctx, edge, host)
 	})
 
 	It("forwards a Service's TCP and UDP at its Tailscale Service while replica 1 restarts", func(ctx SpecContext) {
@@ -139,6 +117,29 @@ var _ = Describe("A ProxyGroup under a replica restart", Ordered, func() {
 		Expect(loss).To(BeNumerically("<=", maxFailoverLoss), "share of TCP requests lost while %s-1 restarted", pg.Name)
 	})
 })
+
+// expectHTTPSFailover checks that HTTPS requests to fqdn keep being answered while the group's
+// replica Pod restarts, within maxFailoverLoss.
+func expectHTTPSFailover(ctx context.Context, replica, fqdn string) {
+	GinkgoHelper()
+	hc := tailnetHTTPClient(5 * time.Second)
+	defer hc.CloseIdleConnections()
+	loss := underReplicaRestart(ctx, replica, func(ctx context.Context) error {
+		return echoOnce(ctx, hc, "https://"+fqdn)
+	})
+	Expect(loss).To(BeNumerically("<=", maxFailoverLoss), "share of HTTPS requests to %s lost while %s restarted", fqdn, replica)
+}
+
+// expectServiceReleased deletes obj, served on a group as Tailscale Service svc:<host>, and
+// waits for the service to be released.
+func expectServiceReleased(ctx context.Context, obj client.Object, host string) {
+	GinkgoHelper()
+	Expect(suite.K8s.Delete(ctx, obj)).To(Succeed())
+	Eventually(ctx, func() error {
+		_, err := suite.API.Service(ctx, "svc:"+host)
+		return err
+	}).Should(Satisfy(tailnet.IsNotFound), "the Tailscale Service svc:%s released", host)
+}
 
 // underReplicaRestart sends requests at 10 per second while the Pod (of a group, in whichever
 // namespace it runs) is deleted and until its replacement is Ready and has served for 10 seconds

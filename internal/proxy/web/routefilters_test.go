@@ -52,13 +52,7 @@ func TestRedirect(t *testing.T) {
 			rd := tc.redirect
 			ws := contract.WebService{Routes: []contract.Route{{Path: tc.routePath, PathType: contract.PathPrefix, Redirect: &rd,
 				ResponseHeaders: &contract.HeaderEdits{Set: []contract.NameValue{{Name: "X-Redirected-By", Value: "route"}}}}}}
-			if err := ws.Validate(); err != nil {
-				t.Fatal(err)
-			}
-			h, err := newHandler(ws, newTransports(), newIdentities(noWhoIs), slog.New(slog.DiscardHandler))
-			if err != nil {
-				t.Fatal(err)
-			}
+			h := validHandler(t, ws)
 			req := httptest.NewRequest(http.MethodGet, tc.target, nil)
 			if tc.tls {
 				req.TLS = &tls.ConnectionState{ServerName: "web.tailnet.test"}
@@ -93,10 +87,7 @@ func TestRewrite(t *testing.T) {
 			Rewrite: &contract.Rewrite{Hostname: "internal.example.com", Path: &contract.PathChange{Type: contract.PathChangePrefix, Value: "/v1"}}},
 		{Path: "/status", PathType: contract.PathExact, Backend: b, Rewrite: &contract.Rewrite{Path: &contract.PathChange{Type: contract.PathChangeFull, Value: "/healthz"}}},
 	}}
-	h, err := newHandler(ws, newTransports(), newIdentities(noWhoIs), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := validHandler(t, ws)
 	for _, tc := range []struct {
 		target string
 		want   seen
@@ -113,6 +104,19 @@ func TestRewrite(t *testing.T) {
 			t.Errorf("%s: %d, backend saw %+v; want %+v", tc.target, rec.Code, got, tc.want)
 		}
 	}
+}
+
+// validHandler is the handler of a web service that must be valid, with no caller identities.
+func validHandler(t *testing.T, ws contract.WebService) *handler {
+	t.Helper()
+	if err := ws.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	h, err := newHandler(ws, newTransports(), newIdentities(noWhoIs), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
 }
 
 func noWhoIs(context.Context, string) (*apitype.WhoIsResponse, error) {
@@ -135,13 +139,7 @@ func TestSplit(t *testing.T) {
 	ws := contract.WebService{Routes: []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backends: []contract.WeightedBackend{
 		{Backend: backend("stable"), Weight: 80}, {Backend: backend("canary"), Weight: 15}, {Backend: backend("next"), Weight: 5},
 	}}}}
-	if err := ws.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	h, err := newHandler(ws, newTransports(), newIdentities(noWhoIs), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := validHandler(t, ws)
 	const n = 4000
 	for range n {
 		rec := httptest.NewRecorder()
@@ -178,13 +176,7 @@ func TestMirror(t *testing.T) {
 			{Backend: record(copies, http.StatusTeapot), Numerator: 1, Denominator: 1},
 			{Backend: record(never, http.StatusOK), Numerator: 0, Denominator: 1},
 		}}}}
-	if err := ws.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	h, err := newHandler(ws, newTransports(), newIdentities(noWhoIs), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := validHandler(t, ws)
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "https://web.tailnet.test/orders", strings.NewReader("one order")))
 	if rec.Code != http.StatusCreated {
@@ -229,13 +221,7 @@ func TestFixedStatus(t *testing.T) {
 		{Path: "/half", PathType: contract.PathPrefix, Backends: []contract.WeightedBackend{
 			{Backend: contract.Backend{URL: srv.URL}, Weight: 1}, {Backend: contract.Backend{Status: http.StatusServiceUnavailable}, Weight: 1}}},
 	}}
-	if err := ws.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	h, err := newHandler(ws, newTransports(), newIdentities(noWhoIs), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := validHandler(t, ws)
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "https://web.tailnet.test/gone/x", nil))
 	if rec.Code != http.StatusInternalServerError || rec.Header().Get("Server") != ServerHeader || served.Load() != 0 {
@@ -270,10 +256,7 @@ func TestRouteTimeout(t *testing.T) {
 		{Path: "/", PathType: contract.PathPrefix, Backend: b},
 		{Path: "/bounded", PathType: contract.PathPrefix, Backend: b, TimeoutMillis: 200},
 	}}
-	h, err := newHandler(ws, newTransports(), newIdentities(noWhoIs), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := validHandler(t, ws)
 	start := time.Now()
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "https://web.tailnet.test/bounded", nil))

@@ -212,20 +212,7 @@ func TestRouterMatches(t *testing.T) {
 		{"the method does not match: a shorter path", "GET", "/exact", nil, "root"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			u, err := url.Parse(tc.target)
-			if err != nil {
-				t.Fatal(err)
-			}
-			req := request("web.tailnet.test", u.Path)
-			req.Method, req.URL.RawQuery = tc.method, u.RawQuery
-			if tc.header != nil {
-				req.Header = tc.header
-			}
-			got := ""
-			if rt, ok := r.Match(req); ok {
-				got = rt.Backend.URL[len("http://"):]
-			}
-			if got != tc.want {
+			if got := routedTo(t, r, tc.method, tc.target, tc.header); got != tc.want {
 				t.Errorf("%s %s %v: %q, want %q", tc.method, tc.target, tc.header, got, tc.want)
 			}
 		})
@@ -268,21 +255,26 @@ func TestRouterRegularExpressions(t *testing.T) {
 		{"/q?id=4x", nil, "root"},
 		{"/q?id=x&id=42", nil, "root"}, // the first value counts
 	} {
-		u, err := url.Parse(tc.target)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req := request("web.tailnet.test", u.Path)
-		req.URL.RawQuery = u.RawQuery
-		if tc.header != nil {
-			req.Header = tc.header
-		}
-		got := ""
-		if rt, ok := r.Match(req); ok {
-			got = rt.Backend.URL[len("http://"):]
-		}
-		if got != tc.want {
+		if got := routedTo(t, r, http.MethodGet, tc.target, tc.header); got != tc.want {
 			t.Errorf("%s %v: %q, want %q", tc.target, tc.header, got, tc.want)
 		}
 	}
+}
+
+// routedTo is the host of the backend r routes a request for web.tailnet.test to ("": none).
+func routedTo(t *testing.T, r *Router, method, target string, header http.Header) string {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := request("web.tailnet.test", u.Path)
+	req.Method, req.URL.RawQuery = method, u.RawQuery
+	if header != nil {
+		req.Header = header
+	}
+	if rt, ok := r.Match(req); ok {
+		return rt.Backend.URL[len("http://"):]
+	}
+	return ""
 }
