@@ -149,15 +149,17 @@ func (s *store) Holder(ctx context.Context, svcName string) (string, error) {
 
 // TakenByOtherKind names the object of another kind than kind whose entry serves svcName on a
 // group, as "Kind namespace/name" ("": none). Objects of one kind settle who keeps a name among
-// themselves (TakenBy); across kinds the first entry written keeps it. HA Services are left out
-// of an Ingress's check, as they were before Gateways.
+// themselves (TakenBy); across kinds the first entry written keeps it, but an Ingress and a
+// Service of one name do not hold it from each other, as before Gateways (their documents
+// differ: serve and DNAT).
 func TakenByOtherKind(ctx context.Context, s Store, kind, svcName string) (string, error) {
 	holder, err := s.Holder(ctx, svcName)
 	if err != nil {
 		return "", fmt.Errorf("reading which object serves %s: %w", svcName, err)
 	}
 	other, key, _ := strings.Cut(holder, "/")
-	if holder == "" || other == kind || (kind == "Ingress" && other == "Service") {
+	ingressAndService := (kind == "Ingress" && other == "Service") || (kind == "Service" && other == "Ingress")
+	if holder == "" || other == kind || ingressAndService {
 		return "", nil
 	}
 	return other + " " + key, nil

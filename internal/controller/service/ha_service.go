@@ -125,7 +125,8 @@ type HAServiceScope struct {
 	// group is the ProxyGroup named, or nil with groupFinding saying why it cannot serve.
 	group        *tsv1alpha1.ProxyGroup
 	GroupFinding *kit.Finding
-	// TakenBy is another Service that already serves the hostname on a ProxyGroup.
+	// TakenBy is another object ("Kind namespace/name") that already serves the hostname on a
+	// ProxyGroup.
 	TakenBy string
 }
 
@@ -135,7 +136,13 @@ func (r *HAServiceReconciler) gather(ctx context.Context, svc *corev1.Service, h
 	if s.group, s.GroupFinding, err = groupstore.ResolveGroup(ctx, r.Client, svc.Namespace, svc.Annotations[kit.AnnotationProxyGroup]); err != nil {
 		return s, err
 	}
-	s.TakenBy, err = r.hostnameTakenBy(ctx, svc, hostname)
+	if s.TakenBy, err = r.hostnameTakenBy(ctx, svc, hostname); err != nil || s.TakenBy != "" {
+		if s.TakenBy != "" {
+			s.TakenBy = "Service " + s.TakenBy
+		}
+		return s, err
+	}
+	s.TakenBy, err = groupstore.TakenByOtherKind(ctx, r.store, "Service", "svc:"+hostname)
 	return s, err
 }
 
@@ -147,7 +154,7 @@ func DecideHAService(s HAServiceScope, settings kit.Settings) (*contract.ProxyCo
 		findings = append(findings, *s.GroupFinding)
 	}
 	if s.TakenBy != "" {
-		findings = append(findings, kit.Blockf(kit.ReasonDuplicateHostname, "Service %s already serves %s on a ProxyGroup; hostnames must be unique", s.TakenBy, s.Hostname))
+		findings = append(findings, kit.Blockf(kit.ReasonDuplicateHostname, "%s already serves %s on a ProxyGroup; hostnames must be unique", s.TakenBy, s.Hostname))
 	}
 	if cfg != nil && relaysUDP(cfg.Forward) {
 		// A replica can bind a VIP's UDP port only once the tailnet has made it the VIP's host,
