@@ -3,7 +3,6 @@ package gateway
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -116,7 +115,9 @@ type gatewayInputs struct {
 	takenBy string
 	// classIgnored says why the GatewayClass's ProxyClass does not apply ("": it does).
 	classIgnored string
-	// routeKind is the kind of the oldest route naming the Gateway, routeKindOf that route.
+	// routes are those naming the Gateway, oldest first (the spec's precedence between routes);
+	// routeKind is the kind of the oldest, routeKindOf that route.
+	routes      []gatewayv1.HTTPRoute
 	routeKind   gatewayv1.Kind
 	routeKindOf string
 }
@@ -133,13 +134,14 @@ func (c common) gatherGateway(ctx context.Context, gw *gatewayv1.Gateway) (gatew
 	}
 	info := c.Proxies.TailnetInfo(ctx)
 	in.domain, in.certsOff = info.Domain, !info.CertsAvailable()
-	routes, err := listRoutes(ctx, c.Client, client.MatchingFields{indexRouteParents: client.ObjectKeyFromObject(gw).String()})
-	if err != nil {
+	var err error
+	if in.routes, err = listRoutes(ctx, c.Client, client.MatchingFields{indexRouteParents: client.ObjectKeyFromObject(gw).String()}); err != nil {
 		return in, fmt.Errorf("listing the routes of Gateway %s/%s: %w", gw.Namespace, gw.Name, err)
 	}
-	if len(routes) > 0 {
-		oldest := slices.MinFunc(routes, olderRoute)
-		in.routeKind, in.routeKindOf = routeKind(&oldest), oldest.Namespace+"/"+oldest.Name
+	slices.SortFunc(in.routes, olderRoute)
+	if len(in.routes) > 0 {
+		oldest := &in.routes[0]
+		in.routeKind, in.routeKindOf = routeKind(oldest), oldest.Namespace+"/"+oldest.Name
 	}
 	if pg := gw.Annotations[kit.AnnotationProxyGroup]; pg != "" {
 		in.onGroup = true
@@ -299,7 +301,7 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 	if !slices.ContainsFunc(view.Listeners, listenerDecision.served) {
 		return ctrl.Result{}, nil
 	}
-	routes, err := r.attachedRoutes(ctx, gw, &view, s.facts.Attached)
+	routes, err := r.attachedRoutes(ctx, s.in.routes, &view, s.facts.Attached)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -383,18 +385,9 @@ func (r *GatewayReconciler) serveOnGroup(ctx context.Context, s *gatewayScope, w
 		return ctrl.Result{}, err
 	}
 	svcName := groupServiceName(gw)
-	ports := []string{"tcp:443"}
-	if ws.HTTP != contract.HTTPOff {
-		ports = append(ports, "tcp:80")
-	}
-	ts, err := r.Groups.ClaimService(ctx, "Gateway", gw, svcName, ports, tags)
+	ts, err := r.Groups.ClaimService(ctx, "Gateway", gw, svcName, groupstore.WebPorts(&ws), tags)
 	if err != nil {
-		var notOurs groupstore.ErrNotOurs
-		if errors.As(err, &notOurs) {
-			r.Warning(gw, kit.ReasonInvalidTailscaleSvc, "%v", err)
-			return ctrl.Result{}, nil
-		}
-		return r.TailnetFailure(gw, err)
+		return groupstore.ClaimFailure(r.Reporter, gw, err)
 	}
 	if ts.Created {
 		r.Created(gw, kit.ReasonTailscaleServiceCreated, "created Tailscale Service %s (%s) for ProxyGroup %s", svcName, groupstore.AddrList(ts.Addrs), pg.Name)
@@ -425,15 +418,10 @@ func (r *GatewayReconciler) leaveGroup(ctx context.Context, gw *gatewayv1.Gatewa
 	return ctrl.Result{}, kit.RemoveFinalizer(ctx, r.Client, gw, groupstore.FinalizerGatewayPG)
 }
 
-// attachedRoutes decides every HTTPRoute that names the Gateway, counts those attached to
-// each listener, and returns the routes of the accepted ones: oldest route first, the spec's
-// precedence between routes, and the first of a path wins.
-func (r *GatewayReconciler) attachedRoutes(ctx context.Context, gw *gatewayv1.Gateway, view *gatewayView, attached map[gatewayv1.SectionName]int32) ([]contract.Route, error) {
-	list, err := listRoutes(ctx, r.Client, client.MatchingFields{indexRouteParents: view.Key.String()})
-	if err != nil {
-		return nil, fmt.Errorf("listing the routes of Gateway %s: %w", view.Key, err)
-	}
-	slices.SortFunc(list, olderRoute)
+// attachedRoutes decides the routes that name the Gateway (list, as gathered: oldest first, the
+// spec's precedence between routes), counts those attached to each listener, and returns the
+// contract routes of the accepted ones; the first of a path wins.
+func (r *GatewayReconciler) attachedRoutes(ctx context.Context, list []gatewayv1.HTTPRoute, view *gatewayView, attached map[gatewayv1.SectionName]int32) ([]contract.Route, error) {
 	in, err := gatherBackends(ctx, r.Client, list)
 	if err != nil {
 		return nil, err

@@ -77,25 +77,26 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ct
 	return ctrl.Result{}, nil
 }
 
+// newRoute is an empty route of the reconciler's kind.
+func (r *RouteReconciler) newRoute() client.Object {
+	if r.Kind == kindGRPCRoute {
+		return &gatewayv1.GRPCRoute{}
+	}
+	return &gatewayv1.HTTPRoute{}
+}
+
 // read reads the route of the reconciler's kind, as itself, as the HTTPRoute it is served as,
 // and its status to write; nil when it does not exist.
 func (r *RouteReconciler) read(ctx context.Context, key types.NamespacedName) (client.Object, *gatewayv1.HTTPRoute, *gatewayv1.RouteStatus, error) {
-	if r.Kind == kindGRPCRoute {
-		g := &gatewayv1.GRPCRoute{}
-		if err := r.Get(ctx, key, g); err != nil {
-			return nil, nil, nil, client.IgnoreNotFound(fmtRead(r.Kind, key, err))
-		}
+	obj := r.newRoute()
+	if err := r.Get(ctx, key, obj); err != nil {
+		return nil, nil, nil, client.IgnoreNotFound(fmt.Errorf("reading %s %s: %w", r.Kind, key, err))
+	}
+	if g, ok := obj.(*gatewayv1.GRPCRoute); ok {
 		return g, grpcAsHTTP(g), &g.Status.RouteStatus, nil
 	}
-	h := &gatewayv1.HTTPRoute{}
-	if err := r.Get(ctx, key, h); err != nil {
-		return nil, nil, nil, client.IgnoreNotFound(fmtRead(r.Kind, key, err))
-	}
+	h := obj.(*gatewayv1.HTTPRoute)
 	return h, h, &h.Status.RouteStatus, nil
-}
-
-func fmtRead(kind gatewayv1.Kind, key types.NamespacedName, err error) error {
-	return fmt.Errorf("reading %s %s: %w", kind, key, err)
 }
 
 // gateways reads and decides the Gateways of a class of this operator that the route names.
@@ -237,12 +238,8 @@ func indexRoutes(ctx context.Context, mgr ctrl.Manager) error {
 // SetupWithManager watches routes of the reconciler's kind (not their status), the Gateways
 // they name, and the Services and ReferenceGrants their backendRefs resolve through.
 func (r *RouteReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	var obj client.Object = &gatewayv1.HTTPRoute{}
-	if r.Kind == kindGRPCRoute {
-		obj = &gatewayv1.GRPCRoute{}
-	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(obj, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(r.newRoute(), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Named(strings.ToLower(string(r.Kind))).
 		Watches(&gatewayv1.Gateway{}, handler.EnqueueRequestsFromMapFunc(r.routesOf(indexRouteParents))).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.routesOf(indexRouteBackends))).

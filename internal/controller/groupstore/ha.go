@@ -611,6 +611,26 @@ func PutFailure(r kit.Reporter, obj client.Object, err error) (ctrl.Result, erro
 	return r.TailnetFailure(obj, err) // releasing what it served under another name
 }
 
+// ClaimFailure reports a failed ClaimService for obj: a Tailscale Service of its name that is
+// someone else's is a Warning and waits for a change, anything else a tailnet failure.
+func ClaimFailure(r kit.Reporter, obj client.Object, err error) (ctrl.Result, error) {
+	var notOurs ErrNotOurs
+	if errors.As(err, &notOurs) {
+		r.Warning(obj, kit.ReasonInvalidTailscaleSvc, "%v", err)
+		return ctrl.Result{}, nil
+	}
+	return r.TailnetFailure(obj, err)
+}
+
+// WebPorts are the ports of the Tailscale Service of a web service: 443, and 80 when it serves
+// or redirects HTTP.
+func WebPorts(ws *contract.WebService) []string {
+	if ws.HTTP != contract.HTTPOff {
+		return []string{"tcp:443", "tcp:80"}
+	}
+	return []string{"tcp:443"}
+}
+
 // AddrList formats a Tailscale Service's addresses for a message.
 func AddrList(addrs []netip.Addr) string {
 	s := make([]string, len(addrs))

@@ -2,7 +2,6 @@ package ingress
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -80,18 +79,9 @@ func (r *HAIngressReconciler) serve(ctx context.Context, ing *networkingv1.Ingre
 	if err := kit.AddFinalizer(ctx, r.Client, ing, groupstore.FinalizerIngressPG); err != nil {
 		return ctrl.Result{}, err
 	}
-	ports := []string{"tcp:443"}
-	if ws.HTTP != contract.HTTPOff {
-		ports = append(ports, "tcp:80")
-	}
-	ts, err := r.store.ClaimService(ctx, "Ingress", ing, s.svcName, ports, d.Tags)
+	ts, err := r.store.ClaimService(ctx, "Ingress", ing, s.svcName, groupstore.WebPorts(ws), d.Tags)
 	if err != nil {
-		var notOurs groupstore.ErrNotOurs
-		if errors.As(err, &notOurs) {
-			r.Warning(ing, kit.ReasonInvalidTailscaleSvc, "%v", err)
-			return ctrl.Result{}, nil
-		}
-		return r.TailnetFailure(ing, err)
+		return groupstore.ClaimFailure(r.Reporter, ing, err)
 	}
 	if ts.Created {
 		r.Created(ing, kit.ReasonTailscaleServiceCreated, "created Tailscale Service %s (%s) for ProxyGroup %s", s.svcName, groupstore.AddrList(ts.Addrs), pg.Name)
