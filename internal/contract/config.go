@@ -243,7 +243,8 @@ func (d *Destination) validateProxyProtocol() []error {
 // app capabilities and backend protocols (ServeConfigs v4), version 6 backend CAs and server
 // names (ServeConfigs v5), version 7 a service proxy's PROXY protocol relay, version 8 method,
 // header and query matches, header edits, redirects, rewrites, splits and timeouts (ServeConfigs v6),
-// version 9 backends answering a fixed status (ServeConfigs v7).
+// version 9 regular expressions, mirrors and backends answering a fixed status (ServeConfigs v7),
+// version 10 ports (ServeConfigs v8).
 var ProxyConfigs = codec[ProxyConfig]{
 	name: "proxy-config",
 	encode: map[int]func(*ProxyConfig) ([]byte, error){
@@ -253,23 +254,25 @@ var ProxyConfigs = codec[ProxyConfig]{
 			jsonEncoder(2, func(c *ProxyConfig, v int) { c.Version = v })),
 		3: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 3 },
 			jsonEncoder(3, func(c *ProxyConfig, v int) { c.Version = v })),
-		4: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 4 }, advertisingDocuments(4)),
-		5: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 5 }, advertisingDocuments(5)),
-		6: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 6 }, advertisingDocuments(6)),
-		7: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 7 }, advertisingDocuments(7)),
-		8: onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 8 }, advertisingDocuments(8)),
-		9: advertisingDocuments(9),
+		4:  onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 4 }, advertisingDocuments(4)),
+		5:  onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 5 }, advertisingDocuments(5)),
+		6:  onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 6 }, advertisingDocuments(6)),
+		7:  onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 7 }, advertisingDocuments(7)),
+		8:  onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 8 }, advertisingDocuments(8)),
+		9:  onlyIf(func(c *ProxyConfig) bool { return c.minVersion() <= 9 }, advertisingDocuments(9)),
+		10: advertisingDocuments(10),
 	},
 	decode: map[int]func([]byte) (*ProxyConfig, error){
-		1: jsonDecoder(1, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
-		2: jsonDecoder(2, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
-		3: jsonDecoder(3, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
-		4: jsonDecoder(4, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
-		5: jsonDecoder(5, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
-		6: jsonDecoder(6, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
-		7: jsonDecoder(7, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
-		8: jsonDecoder(8, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
-		9: jsonDecoder(9, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		1:  jsonDecoder(1, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		2:  jsonDecoder(2, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		3:  jsonDecoder(3, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		4:  jsonDecoder(4, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		5:  jsonDecoder(5, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		6:  jsonDecoder(6, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		7:  jsonDecoder(7, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		8:  jsonDecoder(8, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		9:  jsonDecoder(9, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
+		10: jsonDecoder(10, func(c *ProxyConfig) int { return c.Version }, (*ProxyConfig).Validate),
 	},
 }
 
@@ -297,7 +300,7 @@ func (c *ProxyConfig) minVersion() int {
 	}
 	switch v := c.Serve.minVersion(); {
 	case v >= 6:
-		return v + 2 // the Serve config's v6 came with the proxy config's v8 (v7 is the relay's), v7 with v9
+		return v + 2 // the Serve config's v6 came with the proxy config's v8 (v7 is the relay's), v7 with v9, v8 with v10
 	case v >= 4:
 		return v + 1 // the Serve config's v4 came with the proxy config's v5, v5 with v6
 	default:

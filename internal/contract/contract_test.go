@@ -15,7 +15,7 @@ import (
 )
 
 // newestProxyConfig is the newest proxy config version this build writes.
-const newestProxyConfig = 9
+const newestProxyConfig = 10
 
 func TestNewest(t *testing.T) {
 	if v := ProxyConfigs.Newest(); v != newestProxyConfig {
@@ -109,7 +109,7 @@ func TestOlderReaderTakesNewestVersionItUnderstands(t *testing.T) {
 		t.Fatal(err)
 	}
 	data[ProxyConfigs.key(newestProxyConfig+1)] = []byte(`{"version":6,"listeners":[{"totally":"different"}]}`)
-	data["proxy-config.v11.json"] = []byte(`not even json`)
+	data[ProxyConfigs.key(newestProxyConfig+2)] = []byte(`not even json`)
 	got, v, err := ProxyConfigs.Decode(data)
 	if err != nil {
 		t.Fatalf("older reader failed on a newer writer's output: %v", err)
@@ -152,8 +152,9 @@ func TestGroupConfigV4AdvertisesDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(keys(from4), []string{"proxy-config.v4.json", "proxy-config.v9.json"}) {
-		t.Errorf("EncodeFrom(4) wrote %v, want v4 and v9", keys(from4))
+	newest := ProxyConfigs.key(newestProxyConfig)
+	if want := slices.Sorted(slices.Values([]string{"proxy-config.v4.json", newest})); !reflect.DeepEqual(keys(from4), want) {
+		t.Errorf("EncodeFrom(4) wrote %v, want %v", keys(from4), want)
 	}
 	if got, v, err := ProxyConfigs.Decode(map[string][]byte{"proxy-config.v4.json": from4["proxy-config.v4.json"]}); err != nil ||
 		v != 4 || got.AdvertiseServices != nil || !got.AdvertisesDocuments() {
@@ -163,8 +164,8 @@ func TestGroupConfigV4AdvertisesDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(keys(from3), []string{"proxy-config.v3.json", "proxy-config.v9.json"}) {
-		t.Errorf("EncodeFrom(3) wrote %v, want v3 and v9", keys(from3))
+	if want := slices.Sorted(slices.Values([]string{"proxy-config.v3.json", newest})); !reflect.DeepEqual(keys(from3), want) {
+		t.Errorf("EncodeFrom(3) wrote %v, want %v", keys(from3), want)
 	}
 	listed := []byte(`{"version":4,"kind":"proxygroup","hostname":"pg-1","stateSecret":"pg-1","tls":{"certShareMode":"reader"},"advertiseServices":["svc:web"]}`)
 	if _, _, err := ProxyConfigs.Decode(map[string][]byte{"proxy-config.v4.json": listed}); err == nil || !strings.Contains(err.Error(), "advertiseServices") {
@@ -226,6 +227,11 @@ func TestOlderVersionOnlyWhenExpressible(t *testing.T) {
 			w.Routes[0] = Route{Path: "/old", PathType: PathPrefix, Redirect: &Redirect{Scheme: "https", Port: 8443, StatusCode: 301,
 				Path: &PathChange{Type: PathChangePrefix, Value: "/new"}}}
 		}, 8},
+		// Nor ports: a reader without them would serve port 443 only, with no routes.
+		"ports": {func(w *WebService) {
+			w.Ports = []WebPort{{Port: 80, Routes: w.Routes}, {Port: 8443, TLS: true, Routes: w.Routes[:1]}}
+			w.Routes, w.HTTP = nil, HTTPOff
+		}, 10},
 		"rewrite": {func(w *WebService) {
 			w.Routes[0].Rewrite = &Rewrite{Hostname: "internal.example.com", Path: &PathChange{Type: PathChangeFull, Value: "/"}}
 		}, 8},
@@ -312,7 +318,7 @@ func TestUnknownFieldsInKnownVersionAreIgnored(t *testing.T) {
 
 func TestNoSupportedVersion(t *testing.T) {
 	cases := map[string]map[string][]byte{
-		"only newer":   {"proxy-config.v10.json": []byte(`{"version":10}`)},
+		"only newer":   {ProxyConfigs.key(newestProxyConfig + 1): []byte(fmt.Sprintf(`{"version":%d}`, newestProxyConfig+1))},
 		"nothing":      {"unrelated": []byte("x")},
 		"wrong prefix": {"proxy-config.v1.yaml": []byte("x")},
 	}
@@ -322,7 +328,7 @@ func TestNoSupportedVersion(t *testing.T) {
 			if !errors.Is(err, ErrNoSupportedVersion) {
 				t.Fatalf("err = %v, want ErrNoSupportedVersion", err)
 			}
-			if !strings.Contains(err.Error(), "this build reads v9, v8, v7, v6, v5, v4, v3, v2, v1") {
+			if !strings.Contains(err.Error(), "this build reads v10, v9, v8, v7, v6, v5, v4, v3, v2, v1") {
 				t.Errorf("error %q does not say which versions this build reads", err)
 			}
 			// Absent, it may be written yet; only a version this build cannot read is final.
@@ -424,6 +430,21 @@ func TestProxyConfigValidation(t *testing.T) {
 		{"endpoint without port", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.Endpoints = []string{"10.1.0.5"} }, "ip:port"},
 		{"endpoint name", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.Endpoints = []string{"pod-a:8080"} }, "ip:port"},
 		{"http mode", func(c *ProxyConfig) { c.Serve.HTTP = "always" }, "http mode"},
+		{"ports and routes", func(c *ProxyConfig) { c.Serve.Ports = []WebPort{{Port: 80, Routes: c.Serve.Routes}} }, "no routes or http mode of its own"},
+		{"port out of range", func(c *ProxyConfig) {
+			c.Serve.Ports, c.Serve.Routes = []WebPort{{Port: 65536, Routes: c.Serve.Routes}}, nil
+		}, "not a port"},
+		{"port twice", func(c *ProxyConfig) {
+			c.Serve.Ports, c.Serve.Routes = []WebPort{{Port: 80, Routes: c.Serve.Routes}, {Port: 80, TLS: true, Routes: c.Serve.Routes}}, nil
+		}, "given twice"},
+		{"port without routes", func(c *ProxyConfig) { c.Serve.Ports, c.Serve.Routes = []WebPort{{Port: 80}}, nil }, "port 80: no routes"},
+		{"bad route of a port", func(c *ProxyConfig) {
+			c.Serve.Routes[0].Path = "api"
+			c.Serve.Ports, c.Serve.Routes = []WebPort{{Port: 8080, Routes: c.Serve.Routes}}, nil
+		}, "port 8080: route path"},
+		{"funnel without HTTPS on 443", func(c *ProxyConfig) {
+			c.Serve.Ports, c.Serve.Routes, c.Serve.Funnel = []WebPort{{Port: 8443, TLS: true, Routes: c.Serve.Routes}}, nil, true
+		}, "funnel needs HTTPS on port 443"},
 		{"unknown backend protocol", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.Protocol = "h3" }, "backend protocol"},
 		{"h2c to an https backend", func(c *ProxyConfig) { c.Serve.Routes[1].Backend.Protocol = BackendH2C }, "backend protocol"},
 		{"CA of an http backend", func(c *ProxyConfig) { c.Serve.Routes[0].Backend.CABundle = testCAPEM }, "verified https backend"},

@@ -55,12 +55,16 @@ const (
 	HTTPServe    HTTPMode = "serve"    // serve the same routes over plain HTTP too
 )
 
-// WebService is the Serve config of one name: HTTPS on 443 with routes to backends.
+// WebService is the Serve config of one name: HTTPS on 443 with routes to backends, and port 80
+// as HTTP says; or, with Ports, the ports it lists.
 type WebService struct {
 	// HTTP is what port 80 does.
 	HTTP HTTPMode `json:"http,omitempty"`
 	// Routes, matched most specific first: exact matches, then the longest prefix.
-	Routes []Route `json:"routes"`
+	Routes []Route `json:"routes,omitempty"`
+	// Ports, in place of Routes and HTTP, are the ports served, each with its protocol and
+	// routes: a Gateway's listeners. Schema v8: an older proxy would serve port 443 only.
+	Ports []WebPort `json:"ports,omitempty"`
 	// TLS says where certificates come from besides ACME for the tailnet name. Schema v2.
 	TLS WebTLS `json:"tls,omitzero"`
 	// Ingress is the namespace/name of the Ingress served, which labels the proxy's request
@@ -75,6 +79,47 @@ type WebService struct {
 	// a caller that the proxy passes to backends, in the Tailscale-App-Capabilities header as
 	// Tailscale Serve sends it. Serve config v4, proxy config v5: an older proxy would pass none.
 	AcceptAppCaps []string `json:"acceptAppCaps,omitempty"`
+}
+
+// WebPort is a port of a web service and the routes served on it.
+type WebPort struct {
+	Port int `json:"port"`
+	// TLS serves HTTPS, with the web service's certificates; else plain HTTP.
+	TLS bool `json:"tls,omitempty"`
+	// Routes are matched as WebService.Routes are, except that a wildcard host covers one
+	// label or more in place of the "*" (a.example.com and a.b.example.com), as a Gateway API
+	// hostname's does.
+	Routes []Route `json:"routes"`
+}
+
+// ListenPorts are the ports the web service serves.
+func (w *WebService) ListenPorts() []int {
+	if len(w.Ports) > 0 {
+		ports := make([]int, len(w.Ports))
+		for i, p := range w.Ports {
+			ports[i] = p.Port
+		}
+		return ports
+	}
+	if w.HTTP != HTTPOff {
+		return []int{443, 80}
+	}
+	return []int{443}
+}
+
+// ServesTLS reports whether a port of the web service serves HTTPS, which needs the tailnet
+// name's certificate.
+func (w *WebService) ServesTLS() bool {
+	return len(w.Ports) == 0 || slices.ContainsFunc(w.Ports, func(p WebPort) bool { return p.TLS })
+}
+
+// AllRoutes lists the routes of every port.
+func (w *WebService) AllRoutes() []Route {
+	routes := w.Routes
+	for _, p := range w.Ports {
+		routes = append(slices.Clip(routes), p.Routes...)
+	}
+	return routes
 }
 
 // WebTLS configures the certificates of a web service.
@@ -104,12 +149,15 @@ type CertificateRef struct {
 	Hosts      []string `json:"hosts"`
 }
 
-// minVersion is the oldest schema version that can express the web service: v7 for regular
+// minVersion is the oldest schema version that can express the web service: v8 for ports, v7 for regular
 // expressions and backends answering a fixed status, v6 for method,
 // header and query matches, header edits, redirects, rewrites, splits and timeouts, v5 for backend CAs and server names, v4 for app capabilities and backend protocols, v3 for wildcard hosts, v2 for certificate settings and route hosts. Endpoints
 // are an optional addition that older readers ignore (they reach the Service's ClusterIP
 // instead), so they need no version.
 func (w *WebService) minVersion() int {
+	if len(w.Ports) > 0 {
+		return 8
+	}
 	if slices.ContainsFunc(w.Routes, Route.needsV7) {
 		return 7
 	}
@@ -327,20 +375,12 @@ func (w *WebService) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("http mode %q must be empty, redirect or serve", w.HTTP))
 	}
-	if len(w.Routes) == 0 {
+	if len(w.Ports) > 0 {
+		errs = append(errs, w.validatePorts()...)
+	} else if len(w.Routes) == 0 {
 		errs = append(errs, errors.New("no routes"))
 	}
-	seen := map[string]bool{}
-	for _, r := range w.Routes {
-		key := r.MatchKey()
-		if seen[key] {
-			errs = append(errs, fmt.Errorf("route %s %s%s appears twice", r.PathType, r.Host, r.Path))
-		}
-		seen[key] = true
-		if err := r.Validate(); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	errs = append(errs, validateRoutes(w.Routes)...)
 	for _, c := range w.AcceptAppCaps {
 		if !ValidAppCapability(c) {
 			errs = append(errs, fmt.Errorf("app capability %q must look like example.com/cap/name", c))
@@ -360,6 +400,48 @@ func (w *WebService) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validatePorts checks a web service of ports.
+func (w *WebService) validatePorts() []error {
+	var errs []error
+	if len(w.Routes) > 0 || w.HTTP != HTTPOff {
+		errs = append(errs, errors.New("a web service of ports has no routes or http mode of its own"))
+	}
+	seen := map[int]bool{}
+	for _, p := range w.Ports {
+		if p.Port < 1 || p.Port > 65535 || seen[p.Port] {
+			errs = append(errs, fmt.Errorf("port %d is not a port, or is given twice", p.Port))
+		}
+		seen[p.Port] = true
+		if len(p.Routes) == 0 {
+			errs = append(errs, fmt.Errorf("port %d: no routes", p.Port))
+		}
+		for _, err := range validateRoutes(p.Routes) {
+			errs = append(errs, fmt.Errorf("port %d: %w", p.Port, err))
+		}
+	}
+	if w.Funnel && !slices.ContainsFunc(w.Ports, func(p WebPort) bool { return p.Port == 443 && p.TLS }) {
+		errs = append(errs, errors.New("funnel needs HTTPS on port 443"))
+	}
+	return errs
+}
+
+// validateRoutes checks the routes of one port: each valid, none matching what another does.
+func validateRoutes(routes []Route) []error {
+	var errs []error
+	seen := map[string]bool{}
+	for _, r := range routes {
+		key := r.MatchKey()
+		if seen[key] {
+			errs = append(errs, fmt.Errorf("route %s %s%s appears twice", r.PathType, r.Host, r.Path))
+		}
+		seen[key] = true
+		if err := r.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }
 
 // Validate checks one route.
@@ -624,7 +706,8 @@ func (s *ServeConfig) Validate() error {
 // ServeConfigs stores ServeConfig documents.
 // Version 2 added certificate settings and route hosts, version 3 wildcard hosts, version 4
 // app capabilities and backend protocols, version 5 backend CAs and server names, version 6
-// method, header and query matches, header edits, redirects, rewrites, splits and timeouts; an older version is written only while no service needs a newer one, so
+// method, header and query matches, header edits, redirects, rewrites, splits and timeouts,
+// version 7 regular expressions, mirrors and fixed statuses, version 8 ports; an older version is written only while no service needs a newer one, so
 // that an older replica fails clearly instead of serving without them.
 var ServeConfigs = codec[ServeConfig]{
 	name: "serve-config",
@@ -641,7 +724,9 @@ var ServeConfigs = codec[ServeConfig]{
 			jsonEncoder(5, func(c *ServeConfig, v int) { c.Version = v })),
 		6: onlyIf(func(c *ServeConfig) bool { return c.minVersion() <= 6 },
 			jsonEncoder(6, func(c *ServeConfig, v int) { c.Version = v })),
-		7: jsonEncoder(7, func(c *ServeConfig, v int) { c.Version = v }),
+		7: onlyIf(func(c *ServeConfig) bool { return c.minVersion() <= 7 },
+			jsonEncoder(7, func(c *ServeConfig, v int) { c.Version = v })),
+		8: jsonEncoder(8, func(c *ServeConfig, v int) { c.Version = v }),
 	},
 	decode: map[int]func([]byte) (*ServeConfig, error){
 		1: jsonDecoder(1, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
@@ -651,6 +736,7 @@ var ServeConfigs = codec[ServeConfig]{
 		5: jsonDecoder(5, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 		6: jsonDecoder(6, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 		7: jsonDecoder(7, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
+		8: jsonDecoder(8, func(c *ServeConfig) int { return c.Version }, (*ServeConfig).Validate),
 	},
 }
 

@@ -60,7 +60,7 @@ func TestAppCapabilitiesHeader(t *testing.T) {
 			}
 			ws := contract.WebService{AcceptAppCaps: tc.accept, Routes: []contract.Route{
 				{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: backend.URL}}}}
-			h, err := newHandler(ws, newTransports(), newIdentities(whois), slog.New(slog.DiscardHandler))
+			h, err := newHandler(NewRouter(ws.Routes), ws.AcceptAppCaps, newTransports(), newIdentities(whois), slog.New(slog.DiscardHandler))
 			if err != nil {
 				t.Fatal(err)
 			}

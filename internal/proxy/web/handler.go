@@ -157,23 +157,25 @@ type handler struct {
 	verifying map[string]bool
 }
 
-// newHandler returns the handler for ws. The request path reaches the backend unchanged; the
-// original Host is kept, with X-Forwarded-For, -Host and -Proto set by the proxy alone.
-func newHandler(ws contract.WebService, tr *transports, callers *identities, log *slog.Logger) (*handler, error) {
+// newHandler returns the handler for the routes of a port, router ordering them. The request
+// path reaches the backend unchanged; the original Host is kept, with X-Forwarded-For, -Host
+// and -Proto set by the proxy alone.
+func newHandler(router *Router, appCaps []string, tr *transports, callers *identities, log *slog.Logger) (*handler, error) {
+	routes := router.routes
 	h := &handler{
-		router:    NewRouter(ws.Routes),
-		proxies:   make([]http.Handler, len(ws.Routes)),
-		mirror:    make([][]mirror, len(ws.Routes)),
+		router:    router,
+		proxies:   make([]http.Handler, len(routes)),
+		mirror:    make([][]mirror, len(routes)),
 		mirroring: make(chan struct{}, maxMirrorsInFlight),
 		callers:   callers,
 		log:       log,
 		verifying: map[string]bool{},
 	}
-	for _, c := range ws.AcceptAppCaps {
+	for _, c := range appCaps {
 		h.appCaps = append(h.appCaps, tailcfg.PeerCapability(c))
 	}
 	byBackend := map[string]http.Handler{} // routes to one backend share its balancing
-	for i, rt := range ws.Routes {
+	for i, rt := range routes {
 		for _, m := range rt.Mirrors {
 			p, err := h.proxyTo(m.Backend, tr, byBackend)
 			if err != nil {

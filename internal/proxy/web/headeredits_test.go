@@ -42,7 +42,7 @@ func TestHeaderEdits(t *testing.T) {
 				Remove: []string{"X-Backend"},
 			}},
 	}}
-	h, err := newHandler(ws, newTransports(), newIdentities(whois), slog.New(slog.DiscardHandler))
+	h, err := newHandler(NewRouter(ws.Routes), ws.AcceptAppCaps, newTransports(), newIdentities(whois), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,15 @@ import (
 type loopback struct {
 	srv         *web.Server
 	https, http string // host:port of the listeners for 443 and 80
+	mu          sync.Mutex
+	ports       map[string]string // host:port of the latest listener of each port (":8080")
+}
+
+// port is the host:port the server's latest listener of a port (":8080") took.
+func (lb *loopback) port(p string) string {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	return lb.ports[p]
 }
 
 func startLoopback(t testing.TB, ws contract.WebService, log *slog.Logger) *loopback {
@@ -41,15 +50,15 @@ func startLoopbackWith(t testing.TB, ws contract.WebService, log *slog.Logger, m
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	lb := &loopback{}
-	var mu sync.Mutex
+	lb := &loopback{ports: map[string]string{}}
 	listen := func(network, addr string) (net.Listener, error) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
 		}
-		mu.Lock()
-		defer mu.Unlock()
+		lb.mu.Lock()
+		defer lb.mu.Unlock()
+		lb.ports[addr] = ln.Addr().String()
 		switch addr {
 		case ":443":
 			lb.https = ln.Addr().String()

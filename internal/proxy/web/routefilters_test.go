@@ -112,7 +112,7 @@ func validHandler(t *testing.T, ws contract.WebService) *handler {
 	if err := ws.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	h, err := newHandler(ws, newTransports(), newIdentities(noWhoIs), slog.New(slog.DiscardHandler))
+	h, err := newHandler(NewRouter(ws.Routes), ws.AcceptAppCaps, newTransports(), newIdentities(noWhoIs), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

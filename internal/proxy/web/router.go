@@ -29,13 +29,25 @@ import (
 // A RegularExpression path must match the whole (cleaned) path; it ranks as a Prefix path of
 // its literal prefix would ("/api/v[0-9]+" as "/api/v"), after one of equal length. Header and
 // query values may be matched by regular expressions too, each matching the whole value.
+//
+// A Gateway router (NewGatewayRouter) differs in one point: a wildcard host covers one label or
+// more, as a Gateway API hostname does, and the wildcard of the longest suffix is tried first.
 type Router struct {
-	routes []contract.Route
+	// deepWildcards: a wildcard covers one label or more, not exactly one.
+	deepWildcards bool
+	routes        []contract.Route
 	clean  []contract.Route // routes with their paths cleaned, as they are matched
 	exprs  []routeExprs     // their regular expressions, compiled
 	hosts  map[string][]int // route indexes by lower-case host, most specific first
 	wild   map[string][]int // by the lower-case suffix of a wildcard host ("example.com")
 	any    []int            // routes without a host, most specific first
+}
+
+// NewGatewayRouter orders the routes of a Gateway's port for matching (see Router).
+func NewGatewayRouter(routes []contract.Route) *Router {
+	r := NewRouter(routes)
+	r.deepWildcards = true
+	return r
 }
 
 // NewRouter orders the routes for matching. Routes of equal rank keep their order.
@@ -175,12 +187,8 @@ func (r *Router) match(req *http.Request) int {
 	}
 	host := HostOf(hostport)
 	p := cleanPath(req.URL.Path)
-	var wild []int
-	if _, parent, ok := strings.Cut(host, "."); ok {
-		wild = r.wild[parent]
-	}
 	var query url.Values // parsed once, if a route asks
-	for _, routes := range [][]int{r.hosts[host], wild, r.any} {
+	for _, routes := range slices.Concat([][]int{r.hosts[host]}, r.wildcardsOf(host), [][]int{r.any}) {
 		for _, i := range routes {
 			rt, e := &r.clean[i], &r.exprs[i]
 			if !matches(*rt, e.path, p) || (rt.Method != "" && rt.Method != req.Method) || !headersMatch(rt.Headers, e.headers, req.Header) {
@@ -195,6 +203,24 @@ func (r *Router) match(req *http.Request) int {
 		}
 	}
 	return -1
+}
+
+// wildcardsOf lists the routes of the wildcards covering host, the longest suffix first.
+func (r *Router) wildcardsOf(host string) [][]int {
+	var out [][]int
+	for rest := host; ; {
+		_, parent, ok := strings.Cut(rest, ".")
+		if !ok {
+			return out
+		}
+		if routes := r.wild[parent]; len(routes) > 0 {
+			out = append(out, routes)
+		}
+		if !r.deepWildcards {
+			return out
+		}
+		rest = parent
+	}
 }
 
 // headersMatch reports whether the request has each header with exactly the value asked, or

@@ -160,6 +160,33 @@ func TestRouterWildcardHosts(t *testing.T) {
 	}
 }
 
+// A Gateway router's wildcard covers labels at any depth, the longest suffix first.
+func TestGatewayRouterWildcardHosts(t *testing.T) {
+	route := func(host, p, backend string) contract.Route {
+		return contract.Route{Host: host, Path: p, PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + backend}}
+	}
+	r := NewGatewayRouter([]contract.Route{
+		route("", "/", "any"),
+		route("*.foo.com", "/", "wild"), route("*.bar.foo.com", "/", "deeper"), route("*.bar.foo.com", "/x", "deeper-x"),
+	})
+	for _, tc := range []struct{ host, path, want string }{
+		{"a.foo.com", "/", "wild"},
+		{"a.b.foo.com", "/", "wild"}, // two labels: covered
+		{"a.bar.foo.com", "/", "deeper"},
+		{"a.b.bar.foo.com", "/x/y", "deeper-x"},
+		{"bar.foo.com", "/", "wild"}, // *.bar.foo.com covers no bar.foo.com
+		{"foo.com", "/", "any"},
+	} {
+		got := ""
+		if rt, ok := r.Match(request(tc.host, tc.path)); ok {
+			got = rt.Backend.URL[len("http://"):]
+		}
+		if got != tc.want {
+			t.Errorf("Match(%q, %q) = %q, want %q", tc.host, tc.path, got, tc.want)
+		}
+	}
+}
+
 // request is a GET of path on hostport, as a server hands it to a handler.
 func request(hostport, path string) *http.Request {
 	return &http.Request{Method: http.MethodGet, Host: hostport, URL: &url.URL{Path: path}, Header: http.Header{}}

@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -25,10 +28,10 @@ type Config struct {
 }
 
 // Server serves a WebService on the proxy's tailnet name, and on the hosts of its
-// bring-your-own certificates: HTTPS on port 443, and port 80 as the service's HTTP mode says.
-// It presents the certificates it is given and obtains none itself. Its methods are called from
-// one goroutine, certificates may be set from any; requests are served concurrently, each with
-// the config that was current when it arrived.
+// bring-your-own certificates: HTTPS on port 443, and port 80 as the service's HTTP mode says,
+// or the ports the service lists. It presents the certificates it is given and obtains none
+// itself. Its methods are called from one goroutine, certificates may be set from any; requests
+// are served concurrently, each with the config that was current when it arrived.
 type Server struct {
 	cfg        Config
 	transports *transports
@@ -36,17 +39,28 @@ type Server struct {
 	certs      certificates
 	cur        atomic.Pointer[snapshot]
 
-	https  *http.Server
-	plain  *http.Server // port 80; nil while the HTTP mode is off
-	plnLn  net.Listener
-	funnel *http.Server // connections from the internet; nil while Funnel is off
-	errs   chan error
+	listening map[int]*portServer // by port
+	funnel    *http.Server        // connections from the internet; nil while Funnel is off
+	errs      chan error
+}
+
+// portServer serves one port.
+type portServer struct {
+	srv *http.Server
+	ln  net.Listener
+	tls bool
 }
 
 type snapshot struct {
-	routes  *handler
-	mode    contract.HTTPMode
+	ports   map[int]*portPlan
 	ingress string // the metrics' ingress label
+}
+
+// portPlan is what a port serves: its routes, or redirects to HTTPS.
+type portPlan struct {
+	tls      bool
+	routes   *handler // nil when redirecting
+	redirect bool
 }
 
 // NewServer returns a server that listens once Apply is first called.
@@ -55,6 +69,7 @@ func NewServer(cfg Config) *Server {
 		cfg:        cfg,
 		transports: newTransports(),
 		callers:    newIdentities(cfg.WhoIs),
+		listening:  map[int]*portServer{},
 		errs:       make(chan error, 2),
 	}
 }
@@ -87,38 +102,82 @@ func (s *Server) SetHostCertificates(byHost map[string]*tls.Certificate) {
 	s.certs.hosts = hosts
 }
 
-// Apply serves ws from now on: new requests take its routes, and port 80 follows its HTTP mode.
-// The first call opens the HTTPS listener.
+// plans are the ports ws serves: those it lists, or 443 with its routes and 80 as its HTTP
+// mode says (the two share one handler).
+func (s *Server) plans(ws contract.WebService) (map[int]*portPlan, error) {
+	plans := map[int]*portPlan{}
+	if len(ws.Ports) == 0 {
+		h, err := newHandler(NewRouter(ws.Routes), ws.AcceptAppCaps, s.transports, s.callers, s.cfg.Logger)
+		if err != nil {
+			return nil, err
+		}
+		plans[443] = &portPlan{tls: true, routes: h}
+		switch ws.HTTP {
+		case contract.HTTPServe:
+			plans[80] = &portPlan{routes: h}
+		case contract.HTTPRedirect:
+			plans[80] = &portPlan{redirect: true}
+		}
+		return plans, nil
+	}
+	for _, p := range ws.Ports {
+		h, err := newHandler(NewGatewayRouter(p.Routes), ws.AcceptAppCaps, s.transports, s.callers, s.cfg.Logger)
+		if err != nil {
+			return nil, fmt.Errorf("port %d: %w", p.Port, err)
+		}
+		plans[p.Port] = &portPlan{tls: p.TLS, routes: h}
+	}
+	return plans, nil
+}
+
+// Apply serves ws from now on: new requests take its routes, and the ports it serves are
+// opened, and those it no longer serves closed (their requests in flight finish).
 func (s *Server) Apply(ws contract.WebService) error {
-	h, err := newHandler(ws, s.transports, s.callers, s.cfg.Logger)
+	plans, err := s.plans(ws)
 	if err != nil {
 		return err
 	}
-	s.cur.Store(&snapshot{routes: h, mode: ws.HTTP, ingress: ws.Ingress})
-	s.transports.keepVerifying(h.verifying)
-	if s.https == nil {
-		ln, err := s.cfg.Listen("tcp", ":443")
-		if err != nil {
-			return fmt.Errorf("listening on port 443: %w", err)
+	verifying := map[string]bool{}
+	for _, p := range plans {
+		if p.routes != nil {
+			maps.Copy(verifying, p.routes.verifying)
 		}
-		s.https = s.newHTTPServer(http.HandlerFunc(s.serveRoutes))
-		s.https.TLSConfig = &tls.Config{GetCertificate: s.certs.get}
-		go s.serve("HTTPS", func() error { return s.https.ServeTLS(ln, "", "") })
 	}
-	switch {
-	case ws.HTTP != contract.HTTPOff && s.plain == nil:
-		ln, err := s.cfg.Listen("tcp", ":80")
-		if err != nil {
-			return fmt.Errorf("listening on port 80: %w", err)
+	s.cur.Store(&snapshot{ports: plans, ingress: ws.Ingress})
+	s.transports.keepVerifying(verifying)
+	for port, ps := range s.listening {
+		if p, ok := plans[port]; !ok || p.tls != ps.tls {
+			ps.ln.Close() // now, so that the port can be listened on again at once
+			go s.drain(ps.srv)
+			delete(s.listening, port)
 		}
-		srv := s.newHTTPServer(http.HandlerFunc(s.servePlain))
-		s.plain, s.plnLn = srv, ln
-		go s.serve("HTTP", func() error { return srv.Serve(ln) })
-	case ws.HTTP == contract.HTTPOff && s.plain != nil:
-		s.plnLn.Close() // now, so that a later Apply can listen again at once
-		go s.drain(s.plain)
-		s.plain, s.plnLn = nil, nil
 	}
+	for _, port := range slices.Sorted(maps.Keys(plans)) {
+		if _, ok := s.listening[port]; !ok {
+			if err := s.listen(port, plans[port].tls); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// listen opens a port, serving HTTPS (tls) or plain HTTP.
+func (s *Server) listen(port int, tls bool) error {
+	ln, err := s.cfg.Listen("tcp", ":"+strconv.Itoa(port))
+	if err != nil {
+		return fmt.Errorf("listening on port %d: %w", port, err)
+	}
+	srv := s.newHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.servePort(port, w, r) }))
+	s.listening[port] = &portServer{srv: srv, ln: ln, tls: tls}
+	what := fmt.Sprintf("HTTP %d", port)
+	if tls {
+		srv.TLSConfig = s.tlsConfig()
+		what = fmt.Sprintf("HTTPS %d", port)
+		go s.serve(what, func() error { return srv.ServeTLS(ln, "", "") })
+		return nil
+	}
+	go s.serve(what, func() error { return srv.Serve(ln) })
 	return nil
 }
 
@@ -134,8 +193,8 @@ func (s *Server) SetFunnel(ln net.Listener) {
 	if ln == nil {
 		return
 	}
-	srv := s.newHTTPServer(http.HandlerFunc(s.serveRoutes))
-	srv.TLSConfig = &tls.Config{GetCertificate: s.certs.get}
+	srv := s.newHTTPServer(http.HandlerFunc(s.serveFunnel))
+	srv.TLSConfig = s.tlsConfig()
 	srv.BaseContext = func(net.Listener) context.Context { return context.WithValue(context.Background(), funnelKey{}, true) }
 	s.funnel = srv
 	go s.serve("Funnel", func() error { return srv.ServeTLS(ln, "", "") })
@@ -149,10 +208,20 @@ func isFunnel(r *http.Request) bool {
 	return on
 }
 
-// serveRoutes serves a request with the routes current when it arrived.
-func (s *Server) serveRoutes(w http.ResponseWriter, r *http.Request) {
+// servePort serves a request to a port with the routes current when it arrived.
+func (s *Server) servePort(port int, w http.ResponseWriter, r *http.Request) {
 	cur := s.cur.Load()
-	s.cfg.Metrics.instrument(s.ingressLabel(cur), w, r, cur.routes.ServeHTTP)
+	s.cfg.Metrics.instrument(s.ingressLabel(cur), w, r, func(w http.ResponseWriter, r *http.Request) { s.servePlan(cur.ports[port], w, r) })
+}
+
+// serveFunnel serves a request from the internet with the routes of port 443.
+func (s *Server) serveFunnel(w http.ResponseWriter, r *http.Request) {
+	cur := s.cur.Load()
+	plan := cur.ports[443]
+	if plan != nil && !plan.tls {
+		plan = nil
+	}
+	s.cfg.Metrics.instrument(s.ingressLabel(cur), w, r, func(w http.ResponseWriter, r *http.Request) { s.servePlan(plan, w, r) })
 }
 
 // ingressLabel names the web service in metrics: its Ingress, or its tailnet name when the
@@ -164,14 +233,12 @@ func (s *Server) ingressLabel(cur *snapshot) string {
 	return s.certs.nameServed()
 }
 
-func (s *Server) servePlain(w http.ResponseWriter, r *http.Request) {
-	cur := s.cur.Load()
-	s.cfg.Metrics.instrument(s.ingressLabel(cur), w, r, func(w http.ResponseWriter, r *http.Request) { s.plainHTTP(cur, w, r) })
-}
-
-func (s *Server) plainHTTP(cur *snapshot, w http.ResponseWriter, r *http.Request) {
-	switch cur.mode {
-	case contract.HTTPRedirect:
+func (s *Server) servePlan(plan *portPlan, w http.ResponseWriter, r *http.Request) {
+	switch {
+	case plan == nil: // the port is closing
+		w.Header().Set("Server", ServerHeader)
+		http.NotFound(w, r)
+	case plan.redirect:
 		// To the same host when it is a bring-your-own host, else to the tailnet name, whatever
 		// name or IP the request came by. 308 keeps the method and body of requests other than
 		// GET and HEAD, which clients turn into a GET on a 301.
@@ -181,13 +248,12 @@ func (s *Server) plainHTTP(cur *snapshot, w http.ResponseWriter, r *http.Request
 		}
 		w.Header().Set("Server", ServerHeader)
 		http.Redirect(w, r, "https://"+s.certs.redirectHost(HostOf(r.Host))+r.URL.RequestURI(), code)
-	case contract.HTTPServe:
-		cur.routes.ServeHTTP(w, r)
-	default: // port 80 is closing
-		w.Header().Set("Server", ServerHeader)
-		http.NotFound(w, r)
+	default:
+		plan.routes.ServeHTTP(w, r)
 	}
 }
+
+func (s *Server) tlsConfig() *tls.Config { return &tls.Config{GetCertificate: s.certs.get} }
 
 func (s *Server) newHTTPServer(h http.Handler) *http.Server {
 	return &http.Server{
@@ -201,13 +267,16 @@ func (s *Server) newHTTPServer(h http.Handler) *http.Server {
 }
 
 func (s *Server) serve(what string, serve func() error) {
-	// ErrServerClosed follows Shutdown; net.ErrClosed follows Apply closing port 80's listener.
+	// ErrServerClosed follows Shutdown; net.ErrClosed follows Apply closing a port's listener.
 	if err := serve(); !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
-		s.errs <- fmt.Errorf("%s listener: %w", what, err)
+		select {
+		case s.errs <- fmt.Errorf("%s listener: %w", what, err):
+		default: // the errors not yet received restart the server already
+		}
 	}
 }
 
-// drainTimeout bounds how long a closed port 80 waits for its requests.
+// drainTimeout bounds how long a closed port waits for its requests.
 const drainTimeout = 30 * time.Second
 
 func (s *Server) drain(srv *http.Server) {
@@ -221,20 +290,19 @@ func (s *Server) drain(srv *http.Server) {
 // clients' next requests open new connections, which go where the tailnet routes the name now,
 // instead of waiting on a kept-alive one to a replica that is about to go.
 func (s *Server) StopKeepAlives() {
-	for _, srv := range []*http.Server{s.https, s.plain} {
-		if srv != nil {
-			srv.SetKeepAlivesEnabled(false)
-		}
+	for _, ps := range s.listening {
+		ps.srv.SetKeepAlivesEnabled(false)
 	}
 }
 
 // Shutdown stops accepting connections and waits, until ctx ends, for requests in flight.
 func (s *Server) Shutdown(ctx context.Context) error {
 	var errs []error
-	for _, srv := range []*http.Server{s.https, s.plain, s.funnel} {
-		if srv != nil {
-			errs = append(errs, srv.Shutdown(ctx))
-		}
+	for _, ps := range s.listening {
+		errs = append(errs, ps.srv.Shutdown(ctx))
+	}
+	if s.funnel != nil {
+		errs = append(errs, s.funnel.Shutdown(ctx))
 	}
 	s.transports.CloseIdleConnections()
 	return errors.Join(errs...)
