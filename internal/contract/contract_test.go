@@ -636,6 +636,7 @@ func TestStateRoundTrip(t *testing.T) {
 			"web.tailnet.test": {Public: true},
 			"api.tailnet.test": {Reason: FunnelNotPermitted, Message: `"funnel" node attribute not set`},
 		},
+		WebPorts: []int{80, 8443},
 	}
 	data, err := st.Data()
 	if err != nil {
@@ -658,7 +659,7 @@ func TestStateRoundTrip(t *testing.T) {
 
 	// A fresh Pod's state clears every key the previous Pod set.
 	fresh, _ := (&ProxyState{PodUID: "uid-2"}).Data()
-	for _, k := range []string{StateDeviceIPs, StateFirewall, StateAdvertised, StateHTTPSEndpoint, StateConfigVersion, StateCertificates, StateFunnel} {
+	for _, k := range []string{StateDeviceIPs, StateFirewall, StateAdvertised, StateHTTPSEndpoint, StateConfigVersion, StateCertificates, StateFunnel, StateWebPorts} {
 		if v, ok := fresh[k]; !ok || len(v) != 0 {
 			t.Errorf("fresh state key %s = %q, present %v; want present and empty", k, v, ok)
 		}

@@ -23,6 +23,7 @@ const (
 	StateCertificates  = "certificates" // JSON: served name → CertificateStatus
 	StateFunnel        = "funnel"       // JSON: name served with Funnel asked for → FunnelStatus
 	StateLogin         = "login"        // LoginNeeded while the tailnet client waits for an interactive login
+	StateWebPorts      = "web_ports"    // JSON array of the ports a standalone L7 proxy listens on, once it serves
 )
 
 // LoginNeeded is the login key while the node cannot log in by itself (no usable auth key: none,
@@ -58,6 +59,9 @@ type ProxyState struct {
 	Funnel map[string]FunnelStatus
 	// Login is LoginNeeded while the node waits for an interactive login, else "".
 	Login string
+	// WebPorts are the ports a standalone L7 proxy listens on, once it serves its web service:
+	// what says that a service without HTTPS (no HTTPSEndpoint to wait for) is served.
+	WebPorts []int
 }
 
 // FunnelStatus says whether a tailnet name takes connections from the internet, or why not.
@@ -191,11 +195,12 @@ func (s *ProxyState) Data() (map[string][]byte, error) {
 		StateAdvertised:    nil,
 		StateCertificates:  nil,
 		StateFunnel:        nil,
+		StateWebPorts:      nil,
 	}
 	if s.ConfigVersion > 0 {
 		d[StateConfigVersion] = []byte(strconv.Itoa(s.ConfigVersion))
 	}
-	for key, v := range map[string]any{StateDeviceIPs: s.TailnetIPs, StateAdvertised: s.Advertised, StateFirewall: s.Firewall, StateCertificates: s.Certificates, StateFunnel: s.Funnel} {
+	for key, v := range map[string]any{StateDeviceIPs: s.TailnetIPs, StateAdvertised: s.Advertised, StateFirewall: s.Firewall, StateCertificates: s.Certificates, StateFunnel: s.Funnel, StateWebPorts: s.WebPorts} {
 		if isEmpty(v) {
 			continue
 		}
@@ -211,6 +216,8 @@ func (s *ProxyState) Data() (map[string][]byte, error) {
 func isEmpty(v any) bool {
 	switch v := v.(type) {
 	case []string:
+		return len(v) == 0
+	case []int:
 		return len(v) == 0
 	case *FirewallStatus:
 		return v == nil
@@ -240,7 +247,7 @@ func ParseState(data map[string][]byte) (*ProxyState, error) {
 		}
 		s.ConfigVersion = n
 	}
-	for key, dst := range map[string]any{StateDeviceIPs: &s.TailnetIPs, StateAdvertised: &s.Advertised, StateFirewall: &s.Firewall, StateCertificates: &s.Certificates, StateFunnel: &s.Funnel} {
+	for key, dst := range map[string]any{StateDeviceIPs: &s.TailnetIPs, StateAdvertised: &s.Advertised, StateFirewall: &s.Firewall, StateCertificates: &s.Certificates, StateFunnel: &s.Funnel, StateWebPorts: &s.WebPorts} {
 		if v := data[key]; len(v) > 0 {
 			if err := json.Unmarshal(v, dst); err != nil {
 				return nil, fmt.Errorf("state key %s: %w", key, err)

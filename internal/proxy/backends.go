@@ -22,7 +22,7 @@ const (
 // backendAddrs lists the distinct host:port of a web service's backends.
 func backendAddrs(ws contract.WebService) []string {
 	var addrs []string
-	for _, rt := range ws.Routes {
+	for _, rt := range ws.AllRoutes() {
 		for _, b := range rt.BackendsOf() {
 			u, err := url.Parse(b.URL)
 			if err != nil || u.Host == "" {

@@ -485,7 +485,7 @@ func (r *replica) reconcileWeb(ctx context.Context) {
 		if !hc.next.IsZero() && (next.IsZero() || hc.next.Before(next)) {
 			next = hc.next
 		}
-		if !e.certReady() || (e.applied != nil && reflect.DeepEqual(*e.applied, ws)) {
+		if !e.certReady(&ws) || (e.applied != nil && reflect.DeepEqual(*e.applied, ws)) {
 			continue
 		}
 		// The first Apply listens on the service's ports, which advertises it: only once it has
@@ -583,11 +583,12 @@ func (r *replica) funnelStatus() map[string]contract.FunnelStatus {
 // each replica gets its own.
 func (r *replica) role() contract.CertShareMode { return r.cfg.cfg.TLS.CertShareMode }
 
-// certReady reports whether the service may be served (listened on and advertised): with the
-// certificate of its name, to obtain one (see acmeCert.ready), or, while issuance is held for
-// the name, with a bring-your-own certificate.
-func (e *webService) certReady() bool {
-	return e.acme.ready() || (e.acme.held() && e.hosts.serving())
+// certReady reports whether the service ws may be served (listened on and advertised) as far
+// as certificates go: with the certificate of its name, to obtain one (see acmeCert.ready),
+// while issuance is held for the name with a bring-your-own certificate, or at once when no
+// port of it serves HTTPS.
+func (e *webService) certReady(ws *contract.WebService) bool {
+	return !ws.ServesTLS() || e.acme.ready() || (e.acme.held() && e.hosts.serving())
 }
 
 // startWeb sets up an L7 service and starts keeping its certificate.
@@ -711,10 +712,10 @@ func (r *replica) servable() []string {
 	}
 	for _, name := range r.mayAdvertise() {
 		e := r.web[name]
-		_, inServe := r.serve.Services[name]
+		ws, inServe := r.serve.Services[name]
 		svc, inDNAT := r.dnat.Services[name]
 		m, installed := fs.Mappings[name]
-		web := inServe && e != nil && e.applied != nil && e.fqdn == r.fqdn(name) && e.certReady() && r.backendsOK[name] &&
+		web := inServe && e != nil && e.applied != nil && e.fqdn == r.fqdn(name) && e.certReady(&ws) && r.backendsOK[name] &&
 			r.conns.Named(name)
 		settled := !r.dnatSince[name].IsZero() && time.Since(r.dnatSince[name]) >= serviceProxySettle
 		relayed := inDNAT && r.relays != nil && r.relays.ready(dnatMapping(name, svc)) == ""

@@ -85,7 +85,16 @@ func (p *ingress) configure(ctx context.Context, cfg *contract.ProxyConfig) erro
 		p.acme.setHold(cfg.Serve.TLS.Hold)
 	}
 	p.secrets.want(ctx, byoNames(*cfg.Serve))
+	p.keepCert(ctx, cfg.Serve)
 	return nil
+}
+
+// keepCert keeps the certificate of the tailnet name while a port serves HTTPS: a web service
+// of plain HTTP ports alone (a Gateway's HTTP listeners) needs none, and waits for none.
+func (p *ingress) keepCert(ctx context.Context, ws *contract.WebService) {
+	if st := p.status; st.running && ws.ServesTLS() && (p.acme == nil || st.certDomain != p.acme.name) {
+		p.startACME(ctx, st.certDomain)
+	}
 }
 
 func (p *ingress) onStatus(ctx context.Context) error {
@@ -99,9 +108,7 @@ func (p *ingress) onStatus(ctx context.Context) error {
 		}
 		p.applied = true
 	}
-	if p.acme == nil || st.certDomain != p.acme.name {
-		p.startACME(ctx, st.certDomain)
-	}
+	p.keepCert(ctx, p.cfg.cfg.Serve)
 	return nil
 }
 
@@ -199,16 +206,27 @@ func (p *ingress) judgeHosts(ctx context.Context) {
 	p.judge.at(ctx, p.core, hc.next)
 }
 
-// report adds the certificates, the HTTPS endpoint and Funnel. The proxy is ready once it
-// serves HTTPS with the certificate of its name.
+// report adds the ports, the certificates, the HTTPS endpoint and Funnel. The proxy is ready
+// once it serves HTTPS with the certificate of its name, or, when no port serves HTTPS, once it
+// listens.
 func (p *ingress) report(state *contract.ProxyState) string {
 	st := p.status
 	if !st.running {
 		return ""
 	}
+	ws := p.cfg.cfg.Serve
+	if p.applied {
+		state.WebPorts = ws.ListenPorts()
+	}
 	var waiting string // why the tailnet name has no certificate
 	state.Certificates = maps.Clone(p.hosts.status)
 	state.Funnel = p.funnelStatus()
+	if !ws.ServesTLS() {
+		if !p.applied {
+			return "not listening yet"
+		}
+		return ""
+	}
 	if p.acme != nil && p.acme.name == st.certDomain {
 		served, cs := p.acme.state()
 		if served {

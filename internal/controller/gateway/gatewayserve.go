@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -301,7 +302,7 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 	if !slices.ContainsFunc(view.Listeners, listenerDecision.served) {
 		return ctrl.Result{}, nil
 	}
-	routes, err := r.attachedRoutes(ctx, s.in.routes, &view, s.facts.Attached)
+	byPort, err := r.attachedRoutes(ctx, s.in.routes, &view, s.facts.Attached)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -312,6 +313,10 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 		r.Findings(gw, []kit.Finding{*f})
 	}
 	s.facts.Funnel.On, s.facts.Funnel.Refused = kit.ParseFunnel(gw.Annotations, "Gateway", gw.Namespace, r.Settings.FunnelAllowed(gw.Namespace))
+	if s.facts.Funnel.On && !slices.ContainsFunc(view.Listeners, funnelListener) {
+		f := kit.Warnf(kit.ReasonInvalidAnnotation, "annotation %s: Funnel serves port 443 over HTTPS, and no listener of the Gateway does; served on the tailnet only", kit.AnnotationFunnel)
+		s.facts.Funnel.On, s.facts.Funnel.Refused = false, &f
+	}
 	s.facts.Funnel.Tags = tags
 	if f := s.facts.Funnel.Refused; f != nil {
 		r.Findings(gw, []kit.Finding{*f})
@@ -326,7 +331,7 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 	if f := kit.UnsupportedAnnotations("Gateway", gw.Annotations, GatewayAnnotations...); f != nil {
 		r.Findings(gw, []kit.Finding{*f})
 	}
-	ws := webService(view, routes, appCaps)
+	ws := webService(view, byPort, appCaps)
 	ws.Funnel = s.facts.Funnel.On
 	if s.in.onGroup {
 		s.facts.Funnel.Tags = groupstore.Tags(s.in.group, r.Settings.DefaultTags)
@@ -357,12 +362,17 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 	return ctrl.Result{RequeueAfter: cert.Recheck(0, r.Guard.Now())}, nil
 }
 
+// funnelListener reports whether a listener is one Funnel can serve: HTTPS on port 443.
+func funnelListener(l listenerDecision) bool {
+	return l.served() && l.Protocol == gatewayv1.HTTPSProtocolType && l.Port == 443
+}
+
 // reportServing reports that the Gateway's tailnet name is served, and what became of Funnel.
 func (r *GatewayReconciler) reportServing(gw *gatewayv1.Gateway, f gatewayFacts) {
 	if !f.serving() {
 		return
 	}
-	r.Progress(gw, "serving", kit.ReasonServing, "serving https://%s%s", f.Served, f.ServedBy)
+	r.Progress(gw, "serving", kit.ReasonServing, "serving %s%s", f.servedURL(), f.ServedBy)
 	if f.Funnel.On {
 		kit.ReportFunnel(r.Reporter, gw, f.Served, f.Funnel.Tags, f.States)
 	}
@@ -420,51 +430,79 @@ func (r *GatewayReconciler) leaveGroup(ctx context.Context, gw *gatewayv1.Gatewa
 
 // attachedRoutes decides the routes that name the Gateway (list, as gathered: oldest first, the
 // spec's precedence between routes), counts those attached to each listener, and returns the
-// contract routes of the accepted ones; the first of a path wins.
-func (r *GatewayReconciler) attachedRoutes(ctx context.Context, list []gatewayv1.HTTPRoute, view *gatewayView, attached map[gatewayv1.SectionName]int32) ([]contract.Route, error) {
+// contract routes of the accepted ones by port, each with the hosts of the listener it attached
+// to; the first of a match wins.
+func (r *GatewayReconciler) attachedRoutes(ctx context.Context, list []gatewayv1.HTTPRoute, view *gatewayView, attached map[gatewayv1.SectionName]int32) (map[gatewayv1.PortNumber][]contract.Route, error) {
 	in, err := gatherBackends(ctx, r.Client, list)
 	if err != nil {
 		return nil, err
 	}
-	var routes []contract.Route
-	seen := map[string]bool{}
+	byPort := map[gatewayv1.PortNumber][]contract.Route{}
+	seen := map[gatewayv1.PortNumber]map[string]bool{}
 	for i := range list {
 		d := decideRoute(&list[i], map[types.NamespacedName]*gatewayView{view.Key: view}, in)
 		listeners := map[gatewayv1.SectionName]bool{}
 		for _, p := range d.Parents {
 			for _, l := range p.Listeners {
-				if p.accepted() {
-					listeners[l] = true
+				listeners[l] = listeners[l] || p.accepted()
+			}
+		}
+		for _, l := range view.Listeners {
+			if !listeners[l.Name] {
+				continue
+			}
+			attached[l.Name]++
+			if seen[l.Port] == nil {
+				seen[l.Port] = map[string]bool{}
+			}
+			for _, host := range routeHosts(list[i].Spec.Hostnames, l, view.Names) {
+				for _, rt := range d.Routes {
+					rt.Host = host
+					if key := rt.MatchKey(); !seen[l.Port][key] {
+						seen[l.Port][key] = true
+						byPort[l.Port] = append(byPort[l.Port], rt)
+					}
 				}
 			}
 		}
-		for l := range listeners {
-			attached[l]++
-		}
-		if len(listeners) == 0 {
-			continue
-		}
-		for _, rt := range d.Routes {
-			if key := rt.MatchKey(); !seen[key] {
-				seen[key] = true
-				routes = append(routes, rt)
-			}
-		}
 	}
-	return routes, nil
+	return byPort, nil
 }
 
-// webService is what serves a Gateway's routes, on a standalone proxy or a ProxyGroup.
-func webService(view gatewayView, routes []contract.Route, appCaps []string) contract.WebService {
+// webService is what serves a Gateway's routes, on a standalone proxy or a ProxyGroup: a port
+// per port of its served listeners, each with the routes attached to them.
+func webService(view gatewayView, byPort map[gatewayv1.PortNumber][]contract.Route, appCaps []string) contract.WebService {
 	// No Ingress label: the proxy's request metrics name Ingresses only, until the contract can
 	// name a Gateway.
-	ws := contract.WebService{Routes: routes, AcceptAppCaps: appCaps}
-	// A web service has a route: without any attached, one answers every request 404, as the
-	// spec asks of a Gateway without routes.
-	if len(ws.Routes) == 0 {
-		ws.Routes = []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{Status: http.StatusNotFound}}}
+	ws := contract.WebService{AcceptAppCaps: appCaps}
+	for _, l := range view.Listeners {
+		if !l.served() || slices.ContainsFunc(ws.Ports, func(p contract.WebPort) bool { return p.Port == int(l.Port) }) {
+			continue
+		}
+		routes := byPort[l.Port]
+		// A port has a route: without any attached, one answers every request 404, as the spec
+		// asks of a listener without routes.
+		if len(routes) == 0 {
+			routes = []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{Status: http.StatusNotFound}}}
+		}
+		ws.Ports = append(ws.Ports, contract.WebPort{Port: int(l.Port), TLS: l.Protocol == gatewayv1.HTTPSProtocolType, Routes: routes})
 	}
-	if slices.ContainsFunc(view.Listeners, func(l listenerDecision) bool { return l.served() && l.Protocol == gatewayv1.HTTPProtocolType }) {
+	slices.SortFunc(ws.Ports, func(a, b contract.WebPort) int { return a.Port - b.Port })
+	return withoutPorts(ws)
+}
+
+// withoutPorts writes a web service of ports as one of routes when that says the same: HTTPS on
+// 443 alone, or with plain HTTP on 80 serving the same routes, and no wildcard host (which
+// covers one label there, any number in a port's routes). A proxy older than ports serves it.
+func withoutPorts(ws contract.WebService) contract.WebService {
+	p := ws.Ports
+	if len(p) == 0 || len(p) > 2 || p[len(p)-1].Port != 443 || !p[len(p)-1].TLS ||
+		(len(p) == 2 && (p[0].Port != 80 || p[0].TLS || !reflect.DeepEqual(p[0].Routes, p[1].Routes))) ||
+		slices.ContainsFunc(ws.AllRoutes(), func(r contract.Route) bool { return contract.IsWildcard(r.Host) }) {
+		return ws
+	}
+	ws.Routes, ws.Ports = p[len(p)-1].Routes, nil
+	if len(p) == 2 {
 		ws.HTTP = contract.HTTPServe
 	}
 	return ws

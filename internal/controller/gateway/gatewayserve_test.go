@@ -63,9 +63,10 @@ func TestDecideListeners(t *testing.T) {
 		{"another hostname", []gatewayv1.Listener{listener("a", "HTTPS", 443, hostname("shop.example.com"))}, []string{kit.ReasonUnsupportedValue}, nil},
 		{"TLS, TCP and UDP", []gatewayv1.Listener{listener("tls", "TLS", 8443), listener("tcp", "TCP", 5432), listener("udp", "UDP", 53)},
 			[]string{kit.ReasonUnsupportedProtocol, kit.ReasonUnsupportedProtocol, kit.ReasonUnsupportedProtocol}, nil},
-		{"other ports", []gatewayv1.Listener{listener("https", "HTTPS", 8443), listener("http", "HTTP", 8080)},
-			[]string{kit.ReasonPortUnavailable, kit.ReasonPortUnavailable}, nil},
-		{"HTTP alone", []gatewayv1.Listener{listener("http", "HTTP", 80)}, []string{kit.ReasonUnsupportedValue}, nil},
+		{"other ports", []gatewayv1.Listener{listener("https", "HTTPS", 8443), listener("http", "HTTP", 8080)}, []string{"", ""}, nil},
+		{"HTTP alone", []gatewayv1.Listener{listener("http", "HTTP", 80)}, []string{""}, nil},
+		{"HTTP of any hostname", []gatewayv1.Listener{listener("a", "HTTP", 80, hostname("bar.com")), listener("b", "HTTP", 80, hostname("*.bar.com"))},
+			[]string{"", ""}, nil},
 		{"certificateRefs", []gatewayv1.Listener{listener("https", "HTTPS", 443, func(l *gatewayv1.Listener) {
 			l.TLS = &gatewayv1.ListenerTLSConfig{CertificateRefs: []gatewayv1.SecretObjectReference{{Name: "cert"}}}
 		})}, []string{kit.ReasonUnsupportedValue}, nil},
@@ -105,23 +106,41 @@ func TestDecideListeners(t *testing.T) {
 	}
 }
 
-func TestHostnamesMatch(t *testing.T) {
+func TestRouteHosts(t *testing.T) {
+	https := listenerDecision{Protocol: gatewayv1.HTTPSProtocolType}
+	http := func(hostname string) listenerDecision {
+		return listenerDecision{Protocol: gatewayv1.HTTPProtocolType, Hostname: hostname}
+	}
 	tests := []struct {
+		name      string
 		hostnames []gatewayv1.Hostname
-		want      bool
+		listener  listenerDecision
+		want      []string
 	}{
-		{nil, true},
-		{[]gatewayv1.Hostname{"gw.tailnet.ts.net"}, true},
-		{[]gatewayv1.Hostname{"GW"}, true},
-		{[]gatewayv1.Hostname{"*.ts.net"}, true}, // a wildcard covers several labels
-		{[]gatewayv1.Hostname{"*.tailnet.ts.net"}, true},
-		{[]gatewayv1.Hostname{"*.gw.tailnet.ts.net"}, false},
-		{[]gatewayv1.Hostname{"shop.example.com", "gw"}, true},
-		{[]gatewayv1.Hostname{"shop.example.com"}, false},
+		// HTTPS serves the tailnet names, as "".
+		{"https, no hostnames", nil, https, []string{""}},
+		{"https, the MagicDNS name", []gatewayv1.Hostname{"gw.tailnet.ts.net"}, https, []string{""}},
+		{"https, the short name", []gatewayv1.Hostname{"GW"}, https, []string{""}},
+		{"https, a wildcard of several labels", []gatewayv1.Hostname{"*.ts.net"}, https, []string{""}},
+		{"https, a wildcard", []gatewayv1.Hostname{"*.tailnet.ts.net"}, https, []string{""}},
+		{"https, a wildcard below the name", []gatewayv1.Hostname{"*.gw.tailnet.ts.net"}, https, nil},
+		{"https, one of two", []gatewayv1.Hostname{"shop.example.com", "gw"}, https, []string{""}},
+		{"https, another name", []gatewayv1.Hostname{"shop.example.com"}, https, nil},
+		// HTTP serves any name, intersected as the spec says.
+		{"http, neither has hostnames", nil, http(""), []string{""}},
+		{"http, the route's", []gatewayv1.Hostname{"Shop.example.com", "*.example.org"}, http(""), []string{"shop.example.com", "*.example.org"}},
+		{"http, the listener's", nil, http("bar.com"), []string{"bar.com"}},
+		{"http, equal", []gatewayv1.Hostname{"bar.com"}, http("bar.com"), []string{"bar.com"}},
+		{"http, disjoint", []gatewayv1.Hostname{"foo.com"}, http("bar.com"), nil},
+		{"http, the listener's wildcard covers the route's", []gatewayv1.Hostname{"a.bar.com", "a.b.bar.com", "bar.com"}, http("*.bar.com"),
+			[]string{"a.b.bar.com", "a.bar.com"}},
+		{"http, the route's wildcard covers the listener's", []gatewayv1.Hostname{"*.bar.com"}, http("foo.bar.com"), []string{"foo.bar.com"}},
+		{"http, two wildcards, the narrower", []gatewayv1.Hostname{"*.foo.bar.com"}, http("*.bar.com"), []string{"*.foo.bar.com"}},
+		{"http, two wildcards, the listener's narrower", []gatewayv1.Hostname{"*.com"}, http("*.bar.com"), []string{"*.bar.com"}},
 	}
 	for _, tt := range tests {
-		if got := hostnamesMatch(tt.hostnames, tailnetNames); got != tt.want {
-			t.Errorf("hostnamesMatch(%v) = %v, want %v", tt.hostnames, got, tt.want)
+		if got := routeHosts(tt.hostnames, tt.listener, tailnetNames); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("%s: routeHosts(%v) = %q, want %q", tt.name, tt.hostnames, got, tt.want)
 		}
 	}
 }
@@ -413,7 +432,7 @@ func TestDecideRoute(t *testing.T) {
 		{"one of HTTPS and HTTP", func(r *gatewayv1.HTTPRoute) {
 			r.Spec.ParentRefs[0].SectionName = ptr.To[gatewayv1.SectionName]("https")
 		},
-			view(https, http), []string{kit.ReasonUnsupportedValue}, false},
+			view(https, http), []string{""}, true},
 		{"HTTPS and HTTP through two parentRefs", func(r *gatewayv1.HTTPRoute) {
 			r.Spec.ParentRefs = []gatewayv1.ParentReference{{Name: "gw", SectionName: ptr.To[gatewayv1.SectionName]("https")}, {Name: "gw", Port: ptr.To[gatewayv1.PortNumber](80)}}
 		}, view(https, http), []string{"", ""}, true},
@@ -524,6 +543,8 @@ func condition(t *testing.T, conds []metav1.Condition, typ string) metav1.Condit
 func TestGatewayStatus(t *testing.T) {
 	listeners := decideListeners([]gatewayv1.Listener{listener("https", "HTTPS", 443), listener("tls", "TLS", 8443)}, tailnetNames)
 	serving := &contract.ProxyState{FQDN: "gw.tailnet.ts.net", TailnetIPs: []string{"100.64.0.1", "fd7a::1", "junk"}, HTTPSEndpoint: "gw.tailnet.ts.net"}
+	httpOnly := decideListeners([]gatewayv1.Listener{listener("http", "HTTP", 80)}, tailnetNames)
+	listening := &contract.ProxyState{FQDN: "gw.tailnet.ts.net", TailnetIPs: []string{"100.64.0.1", "fd7a::1"}, WebPorts: []int{80}}
 	standalone := func(f gatewayFacts, st *contract.ProxyState) gatewayFacts {
 		f.standalone(st)
 		return f
@@ -562,6 +583,15 @@ func TestGatewayStatus(t *testing.T) {
 			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonPending, kit.ReasonGatewayClassAccepted, kit.ReasonPending}, 3, []int32{0}},
 		{"on a ProxyGroup, tailnet domain unknown", onGroup(gatewayFacts{View: gatewayView{Listeners: listeners[:1]}}, certs.TailnetCert{}, advertising),
 			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonPending, kit.ReasonGatewayClassAccepted, kit.ReasonPending}, 0, []int32{0}},
+		// Plain HTTP alone needs no certificate: served once the proxy listens.
+		{"HTTP alone, listening", standalone(gatewayFacts{View: gatewayView{Listeners: httpOnly}}, listening),
+			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonProgrammed, kit.ReasonGatewayClassAccepted, kit.ReasonProgrammed}, 3, []int32{0}},
+		{"HTTP alone, not listening yet", standalone(gatewayFacts{View: gatewayView{Listeners: httpOnly}}, &contract.ProxyState{FQDN: "gw.tailnet.ts.net"}),
+			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonPending, kit.ReasonGatewayClassAccepted, kit.ReasonPending}, 1, []int32{0}},
+		{"HTTPS, listening but no certificate yet", standalone(gatewayFacts{View: gatewayView{Listeners: listeners[:1]}}, listening),
+			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonPending, kit.ReasonGatewayClassAccepted, kit.ReasonPending}, 3, []int32{0}},
+		{"HTTP alone on a ProxyGroup, certificate held", onGroup(gatewayFacts{View: gatewayView{Listeners: httpOnly}}, held, advertising),
+			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonProgrammed, kit.ReasonGatewayClassAccepted, kit.ReasonProgrammed}, 3, []int32{0}},
 		{"no listener served", gatewayFacts{View: gatewayView{Listeners: listeners[1:]}},
 			[]string{kit.ReasonListenersNotValid, kit.ReasonGatewayInvalid, kit.ReasonUnsupportedProtocol, kit.ReasonGatewayInvalid}, 0, []int32{0}},
 	}
@@ -737,6 +767,49 @@ func TestGatewayFunnelCondition(t *testing.T) {
 			}
 			if tt.reason == kit.ReasonFunnelNotPermitted && !strings.Contains(c.Message, `"tag:k8s"`) {
 				t.Errorf("message %q does not say which tags the policy must grant funnel", c.Message)
+			}
+		})
+	}
+}
+
+func TestWebService(t *testing.T) {
+	route := func(host, path string) contract.Route {
+		return contract.Route{Host: host, Path: path, PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://10.0.0.1:80"}}
+	}
+	notFound := []contract.Route{{Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{Status: 404}}}
+	a, b := []contract.Route{route("", "/a")}, []contract.Route{route("", "/b")}
+	https, http := listener("https", "HTTPS", 443), listener("http", "HTTP", 80)
+	tests := []struct {
+		name      string
+		listeners []gatewayv1.Listener
+		byPort    map[gatewayv1.PortNumber][]contract.Route
+		want      contract.WebService
+	}{
+		{"HTTPS alone: routes, as an older proxy reads", []gatewayv1.Listener{https}, map[gatewayv1.PortNumber][]contract.Route{443: a},
+			contract.WebService{Routes: a}},
+		{"HTTPS and HTTP of the same routes: routes, http serve", []gatewayv1.Listener{https, http}, map[gatewayv1.PortNumber][]contract.Route{443: a, 80: a},
+			contract.WebService{Routes: a, HTTP: contract.HTTPServe}},
+		{"HTTPS and HTTP of other routes: ports", []gatewayv1.Listener{https, http}, map[gatewayv1.PortNumber][]contract.Route{443: a, 80: b},
+			contract.WebService{Ports: []contract.WebPort{{Port: 80, Routes: b}, {Port: 443, TLS: true, Routes: a}}}},
+		{"HTTP alone: ports", []gatewayv1.Listener{http}, map[gatewayv1.PortNumber][]contract.Route{80: a},
+			contract.WebService{Ports: []contract.WebPort{{Port: 80, Routes: a}}}},
+		{"a wildcard host: ports", []gatewayv1.Listener{https}, map[gatewayv1.PortNumber][]contract.Route{443: {route("*.example.com", "/")}},
+			contract.WebService{Ports: []contract.WebPort{{Port: 443, TLS: true, Routes: []contract.Route{route("*.example.com", "/")}}}}},
+		{"listeners sharing a port, one without routes: 404", []gatewayv1.Listener{listener("x", "HTTP", 8080, func(l *gatewayv1.Listener) {
+			l.Hostname = ptr.To[gatewayv1.Hostname]("x.example.com")
+		}), listener("y", "HTTP", 8080), https}, map[gatewayv1.PortNumber][]contract.Route{8080: b},
+			contract.WebService{Ports: []contract.WebPort{{Port: 443, TLS: true, Routes: notFound}, {Port: 8080, Routes: b}}}},
+		{"a listener not served has no port", []gatewayv1.Listener{https, listener("tcp", "TCP", 5432)}, map[gatewayv1.PortNumber][]contract.Route{},
+			contract.WebService{Routes: notFound}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := webService(gatewayView{Listeners: decideListeners(tt.listeners, tailnetNames)}, tt.byPort, nil)
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("webService =\n%+v\nwant\n%+v", got, tt.want)
+			}
+			if err := got.Validate(); err != nil {
+				t.Errorf("invalid: %v", err)
 			}
 		})
 	}

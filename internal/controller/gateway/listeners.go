@@ -10,13 +10,6 @@ import (
 	"github.com/tsingress/tsingress/internal/controller/kit"
 )
 
-// The ports a standalone proxy serves: HTTPS with its tailnet name's certificate, and plain
-// HTTP with the same routes (contract.HTTPServe).
-const (
-	httpsPort gatewayv1.PortNumber = 443
-	httpPort  gatewayv1.PortNumber = 80
-)
-
 const kindHTTPRoute gatewayv1.Kind = "HTTPRoute"
 
 // routeKinds are the route kinds served, on HTTPS and HTTP listeners alike.
@@ -76,27 +69,18 @@ func decideListeners(listeners []gatewayv1.Listener, names []string) []listenerD
 		}
 		out = append(out, d)
 	}
-	// Plain HTTP is served with the routes of HTTPS, never alone: the proxy always serves HTTPS.
-	https := slices.ContainsFunc(out, func(d listenerDecision) bool { return d.served() && d.Protocol == gatewayv1.HTTPSProtocolType })
-	for i := range out {
-		if d := &out[i]; d.served() && d.Protocol == gatewayv1.HTTPProtocolType && !https {
-			d.NotAccepted, d.Why = kit.ReasonUnsupportedValue, "an HTTP listener is served only beside an HTTPS listener on port 443 (the proxy always serves HTTPS, with the same routes)"
-		}
-	}
 	return out
 }
 
-// listenerProblem says why a listener, taken alone, cannot be served ("" when it can).
+// listenerProblem says why a listener, taken alone, cannot be served ("" when it can). HTTP and
+// HTTPS are served on any port; an HTTPS listener's hostname must be a tailnet name of the
+// Gateway, the only names it has a certificate of.
 func listenerProblem(l gatewayv1.Listener, names []string) (reason, why string) {
-	want := map[gatewayv1.ProtocolType]gatewayv1.PortNumber{gatewayv1.HTTPSProtocolType: httpsPort, gatewayv1.HTTPProtocolType: httpPort}
-	port, ok := want[l.Protocol]
 	switch {
-	case !ok:
-		return kit.ReasonUnsupportedProtocol, fmt.Sprintf("protocol %s is not served yet: only HTTPS on port 443 and HTTP on port 80", l.Protocol)
-	case l.Port != port:
-		return kit.ReasonPortUnavailable, fmt.Sprintf("the proxy serves %s on port %d only", l.Protocol, port)
-	case l.Hostname != nil && !slices.Contains(names, strings.ToLower(string(*l.Hostname))):
-		return kit.ReasonUnsupportedValue, fmt.Sprintf("hostname %q is not served: a Gateway serves its tailnet name (%s) only, until certificateRefs are served",
+	case l.Protocol != gatewayv1.HTTPSProtocolType && l.Protocol != gatewayv1.HTTPProtocolType:
+		return kit.ReasonUnsupportedProtocol, fmt.Sprintf("protocol %s is not served yet: only HTTPS and HTTP", l.Protocol)
+	case l.Protocol == gatewayv1.HTTPSProtocolType && l.Hostname != nil && !slices.Contains(names, strings.ToLower(string(*l.Hostname))):
+		return kit.ReasonUnsupportedValue, fmt.Sprintf("hostname %q is not served over HTTPS: an HTTPS listener serves the Gateway's tailnet name (%s) only, until certificateRefs are served",
 			*l.Hostname, strings.Join(names, ", "))
 	case l.TLS != nil:
 		return kit.ReasonUnsupportedValue, "tls (certificateRefs, options) is not served yet: leave it unset to serve the tailnet name with its ACME certificate"

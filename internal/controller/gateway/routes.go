@@ -91,19 +91,8 @@ func decideRoute(r *gatewayv1.HTTPRoute, gateways map[types.NamespacedName]*gate
 		p.Listeners, p.NotAccepted, p.Why = attach(r, ref, gv)
 		d.Parents = append(d.Parents, p)
 	}
-	// The proxy serves one route table on ports 443 and 80: a route must attach to both or be
-	// served where it did not ask to be.
 	for i := range d.Parents {
-		p := &d.Parents[i]
-		if !p.accepted() {
-			continue
-		}
-		if missing := missingProtocol(gateways[p.Gateway], d.Parents); missing != "" {
-			p.NotAccepted, p.Why = kit.ReasonUnsupportedValue, fmt.Sprintf("the route attaches to no %s listener of Gateway %s, "+
-				"and the proxy serves the same routes over HTTPS and HTTP: attach it to both (no sectionName or port)", missing, p.Gateway)
-			continue
-		}
-		if len(unsupported) > 0 {
+		if p := &d.Parents[i]; p.accepted() && len(unsupported) > 0 {
 			p.NotAccepted, p.Why = kit.ReasonUnsupportedValue, strings.Join(unsupported, "; ")
 		}
 	}
@@ -146,11 +135,7 @@ func attach(r *gatewayv1.HTTPRoute, ref gatewayv1.ParentReference, gv *gatewayVi
 			continue
 		}
 		allowed = append(allowed, l.Name)
-		names := gv.Names
-		if l.Hostname != "" {
-			names = []string{strings.ToLower(l.Hostname)}
-		}
-		if hostnamesMatch(r.Spec.Hostnames, names) {
+		if len(routeHosts(r.Spec.Hostnames, l, gv.Names)) > 0 {
 			attached = append(attached, l.Name)
 		}
 	}
@@ -166,50 +151,53 @@ func attach(r *gatewayv1.HTTPRoute, ref gatewayv1.ParentReference, gv *gatewayVi
 	return attached, "", ""
 }
 
-// missingProtocol is the protocol (HTTPS or HTTP) of gv's served listeners that the route,
-// through all its parentRefs to gv, attaches to no listener of; "" when none is missing.
-func missingProtocol(gv *gatewayView, parents []parentResult) gatewayv1.ProtocolType {
-	served := map[gatewayv1.ProtocolType]bool{}
-	for _, l := range gv.Listeners {
-		if l.served() {
-			served[l.Protocol] = false
+// routeHosts are the hosts a route with hostnames serves on listener l of a Gateway whose
+// tailnet names are names: the intersection of the route's hostnames and the listener's, as the
+// spec defines it, "" standing for every host; none when they do not intersect. An HTTPS
+// listener without a hostname serves the tailnet names only (it has no other certificate),
+// so its routes' hostnames must be among them, and it serves them as "".
+func routeHosts(hostnames []gatewayv1.Hostname, l listenerDecision, names []string) []string {
+	route := make([]string, len(hostnames))
+	for i, h := range hostnames {
+		route[i] = strings.ToLower(string(h))
+	}
+	listener := strings.ToLower(l.Hostname)
+	switch {
+	case l.Protocol == gatewayv1.HTTPSProtocolType:
+		// Only tailnet names, which only the proxy's requests carry: "" serves them all.
+		if listener != "" {
+			names = []string{listener}
+		}
+		if len(route) == 0 || slices.ContainsFunc(route, func(h string) bool { return slices.ContainsFunc(names, covering(h)) }) {
+			return []string{""}
+		}
+		return nil
+	case listener == "" && len(route) == 0:
+		return []string{""}
+	case listener == "":
+		return route
+	case len(route) == 0:
+		return []string{listener}
+	}
+	var out []string
+	for _, h := range route {
+		switch {
+		case covering(listener)(h): // the route's is the narrower
+			out = append(out, h)
+		case covering(h)(listener):
+			out = append(out, listener)
 		}
 	}
-	for _, p := range parents {
-		if p.Gateway != gv.Key {
-			continue
-		}
-		for _, name := range p.Listeners {
-			for _, l := range gv.Listeners {
-				if l.Name == name {
-					served[l.Protocol] = true
-				}
-			}
-		}
-	}
-	for _, proto := range []gatewayv1.ProtocolType{gatewayv1.HTTPSProtocolType, gatewayv1.HTTPProtocolType} {
-		if attached, ok := served[proto]; ok && !attached {
-			return proto
-		}
-	}
-	return ""
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
-// hostnamesMatch reports whether a route's hostnames intersect a listener's names, as the
-// spec defines it: no hostname matches every name, and a wildcard covers one or more labels.
-func hostnamesMatch(hostnames []gatewayv1.Hostname, names []string) bool {
-	if len(hostnames) == 0 {
-		return true
+// covering returns whether a hostname is host itself or, when host is a wildcard, one it
+// covers: one label or more in place of the "*", or a narrower wildcard.
+func covering(host string) func(string) bool {
+	return func(h string) bool {
+		return h == host || (contract.IsWildcard(host) && strings.HasSuffix(h, host[1:]) && len(h) > len(host)-1)
 	}
-	for _, h := range hostnames {
-		h := strings.ToLower(string(h))
-		for _, n := range names {
-			if h == n || (contract.IsWildcard(h) && strings.HasSuffix(n, h[1:])) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // buildRules turns a route's rules into contract routes. A rule using what the proxy cannot

@@ -59,12 +59,31 @@ type funnelFacts struct {
 // serving reports whether the Gateway's tailnet name is served.
 func (f gatewayFacts) serving() bool { return f.Served != "" }
 
-// standalone records what the Gateway's own proxy reports (st nil: nothing yet).
+// servedURL is what serves the Gateway, for messages: https://<name>, or http://<name> when no
+// listener serves HTTPS.
+func (f gatewayFacts) servedURL() string {
+	if f.View.servesHTTPS() {
+		return "https://" + f.Served
+	}
+	return "http://" + f.Served
+}
+
+// servesHTTPS reports whether a listener the Gateway serves is HTTPS: then its proxy needs the
+// certificate of its tailnet name.
+func (v gatewayView) servesHTTPS() bool {
+	return slices.ContainsFunc(v.Listeners, func(l listenerDecision) bool { return l.served() && l.Protocol == gatewayv1.HTTPSProtocolType })
+}
+
+// standalone records what the Gateway's own proxy reports (st nil: nothing yet): served once it
+// serves HTTPS, or, when no listener is HTTPS, once it listens.
 func (f *gatewayFacts) standalone(st *contract.ProxyState) {
 	if st == nil {
 		return
 	}
 	f.Served, f.Addresses, f.States = st.HTTPSEndpoint, addresses(st.FQDN, st.TailnetIPs), []*contract.ProxyState{st}
+	if !f.View.servesHTTPS() && len(st.WebPorts) > 0 {
+		f.Served = st.FQDN
+	}
 }
 
 // onGroup records how ProxyGroup pg serves the Gateway as Tailscale Service svcName with VIPs
@@ -79,7 +98,7 @@ func (f *gatewayFacts) onGroup(pg, svcName string, vips []netip.Addr, cert certs
 		ips[i] = a.String()
 	}
 	f.Addresses = addresses(cert.FQDN, ips)
-	if groupstore.FirstAdvertising(states, svcName) != nil && certs.CertPortError(cert.Hold, cert.Cur, now) == "" {
+	if groupstore.FirstAdvertising(states, svcName) != nil && (!f.View.servesHTTPS() || certs.CertPortError(cert.Hold, cert.Cur, now) == "") {
 		f.Served, f.ServedBy = cert.FQDN, fmt.Sprintf(" through Tailscale Service %s on ProxyGroup %s", svcName, pg)
 	}
 }
@@ -112,7 +131,7 @@ func gatewayStatus(status gatewayv1.GatewayStatus, f gatewayFacts, gen int64) ga
 	case !accepted:
 		kit.SetCondition(&status.Conditions, conditionProgrammed, false, kit.ReasonGatewayInvalid, "the Gateway is not accepted", gen)
 	case f.serving():
-		kit.SetCondition(&status.Conditions, conditionProgrammed, true, kit.ReasonProgrammed, "serving https://"+f.Served+f.ServedBy, gen)
+		kit.SetCondition(&status.Conditions, conditionProgrammed, true, kit.ReasonProgrammed, "serving "+f.servedURL()+f.ServedBy, gen)
 	default:
 		kit.SetCondition(&status.Conditions, conditionProgrammed, false, kit.ReasonPending, "waiting for the proxy to join the tailnet and serve its name", gen)
 	}

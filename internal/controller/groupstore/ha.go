@@ -622,13 +622,13 @@ func ClaimFailure(r kit.Reporter, obj client.Object, err error) (ctrl.Result, er
 	return r.TailnetFailure(obj, err)
 }
 
-// WebPorts are the ports of the Tailscale Service of a web service: 443, and 80 when it serves
-// or redirects HTTP.
+// WebPorts are the ports of the Tailscale Service of a web service: those it listens on.
 func WebPorts(ws *contract.WebService) []string {
-	if ws.HTTP != contract.HTTPOff {
-		return []string{"tcp:443", "tcp:80"}
+	var out []string
+	for _, p := range ws.ListenPorts() {
+		out = append(out, fmt.Sprintf("tcp:%d", p))
 	}
-	return []string{"tcp:443"}
+	return out
 }
 
 // AddrList formats a Tailscale Service's addresses for a message.

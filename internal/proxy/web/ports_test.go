@@ -52,6 +52,18 @@ func TestPorts(t *testing.T) {
 			t.Errorf("%s Host %s: %d from %q (%v), want %d from %q", tc.url, tc.host, code, r.Pod, err, tc.wantCode, tc.wantPod)
 		}
 	}
+	// HTTP/2 without TLS, by prior knowledge, as gRPC clients of a plain port speak it.
+	var h2c http.Protocols
+	h2c.SetUnencryptedHTTP2(true)
+	h2cClient := &http.Client{Transport: &http.Transport{Protocols: &h2c}}
+	resp, err := h2cClient.Get("http://" + lb.port(":80") + "/")
+	if err != nil {
+		t.Fatalf("h2c to port 80: %v", err)
+	}
+	resp.Body.Close()
+	if resp.ProtoMajor != 2 {
+		t.Errorf("h2c to port 80 answered in %s", resp.Proto)
+	}
 	if lb.port(":443") != "" {
 		t.Error("port 443 opened, though no port of the service is 443")
 	}

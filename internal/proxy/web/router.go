@@ -36,11 +36,11 @@ type Router struct {
 	// deepWildcards: a wildcard covers one label or more, not exactly one.
 	deepWildcards bool
 	routes        []contract.Route
-	clean  []contract.Route // routes with their paths cleaned, as they are matched
-	exprs  []routeExprs     // their regular expressions, compiled
-	hosts  map[string][]int // route indexes by lower-case host, most specific first
-	wild   map[string][]int // by the lower-case suffix of a wildcard host ("example.com")
-	any    []int            // routes without a host, most specific first
+	clean         []contract.Route // routes with their paths cleaned, as they are matched
+	exprs         []routeExprs     // their regular expressions, compiled
+	hosts         map[string][]int // route indexes by lower-case host, most specific first
+	wild          map[string][]int // by the lower-case suffix of a wildcard host ("example.com")
+	any           []int            // routes without a host, most specific first
 }
 
 // NewGatewayRouter orders the routes of a Gateway's port for matching (see Router).

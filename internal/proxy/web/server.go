@@ -256,8 +256,15 @@ func (s *Server) servePlan(plan *portPlan, w http.ResponseWriter, r *http.Reques
 func (s *Server) tlsConfig() *tls.Config { return &tls.Config{GetCertificate: s.certs.get} }
 
 func (s *Server) newHTTPServer(h http.Handler) *http.Server {
+	// HTTP/2 over TLS by ALPN, and on plain ports by prior knowledge (h2c), which gRPC
+	// clients of a plain HTTP listener speak.
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetHTTP2(true)
+	protocols.SetUnencryptedHTTP2(true)
 	return &http.Server{
-		Handler: h,
+		Handler:   h,
+		Protocols: &protocols,
 		// No read or write timeout: responses may stream and uploads may be long.
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
