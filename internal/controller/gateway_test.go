@@ -645,6 +645,42 @@ var _ = Describe("Gateway API", Ordered, func() {
 		quiet()
 	})
 
+	It("serves plain HTTP listeners of any port and hostname as ports of their own routes, programmed once the proxy listens", func() {
+		class("gw-ports", gateway.ControllerName, nil)
+		ns := newNamespace()
+		web := newBackendService(ns, "web")
+		shop := kubeobj.Listener("shop", gatewayv1.HTTPProtocolType, 80)
+		shop.Hostname = ptr.To[gatewayv1.Hostname]("*.example.com")
+		edge := kubeobj.Gateway(ns, "edge", "gw-ports", shop, kubeobj.Listener("alt", gatewayv1.HTTPProtocolType, 8080))
+		edge.Annotations = map[string]string{kit.AnnotationFunnel: "true"}
+		onShop := kubeobj.HTTPRoute(ns, "shop", "edge", kubeobj.HTTPRule(prefix, "/", "", "web", 80))
+		onShop.Spec.ParentRefs[0].SectionName = ptr.To[gatewayv1.SectionName]("shop")
+		onAlt := kubeobj.HTTPRoute(ns, "alt", "edge", kubeobj.HTTPRule(exact, "/api", "", "web", 8080))
+		onAlt.Spec.ParentRefs[0].Port = ptr.To[gatewayv1.PortNumber](8080)
+		create(edge, onShop, onAlt)
+
+		By("writing a port per listener port, each with the routes attached to it and the listener's hostname")
+		Eventually(func(g Gomega) []contract.WebPort { return proxyConfigOf(g, proxies.ParentTypeGateway, edge).Serve.Ports }).Should(Equal([]contract.WebPort{
+			{Port: 80, Routes: []contract.Route{{Host: "*.example.com", Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"}}}},
+			{Port: 8080, Routes: []contract.Route{{Path: "/api", PathType: contract.PathExact, Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":8080"}}}},
+		}))
+		cfg := proxyConfigOf(Default, proxies.ParentTypeGateway, edge)
+		Expect(cfg.Serve.Routes).To(BeEmpty())
+		Expect(cfg.Serve.Funnel).To(BeFalse(), "Funnel serves HTTPS on 443, which no listener is")
+		warned("Gateway", "edge", kit.ReasonInvalidAnnotation)
+		for _, l := range []string{"shop", "alt"} {
+			Eventually(listenerStatus(edge, l)).Should(HaveField("AttachedRoutes", int32(1)))
+		}
+
+		By("programming it once the proxy listens on its ports, with no certificate to wait for")
+		fqdn := ns + "-edge-gateway.tailnet.example"
+		reportState(proxies.ParentTypeGateway, edge, contract.ProxyState{DeviceID: "n-gwp", FQDN: fqdn, TailnetIPs: []string{"100.64.0.10"}})
+		Consistently(gatewayCondition(edge, "Programmed"), "1s").Should(HaveField("Status", metav1.ConditionFalse))
+		reportState(proxies.ParentTypeGateway, edge, contract.ProxyState{DeviceID: "n-gwp", FQDN: fqdn, TailnetIPs: []string{"100.64.0.10"}, WebPorts: []int{80, 8080}})
+		Eventually(gatewayCondition(edge, "Programmed")).Should(And(HaveField("Status", metav1.ConditionTrue), HaveField("Message", "serving http://"+fqdn)))
+		quiet()
+	})
+
 	It("serves a Gateway on a ProxyGroup as a Tailscale Service, refuses a missing group and a taken hostname, and moves it to a standalone proxy", func() {
 		class("gw-ha", gateway.ControllerName, nil)
 		pg := newProxyGroup("gw-pg", nil)

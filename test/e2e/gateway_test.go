@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"path/filepath"
@@ -303,6 +304,72 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 		resp.Body.Close()
 		Expect(resp.StatusCode).To(Equal(http.StatusMovedPermanently))
 		Expect(resp.Header.Get("Location")).To(Equal("https://" + fqdn + "/new/page?x=1"))
+
+		Expect(suite.K8s.Delete(ctx, edge)).To(Succeed())
+		expectProxyGone(ctx, proxies.ParentTypeGateway, edge, deviceID)
+	})
+
+	It("serves plain HTTP listeners on any port without a certificate, each route on the listeners it attaches to, by hostname", func(ctx SpecContext) {
+		ns, port, edge := newEdgeGateway(ctx, "e2e-gwp")
+		web := kubeobj.Listener("web", gatewayv1.HTTPProtocolType, 80)
+		web.Hostname = ptr.To[gatewayv1.Hostname]("*.example.com")
+		edge.Spec.Listeners = []gatewayv1.Listener{web, kubeobj.Listener("alt", gatewayv1.HTTPProtocolType, 8080)}
+		// Each route tells the backend its listener in a request header; /header answers with it.
+		route := func(listener string) *gatewayv1.HTTPRoute {
+			rule := kubeobj.HTTPRule(gatewayv1.PathMatchPathPrefix, "/", "", framework.BackendName, port)
+			rule.Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestHeaderModifier,
+				RequestHeaderModifier: &gatewayv1.HTTPHeaderFilter{Set: []gatewayv1.HTTPHeader{{Name: "X-Listener", Value: listener}}}}}
+			r := kubeobj.HTTPRoute(ns, listener, edge.Name, rule)
+			r.Spec.ParentRefs[0].SectionName = ptr.To(gatewayv1.SectionName(listener))
+			return r
+		}
+		suite.Create(ctx, edge)
+		suite.Create(ctx, route("web"))
+		suite.Create(ctx, route("alt"))
+
+		By("programming the Gateway once its proxy listens, with no certificate to wait for")
+		fqdn := programmedAddresses(ctx, edge, 1)[0].Value
+		deviceID := proxyDevice(ctx, proxies.ParentTypeGateway, edge)
+
+		hc := tailnetHTTPClient(15 * time.Second)
+		defer hc.CloseIdleConnections()
+		get := func(url, host string) (int, string, error) {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			if err != nil {
+				return 0, "", err
+			}
+			req.Host = host
+			resp, err := hc.Do(req)
+			if err != nil {
+				return 0, "", err
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b), err
+		}
+		for _, tc := range []struct {
+			url, host string
+			code      int
+			listener  string
+		}{
+			{"http://" + fqdn + "/header?key=X-Listener", "shop.example.com", http.StatusOK, "web"},
+			{"http://" + fqdn + "/header?key=X-Listener", "a.b.example.com", http.StatusOK, "web"}, // a wildcard of any depth
+			{"http://" + fqdn + "/header?key=X-Listener", "example.org", http.StatusNotFound, ""},   // no listener's hostname
+			{"http://" + fqdn + ":8080/header?key=X-Listener", "example.org", http.StatusOK, "alt"},
+		} {
+			By(fmt.Sprintf("GET %s for %s: %d %s", tc.url, tc.host, tc.code, tc.listener))
+			Eventually(ctx, func(g Gomega) {
+				code, body, err := get(tc.url, tc.host)
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(code).To(Equal(tc.code), body)
+				if tc.code == http.StatusOK {
+					g.Expect(body).To(Equal(tc.listener))
+				}
+			}).Should(Succeed())
+		}
+		By("serving no HTTPS: no listener asks for it")
+		_, _, err := get("https://"+fqdn+"/", fqdn)
+		Expect(err).To(HaveOccurred())
 
 		Expect(suite.K8s.Delete(ctx, edge)).To(Succeed())
 		expectProxyGone(ctx, proxies.ParentTypeGateway, edge, deviceID)
