@@ -546,6 +546,41 @@ var _ = Describe("Gateway API", Ordered, func() {
 			Backend: contract.Backend{URL: "http://" + db.Spec.ClusterIP + ":80"}}}))
 	})
 
+	It("attaches the routes of the namespaces a listener selects, following their labels", func() {
+		class("gw-selector", gateway.ControllerName, nil)
+		ns, apps := newNamespace(), newNamespace()
+		web := newBackendService(apps, "web")
+		selecting := kubeobj.Listener("https", gatewayv1.HTTPSProtocolType, 443)
+		selecting.AllowedRoutes = &gatewayv1.AllowedRoutes{Namespaces: &gatewayv1.RouteNamespaces{From: ptr.To(gatewayv1.NamespacesFromSelector),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"gateway-access": "edge"}}}}
+		edge := kubeobj.Gateway(ns, "edge", "gw-selector", selecting)
+		route := kubeobj.HTTPRoute(apps, "shop", "edge", kubeobj.HTTPRule(prefix, "/", "", "web", 80))
+		route.Spec.ParentRefs[0].Namespace = ptr.To(gatewayv1.Namespace(ns))
+		create(edge, route)
+		Eventually(routeCondition(route, "Accepted")).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kit.ReasonNotAllowedByListeners)))
+		Eventually(servedRoutes(edge)).Should(Equal(noRoutes))
+
+		By("attaching it once its namespace has the label")
+		labelNamespace := func(value string) {
+			n := &corev1.Namespace{}
+			Expect(k8s.Get(ctx, client.ObjectKey{Name: apps}, n)).To(Succeed())
+			before := n.DeepCopy()
+			n.Labels["gateway-access"] = value
+			Expect(k8s.Patch(ctx, n, client.MergeFrom(before))).To(Succeed())
+		}
+		labelNamespace("edge")
+		Eventually(routeCondition(route, "Accepted")).Should(HaveField("Status", metav1.ConditionTrue))
+		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{{Path: "/", PathType: contract.PathPrefix,
+			Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"}}}))
+		Eventually(listenerStatus(edge, "https")).Should(HaveField("AttachedRoutes", int32(1)))
+		quiet()
+
+		By("detaching it once the label no longer matches")
+		labelNamespace("other")
+		Eventually(routeCondition(route, "Accepted")).Should(HaveField("Reason", kit.ReasonNotAllowedByListeners))
+		Eventually(servedRoutes(edge)).Should(Equal(noRoutes))
+	})
+
 	It("does not serve a route with a filter it cannot honour, and says so; serves a mirror", func() {
 		class("gw-filter", gateway.ControllerName, nil)
 		ns := newNamespace()
@@ -660,7 +695,9 @@ var _ = Describe("Gateway API", Ordered, func() {
 		create(edge, onShop, onAlt)
 
 		By("writing a port per listener port, each with the routes attached to it and the listener's hostname")
-		Eventually(func(g Gomega) []contract.WebPort { return proxyConfigOf(g, proxies.ParentTypeGateway, edge).Serve.Ports }).Should(Equal([]contract.WebPort{
+		Eventually(func(g Gomega) []contract.WebPort {
+			return proxyConfigOf(g, proxies.ParentTypeGateway, edge).Serve.Ports
+		}).Should(Equal([]contract.WebPort{
 			{Port: 80, Routes: []contract.Route{{Host: "*.example.com", Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"}}}},
 			{Port: 8080, Routes: []contract.Route{{Path: "/api", PathType: contract.PathExact, Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":8080"}}}},
 		}))

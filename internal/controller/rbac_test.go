@@ -105,14 +105,20 @@ func allowTLSSecrets(ns string) {
 
 // The operator's RBAC as make manifests generates it: what it needs and nothing wider.
 var _ = Describe("The operator's generated RBAC", func() {
-	It("reads its own Namespace by name, lists or watches none, and reads no Secret elsewhere", func() {
+	It("reads its own Namespace by name, lists Namespaces (for routes' labels) but writes none, and reads no Secret elsewhere", func() {
 		userCfg, as := generatedRBAC("rbac-namespace")
 		Expect(as.Get(ctx, client.ObjectKey{Name: testSetup.Namespace}, &corev1.Namespace{})).To(Succeed())
 		other := newNamespace()
 		err := as.Get(ctx, client.ObjectKey{Name: other}, &corev1.Namespace{})
-		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "reading another Namespace: want Forbidden, got %v", err)
-		err = as.List(ctx, &corev1.NamespaceList{})
-		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "listing Namespaces: want Forbidden, got %v", err)
+		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "reading another Namespace by name: want Forbidden, got %v", err)
+		// The Gateway API controllers watch Namespaces' metadata: listeners select routes' namespaces by label.
+		Expect(as.List(ctx, &metav1.PartialObjectMetadataList{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "NamespaceList"}})).To(Succeed())
+		n := &corev1.Namespace{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Name: other}, n)).To(Succeed())
+		before := n.DeepCopy()
+		n.Labels["rbac"] = "changed"
+		err = as.Patch(ctx, n, client.MergeFrom(before))
+		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "labelling a Namespace: want Forbidden, got %v", err)
 
 		By("reading no Secret outside its namespace, and listing none cluster-wide")
 		err = as.Get(ctx, client.ObjectKey{Namespace: other, Name: "any"}, &corev1.Secret{})

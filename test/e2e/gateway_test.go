@@ -354,7 +354,7 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 		}{
 			{"http://" + fqdn + "/header?key=X-Listener", "shop.example.com", http.StatusOK, "web"},
 			{"http://" + fqdn + "/header?key=X-Listener", "a.b.example.com", http.StatusOK, "web"}, // a wildcard of any depth
-			{"http://" + fqdn + "/header?key=X-Listener", "example.org", http.StatusNotFound, ""},   // no listener's hostname
+			{"http://" + fqdn + "/header?key=X-Listener", "example.org", http.StatusNotFound, ""},  // no listener's hostname
 			{"http://" + fqdn + ":8080/header?key=X-Listener", "example.org", http.StatusOK, "alt"},
 		} {
 			By(fmt.Sprintf("GET %s for %s: %d %s", tc.url, tc.host, tc.code, tc.listener))

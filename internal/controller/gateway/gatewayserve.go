@@ -433,7 +433,7 @@ func (r *GatewayReconciler) leaveGroup(ctx context.Context, gw *gatewayv1.Gatewa
 // contract routes of the accepted ones by port, each with the hosts of the listener it attached
 // to; the first of a match wins.
 func (r *GatewayReconciler) attachedRoutes(ctx context.Context, list []gatewayv1.HTTPRoute, view *gatewayView, attached map[gatewayv1.SectionName]int32) (map[gatewayv1.PortNumber][]contract.Route, error) {
-	in, err := gatherBackends(ctx, r.Client, list)
+	in, err := gatherRouteInputs(ctx, r.Client, list)
 	if err != nil {
 		return nil, err
 	}
@@ -594,7 +594,8 @@ func (r *GatewayReconciler) unserve(ctx context.Context, gw *gatewayv1.Gateway) 
 
 // SetupWithManager watches Gateways, their proxies' children, their ProxyGroups and the
 // groups' objects, the HTTPRoutes that name them, the Services and ReferenceGrants those resolve
-// through, and ProxyClasses, ProxyGroupPolicies and GatewayClasses.
+// through, the labels of the routes' namespaces, and ProxyClasses, ProxyGroupPolicies and
+// GatewayClasses.
 func (r *GatewayReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	children := handler.EnqueueRequestsFromMapFunc(kit.ParentRequests(proxies.ParentTypeGateway))
 	group := r.Groups.Events("Gateway", r.onGroup)
@@ -617,7 +618,23 @@ func (r *GatewayReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&gatewayv1.ReferenceGrant{}, handler.EnqueueRequestsFromMapFunc(r.allGateways)).
 		Watches(&tsv1alpha1.ProxyClass{}, handler.EnqueueRequestsFromMapFunc(r.allGateways)).
 		Watches(&gatewayv1.GatewayClass{}, handler.EnqueueRequestsFromMapFunc(r.allGateways)).
+		WatchesMetadata(namespaceMetadata(), handler.EnqueueRequestsFromMapFunc(r.gatewaysOfRoutesIn), builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Complete(r)
+}
+
+// gatewaysOfRoutesIn maps a Namespace to the Gateways its routes name, which its labels may
+// let them attach to or not.
+func (r *GatewayReconciler) gatewaysOfRoutesIn(ctx context.Context, o client.Object) []reconcile.Request {
+	routes, err := listRoutes(ctx, r.Client, client.InNamespace(o.GetName()))
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing routes", "namespace", o.GetName())
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range routes {
+		out = append(out, routeParents(ctx, &routes[i])...)
+	}
+	return out
 }
 
 // olderRoute orders routes oldest first, then by namespace and name: the spec's precedence

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -70,7 +71,15 @@ func TestDecideListeners(t *testing.T) {
 		{"certificateRefs", []gatewayv1.Listener{listener("https", "HTTPS", 443, func(l *gatewayv1.Listener) {
 			l.TLS = &gatewayv1.ListenerTLSConfig{CertificateRefs: []gatewayv1.SecretObjectReference{{Name: "cert"}}}
 		})}, []string{kit.ReasonUnsupportedValue}, nil},
-		{"a namespace selector", []gatewayv1.Listener{listener("https", "HTTPS", 443, from(gatewayv1.NamespacesFromSelector))}, []string{kit.ReasonUnsupportedValue}, nil},
+		{"a namespace selector", []gatewayv1.Listener{listener("https", "HTTPS", 443, func(l *gatewayv1.Listener) {
+			l.AllowedRoutes = &gatewayv1.AllowedRoutes{Namespaces: &gatewayv1.RouteNamespaces{From: ptr.To(gatewayv1.NamespacesFromSelector),
+				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "a"}}}}
+		})}, []string{""}, nil},
+		{"Selector without a selector", []gatewayv1.Listener{listener("https", "HTTPS", 443, from(gatewayv1.NamespacesFromSelector))}, []string{kit.ReasonUnsupportedValue}, nil},
+		{"an invalid selector", []gatewayv1.Listener{listener("https", "HTTPS", 443, func(l *gatewayv1.Listener) {
+			l.AllowedRoutes = &gatewayv1.AllowedRoutes{Namespaces: &gatewayv1.RouteNamespaces{From: ptr.To(gatewayv1.NamespacesFromSelector),
+				Selector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "team", Operator: "Near"}}}}}
+		})}, []string{kit.ReasonUnsupportedValue}, nil},
 		{"all namespaces", []gatewayv1.Listener{listener("https", "HTTPS", 443, from(gatewayv1.NamespacesFromAll))}, []string{""}, nil},
 		{"a protocol conflict", []gatewayv1.Listener{listener("https", "HTTPS", 443), listener("tls", "TLS", 443)},
 			[]string{kit.ReasonPortUnavailable, kit.ReasonPortUnavailable}, []bool{true, true}},
@@ -170,7 +179,7 @@ func grant(ns, fromNS string, name *gatewayv1.ObjectName) gatewayv1.ReferenceGra
 }
 
 func TestResolveBackendRef(t *testing.T) {
-	in := backendInputs{Services: map[types.NamespacedName]*corev1.Service{
+	in := routeInputs{Services: map[types.NamespacedName]*corev1.Service{
 		{Namespace: "app", Name: "web"}: service("app", "web", "10.0.0.1", corev1.ServicePort{Port: 80}, corev1.ServicePort{Port: 81, AppProtocol: ptr.To("kubernetes.io/h2c")},
 			corev1.ServicePort{Port: 82, AppProtocol: ptr.To("kubernetes.io/wss")}),
 		{Namespace: "app", Name: "headless"}: service("app", "headless", "None", corev1.ServicePort{Port: 80}),
@@ -254,7 +263,7 @@ func httpRoute(ns string, rules ...gatewayv1.HTTPRouteRule) *gatewayv1.HTTPRoute
 }
 
 func TestBuildRules(t *testing.T) {
-	in := backendInputs{Services: map[types.NamespacedName]*corev1.Service{
+	in := routeInputs{Services: map[types.NamespacedName]*corev1.Service{
 		{Namespace: "app", Name: "web"}: service("app", "web", "10.0.0.1", corev1.ServicePort{Port: 80}, corev1.ServicePort{Port: 8080}),
 	}}
 	web := contract.Backend{URL: "http://10.0.0.1:80"}
@@ -404,7 +413,7 @@ func TestBuildRules(t *testing.T) {
 }
 
 func TestDecideRoute(t *testing.T) {
-	in := backendInputs{Services: map[types.NamespacedName]*corev1.Service{
+	in := routeInputs{Services: map[types.NamespacedName]*corev1.Service{
 		{Namespace: "app", Name: "web"}: service("app", "web", "10.0.0.1", corev1.ServicePort{Port: 80}),
 	}}
 	rule := gatewayv1.HTTPRouteRule{BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("web", 80)}}
@@ -413,6 +422,11 @@ func TestDecideRoute(t *testing.T) {
 		return map[types.NamespacedName]*gatewayView{key: {Key: key, Names: tailnetNames, Listeners: decideListeners(ls, tailnetNames)}}
 	}
 	https, http := listener("https", "HTTPS", 443), listener("http", "HTTP", 80)
+	in.NamespaceLabels = map[string]labels.Set{"app": {}, "backend": {"gateway-access": "yes"}, "other": {"gateway-access": "no"}}
+	selecting := listener("https", "HTTPS", 443, func(l *gatewayv1.Listener) {
+		l.AllowedRoutes = &gatewayv1.AllowedRoutes{Namespaces: &gatewayv1.RouteNamespaces{From: ptr.To(gatewayv1.NamespacesFromSelector),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"gateway-access": "yes"}}}}
+	})
 	tests := []struct {
 		name     string
 		mutate   func(*gatewayv1.HTTPRoute)
@@ -446,6 +460,15 @@ func TestDecideRoute(t *testing.T) {
 		}, view(listener("https", "HTTPS", 443, func(l *gatewayv1.Listener) {
 			l.AllowedRoutes = &gatewayv1.AllowedRoutes{Namespaces: &gatewayv1.RouteNamespaces{From: ptr.To(gatewayv1.NamespacesFromAll)}}
 		})), []string{""}, true},
+		{"another namespace, selected by its labels", func(r *gatewayv1.HTTPRoute) {
+			r.Namespace = "backend"
+			r.Spec.ParentRefs[0].Namespace = ptr.To[gatewayv1.Namespace]("app")
+		}, view(selecting), []string{""}, true},
+		{"another namespace, not selected", func(r *gatewayv1.HTTPRoute) {
+			r.Namespace = "other"
+			r.Spec.ParentRefs[0].Namespace = ptr.To[gatewayv1.Namespace]("app")
+		}, view(selecting), []string{kit.ReasonNotAllowedByListeners}, false},
+		{"the Gateway's namespace, not selected", nil, view(selecting), []string{kit.ReasonNotAllowedByListeners}, false},
 		{"another hostname", func(r *gatewayv1.HTTPRoute) { r.Spec.Hostnames = []gatewayv1.Hostname{"shop.example.com"} },
 			view(https), []string{kit.ReasonNoMatchingListenerHostname}, false},
 		{"a filter", func(r *gatewayv1.HTTPRoute) {
@@ -715,7 +738,7 @@ func TestSampleGateway(t *testing.T) {
 	}
 	svc := service("default", "hello", "10.0.0.1", corev1.ServicePort{Port: 80})
 	d := decideRoute(route, map[types.NamespacedName]*gatewayView{v.Key: &v},
-		backendInputs{Services: map[types.NamespacedName]*corev1.Service{{Namespace: "default", Name: "hello"}: svc}})
+		routeInputs{Services: map[types.NamespacedName]*corev1.Service{{Namespace: "default", Name: "hello"}: svc}})
 	if len(d.Parents) != 1 || !d.Parents[0].accepted() || len(d.Routes) != 2 || len(d.Unresolved) > 0 {
 		t.Errorf("sample HTTPRoute: %+v", d)
 	}

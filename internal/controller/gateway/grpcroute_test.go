@@ -45,7 +45,7 @@ func method(t gatewayv1.GRPCMethodMatchType, service, name string) *gatewayv1.GR
 }
 
 func TestGRPCRouteRules(t *testing.T) {
-	in := backendInputs{Services: map[types.NamespacedName]*corev1.Service{
+	in := routeInputs{Services: map[types.NamespacedName]*corev1.Service{
 		{Namespace: "app", Name: "grpc"}: service("app", "grpc", "10.0.0.5", corev1.ServicePort{Port: 5000}),
 	}}
 	h2c := contract.Backend{URL: "http://10.0.0.5:5000", Protocol: contract.BackendH2C}
@@ -121,7 +121,7 @@ func TestGRPCRouteRules(t *testing.T) {
 // names it, and refuses the other kind.
 func TestGRPCAndHTTPRoutesNotMerged(t *testing.T) {
 	key := types.NamespacedName{Namespace: "app", Name: "gw"}
-	in := backendInputs{Services: map[types.NamespacedName]*corev1.Service{
+	in := routeInputs{Services: map[types.NamespacedName]*corev1.Service{
 		{Namespace: "app", Name: "grpc"}: service("app", "grpc", "10.0.0.5", corev1.ServicePort{Port: 5000}),
 	}}
 	for _, tt := range []struct {

@@ -8,6 +8,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -52,7 +54,7 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ct
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	in, err := gatherBackends(ctx, r.Client, []gatewayv1.HTTPRoute{*route})
+	in, err := gatherRouteInputs(ctx, r.Client, []gatewayv1.HTTPRoute{*route})
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -152,12 +154,22 @@ func asHTTPRoute(o client.Object) *gatewayv1.HTTPRoute {
 	return o.(*gatewayv1.HTTPRoute)
 }
 
-// gatherBackends reads the Services the routes name and the ReferenceGrants of the namespaces
-// of those in another namespace than their route's.
-func gatherBackends(ctx context.Context, c client.Client, routes []gatewayv1.HTTPRoute) (backendInputs, error) {
-	in := backendInputs{Services: map[types.NamespacedName]*corev1.Service{}}
+// gatherRouteInputs reads the labels of the routes' namespaces, the Services the routes name and
+// the ReferenceGrants of the namespaces of those in another namespace than their route's.
+func gatherRouteInputs(ctx context.Context, c client.Client, routes []gatewayv1.HTTPRoute) (routeInputs, error) {
+	in := routeInputs{Services: map[types.NamespacedName]*corev1.Service{}, NamespaceLabels: map[string]labels.Set{}}
 	grantNS := map[string]bool{}
 	for i := range routes {
+		if ns := routes[i].Namespace; in.NamespaceLabels[ns] == nil {
+			meta := namespaceMetadata()
+			if err := c.Get(ctx, client.ObjectKey{Name: ns}, meta); client.IgnoreNotFound(err) != nil {
+				return in, fmt.Errorf("reading the labels of namespace %s: %w", ns, err)
+			}
+			in.NamespaceLabels[ns] = labels.Set(meta.Labels)
+			if in.NamespaceLabels[ns] == nil {
+				in.NamespaceLabels[ns] = labels.Set{}
+			}
+		}
 		for _, key := range backendKeys(&routes[i]) {
 			if key.Namespace != routes[i].Namespace {
 				grantNS[key.Namespace] = true
@@ -183,6 +195,17 @@ func gatherBackends(ctx context.Context, c client.Client, routes []gatewayv1.HTT
 	}
 	return in, nil
 }
+
+// namespaceMetadata is a Namespace's metadata, which is all routes are decided by: the
+// operator watches no more of Namespaces than that.
+func namespaceMetadata() *metav1.PartialObjectMetadata {
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
+	return m
+}
+
+// The labels of routes' namespaces, which listeners' allowedRoutes select by: metadata only.
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=list;watch
 
 // parentKeys lists the Gateways a route names.
 func parentKeys(route *gatewayv1.HTTPRoute) []types.NamespacedName {
@@ -236,7 +259,8 @@ func indexRoutes(ctx context.Context, mgr ctrl.Manager) error {
 }
 
 // SetupWithManager watches routes of the reconciler's kind (not their status), the Gateways
-// they name, and the Services and ReferenceGrants their backendRefs resolve through.
+// they name, the Services and ReferenceGrants their backendRefs resolve through, and the labels
+// of their namespaces.
 func (r *RouteReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(r.newRoute(), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -244,7 +268,18 @@ func (r *RouteReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&gatewayv1.Gateway{}, handler.EnqueueRequestsFromMapFunc(r.routesOf(indexRouteParents))).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.routesOf(indexRouteBackends))).
 		Watches(&gatewayv1.ReferenceGrant{}, handler.EnqueueRequestsFromMapFunc(r.routesFrom)).
+		WatchesMetadata(namespaceMetadata(), handler.EnqueueRequestsFromMapFunc(r.routesIn), builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Complete(r)
+}
+
+// routesIn maps a Namespace to the routes of the reconciler's kind in it.
+func (r *RouteReconciler) routesIn(ctx context.Context, o client.Object) []reconcile.Request {
+	routes, err := listRoutes(ctx, r.Client, client.InNamespace(o.GetName()))
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing routes", "namespace", o.GetName())
+		return nil
+	}
+	return r.requests(routes)
 }
 
 // routesOf maps an object to the routes of the reconciler's kind that name it through an index.

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/tsingress/tsingress/internal/controller/kit"
@@ -33,9 +35,23 @@ type listenerDecision struct {
 	Kinds []gatewayv1.Kind
 	// AllNamespaces: routes of every namespace may attach, not only the Gateway's.
 	AllNamespaces bool
+	// Selector, when set, selects the namespaces whose routes may attach, by their labels.
+	Selector labels.Selector
 }
 
 func (l listenerDecision) served() bool { return l.NotAccepted == "" }
+
+// admits reports whether routes of namespace ns (labelled nsLabels) may attach to the listener
+// of a Gateway of namespace gatewayNS.
+func (l listenerDecision) admits(ns, gatewayNS string, nsLabels labels.Set) bool {
+	switch {
+	case l.Selector != nil:
+		return l.Selector.Matches(nsLabels)
+	case l.AllNamespaces:
+		return true
+	}
+	return ns == gatewayNS
+}
 
 // decideListeners decides which listeners the Gateway's proxy serves. names are the Gateway's
 // tailnet names (its hostname, and its MagicDNS name once the tailnet's domain is known): the
@@ -56,6 +72,9 @@ func decideListeners(listeners []gatewayv1.Listener, names []string) []listenerD
 		}
 		if ar := l.AllowedRoutes; ar != nil {
 			d.AllNamespaces = ar.Namespaces != nil && ar.Namespaces.From != nil && *ar.Namespaces.From == gatewayv1.NamespacesFromAll
+			if ar.Namespaces != nil && ar.Namespaces.From != nil && *ar.Namespaces.From == gatewayv1.NamespacesFromSelector && d.served() {
+				d.Selector, d.NotAccepted, d.Why = namespaceSelector(ar.Namespaces.Selector)
+			}
 			if len(ar.Kinds) > 0 {
 				d.Kinds = nil
 				for _, k := range ar.Kinds {
@@ -84,11 +103,20 @@ func listenerProblem(l gatewayv1.Listener, names []string) (reason, why string) 
 			*l.Hostname, strings.Join(names, ", "))
 	case l.TLS != nil:
 		return kit.ReasonUnsupportedValue, "tls (certificateRefs, options) is not served yet: leave it unset to serve the tailnet name with its ACME certificate"
-	case l.AllowedRoutes != nil && l.AllowedRoutes.Namespaces != nil && l.AllowedRoutes.Namespaces.From != nil &&
-		*l.AllowedRoutes.Namespaces.From == gatewayv1.NamespacesFromSelector:
-		return kit.ReasonUnsupportedValue, "allowedRoutes.namespaces.from: Selector is not served yet (Same and All are)"
 	}
 	return "", ""
+}
+
+// namespaceSelector is the selector of allowedRoutes.namespaces, or why it is not one.
+func namespaceSelector(sel *metav1.LabelSelector) (labels.Selector, string, string) {
+	if sel == nil {
+		return nil, kit.ReasonUnsupportedValue, "allowedRoutes.namespaces.from: Selector needs a selector"
+	}
+	s, err := metav1.LabelSelectorAsSelector(sel)
+	if err != nil {
+		return nil, kit.ReasonUnsupportedValue, fmt.Sprintf("allowedRoutes.namespaces.selector: %v", err)
+	}
+	return s, "", ""
 }
 
 func kindString(k gatewayv1.RouteGroupKind) string {

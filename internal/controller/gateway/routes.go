@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -43,8 +44,11 @@ type gatewayView struct {
 	RouteKindOf string
 }
 
-// backendInputs is what backendRefs resolve against.
-type backendInputs struct {
+// routeInputs is what routes are decided with besides their Gateways: what backendRefs
+// resolve against, and the labels of the routes' namespaces, which listeners select by.
+type routeInputs struct {
+	// NamespaceLabels are the labels of the routes' namespaces, by name.
+	NamespaceLabels map[string]labels.Set
 	// Services holds the Services the routes name (one missing does not exist).
 	Services map[types.NamespacedName]*corev1.Service
 	// Grants are the ReferenceGrants of the namespaces of cross-namespace backendRefs.
@@ -78,7 +82,7 @@ type routeDecision struct {
 // decideRoute decides an HTTPRoute's attachment to the Gateways of gateways (the Gateways of
 // this operator it names; parentRefs to others are not this operator's to answer) and its
 // contract routes.
-func decideRoute(r *gatewayv1.HTTPRoute, gateways map[types.NamespacedName]*gatewayView, in backendInputs) routeDecision {
+func decideRoute(r *gatewayv1.HTTPRoute, gateways map[types.NamespacedName]*gatewayView, in routeInputs) routeDecision {
 	routes, unsupported, unresolved := buildRules(r, in)
 	d := routeDecision{Unresolved: unresolved}
 	for _, ref := range r.Spec.ParentRefs {
@@ -88,7 +92,7 @@ func decideRoute(r *gatewayv1.HTTPRoute, gateways map[types.NamespacedName]*gate
 			continue
 		}
 		p := parentResult{Ref: ref, Gateway: key}
-		p.Listeners, p.NotAccepted, p.Why = attach(r, ref, gv)
+		p.Listeners, p.NotAccepted, p.Why = attach(r, ref, gv, in.NamespaceLabels[r.Namespace])
 		d.Parents = append(d.Parents, p)
 	}
 	for i := range d.Parents {
@@ -114,9 +118,9 @@ func gatewayRef(routeNS string, ref gatewayv1.ParentReference) (types.Namespaced
 	return types.NamespacedName{Namespace: ns, Name: string(ref.Name)}, true
 }
 
-// attach finds the listeners of gv that a route attaches to through ref, or the spec's reason
-// it attaches to none.
-func attach(r *gatewayv1.HTTPRoute, ref gatewayv1.ParentReference, gv *gatewayView) ([]gatewayv1.SectionName, string, string) {
+// attach finds the listeners of gv that a route (in a namespace of labels nsLabels) attaches to
+// through ref, or the spec's reason it attaches to none.
+func attach(r *gatewayv1.HTTPRoute, ref gatewayv1.ParentReference, gv *gatewayView, nsLabels labels.Set) ([]gatewayv1.SectionName, string, string) {
 	kind := routeKind(r)
 	if gv.Rejected != "" {
 		return nil, kit.ReasonNoMatchingParent, fmt.Sprintf("Gateway %s is not accepted: %s", gv.Key, gv.Why)
@@ -131,7 +135,7 @@ func attach(r *gatewayv1.HTTPRoute, ref gatewayv1.ParentReference, gv *gatewayVi
 			continue
 		}
 		named = append(named, l.Name)
-		if !slices.Contains(l.Kinds, kind) || (!l.AllNamespaces && r.Namespace != gv.Key.Namespace) {
+		if !slices.Contains(l.Kinds, kind) || !l.admits(r.Namespace, gv.Key.Namespace, nsLabels) {
 			continue
 		}
 		allowed = append(allowed, l.Name)
@@ -203,7 +207,7 @@ func covering(host string) func(string) bool {
 // buildRules turns a route's rules into contract routes. A rule using what the proxy cannot
 // serve is listed in unsupported (the route is then not served at all rather than served
 // differently); a rule whose backendRef does not resolve is served by failingBackend.
-func buildRules(r *gatewayv1.HTTPRoute, in backendInputs) (routes []contract.Route, unsupported []string, unresolved []refProblem) {
+func buildRules(r *gatewayv1.HTTPRoute, in routeInputs) (routes []contract.Route, unsupported []string, unresolved []refProblem) {
 	seen := map[string]bool{}
 	for i, rule := range r.Spec.Rules {
 		where := fmt.Sprintf("rule %d", i)
@@ -280,7 +284,7 @@ func ruleTimeout(t *gatewayv1.HTTPRouteTimeouts) (int64, error) {
 // requests across several by weight. A backendRef that does not resolve keeps its share, sent
 // to failingBackend, as the spec asks; one of weight 0 gets none, and a rule without
 // backendRefs, or whose weights are all 0, answers every request as one that does not resolve.
-func ruleBackends(routeNS string, kind gatewayv1.Kind, refs []gatewayv1.HTTPBackendRef, in backendInputs) (contract.Backend, []contract.WeightedBackend, []refProblem) {
+func ruleBackends(routeNS string, kind gatewayv1.Kind, refs []gatewayv1.HTTPBackendRef, in routeInputs) (contract.Backend, []contract.WeightedBackend, []refProblem) {
 	var split []contract.WeightedBackend
 	var problems []refProblem
 	for _, ref := range refs {
@@ -338,7 +342,7 @@ func matchRoute(m gatewayv1.HTTPRouteMatch) contract.Route {
 // ruleMirrors resolves a rule's RequestMirror filters: each mirror's backendRef, and its share
 // of the requests (percent, or fraction, else all). A mirror whose backendRef does not resolve
 // is left out, and the rule served without it.
-func ruleMirrors(routeNS string, kind gatewayv1.Kind, fs []gatewayv1.HTTPRouteFilter, in backendInputs) ([]contract.Mirror, []refProblem) {
+func ruleMirrors(routeNS string, kind gatewayv1.Kind, fs []gatewayv1.HTTPRouteFilter, in routeInputs) ([]contract.Mirror, []refProblem) {
 	var mirrors []contract.Mirror
 	var problems []refProblem
 	for _, f := range fs {
@@ -510,7 +514,7 @@ var appProtocols = map[gatewayv1.Kind]map[string]string{
 // resolveBackendRef finds the backend a route of kind's backendRef names: a Service port,
 // reached through the Service's ClusterIP (its ready endpoints are not listed yet: kube-proxy
 // balances).
-func resolveBackendRef(routeNS string, kind gatewayv1.Kind, b gatewayv1.BackendObjectReference, in backendInputs) (contract.Backend, *refProblem) {
+func resolveBackendRef(routeNS string, kind gatewayv1.Kind, b gatewayv1.BackendObjectReference, in routeInputs) (contract.Backend, *refProblem) {
 	fail := func(reason, format string, a ...any) (contract.Backend, *refProblem) {
 		return contract.Backend{}, &refProblem{Reason: reason, Message: fmt.Sprintf(format, a...)}
 	}
