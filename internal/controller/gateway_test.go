@@ -32,11 +32,13 @@ import (
 
 	tsv1alpha1 "github.com/tsingress/tsingress/api/v1alpha1"
 	"github.com/tsingress/tsingress/internal/contract"
+	"github.com/tsingress/tsingress/internal/controller/certs"
 	"github.com/tsingress/tsingress/internal/controller/gateway"
 	"github.com/tsingress/tsingress/internal/controller/kit"
 	"github.com/tsingress/tsingress/internal/controller/proxies"
 	"github.com/tsingress/tsingress/internal/tailnet"
 	"github.com/tsingress/tsingress/internal/testing/kubeobj"
+	"github.com/tsingress/tsingress/internal/testing/proxytest"
 )
 
 // The suite's operator starts without the Gateway API CRDs (BeforeSuite installs config/crd
@@ -716,6 +718,67 @@ var _ = Describe("Gateway API", Ordered, func() {
 		reportState(proxies.ParentTypeGateway, edge, contract.ProxyState{DeviceID: "n-gwp", FQDN: fqdn, TailnetIPs: []string{"100.64.0.10"}, WebPorts: []int{80, 8080}})
 		Eventually(gatewayCondition(edge, "Programmed")).Should(And(HaveField("Status", metav1.ConditionTrue), HaveField("Message", "serving http://"+fqdn)))
 		quiet()
+	})
+
+	It("serves an HTTPS listener's certificateRefs for its hostname, once the Secret resolves, and one of another namespace once a ReferenceGrant allows it", func() {
+		class("gw-certs", gateway.ControllerName, nil)
+		ns, other := newNamespace(), newNamespace()
+		web := newBackendService(ns, "web")
+		shop := kubeobj.Listener("shop", gatewayv1.HTTPSProtocolType, 443)
+		shop.Hostname = ptr.To[gatewayv1.Hostname]("shop.example.com")
+		shop.TLS = &gatewayv1.ListenerTLSConfig{CertificateRefs: []gatewayv1.SecretObjectReference{{Name: "shop-tls"}}}
+		edge := kubeobj.Gateway(ns, "edge", "gw-certs", https, shop)
+		route := kubeobj.HTTPRoute(ns, "shop", "edge", kubeobj.HTTPRule(prefix, "/", "", "web", 80))
+		allowTLSSecrets(ns)
+		create(edge, route)
+		served := func(host string) contract.Route {
+			return contract.Route{Host: host, Path: "/", PathType: contract.PathPrefix, Backend: contract.Backend{URL: "http://" + web.Spec.ClusterIP + ":80"}}
+		}
+
+		By("reporting a missing Secret as InvalidCertificateRef, serving the tailnet name alone")
+		Eventually(listenerCondition(edge, "shop", "ResolvedRefs")).Should(And(HaveField("Status", metav1.ConditionFalse),
+			HaveField("Reason", kit.ReasonInvalidCertificateRef), HaveField("Message", ContainSubstring("does not exist"))))
+		Expect(listenerCondition(edge, "shop", "Accepted")(Default)).To(HaveField("Status", metav1.ConditionTrue))
+		Expect(listenerCondition(edge, "shop", "Programmed")(Default)).To(HaveField("Status", metav1.ConditionFalse))
+		warned("Gateway", "edge", kit.ReasonInvalidCertificateRef)
+		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{served("")}))
+
+		By("serving the certificate's copy for the listener's hostname once the Secret exists")
+		now := time.Now()
+		certPEM, keyPEM := proxytest.SelfSigned(GinkgoT(), []string{"shop.example.com"}, now.Add(-time.Hour), now.Add(30*24*time.Hour))
+		create(tlsSecret(ns, "shop-tls", certPEM, keyPEM))
+		copyName := certs.CertCopyName(proxies.ParentOf(proxies.ParentTypeGateway, edge).ProxyName(), ns, "shop-tls")
+		Eventually(func(g Gomega) {
+			cfg := proxyConfigOf(g, proxies.ParentTypeGateway, edge)
+			g.Expect(cfg.Serve.TLS.Certificates).To(Equal([]contract.CertificateRef{{SecretName: copyName, Hosts: []string{"shop.example.com"}}}))
+			g.Expect(cfg.Serve.Routes).To(Equal([]contract.Route{served(""), served("shop.example.com")}))
+			cp := &corev1.Secret{}
+			g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: testSetup.Namespace, Name: copyName}, cp)).To(Succeed())
+			g.Expect(cp.Data[corev1.TLSCertKey]).To(Equal(certPEM))
+		}).Should(Succeed())
+		Eventually(listenerCondition(edge, "shop", "ResolvedRefs")).Should(HaveField("Status", metav1.ConditionTrue))
+		quiet()
+
+		By("refusing a Secret of another namespace until a ReferenceGrant lets the Gateway use it")
+		allowTLSSecrets(other)
+		create(tlsSecret(other, "shared-tls", certPEM, keyPEM))
+		got := &gatewayv1.Gateway{}
+		Expect(gw.Get(ctx, client.ObjectKeyFromObject(edge), got)).To(Succeed())
+		before := got.DeepCopy()
+		got.Spec.Listeners[1].TLS.CertificateRefs = []gatewayv1.SecretObjectReference{{Name: "shared-tls", Namespace: ptr.To(gatewayv1.Namespace(other))}}
+		Expect(gw.Patch(ctx, got, client.MergeFrom(before))).To(Succeed())
+		Eventually(listenerCondition(edge, "shop", "ResolvedRefs")).Should(HaveField("Reason", kit.ReasonRefNotPermitted))
+		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{served("")}))
+		create(&gatewayv1.ReferenceGrant{ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: "gateways-to-tls"}, Spec: gatewayv1.ReferenceGrantSpec{
+			From: []gatewayv1.ReferenceGrantFrom{{Group: gatewayv1.GroupName, Kind: "Gateway", Namespace: gatewayv1.Namespace(ns)}},
+			To:   []gatewayv1.ReferenceGrantTo{{Group: "", Kind: "Secret"}},
+		}})
+		Eventually(listenerCondition(edge, "shop", "ResolvedRefs")).Should(HaveField("Status", metav1.ConditionTrue))
+		Eventually(func(g Gomega) []contract.CertificateRef {
+			return proxyConfigOf(g, proxies.ParentTypeGateway, edge).Serve.TLS.Certificates
+		}).Should(Equal([]contract.CertificateRef{{SecretName: certs.CertCopyName(proxies.ParentOf(proxies.ParentTypeGateway, edge).ProxyName(), other, "shared-tls"),
+			Hosts: []string{"shop.example.com"}}}))
+		expectGone(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: testSetup.Namespace, Name: copyName}})
 	})
 
 	It("serves a Gateway on a ProxyGroup as a Tailscale Service, refuses a missing group and a taken hostname, and moves it to a standalone proxy", func() {

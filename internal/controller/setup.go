@@ -119,7 +119,7 @@ func Setup(mgr ctrl.Manager, s kit.Settings, tc tailnet.Client) error {
 	if err := (&service.HAServiceReconciler{Client: c, Reporter: m.Reporter(rec, "service-proxygroup"), Settings: s}).SetupWithManager(mgr, store); err != nil {
 		return fmt.Errorf("setting up the ProxyGroup Service controller: %w", err)
 	}
-	serving := &gateway.Serving{Settings: s, Proxies: p, Groups: store, Guard: guard, Gateways: m.Reporter(rec, "gateway"), Routes: m.Reporter(rec, "httproute"), GRPCRoutes: m.Reporter(rec, "grpcroute")}
+	serving := &gateway.Serving{Settings: s, Proxies: p, Groups: store, Guard: guard, Certs: certSecrets, TLSSecrets: tlsSecrets, Gateways: m.Reporter(rec, "gateway"), Routes: m.Reporter(rec, "httproute"), GRPCRoutes: m.Reporter(rec, "grpcroute")}
 	if err := gateway.Setup(mgr, m.Reporter(rec, "gatewayclass"), serving); err != nil {
 		return fmt.Errorf("setting up the Gateway API controllers: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/pem"
 	"fmt"
 	"slices"
 	"strings"
@@ -155,7 +156,6 @@ func (c CertSecrets) get(ctx context.Context, key client.ObjectKey) (*corev1.Sec
 // finding; the other names are unaffected.
 func (c CertSecrets) Resolve(ctx context.Context, ing *networkingv1.Ingress, prefix, namespace string, labels map[string]string) (BYOCertificates, error) {
 	var out BYOCertificates
-	now := c.Now()
 	for i, t := range ing.Spec.TLS {
 		if !kit.IsBYO(t) {
 			continue
@@ -169,45 +169,100 @@ func (c CertSecrets) Resolve(ctx context.Context, ing *networkingv1.Ingress, pre
 					"tls %d: host %q is a tailnet name; it cannot share an entry with the custom hosts of Secret %s", i, h, t.SecretName))
 			}
 		}
-		src, err := c.get(ctx, client.ObjectKey{Namespace: ing.Namespace, Name: t.SecretName})
-		if apierrors.IsForbidden(err) {
-			c.Watches.Forget(ctx, ing.Namespace)
-			out.Findings = append(out.Findings, kit.Warnf(kit.ReasonTLSSecretNotPermitted,
-				"the operator may not read Secrets in namespace %s, so TLS Secret %s is not read; %s not served: "+
-					"to allow it, bind ClusterRole %s to the operator's ServiceAccount with a RoleBinding in %s",
-				ing.Namespace, t.SecretName, strings.Join(hosts, ", "), TLSSecretReaderRole, ing.Namespace))
-			if out.Recheck == 0 || NotPermittedRecheck < out.Recheck {
-				out.Recheck = NotPermittedRecheck
-			}
-			continue
+		if _, err := c.Add(ctx, &out, client.ObjectKey{Namespace: ing.Namespace, Name: t.SecretName}, hosts, prefix, namespace, labels); err != nil {
+			return out, err
 		}
-		if err == nil || apierrors.IsNotFound(err) {
-			// Readable here: see the Secret change, or appear.
-			if werr := c.Watches.Watch(ctx, ing.Namespace); werr != nil {
-				return out, fmt.Errorf("watching the TLS Secrets of namespace %s: %w", ing.Namespace, werr)
-			}
-		}
-		if apierrors.IsNotFound(err) {
-			out.Findings = append(out.Findings, kit.Warnf(kit.ReasonTLSSecretNotFound, "TLS Secret %s/%s does not exist; %s not served",
-				ing.Namespace, t.SecretName, strings.Join(hosts, ", ")))
-			continue
-		}
-		if err != nil {
-			return out, fmt.Errorf("reading TLS Secret %s/%s: %w", ing.Namespace, t.SecretName, err)
-		}
-		notAfter, f := CheckTLSSecret(src, hosts, now)
-		if f != nil {
-			out.Findings = append(out.Findings, *f)
-			continue
-		}
-		if d := notAfter.Sub(now); out.Recheck == 0 || d < out.Recheck {
-			out.Recheck = d
-		}
-		name := CertCopyName(prefix, ing.Namespace, t.SecretName)
-		out.Copies = append(out.Copies, buildCertCopy(name, namespace, labels, src))
-		out.Refs = append(out.Refs, contract.CertificateRef{SecretName: name, Hosts: hosts})
 	}
 	return out, nil
+}
+
+// Add validates the bring-your-own Secret key for hosts (none: the names its certificate is
+// for) and adds its copy, named with prefix and labelled with labels, in namespace, to out; or
+// the finding saying why it is not served, which it also returns.
+func (c CertSecrets) Add(ctx context.Context, out *BYOCertificates, key client.ObjectKey, hosts []string, prefix, namespace string, labels map[string]string) (*kit.Finding, error) {
+	now := c.Now()
+	src, err := c.get(ctx, key)
+	if apierrors.IsForbidden(err) {
+		c.Watches.Forget(ctx, key.Namespace)
+		f := kit.Warnf(kit.ReasonTLSSecretNotPermitted,
+			"the operator may not read Secrets in namespace %s, so TLS Secret %s is not read; %s not served: "+
+				"to allow it, bind ClusterRole %s to the operator's ServiceAccount with a RoleBinding in %s",
+			key.Namespace, key.Name, hostList(hosts), TLSSecretReaderRole, key.Namespace)
+		out.Findings = append(out.Findings, f)
+		if out.Recheck == 0 || NotPermittedRecheck < out.Recheck {
+			out.Recheck = NotPermittedRecheck
+		}
+		return &f, nil
+	}
+	if err == nil || apierrors.IsNotFound(err) {
+		// Readable here: see the Secret change, or appear.
+		if werr := c.Watches.Watch(ctx, key.Namespace); werr != nil {
+			return nil, fmt.Errorf("watching the TLS Secrets of namespace %s: %w", key.Namespace, werr)
+		}
+	}
+	if apierrors.IsNotFound(err) {
+		f := kit.Warnf(kit.ReasonTLSSecretNotFound, "TLS Secret %s does not exist; %s not served", key, hostList(hosts))
+		out.Findings = append(out.Findings, f)
+		return &f, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading TLS Secret %s: %w", key, err)
+	}
+	if len(hosts) == 0 {
+		hosts = certificateNames(src)
+	}
+	notAfter, f := CheckTLSSecret(src, hosts, now)
+	if f == nil && len(hosts) == 0 {
+		g := kit.Warnf(kit.ReasonTLSSecretInvalid, "TLS Secret %s: the certificate names no DNS name to serve it for", key)
+		f = &g
+	}
+	if f != nil {
+		out.Findings = append(out.Findings, *f)
+		return f, nil
+	}
+	if d := notAfter.Sub(now); out.Recheck == 0 || d < out.Recheck {
+		out.Recheck = d
+	}
+	name := CertCopyName(prefix, key.Namespace, key.Name)
+	if slices.ContainsFunc(out.Copies, func(s *corev1.Secret) bool { return s.Name == name }) {
+		for i := range out.Refs {
+			if out.Refs[i].SecretName == name {
+				out.Refs[i].Hosts = slices.Compact(slices.Sorted(slices.Values(append(out.Refs[i].Hosts, hosts...))))
+			}
+		}
+		return nil, nil
+	}
+	out.Copies = append(out.Copies, buildCertCopy(name, namespace, labels, src))
+	out.Refs = append(out.Refs, contract.CertificateRef{SecretName: name, Hosts: hosts})
+	return nil, nil
+}
+
+// hostList names hosts in a message: "its names" when there are none yet (a certificate's own).
+func hostList(hosts []string) string {
+	if len(hosts) == 0 {
+		return "its names"
+	}
+	return strings.Join(hosts, ", ")
+}
+
+// certificateNames are the DNS names, lower-cased, of a TLS Secret's certificate (none when it
+// does not parse: CheckTLSSecret says why).
+func certificateNames(s *corev1.Secret) []string {
+	block, _ := pem.Decode(s.Data[corev1.TLSCertKey])
+	if block == nil {
+		return nil
+	}
+	leaf, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return nil
+	}
+	names := make([]string, 0, len(leaf.DNSNames))
+	for _, n := range leaf.DNSNames {
+		if contract.ValidHost(strings.ToLower(n)) {
+			names = append(names, strings.ToLower(n))
+		}
+	}
+	return names
 }
 
 // indexCertCopies indexes the certificate copies among the operator's Secrets, which both

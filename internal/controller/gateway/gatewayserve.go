@@ -39,6 +39,9 @@ type Serving struct {
 	Proxies  *proxies.Proxies
 	Groups   groupstore.Store
 	Guard    *certs.CertGuard
+	// Certs reads the Secrets of listeners' certificateRefs, and TLSSecrets sees them change.
+	Certs      certs.CertSecrets
+	TLSSecrets *kit.NamespaceNameWatch
 	// Gateways, Routes and GRPCRoutes report for the reconcilers of Gateways, HTTPRoutes and
 	// GRPCRoutes.
 	Gateways, Routes, GRPCRoutes kit.Reporter
@@ -302,6 +305,17 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 	if !slices.ContainsFunc(view.Listeners, listenerDecision.served) {
 		return ctrl.Result{}, nil
 	}
+	byo, problems, err := r.certificateRefs(ctx, gw, view, s.in.onGroup)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	view = withRefProblems(view, problems)
+	s.facts.View = view
+	for _, l := range view.Listeners {
+		if l.RefProblem != "" {
+			r.Warning(gw, l.RefProblem, "listener %q: %s", l.Name, l.RefWhy)
+		}
+	}
 	byPort, err := r.attachedRoutes(ctx, s.in.routes, &view, s.facts.Attached)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -333,6 +347,7 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 	}
 	ws := webService(view, byPort, appCaps)
 	ws.Funnel = s.facts.Funnel.On
+	ws.TLS.Certificates = byo.Refs
 	if s.in.onGroup {
 		s.facts.Funnel.Tags = groupstore.Tags(s.in.group, r.Settings.DefaultTags)
 		return r.serveOnGroup(ctx, s, ws, tags)
@@ -344,6 +359,7 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 		return ctrl.Result{}, err
 	}
 	p := r.proxy(gw, ws, tags, s.in.class)
+	p.CertSecrets = byo.Copies
 	cert, err := r.certificate(ctx, gw, p, s.in)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -359,12 +375,12 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 		r.Progress(gw, "joined", kit.ReasonDeviceJoined, "the proxy joined the tailnet as %s", st.FQDN)
 	}
 	r.reportServing(gw, s.facts)
-	return ctrl.Result{RequeueAfter: cert.Recheck(0, r.Guard.Now())}, nil
+	return ctrl.Result{RequeueAfter: cert.Recheck(byo.Recheck, r.Guard.Now())}, nil
 }
 
 // funnelListener reports whether a listener is one Funnel can serve: HTTPS on port 443.
 func funnelListener(l listenerDecision) bool {
-	return l.served() && l.Protocol == gatewayv1.HTTPSProtocolType && l.Port == 443
+	return l.programmable() && l.Protocol == gatewayv1.HTTPSProtocolType && l.Port == 443
 }
 
 // reportServing reports that the Gateway's tailnet name is served, and what became of Funnel.
@@ -452,6 +468,9 @@ func (r *GatewayReconciler) attachedRoutes(ctx context.Context, list []gatewayv1
 				continue
 			}
 			attached[l.Name]++
+			if !l.programmable() {
+				continue // attached, not served: its certificate does not resolve
+			}
 			if seen[l.Port] == nil {
 				seen[l.Port] = map[string]bool{}
 			}
@@ -476,7 +495,7 @@ func webService(view gatewayView, byPort map[gatewayv1.PortNumber][]contract.Rou
 	// name a Gateway.
 	ws := contract.WebService{AcceptAppCaps: appCaps}
 	for _, l := range view.Listeners {
-		if !l.served() || slices.ContainsFunc(ws.Ports, func(p contract.WebPort) bool { return p.Port == int(l.Port) }) {
+		if !l.programmable() || slices.ContainsFunc(ws.Ports, func(p contract.WebPort) bool { return p.Port == int(l.Port) }) {
 			continue
 		}
 		routes := byPort[l.Port]
@@ -619,6 +638,7 @@ func (r *GatewayReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&tsv1alpha1.ProxyClass{}, handler.EnqueueRequestsFromMapFunc(r.allGateways)).
 		Watches(&gatewayv1.GatewayClass{}, handler.EnqueueRequestsFromMapFunc(r.allGateways)).
 		WatchesMetadata(namespaceMetadata(), handler.EnqueueRequestsFromMapFunc(r.gatewaysOfRoutesIn), builder.WithPredicates(predicate.LabelChangedPredicate{})).
+		WatchesRawSource(r.TLSSecrets.Source(r.gatewaysForTLSSecret)).
 		Complete(r)
 }
 

@@ -44,6 +44,11 @@ func TestDecideListeners(t *testing.T) {
 			l.AllowedRoutes = &gatewayv1.AllowedRoutes{Namespaces: &gatewayv1.RouteNamespaces{From: &f}}
 		}
 	}
+	withTLS := func(mode *gatewayv1.TLSModeType, options map[gatewayv1.AnnotationKey]gatewayv1.AnnotationValue) func(*gatewayv1.Listener) {
+		return func(l *gatewayv1.Listener) {
+			l.TLS = &gatewayv1.ListenerTLSConfig{Mode: mode, Options: options, CertificateRefs: []gatewayv1.SecretObjectReference{{Name: "cert"}}}
+		}
+	}
 	kinds := func(ks ...gatewayv1.Kind) func(*gatewayv1.Listener) {
 		return func(l *gatewayv1.Listener) {
 			l.AllowedRoutes = &gatewayv1.AllowedRoutes{}
@@ -68,9 +73,13 @@ func TestDecideListeners(t *testing.T) {
 		{"HTTP alone", []gatewayv1.Listener{listener("http", "HTTP", 80)}, []string{""}, nil},
 		{"HTTP of any hostname", []gatewayv1.Listener{listener("a", "HTTP", 80, hostname("bar.com")), listener("b", "HTTP", 80, hostname("*.bar.com"))},
 			[]string{"", ""}, nil},
-		{"certificateRefs", []gatewayv1.Listener{listener("https", "HTTPS", 443, func(l *gatewayv1.Listener) {
-			l.TLS = &gatewayv1.ListenerTLSConfig{CertificateRefs: []gatewayv1.SecretObjectReference{{Name: "cert"}}}
-		})}, []string{kit.ReasonUnsupportedValue}, nil},
+		{"certificateRefs, another hostname", []gatewayv1.Listener{listener("https", "HTTPS", 443, hostname("shop.example.com"), withTLS(nil, nil))},
+			[]string{""}, nil},
+		{"tls passthrough on HTTPS", []gatewayv1.Listener{listener("https", "HTTPS", 443, withTLS(ptr.To(gatewayv1.TLSModePassthrough), nil))},
+			[]string{kit.ReasonUnsupportedValue}, nil},
+		{"tls options", []gatewayv1.Listener{listener("https", "HTTPS", 443, withTLS(nil, map[gatewayv1.AnnotationKey]gatewayv1.AnnotationValue{"x": "y"}))},
+			[]string{kit.ReasonUnsupportedValue}, nil},
+		{"tls on HTTP", []gatewayv1.Listener{listener("http", "HTTP", 80, withTLS(nil, nil))}, []string{kit.ReasonUnsupportedValue}, nil},
 		{"a namespace selector", []gatewayv1.Listener{listener("https", "HTTPS", 443, func(l *gatewayv1.Listener) {
 			l.AllowedRoutes = &gatewayv1.AllowedRoutes{Namespaces: &gatewayv1.RouteNamespaces{From: ptr.To(gatewayv1.NamespacesFromSelector),
 				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "a"}}}}
@@ -120,6 +129,7 @@ func TestRouteHosts(t *testing.T) {
 	http := func(hostname string) listenerDecision {
 		return listenerDecision{Protocol: gatewayv1.HTTPProtocolType, Hostname: hostname}
 	}
+	ownTLS := listenerDecision{Protocol: gatewayv1.HTTPSProtocolType, CertificateRefs: []gatewayv1.SecretObjectReference{{Name: "cert"}}}
 	tests := []struct {
 		name      string
 		hostnames []gatewayv1.Hostname
@@ -146,6 +156,8 @@ func TestRouteHosts(t *testing.T) {
 		{"http, the route's wildcard covers the listener's", []gatewayv1.Hostname{"*.bar.com"}, http("foo.bar.com"), []string{"foo.bar.com"}},
 		{"http, two wildcards, the narrower", []gatewayv1.Hostname{"*.foo.bar.com"}, http("*.bar.com"), []string{"*.foo.bar.com"}},
 		{"http, two wildcards, the listener's narrower", []gatewayv1.Hostname{"*.com"}, http("*.bar.com"), []string{"*.bar.com"}},
+		// HTTPS with its own certificates serves any name, as HTTP does.
+		{"https with certificateRefs, the route's", []gatewayv1.Hostname{"shop.example.com"}, ownTLS, []string{"shop.example.com"}},
 	}
 	for _, tt := range tests {
 		if got := routeHosts(tt.hostnames, tt.listener, tailnetNames); !reflect.DeepEqual(got, tt.want) {
@@ -615,6 +627,9 @@ func TestGatewayStatus(t *testing.T) {
 			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonPending, kit.ReasonGatewayClassAccepted, kit.ReasonPending}, 3, []int32{0}},
 		{"HTTP alone on a ProxyGroup, certificate held", onGroup(gatewayFacts{View: gatewayView{Listeners: httpOnly}}, held, advertising),
 			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonProgrammed, kit.ReasonGatewayClassAccepted, kit.ReasonProgrammed}, 3, []int32{0}},
+		{"a certificateRef that does not resolve", standalone(gatewayFacts{View: withRefProblems(gatewayView{Listeners: listeners[:1]},
+			map[gatewayv1.SectionName]refProblem{"https": {kit.ReasonInvalidCertificateRef, "TLS Secret app/cert does not exist"}})}, serving),
+			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonProgrammed, kit.ReasonGatewayClassAccepted, kit.ReasonGatewayInvalid}, 3, []int32{0}},
 		{"no listener served", gatewayFacts{View: gatewayView{Listeners: listeners[1:]}},
 			[]string{kit.ReasonListenersNotValid, kit.ReasonGatewayInvalid, kit.ReasonUnsupportedProtocol, kit.ReasonGatewayInvalid}, 0, []int32{0}},
 	}

@@ -30,6 +30,7 @@ const (
 	indexRouteBackends        = "tsingress.httproute.backends"
 	indexGatewayGroup         = "tsingress.gateway.proxygroup"
 	indexGatewayGroupHostname = "tsingress.gateway.proxygroup-hostname"
+	indexGatewayCertificates  = "tsingress.gateway.certificate-secrets"
 )
 
 // RouteReconciler writes this controller's entries of a route's status.parents, for HTTPRoutes
@@ -254,6 +255,9 @@ func indexRoutes(ctx context.Context, mgr ctrl.Manager) error {
 	}
 	if err := idx.IndexField(ctx, &gatewayv1.Gateway{}, indexGatewayGroupHostname, onGroup(gatewayHostname)); err != nil {
 		return fmt.Errorf("adding the %s index: %w", indexGatewayGroupHostname, err)
+	}
+	if err := idx.IndexField(ctx, &gatewayv1.Gateway{}, indexGatewayCertificates, gatewayCertificateKeys); err != nil {
+		return fmt.Errorf("adding the %s index: %w", indexGatewayCertificates, err)
 	}
 	return nil
 }

@@ -37,9 +37,22 @@ type listenerDecision struct {
 	AllNamespaces bool
 	// Selector, when set, selects the namespaces whose routes may attach, by their labels.
 	Selector labels.Selector
+	// CertificateRefs are an HTTPS listener's bring-your-own certificates.
+	CertificateRefs []gatewayv1.SecretObjectReference
+	// RefProblem is the spec's reason a certificateRef does not resolve ("" when every one
+	// does), RefWhy says more: the listener is accepted, and not served.
+	RefProblem, RefWhy string
 }
 
+// served reports whether the listener is accepted: routes attach to it.
 func (l listenerDecision) served() bool { return l.NotAccepted == "" }
+
+// programmable reports whether the proxy serves the listener: accepted, its certificates resolved.
+func (l listenerDecision) programmable() bool { return l.served() && l.RefProblem == "" }
+
+// terminatesOwnTLS reports whether the listener serves bring-your-own certificates, which may be
+// of any hostname, rather than its tailnet name's.
+func (l listenerDecision) terminatesOwnTLS() bool { return len(l.CertificateRefs) > 0 }
 
 // admits reports whether routes of namespace ns (labelled nsLabels) may attach to the listener
 // of a Gateway of namespace gatewayNS.
@@ -64,6 +77,9 @@ func decideListeners(listeners []gatewayv1.Listener, names []string) []listenerD
 			d.Hostname = string(*l.Hostname)
 		}
 		d.NotAccepted, d.Why = listenerProblem(l, names)
+		if l.TLS != nil && d.served() {
+			d.CertificateRefs = l.TLS.CertificateRefs
+		}
 		for _, o := range listeners {
 			if o.Port == l.Port && o.Protocol != l.Protocol {
 				d.Conflicted = true
@@ -92,17 +108,24 @@ func decideListeners(listeners []gatewayv1.Listener, names []string) []listenerD
 }
 
 // listenerProblem says why a listener, taken alone, cannot be served ("" when it can). HTTP and
-// HTTPS are served on any port; an HTTPS listener's hostname must be a tailnet name of the
-// Gateway, the only names it has a certificate of.
+// HTTPS are served on any port. An HTTPS listener terminates TLS with its certificateRefs, for
+// any hostname, or without them with the ACME certificate of the Gateway's tailnet name, which
+// must then be its hostname if it has one.
 func listenerProblem(l gatewayv1.Listener, names []string) (reason, why string) {
+	tls := l.TLS
 	switch {
 	case l.Protocol != gatewayv1.HTTPSProtocolType && l.Protocol != gatewayv1.HTTPProtocolType:
 		return kit.ReasonUnsupportedProtocol, fmt.Sprintf("protocol %s is not served yet: only HTTPS and HTTP", l.Protocol)
-	case l.Protocol == gatewayv1.HTTPSProtocolType && l.Hostname != nil && !slices.Contains(names, strings.ToLower(string(*l.Hostname))):
-		return kit.ReasonUnsupportedValue, fmt.Sprintf("hostname %q is not served over HTTPS: an HTTPS listener serves the Gateway's tailnet name (%s) only, until certificateRefs are served",
+	case tls != nil && l.Protocol == gatewayv1.HTTPProtocolType:
+		return kit.ReasonUnsupportedValue, "an HTTP listener has no tls"
+	case tls != nil && tls.Mode != nil && *tls.Mode != gatewayv1.TLSModeTerminate:
+		return kit.ReasonUnsupportedValue, fmt.Sprintf("tls.mode %s: an HTTPS listener terminates TLS", *tls.Mode)
+	case tls != nil && len(tls.Options) > 0:
+		return kit.ReasonUnsupportedValue, "tls.options are not served"
+	case l.Protocol == gatewayv1.HTTPSProtocolType && (tls == nil || len(tls.CertificateRefs) == 0) &&
+		l.Hostname != nil && !slices.Contains(names, strings.ToLower(string(*l.Hostname))):
+		return kit.ReasonUnsupportedValue, fmt.Sprintf("hostname %q has no certificate: without certificateRefs, an HTTPS listener serves the Gateway's tailnet name (%s) only",
 			*l.Hostname, strings.Join(names, ", "))
-	case l.TLS != nil:
-		return kit.ReasonUnsupportedValue, "tls (certificateRefs, options) is not served yet: leave it unset to serve the tailnet name with its ACME certificate"
 	}
 	return "", ""
 }

@@ -158,8 +158,8 @@ func attach(r *gatewayv1.HTTPRoute, ref gatewayv1.ParentReference, gv *gatewayVi
 // routeHosts are the hosts a route with hostnames serves on listener l of a Gateway whose
 // tailnet names are names: the intersection of the route's hostnames and the listener's, as the
 // spec defines it, "" standing for every host; none when they do not intersect. An HTTPS
-// listener without a hostname serves the tailnet names only (it has no other certificate),
-// so its routes' hostnames must be among them, and it serves them as "".
+// listener without certificateRefs serves the tailnet names only (it has no other
+// certificate), so its routes' hostnames must be among them, and it serves them as "".
 func routeHosts(hostnames []gatewayv1.Hostname, l listenerDecision, names []string) []string {
 	route := make([]string, len(hostnames))
 	for i, h := range hostnames {
@@ -167,7 +167,7 @@ func routeHosts(hostnames []gatewayv1.Hostname, l listenerDecision, names []stri
 	}
 	listener := strings.ToLower(l.Hostname)
 	switch {
-	case l.Protocol == gatewayv1.HTTPSProtocolType:
+	case l.Protocol == gatewayv1.HTTPSProtocolType && !l.terminatesOwnTLS():
 		// Only tailnet names, which only the proxy's requests carry: "" serves them all.
 		if listener != "" {
 			names = []string{listener}
@@ -574,15 +574,21 @@ func kindOf(b gatewayv1.BackendObjectReference) string {
 // granted reports whether a ReferenceGrant in svc's namespace lets routes of kind in routeNS
 // refer to the Service svc.
 func granted(grants []gatewayv1.ReferenceGrant, kind gatewayv1.Kind, routeNS string, svc types.NamespacedName) bool {
+	return grantedTo(grants, kind, routeNS, "Service", svc)
+}
+
+// grantedTo reports whether a ReferenceGrant of grants lets objects of kind fromKind in namespace
+// fromNS refer to the core object of kind toKind at key.
+func grantedTo(grants []gatewayv1.ReferenceGrant, fromKind gatewayv1.Kind, fromNS string, toKind gatewayv1.Kind, key types.NamespacedName) bool {
 	for _, g := range grants {
-		if g.Namespace != svc.Namespace {
+		if g.Namespace != key.Namespace {
 			continue
 		}
 		from := slices.ContainsFunc(g.Spec.From, func(f gatewayv1.ReferenceGrantFrom) bool {
-			return f.Group == gatewayv1.GroupName && f.Kind == kind && string(f.Namespace) == routeNS
+			return f.Group == gatewayv1.GroupName && f.Kind == fromKind && string(f.Namespace) == fromNS
 		})
 		to := slices.ContainsFunc(g.Spec.To, func(t gatewayv1.ReferenceGrantTo) bool {
-			return t.Group == "" && t.Kind == "Service" && (t.Name == nil || string(*t.Name) == svc.Name)
+			return t.Group == "" && t.Kind == toKind && (t.Name == nil || string(*t.Name) == key.Name)
 		})
 		if from && to {
 			return true

@@ -193,15 +193,20 @@ func listenerConditions(conds *[]metav1.Condition, l listenerDecision, serving, 
 	switch {
 	case !l.served() || !gatewayAccepted:
 		kit.SetCondition(conds, conditionProgrammed, false, kit.ReasonGatewayInvalid, "not served", gen)
+	case l.RefProblem != "":
+		kit.SetCondition(conds, conditionProgrammed, false, kit.ReasonGatewayInvalid, "not served: "+l.RefWhy, gen)
 	case serving:
 		kit.SetCondition(conds, conditionProgrammed, true, kit.ReasonProgrammed, "served by the proxy", gen)
 	default:
 		kit.SetCondition(conds, conditionProgrammed, false, kit.ReasonPending, "waiting for the proxy", gen)
 	}
-	if len(l.InvalidKinds) > 0 {
+	switch {
+	case l.RefProblem != "":
+		kit.SetCondition(conds, conditionResolvedRefs, false, l.RefProblem, l.RefWhy, gen)
+	case len(l.InvalidKinds) > 0:
 		kit.SetCondition(conds, conditionResolvedRefs, false, kit.ReasonInvalidRouteKinds,
 			fmt.Sprintf("allowedRoutes.kinds names %v; served: HTTPRoute, GRPCRoute", l.InvalidKinds), gen)
-	} else {
+	default:
 		kit.SetCondition(conds, conditionResolvedRefs, true, kit.ReasonResolvedRefs, "every reference resolves", gen)
 	}
 	if l.Conflicted {

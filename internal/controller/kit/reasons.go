@@ -169,6 +169,7 @@ const (
 	ReasonNotAllowedByListeners      = "NotAllowedByListeners"
 	ReasonNoMatchingListenerHostname = "NoMatchingListenerHostname"
 	ReasonRefNotPermitted            = "RefNotPermitted"
+	ReasonInvalidCertificateRef      = "InvalidCertificateRef"
 	ReasonBackendNotFound            = "BackendNotFound"
 	ReasonInvalidKind                = "InvalidKind"
 )
