@@ -4,10 +4,12 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"maps"
 	"net/http"
+	"net/netip"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -370,6 +373,39 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 		By("serving no HTTPS: no listener asks for it")
 		_, _, err := get("https://"+fqdn+"/", fqdn)
 		Expect(err).To(HaveOccurred())
+
+		Expect(suite.K8s.Delete(ctx, edge)).To(Succeed())
+		expectProxyGone(ctx, proxies.ParentTypeGateway, edge, deviceID)
+	})
+
+	It("serves an HTTPS listener's certificateRefs for its own hostname beside the tailnet name", func(ctx SpecContext) {
+		ns, port, edge := newEdgeGateway(ctx, "e2e-gwc")
+		custom := "shop-" + framework.Token() + ".example.com"
+		ca := newTestCA()
+		now := time.Now()
+		data, leaf := ca.issue(custom, now.Add(-time.Hour), now.Add(24*time.Hour))
+		suite.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "shop-tls"}, Type: corev1.SecretTypeTLS, Data: data})
+		// The namespace's owner lets the operator read its TLS Secrets, as for an Ingress's.
+		suite.Create(ctx, kubeobj.TLSSecretReaderBinding(ns, rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: "operator", Namespace: suite.opNS}))
+		shop := kubeobj.Listener("shop", gatewayv1.HTTPSProtocolType, 443)
+		shop.Hostname = ptr.To(gatewayv1.Hostname(custom))
+		shop.TLS = &gatewayv1.ListenerTLSConfig{CertificateRefs: []gatewayv1.SecretObjectReference{{Name: "shop-tls"}}}
+		edge.Spec.Listeners = append(edge.Spec.Listeners, shop)
+		suite.Create(ctx, edge)
+		suite.Create(ctx, kubeobj.HTTPRoute(ns, "web", edge.Name, kubeobj.HTTPRule(gatewayv1.PathMatchPathPrefix, "/", "", framework.BackendName, port)))
+
+		fqdn := programmedAddresses(ctx, edge, 1)[0].Value
+		deviceID := proxyDevice(ctx, proxies.ParentTypeGateway, edge)
+		addr := netip.AddrPortFrom(peerIPv4(ctx, fqdn), 443).String()
+		By("presenting the Secret's certificate for " + custom)
+		Eventually(ctx, func(g Gomega) {
+			cs, err := handshake(ctx, g, addr, &tls.Config{ServerName: custom, RootCAs: ca.pool})
+			g.Expect(err).NotTo(HaveOccurred(), "TLS for %s at %s", custom, addr)
+			g.Expect(cs.PeerCertificates[0].Raw).To(Equal(leaf.Raw), "the Secret's certificate")
+		}).Should(Succeed())
+		expectEcho(ctx, customHostClient(addr, ca.pool), "https://"+custom)
+		By("serving the tailnet name with its ACME certificate still")
+		expectTailnetName(ctx, addr, fqdn)
 
 		Expect(suite.K8s.Delete(ctx, edge)).To(Succeed())
 		expectProxyGone(ctx, proxies.ParentTypeGateway, edge, deviceID)
