@@ -159,6 +159,15 @@ test-e2e: manifests kustomize helm ## Run the e2e suite on kind cluster $(KIND_C
 	KIND_CLUSTER=$(KIND_CLUSTER) IMG_OPERATOR=$(IMG_OPERATOR) IMG_PROXY=$(IMG_PROXY) VERSION=$(VERSION) \
 		KUSTOMIZE=$(KUSTOMIZE) HELM=$(HELM) INSTALL=$(INSTALL) E2E_ARGS='$(E2E_ARGS)' hack/e2e-kind.sh
 
+CONFORMANCE_PROFILES ?= GATEWAY-HTTP
+CONFORMANCE_REPORT ?= docs/conformance/gateway-api-$(shell go list -m -f '{{.Version}}' sigs.k8s.io/gateway-api/conformance)-report.yaml
+
+.PHONY: test-conformance
+test-conformance: manifests kustomize helm ## Run the Gateway API conformance suite (CONFORMANCE_PROFILES) on kind cluster $(KIND_CLUSTER) with real Pods, as test-e2e deploys them; writes its report to $(CONFORMANCE_REPORT).
+	KIND_CLUSTER=$(KIND_CLUSTER) IMG_OPERATOR=$(IMG_OPERATOR) IMG_PROXY=$(IMG_PROXY) VERSION=$(VERSION) \
+		KUSTOMIZE=$(KUSTOMIZE) HELM=$(HELM) INSTALL=$(INSTALL) CONFORMANCE_PROFILES=$(CONFORMANCE_PROFILES) \
+		CONFORMANCE_REPORT=$(CONFORMANCE_REPORT) CONFORMANCE_RUN_TEST=$(CONFORMANCE_RUN_TEST) hack/conformance-kind.sh
+
 .PHONY: kind-delete
 kind-delete: ## Delete kind cluster $(KIND_CLUSTER).
 	bin/kind delete cluster --name $(KIND_CLUSTER)

@@ -742,6 +742,12 @@ var _ = Describe("Gateway API", Ordered, func() {
 		Expect(listenerCondition(edge, "shop", "Programmed")(Default)).To(HaveField("Status", metav1.ConditionFalse))
 		warned("Gateway", "edge", kit.ReasonInvalidCertificateRef)
 		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{served("")}))
+		By("deploying no proxy for a Gateway with nothing to serve until its certificate resolves")
+		lone := kubeobj.Gateway(ns, "lone", "gw-certs", shop)
+		create(lone)
+		Eventually(listenerCondition(lone, "shop", "ResolvedRefs")).Should(HaveField("Reason", kit.ReasonInvalidCertificateRef))
+		Consistently(func() error { return k8s.Get(ctx, secretKey(proxies.ParentTypeGateway, lone), &corev1.Secret{}) }, "2s").ShouldNot(Succeed())
+		Expect(gatewayCondition(lone, "Programmed")(Default)).To(HaveField("Status", metav1.ConditionFalse))
 
 		By("serving the certificate's copy for the listener's hostname once the Secret exists")
 		now := time.Now()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/x509"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -36,27 +37,44 @@ type Tailnet struct {
 // keyExpiry.
 func JoinTailnet(ctx context.Context, suite string, keyExpiry time.Duration) *Tailnet {
 	GinkgoHelper()
-	// The credentials go to files, the form the API client reads.
-	dir := GinkgoT().TempDir()
-	idFile, secretFile := filepath.Join(dir, "client_id"), filepath.Join(dir, "client_secret")
-	Expect(os.WriteFile(idFile, []byte(os.Getenv("TS_API_CLIENT_ID")), 0o600)).To(Succeed())
-	Expect(os.WriteFile(secretFile, []byte(os.Getenv("TS_API_CLIENT_SECRET")), 0o600)).To(Succeed())
-	api, err := tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: os.Getenv("TS_API_BASE_URL"), ClientIDFile: idFile, ClientSecretFile: secretFile})
+	tn, err := Join(ctx, GinkgoT().TempDir, suite, keyExpiry)
 	Expect(err).NotTo(HaveOccurred())
+	return tn
+}
+
+// Join is JoinTailnet for suites that are not Ginkgo's: tempDir makes the directories it needs.
+func Join(ctx context.Context, tempDir func() string, suite string, keyExpiry time.Duration) (*Tailnet, error) {
+	// The credentials go to files, the form the API client reads.
+	dir := tempDir()
+	idFile, secretFile := filepath.Join(dir, "client_id"), filepath.Join(dir, "client_secret")
+	if err := os.WriteFile(idFile, []byte(os.Getenv("TS_API_CLIENT_ID")), 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(secretFile, []byte(os.Getenv("TS_API_CLIENT_SECRET")), 0o600); err != nil {
+		return nil, err
+	}
+	api, err := tailnet.NewAPIClient(tailnet.APIConfig{BaseURL: os.Getenv("TS_API_BASE_URL"), ClientIDFile: idFile, ClientSecretFile: secretFile})
+	if err != nil {
+		return nil, err
+	}
 	key, err := api.CreateAuthKey(ctx, tailnet.AuthKeyRequest{Tags: []string{"tag:k8s"}, Description: "tsingress " + suite + " client", Expiry: keyExpiry})
-	Expect(err).NotTo(HaveOccurred(), "minting the client's auth key")
+	if err != nil {
+		return nil, fmt.Errorf("minting the client's auth key: %w", err)
+	}
 	tn := &Tailnet{API: api, Client: &tsnet.Server{
-		Dir: GinkgoT().TempDir(), Hostname: "tsingress-" + suite + "-" + strings.ToLower(rand.Text()[:6]),
+		Dir: tempDir(), Hostname: "tsingress-" + suite + "-" + strings.ToLower(rand.Text()[:6]),
 		ControlURL: os.Getenv("TS_CONTROL_URL"), AuthKey: key.Secret.Reveal(), Ephemeral: true,
 		UserLogf: func(string, ...any) {},
 	}}
 	upCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	st, err := tn.Client.Up(upCtx)
-	Expect(err).NotTo(HaveOccurred(), "the client joining the tailnet")
+	if err != nil {
+		return nil, fmt.Errorf("the client joining the tailnet: %w", err)
+	}
 	tn.ClientID = string(st.Self.ID)
 	tn.Dial = tailnetdial.For(tn.Client)
-	return tn
+	return tn, nil
 }
 
 // Leave closes the client and deletes its device.
@@ -78,12 +96,25 @@ func (tn *Tailnet) Leave(ctx context.Context) {
 // PEM file E2E_CA_FILE if set (a local tailnet's CA).
 func CARoots() *x509.CertPool {
 	GinkgoHelper()
-	roots, err := x509.SystemCertPool()
+	roots, err := Roots()
 	Expect(err).NotTo(HaveOccurred())
+	return roots
+}
+
+// Roots is CARoots for suites that are not Ginkgo's.
+func Roots() (*x509.CertPool, error) {
+	roots, err := x509.SystemCertPool()
+	if err != nil {
+		return nil, err
+	}
 	if f := os.Getenv("E2E_CA_FILE"); f != "" {
 		pem, err := os.ReadFile(f)
-		Expect(err).NotTo(HaveOccurred(), "E2E_CA_FILE")
-		Expect(roots.AppendCertsFromPEM(pem)).To(BeTrue(), "no certificate in E2E_CA_FILE %s", f)
+		if err != nil {
+			return nil, fmt.Errorf("E2E_CA_FILE: %w", err)
+		}
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("no certificate in E2E_CA_FILE %s", f)
+		}
 	}
-	return roots
+	return roots, nil
 }

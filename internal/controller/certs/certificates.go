@@ -169,17 +169,20 @@ func (c CertSecrets) Resolve(ctx context.Context, ing *networkingv1.Ingress, pre
 					"tls %d: host %q is a tailnet name; it cannot share an entry with the custom hosts of Secret %s", i, h, t.SecretName))
 			}
 		}
-		if _, err := c.Add(ctx, &out, client.ObjectKey{Namespace: ing.Namespace, Name: t.SecretName}, hosts, prefix, namespace, labels); err != nil {
+		if _, err := c.Add(ctx, &out, client.ObjectKey{Namespace: ing.Namespace, Name: t.SecretName}, hosts, true, prefix, namespace, labels); err != nil {
 			return out, err
 		}
 	}
 	return out, nil
 }
 
-// Add validates the bring-your-own Secret key for hosts (none: the names its certificate is
-// for) and adds its copy, named with prefix and labelled with labels, in namespace, to out; or
-// the finding saying why it is not served, which it also returns.
-func (c CertSecrets) Add(ctx context.Context, out *BYOCertificates, key client.ObjectKey, hosts []string, prefix, namespace string, labels map[string]string) (*kit.Finding, error) {
+// Add validates the bring-your-own Secret key and adds its copy, named with prefix and labelled
+// with labels, in namespace, to out, served for hosts (none: the names its certificate is for);
+// or the finding saying why it is not served, which it also returns. With verifyHosts, a
+// certificate that does not cover every host is not served (an Ingress's tls entry); without, it
+// is served for them all the same (a Gateway listener's certificateRef, which the Gateway API
+// takes as given).
+func (c CertSecrets) Add(ctx context.Context, out *BYOCertificates, key client.ObjectKey, hosts []string, verifyHosts bool, prefix, namespace string, labels map[string]string) (*kit.Finding, error) {
 	now := c.Now()
 	src, err := c.get(ctx, key)
 	if apierrors.IsForbidden(err) {
@@ -211,7 +214,11 @@ func (c CertSecrets) Add(ctx context.Context, out *BYOCertificates, key client.O
 	if len(hosts) == 0 {
 		hosts = certificateNames(src)
 	}
-	notAfter, f := CheckTLSSecret(src, hosts, now)
+	verified := hosts
+	if !verifyHosts {
+		verified = nil
+	}
+	notAfter, f := CheckTLSSecret(src, verified, now)
 	if f == nil && len(hosts) == 0 {
 		g := kit.Warnf(kit.ReasonTLSSecretInvalid, "TLS Secret %s: the certificate names no DNS name to serve it for", key)
 		f = &g

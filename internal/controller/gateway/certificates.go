@@ -58,7 +58,7 @@ func (r *GatewayReconciler) certificateRefs(ctx context.Context, gw *gatewayv1.G
 					break
 				}
 			}
-			f, err := r.Certs.Add(ctx, &byo, key, hosts, par.ProxyName(), r.Settings.Namespace, par.Labels())
+			f, err := r.Certs.Add(ctx, &byo, key, hosts, false, par.ProxyName(), r.Settings.Namespace, par.Labels())
 			if err != nil {
 				return byo, nil, err
 			}

@@ -316,6 +316,10 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 			r.Warning(gw, l.RefProblem, "listener %q: %s", l.Name, l.RefWhy)
 		}
 	}
+	if !slices.ContainsFunc(view.Listeners, listenerDecision.programmable) {
+		// Nothing to serve until a certificate resolves: what serves it is left as it was.
+		return ctrl.Result{RequeueAfter: byo.Recheck}, nil
+	}
 	byPort, err := r.attachedRoutes(ctx, s.in.routes, &view, s.facts.Attached)
 	if err != nil {
 		return ctrl.Result{}, err

@@ -630,6 +630,11 @@ func TestGatewayStatus(t *testing.T) {
 		{"a certificateRef that does not resolve", standalone(gatewayFacts{View: withRefProblems(gatewayView{Listeners: listeners[:1]},
 			map[gatewayv1.SectionName]refProblem{"https": {kit.ReasonInvalidCertificateRef, "TLS Secret app/cert does not exist"}})}, serving),
 			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonProgrammed, kit.ReasonGatewayClassAccepted, kit.ReasonGatewayInvalid}, 3, []int32{0}},
+		// An HTTPS listener that is not served waits for no certificate.
+		{"HTTP, beside an HTTPS listener whose certificateRef does not resolve", standalone(gatewayFacts{View: withRefProblems(
+			gatewayView{Listeners: decideListeners([]gatewayv1.Listener{listener("http", "HTTP", 80), listener("https", "HTTPS", 443)}, tailnetNames)},
+			map[gatewayv1.SectionName]refProblem{"https": {kit.ReasonInvalidCertificateRef, "missing"}})}, listening),
+			[]string{kit.ReasonGatewayClassAccepted, kit.ReasonProgrammed, kit.ReasonGatewayClassAccepted, kit.ReasonProgrammed, kit.ReasonGatewayClassAccepted, kit.ReasonGatewayInvalid}, 3, []int32{0, 0}},
 		{"no listener served", gatewayFacts{View: gatewayView{Listeners: listeners[1:]}},
 			[]string{kit.ReasonListenersNotValid, kit.ReasonGatewayInvalid, kit.ReasonUnsupportedProtocol, kit.ReasonGatewayInvalid}, 0, []int32{0}},
 	}

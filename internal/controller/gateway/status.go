@@ -71,7 +71,7 @@ func (f gatewayFacts) servedURL() string {
 // servesHTTPS reports whether a listener the Gateway serves is HTTPS: then its proxy needs the
 // certificate of its tailnet name.
 func (v gatewayView) servesHTTPS() bool {
-	return slices.ContainsFunc(v.Listeners, func(l listenerDecision) bool { return l.served() && l.Protocol == gatewayv1.HTTPSProtocolType })
+	return slices.ContainsFunc(v.Listeners, func(l listenerDecision) bool { return l.programmable() && l.Protocol == gatewayv1.HTTPSProtocolType })
 }
 
 // standalone records what the Gateway's own proxy reports (st nil: nothing yet): served once it

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs the Gateway API conformance suite (test/conformance) on a kind cluster with real Pods, the
+# operator deployed and its tailnet up as hack/kind-deploy.sh does it, the Gateway API CRDs
+# installed, and the suite's echo backend built here from the suite's own sources (the version
+# go.mod pins) under a local name.
+# Environment: those of hack/kind-deploy.sh, and CONFORMANCE_PROFILES, CONFORMANCE_RUN_TEST,
+# CONFORMANCE_REPORT (the report's path; none by default), CONFORMANCE_GO_TIMEOUT.
+set -euo pipefail
+started=$(date +%s)
+source "$(dirname "$0")/kind-deploy.sh"
+
+suite_version=$(go list -m -f '{{.Version}}' sigs.k8s.io/gateway-api/conformance)
+echo_image=tsingress.local/gateway-api-echo-basic:$suite_version
+stage "building $echo_image from the conformance suite's sources"
+work=$(mktemp -d)
+CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/echo-basic" sigs.k8s.io/gateway-api/conformance/echo-basic
+docker rm -f tsingress-echo-basic-build >/dev/null 2>&1 || true
+docker create --name tsingress-echo-basic-build "$(resolved_base distroless-static)" /nothing >/dev/null
+docker cp "$work/echo-basic" tsingress-echo-basic-build:/echo-basic
+docker commit --change 'ENTRYPOINT ["/echo-basic"]' tsingress-echo-basic-build "$echo_image" >/dev/null
+docker rm -f tsingress-echo-basic-build >/dev/null
+rm -rf "$work"
+"$kind" load docker-image --name "$cluster" "$echo_image" >/dev/null
+done_stage
+
+stage "installing the Gateway API CRDs (config/gateway-api)"
+"$kubectl" apply --server-side --force-conflicts -k config/gateway-api >/dev/null
+"$kubectl" wait --for condition=Established --timeout 60s -f config/gateway-api/gateway.networking.k8s.io_gatewayclasses.yaml >/dev/null
+done_stage
+
+# What an interrupted run left: its proxies' devices were on a tailnet that is gone.
+stage "removing the namespaces of an earlier run"
+"$kubectl" delete namespace --ignore-not-found --wait --timeout 180s \
+  $("$kubectl" get namespaces -o name | sed -n 's|^namespace/\(gateway-conformance-.*\)|\1|p') >/dev/null 2>&1 || true
+done_stage
+
+stage "running the conformance suite (${CONFORMANCE_PROFILES:-GATEWAY-HTTP})"
+report=${CONFORMANCE_REPORT:-}
+[ -z "$report" ] || report=$(cd "$(dirname "$report")" && pwd)/$(basename "$report")
+set +e
+# The suite's DNS backend runs the CoreDNS the nodes have, as kind's own does: nothing is pulled.
+coredns=$("$kubectl" -n kube-system get deployment coredns -o jsonpath='{.spec.template.spec.containers[0].image}')
+CONFORMANCE_IMAGES="registry.k8s.io/gateway-api/echo-basic=$echo_image,registry.k8s.io/coredns/coredns=$coredns" CONFORMANCE_REPORT=$report CONFORMANCE_VERSION=${VERSION:-dev} \
+  go test -tags conformance ./test/conformance/ -run TestConformance -count 1 -timeout "${CONFORMANCE_GO_TIMEOUT:-50m}" -v
+status=$?
+set -e
+done_stage
+echo "conformance on kind: exit $status after $(( $(date +%s) - started ))s" >&2
+exit $status
