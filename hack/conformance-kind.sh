@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the Gateway API conformance suite (test/conformance) on a kind cluster with real Pods, the
 # operator deployed and its tailnet up as hack/kind-deploy.sh does it, the Gateway API CRDs
-# installed, and the suite's echo backend built here from the suite's own sources (the version
-# go.mod pins) under a local name.
+# installed, and the suite's backends built here (its echo server from its own sources at the
+# version go.mod pins, CoreDNS as the offline node image builds it) under local names.
 # Environment: those of hack/kind-deploy.sh, and CONFORMANCE_PROFILES, CONFORMANCE_RUN_TEST,
 # CONFORMANCE_REPORT (the report's path; none by default), CONFORMANCE_GO_TIMEOUT.
 set -euo pipefail
@@ -20,7 +20,22 @@ docker cp "$work/echo-basic" tsingress-echo-basic-build:/echo-basic
 docker commit --change 'ENTRYPOINT ["/echo-basic"]' tsingress-echo-basic-build "$echo_image" >/dev/null
 docker rm -f tsingress-echo-basic-build >/dev/null
 rm -rf "$work"
-"$kind" load docker-image --name "$cluster" "$echo_image" >/dev/null
+done_stage
+
+# Its UDP backend: CoreDNS with the whoami plugin, the offline node image's build (hack/kind/coredns)
+# with that plugin added.
+coredns_version=$(cd hack/kind/coredns && go list -m -f '{{.Version}}' github.com/coredns/coredns)
+coredns_image=tsingress.local/coredns-conformance:$coredns_version
+stage "building $coredns_image"
+work=$(mktemp -d)
+(cd hack/kind/coredns && CGO_ENABLED=0 go build -tags conformance -trimpath -ldflags "-s -w" -o "$work/coredns" .)
+docker rm -f tsingress-coredns-build >/dev/null 2>&1 || true
+docker create --name tsingress-coredns-build "$(resolved_base distroless-static)" /nothing >/dev/null
+docker cp "$work/coredns" tsingress-coredns-build:/coredns
+docker commit --change 'ENTRYPOINT ["/coredns"]' --change 'USER 0:0' tsingress-coredns-build "$coredns_image" >/dev/null
+docker rm -f tsingress-coredns-build >/dev/null
+rm -rf "$work"
+"$kind" load docker-image --name "$cluster" "$echo_image" "$coredns_image" >/dev/null
 done_stage
 
 stage "installing the Gateway API CRDs (config/gateway-api)"
@@ -38,9 +53,7 @@ stage "running the conformance suite (${CONFORMANCE_PROFILES:-GATEWAY-HTTP})"
 report=${CONFORMANCE_REPORT:-}
 [ -z "$report" ] || report=$(cd "$(dirname "$report")" && pwd)/$(basename "$report")
 set +e
-# The suite's DNS backend runs the CoreDNS the nodes have, as kind's own does: nothing is pulled.
-coredns=$("$kubectl" -n kube-system get deployment coredns -o jsonpath='{.spec.template.spec.containers[0].image}')
-CONFORMANCE_IMAGES="registry.k8s.io/gateway-api/echo-basic=$echo_image,registry.k8s.io/coredns/coredns=$coredns" CONFORMANCE_REPORT=$report CONFORMANCE_VERSION=${VERSION:-dev} \
+CONFORMANCE_IMAGES="registry.k8s.io/gateway-api/echo-basic=$echo_image,registry.k8s.io/coredns/coredns=$coredns_image" CONFORMANCE_REPORT=$report CONFORMANCE_VERSION=${VERSION:-dev} \
   go test -tags conformance ./test/conformance/ -run TestConformance -count 1 -timeout "${CONFORMANCE_GO_TIMEOUT:-50m}" -v
 status=$?
 set -e

@@ -744,8 +744,10 @@ var _ = Describe("Gateway API", Ordered, func() {
 		Eventually(servedRoutes(edge)).Should(Equal([]contract.Route{served("")}))
 		By("deploying no proxy for a Gateway with nothing to serve until its certificate resolves")
 		lone := kubeobj.Gateway(ns, "lone", "gw-certs", shop)
-		create(lone)
+		onLone := kubeobj.HTTPRoute(ns, "lone", "lone", kubeobj.HTTPRule(prefix, "/", "", "web", 80))
+		create(lone, onLone)
 		Eventually(listenerCondition(lone, "shop", "ResolvedRefs")).Should(HaveField("Reason", kit.ReasonInvalidCertificateRef))
+		Eventually(listenerStatus(lone, "shop")).Should(HaveField("AttachedRoutes", int32(1)), "a route attaches to a listener whose certificate does not resolve")
 		Consistently(func() error { return k8s.Get(ctx, secretKey(proxies.ParentTypeGateway, lone), &corev1.Secret{}) }, "2s").ShouldNot(Succeed())
 		Expect(gatewayCondition(lone, "Programmed")(Default)).To(HaveField("Status", metav1.ConditionFalse))
 

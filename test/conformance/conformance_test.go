@@ -12,7 +12,7 @@
 //	CONFORMANCE_RUN_TEST      one test to run alone (default: all of the profiles')
 //	CONFORMANCE_IMAGES        images in place of those the suite's manifests name, as
 //	                          name=image pairs, comma-separated ("registry.k8s.io/coredns/coredns=..."):
-//	                          its echo backend built here, the cluster's own CoreDNS
+//	                          its echo backend and CoreDNS, built here
 //	CONFORMANCE_VERSION       the operator's version, for the report
 package conformance
 
@@ -127,8 +127,7 @@ func envOr(name, def string) string {
 }
 
 // imagesReplaced is the suite's manifests with the images of some names replaced: this cluster
-// runs the echo backend built here from the suite's own sources, under a local name, and the
-// CoreDNS its nodes have, offline.
+// runs the backends built here, offline, under local names.
 type imagesReplaced struct {
 	fs     fs.FS
 	images map[string]string // by name, the image's reference without its tag

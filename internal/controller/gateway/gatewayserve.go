@@ -316,13 +316,13 @@ func (r *GatewayReconciler) serve(ctx context.Context, gw *gatewayv1.Gateway) (_
 			r.Warning(gw, l.RefProblem, "listener %q: %s", l.Name, l.RefWhy)
 		}
 	}
-	if !slices.ContainsFunc(view.Listeners, listenerDecision.programmable) {
-		// Nothing to serve until a certificate resolves: what serves it is left as it was.
-		return ctrl.Result{RequeueAfter: byo.Recheck}, nil
-	}
 	byPort, err := r.attachedRoutes(ctx, s.in.routes, &view, s.facts.Attached)
 	if err != nil {
 		return ctrl.Result{}, err
+	}
+	if !slices.ContainsFunc(view.Listeners, listenerDecision.programmable) {
+		// Nothing to serve until a certificate resolves: what serves it is left as it was.
+		return ctrl.Result{RequeueAfter: byo.Recheck}, nil
 	}
 	if s.in.certsOff {
 		r.Warning(gw, kit.ReasonHTTPSNotEnabled, "HTTPS is not enabled on the tailnet (or MagicDNS is off): the proxy cannot get a certificate until it is")
