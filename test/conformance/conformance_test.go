@@ -72,10 +72,10 @@ func TestConformance(t *testing.T) {
 		_ = tn.API.DeleteDevice(context.Background(), tn.ClientID)
 	})
 
-	// The suite's Gateways name TLS Secrets of its infrastructure namespace: its owner lets the
-	// operator read them, as any namespace's owner does for an Ingress's (docs/security.md).
+	// The suite's Gateways name TLS Secrets of its namespaces: their owner lets the operator read
+	// them, as any namespace's owner does for an Ingress's (docs/security.md).
 	operator := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: "operator", Namespace: envOr("E2E_OPERATOR_NAMESPACE", "tailscale")}
-	for _, ns := range []string{"gateway-conformance-infra"} {
+	for _, ns := range []string{"gateway-conformance-infra", "gateway-conformance-web-backend", "gateway-conformance-app-backend"} {
 		require.NoError(t, client.IgnoreAlreadyExists(opts.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})))
 		require.NoError(t, client.IgnoreAlreadyExists(opts.Client.Create(ctx, kubeobj.TLSSecretReaderBinding(ns, operator))))
 	}
