@@ -14,11 +14,7 @@ echo_image=tsingress.local/gateway-api-echo-basic:$suite_version
 stage "building $echo_image from the conformance suite's sources"
 work=$(mktemp -d)
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/echo-basic" sigs.k8s.io/gateway-api/conformance/echo-basic
-docker rm -f tsingress-echo-basic-build >/dev/null 2>&1 || true
-docker create --name tsingress-echo-basic-build "$(resolved_base distroless-static)" /nothing >/dev/null
-docker cp "$work/echo-basic" tsingress-echo-basic-build:/echo-basic
-docker commit --change 'ENTRYPOINT ["/echo-basic"]' tsingress-echo-basic-build "$echo_image" >/dev/null
-docker rm -f tsingress-echo-basic-build >/dev/null
+image_from_binary "$echo_image" distroless-static "$work/echo-basic"
 rm -rf "$work"
 done_stage
 
@@ -29,11 +25,8 @@ coredns_image=tsingress.local/coredns-conformance:$coredns_version
 stage "building $coredns_image"
 work=$(mktemp -d)
 (cd hack/kind/coredns && CGO_ENABLED=0 go build -tags conformance -trimpath -ldflags "-s -w" -o "$work/coredns" .)
-docker rm -f tsingress-coredns-build >/dev/null 2>&1 || true
-docker create --name tsingress-coredns-build "$(resolved_base distroless-static)" /nothing >/dev/null
-docker cp "$work/coredns" tsingress-coredns-build:/coredns
-docker commit --change 'ENTRYPOINT ["/coredns"]' --change 'USER 0:0' tsingress-coredns-build "$coredns_image" >/dev/null
-docker rm -f tsingress-coredns-build >/dev/null
+# Root, as the node image's: it binds port 53 with the capability the suite's Pod adds.
+image_from_binary "$coredns_image" distroless-static "$work/coredns" 'USER 0:0'
 rm -rf "$work"
 "$kind" load docker-image --name "$cluster" "$echo_image" "$coredns_image" >/dev/null
 done_stage

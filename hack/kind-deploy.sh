@@ -53,11 +53,7 @@ elif ! timeout 120 docker pull -q "$backend_image" >/dev/null 2>&1; then
   stage "building $backend_image from source"
   work=$(mktemp -d)
   (cd "$tools" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/agnhost" k8s.io/kubernetes/test/images/agnhost)
-  docker rm -f tsingress-agnhost-build >/dev/null 2>&1 || true
-  docker create --name tsingress-agnhost-build "$(resolved_base distroless-iptables)" /nothing >/dev/null
-  docker cp "$work/agnhost" tsingress-agnhost-build:/agnhost
-  docker commit --change 'ENTRYPOINT ["/agnhost"]' tsingress-agnhost-build "$backend_image" >/dev/null
-  docker rm -f tsingress-agnhost-build >/dev/null
+  image_from_binary "$backend_image" distroless-iptables "$work/agnhost"
   rm -rf "$work"
   done_stage
 fi
@@ -68,11 +64,7 @@ proxyprotocol_image=tsingress.local/proxyprotocol-echo:dev
 stage "building $proxyprotocol_image"
 work=$(mktemp -d)
 (cd "$root" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/proxyprotocol-echo" ./test/backends/proxyprotocol-echo)
-docker rm -f tsingress-proxyprotocol-echo-build >/dev/null 2>&1 || true
-docker create --name tsingress-proxyprotocol-echo-build "$(resolved_base distroless-static)" /nothing >/dev/null
-docker cp "$work/proxyprotocol-echo" tsingress-proxyprotocol-echo-build:/proxyprotocol-echo
-docker commit --change 'ENTRYPOINT ["/proxyprotocol-echo"]' tsingress-proxyprotocol-echo-build "$proxyprotocol_image" >/dev/null
-docker rm -f tsingress-proxyprotocol-echo-build >/dev/null
+image_from_binary "$proxyprotocol_image" distroless-static "$work/proxyprotocol-echo"
 rm -rf "$work"
 done_stage
 export E2E_PROXYPROTOCOL_IMAGE=$proxyprotocol_image

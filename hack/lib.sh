@@ -86,6 +86,23 @@ resolved_base() {
   if docker image inspect "$official" >/dev/null 2>&1; then echo "$official"; else standin_image "$1"; fi
 }
 
+# image_from_binary IMAGE ROLE BINARY [CHANGE...] commits IMAGE: the base image of ROLE
+# (resolved_base) with BINARY at /<its name> as its entrypoint, and each CHANGE (a Dockerfile
+# instruction, as docker commit --change takes it). Test tooling only: nothing built so ships.
+image_from_binary() {
+  local image=$1 role=$2 binary=$3 name container
+  shift 3
+  name=$(basename "$binary")
+  container=tsingress-$name-build
+  local changes=(--change "ENTRYPOINT [\"/$name\"]")
+  for c in "$@"; do changes+=(--change "$c"); done
+  docker rm -f "$container" >/dev/null 2>&1 || true
+  docker create --name "$container" "$(resolved_base "$role")" /nothing >/dev/null
+  docker cp "$binary" "$container:/$name"
+  docker commit "${changes[@]}" "$container" "$image" >/dev/null
+  docker rm -f "$container" >/dev/null
+}
+
 # docker_builder prints a Docker client that builds with BuildKit: docker with its buildx plugin, or
 # Debian's docker.io client (BuildKit built in) where the docker on PATH lacks buildx.
 docker_builder() {

@@ -77,12 +77,7 @@ var _ = Describe("A standalone Ingress with a bring-your-own certificate", func(
 		addr := netip.AddrPortFrom(peerIPv4(ctx, fqdn), 443).String()
 
 		By("serving the custom host at the proxy's tailnet address with the test CA's certificate")
-		Eventually(ctx, func(g Gomega) {
-			cs, err := handshake(ctx, g, addr, &tls.Config{ServerName: custom, RootCAs: ca.pool})
-			g.Expect(err).NotTo(HaveOccurred(), "TLS for %s at %s", custom, addr)
-			g.Expect(cs.PeerCertificates[0].Raw).To(Equal(leaf.Raw), "the Secret's certificate")
-		}).Should(Succeed())
-		expectEcho(ctx, customHostClient(addr, ca.pool), "https://"+custom)
+		expectCustomHost(ctx, addr, custom, ca, leaf)
 		expectTailnetName(ctx, addr, fqdn)
 
 		By("dropping the custom host with a CertificateExpired Event once its Secret holds an expired certificate")
@@ -98,6 +93,18 @@ var _ = Describe("A standalone Ingress with a bring-your-own certificate", func(
 		expectTailnetName(ctx, addr, fqdn)
 	})
 })
+
+// expectCustomHost waits until the proxy at addr presents leaf, issued by ca, for host, and
+// answers requests for host through it from the backend.
+func expectCustomHost(ctx context.Context, addr, host string, ca *testCA, leaf *x509.Certificate) {
+	GinkgoHelper()
+	Eventually(ctx, func(g Gomega) {
+		cs, err := handshake(ctx, g, addr, &tls.Config{ServerName: host, RootCAs: ca.pool})
+		g.Expect(err).NotTo(HaveOccurred(), "TLS for %s at %s", host, addr)
+		g.Expect(cs.PeerCertificates[0].Raw).To(Equal(leaf.Raw), "the Secret's certificate")
+	}).Should(Succeed())
+	expectEcho(ctx, customHostClient(addr, ca.pool), "https://"+host)
+}
 
 // statusHosts lists the names in an Ingress's status.loadBalancer.
 func statusHosts(ctx context.Context, g Gomega, ing *networkingv1.Ingress) []string {

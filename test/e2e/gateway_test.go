@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"maps"
@@ -398,12 +397,7 @@ var _ = Describe("A Gateway of a tailscale GatewayClass", func() {
 		deviceID := proxyDevice(ctx, proxies.ParentTypeGateway, edge)
 		addr := netip.AddrPortFrom(peerIPv4(ctx, fqdn), 443).String()
 		By("presenting the Secret's certificate for " + custom)
-		Eventually(ctx, func(g Gomega) {
-			cs, err := handshake(ctx, g, addr, &tls.Config{ServerName: custom, RootCAs: ca.pool})
-			g.Expect(err).NotTo(HaveOccurred(), "TLS for %s at %s", custom, addr)
-			g.Expect(cs.PeerCertificates[0].Raw).To(Equal(leaf.Raw), "the Secret's certificate")
-		}).Should(Succeed())
-		expectEcho(ctx, customHostClient(addr, ca.pool), "https://"+custom)
+		expectCustomHost(ctx, addr, custom, ca, leaf)
 		By("serving the tailnet name with its ACME certificate still")
 		expectTailnetName(ctx, addr, fqdn)
 

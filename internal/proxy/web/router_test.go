@@ -116,13 +116,7 @@ func TestRouterHosts(t *testing.T) {
 		{"[fd7a:115c:a1e0::1]:443", "/api", "any"},
 		{"", "/", "any"},
 	} {
-		got := ""
-		if rt, ok := r.Match(request(tc.hostport, tc.path)); ok {
-			got = rt.Backend.URL[len("http://"):]
-		}
-		if got != tc.want {
-			t.Errorf("Match(%q, %q) = %q, want %q", tc.hostport, tc.path, got, tc.want)
-		}
+		expectBackend(t, r, tc.hostport, tc.path, tc.want)
 	}
 	// Only the routes without a host are left for other hosts: none matches here.
 	if rt, ok := NewRouter([]contract.Route{route("app.example.com", "/", "app")}).Match(request("other.example.com", "/")); ok {
@@ -150,13 +144,7 @@ func TestRouterWildcardHosts(t *testing.T) {
 		{"foo.com", "/", "any"},             // none: not covered
 		{"barfoo.com", "/", "any"},
 	} {
-		got := ""
-		if rt, ok := r.Match(request(tc.host, tc.path)); ok {
-			got = rt.Backend.URL[len("http://"):]
-		}
-		if got != tc.want {
-			t.Errorf("Match(%q, %q) = %q, want %q", tc.host, tc.path, got, tc.want)
-		}
+		expectBackend(t, r, tc.host, tc.path, tc.want)
 	}
 }
 
@@ -177,13 +165,20 @@ func TestGatewayRouterWildcardHosts(t *testing.T) {
 		{"bar.foo.com", "/", "wild"}, // *.bar.foo.com covers no bar.foo.com
 		{"foo.com", "/", "any"},
 	} {
-		got := ""
-		if rt, ok := r.Match(request(tc.host, tc.path)); ok {
-			got = rt.Backend.URL[len("http://"):]
-		}
-		if got != tc.want {
-			t.Errorf("Match(%q, %q) = %q, want %q", tc.host, tc.path, got, tc.want)
-		}
+		expectBackend(t, r, tc.host, tc.path, tc.want)
+	}
+}
+
+// expectBackend checks that a GET of path on hostport matches the route to http://want ("":
+// none).
+func expectBackend(t *testing.T, r *Router, hostport, path, want string) {
+	t.Helper()
+	got := ""
+	if rt, ok := r.Match(request(hostport, path)); ok {
+		got = rt.Backend.URL[len("http://"):]
+	}
+	if got != want {
+		t.Errorf("Match(%q, %q) = %q, want %q", hostport, path, got, want)
 	}
 }
 
