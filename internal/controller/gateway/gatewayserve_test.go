@@ -250,7 +250,7 @@ func TestResolveBackendRef(t *testing.T) {
 	// A grant from another kind or namespace grants nothing.
 	other := grant("other", "app", nil)
 	other.Spec.From[0].Kind = "GRPCRoute"
-	if granted([]gatewayv1.ReferenceGrant{other}, kindHTTPRoute, "app", types.NamespacedName{Namespace: "other", Name: "api"}) {
+	if grantedTo([]gatewayv1.ReferenceGrant{other}, kindHTTPRoute, "app", "Service", types.NamespacedName{Namespace: "other", Name: "api"}) {
 		t.Error("a grant to GRPCRoutes lets an HTTPRoute refer")
 	}
 }

@@ -524,7 +524,7 @@ func resolveBackendRef(routeNS string, kind gatewayv1.Kind, b gatewayv1.BackendO
 	key := types.NamespacedName{Namespace: routeNS, Name: string(b.Name)}
 	if b.Namespace != nil && string(*b.Namespace) != routeNS {
 		key.Namespace = string(*b.Namespace)
-		if !granted(in.Grants, kind, routeNS, key) {
+		if !grantedTo(in.Grants, kind, routeNS, "Service", key) {
 			return fail(kit.ReasonRefNotPermitted, "backendRef to Service %s: no ReferenceGrant in namespace %s lets %ss of namespace %s refer to it",
 				key, key.Namespace, kind, routeNS)
 		}
@@ -569,12 +569,6 @@ func kindOf(b gatewayv1.BackendObjectReference) string {
 		return string(*b.Group) + "/" + kind
 	}
 	return kind
-}
-
-// granted reports whether a ReferenceGrant in svc's namespace lets routes of kind in routeNS
-// refer to the Service svc.
-func granted(grants []gatewayv1.ReferenceGrant, kind gatewayv1.Kind, routeNS string, svc types.NamespacedName) bool {
-	return grantedTo(grants, kind, routeNS, "Service", svc)
 }
 
 // grantedTo reports whether a ReferenceGrant of grants lets objects of kind fromKind in namespace
